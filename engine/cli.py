@@ -1,0 +1,50 @@
+"""The ``pagesim`` command line: one dispatcher, each subcommand owned by the package it belongs to.
+
+Every subcommand registers itself through a small ``add_parser(subparsers)`` function in its own
+module and is imported lazily, so ``pagesim --help`` stays fast and ``pagesim memory`` never
+imports torch or simpy. Bad input is reported as ``pagesim: error: ...`` with exit status 2,
+never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module that defines add_parser(subparsers) and whose parser sets ``func``.
+SUBCOMMANDS: dict[str, str] = {
+    "memory": "engine.policy.capacity_cli",
+    "presets": "engine.policy.presets_cli",
+}
+
+
+class UsageError(Exception):
+    """Raised by a subcommand for bad input; printed as a one-line error, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pagesim",
+        description="What-if simulator and real engine for paged KV-cache LLM serving.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for module_name in SUBCOMMANDS.values():
+        importlib.import_module(module_name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, ValueError) as exc:
+        parser.exit(2, f"pagesim {args.command}: error: {exc}\n")
+    except BrokenPipeError:  # `pagesim ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
