@@ -1,0 +1,74 @@
+"""Content keys of full KV blocks: the chained hash that prefix caching looks blocks up by.
+
+The key of a sequence's block ``i`` stands for the sequence's whole token prefix through the end of
+that block: it is built from the key of block ``i - 1`` (its *parent*) and the block's own content
+(``block_size`` token ids). Two requests whose prompts agree on their first ``k`` full blocks get
+equal keys for those blocks, and only for those.
+
+Invariants:
+- A key's hash is computed once, from the parent's hash and the content, and cached (``__hash__``
+  is O(1) however long the chain).
+- Equality is *verified*, not trusted: two keys are equal only if their whole chains have equal
+  contents, compared link by link until both chains meet at the same object (``is``). A hash
+  collision therefore costs a comparison, never a false cache hit. Chains are compared
+  iteratively, so a 100k-token prompt does not hit Python's recursion limit.
+- Keys are immutable.
+
+The hash function is a parameter so tests can force collisions (``hash_fn=lambda parent, c: 0``)
+and check that no false hit results. The default uses Python's tuple hash, which for int tuples
+does not depend on ``PYTHONHASHSEED``: decision logs are reproducible across processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+HashFn = Callable[[int, Hashable], int]
+
+#: Hash standing in for "no parent" at the root of every chain.
+ROOT_HASH = 0x9E3779B97F4A7C15
+
+
+def default_hash(parent_hash: int, content: Hashable) -> int:
+    return hash((parent_hash, content))
+
+
+class BlockKey:
+    """The identity of a full block's content *and* of everything before it."""
+
+    __slots__ = ("parent", "content", "_hash")
+
+    def __init__(self, parent: BlockKey | None, content: Hashable, hash_fn: HashFn = default_hash):
+        self.parent = parent
+        self.content = content
+        self._hash = hash_fn(ROOT_HASH if parent is None else parent._hash, content)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlockKey):
+            return NotImplemented
+        a: BlockKey | None = self
+        b: BlockKey | None = other
+        while a is not b:
+            if a is None or b is None or a._hash != b._hash or a.content != b.content:
+                return False
+            a, b = a.parent, b.parent
+        return True
+
+    def __repr__(self) -> str:
+        return f"BlockKey(hash={self._hash & 0xFFFFFFFF:08x})"
+
+
+def chain_keys(
+    block_contents: list[Hashable],
+    parent: BlockKey | None = None,
+    hash_fn: HashFn = default_hash,
+) -> list[BlockKey]:
+    """Keys of consecutive blocks whose contents are given, continuing the chain after ``parent``."""
+    keys = []
+    for content in block_contents:
+        parent = BlockKey(parent, content, hash_fn)
+        keys.append(parent)
+    return keys

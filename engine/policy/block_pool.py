@@ -1,0 +1,223 @@
+"""The GPU block pool: a fixed set of physical KV blocks, reference counted, with a prefix cache.
+
+Every block is in exactly one of three states:
+
+- **in use**: reference count > 0 (held by that many block tables);
+- **free**: count 0 and no content key: on the free list;
+- **cached**: count 0 but still carrying a content key, so a later request can hit it; it is free
+  to take, and taking it evicts it (vLLM v1's lazy eviction: a cached block is forgotten only when
+  it is reused). The eviction policy orders these.
+
+``num_free_blocks`` counts free *and* cached blocks (what an allocation can take), like vLLM's
+free-queue length. ``free + cached + in use == num_usable_blocks`` always.
+
+Allocation order (vLLM's, which the oracle logs pin down):
+- the free list is taken from the front; a block released with no key goes back to the **front**
+  (a stack: v0's LIFO free list, and v1's "unhashed blocks to the front of the free queue");
+- a cached block is taken only when the free list is empty, in the eviction policy's order;
+- a table is released from its **last** block to its first (v1's ``free_blocks(reversed(...))``):
+  keyed blocks join the eviction order in that walk order, so a chain's tail goes before its
+  prefix; unkeyed blocks that reach 0 go to the front as a group in walk order, so the table's last
+  block is handed out next.
+
+Blocks are ints (their ids); per-block state lives in flat lists indexed by id, which keeps the hot
+path (allocate + free) to a few list operations. Block 0 can be reserved as vLLM v1's null block.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from engine.policy.block_key import BlockKey
+from engine.policy.eviction import EvictionPolicy, make_eviction_policy
+from engine.policy.prefix_cache import PrefixCacheIndex
+
+
+class NoFreeBlocksError(RuntimeError):
+    """The scheduler asked for more blocks than are free: a policy bug, never a normal outcome."""
+
+
+class BlockPool:
+    def __init__(
+        self,
+        num_blocks: int,
+        *,
+        eviction_policy: str = "lru",
+        reserve_null_block: bool = False,
+    ):
+        if num_blocks < 1 + reserve_null_block:
+            raise ValueError(f"num_blocks must be at least {1 + reserve_null_block}, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.first_block_id = 1 if reserve_null_block else 0
+        self.ref_counts: list[int] = [0] * num_blocks
+        self.keys: list[BlockKey | None] = [None] * num_blocks
+        # Facts eviction policies order by (see eviction.BlockStats).
+        self.release_tick: list[int] = [0] * num_blocks
+        self.cached_tick: list[int] = [0] * num_blocks
+        self.hit_count: list[int] = [0] * num_blocks
+        self._tick = 0
+        self._free: deque[int] = deque(range(self.first_block_id, num_blocks))
+        self.cache = PrefixCacheIndex()
+        self.eviction: EvictionPolicy = make_eviction_policy(eviction_policy, self)
+        self.num_evictions = 0
+
+    # ----------------------------------------------------------------- counts
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - self.first_block_id
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take: free plus cached-but-unreferenced."""
+        return len(self._free) + len(self.eviction)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return len(self.eviction)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_usable_blocks - self.num_free_blocks
+
+    # ----------------------------------------------------------- allocation
+    def allocate(self) -> int:
+        """Take one block (reference count 1), evicting a cached block only if none is plain free."""
+        if self._free:
+            block_id = self._free.popleft()
+        else:
+            block_id = self._evict()
+        self.ref_counts[block_id] = 1
+        return block_id
+
+    def allocate_many(self, num_blocks: int) -> list[int]:
+        if num_blocks > self.num_free_blocks:
+            raise NoFreeBlocksError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
+        return [self.allocate() for _ in range(num_blocks)]
+
+    def _evict(self) -> int:
+        block_id = self.eviction.pop()
+        if block_id is None:
+            raise NoFreeBlocksError("no free or cached block left")
+        key = self.keys[block_id]
+        assert key is not None and self.ref_counts[block_id] == 0
+        self._drop_key(block_id, key)
+        self.num_evictions += 1
+        return block_id
+
+    def _drop_key(self, block_id: int, key: BlockKey) -> None:
+        self.keys[block_id] = None
+        new_leaf = self.cache.remove(key, block_id)
+        if new_leaf is not None:
+            self.eviction.on_leaf(new_leaf)
+
+    def incref(self, block_id: int) -> None:
+        """Share an in-use block with one more table (fork)."""
+        assert self.ref_counts[block_id] > 0, f"block {block_id} is not in use"
+        self.ref_counts[block_id] += 1
+
+    def free(self, block_id: int) -> None:
+        """Drop one reference; at 0 the block becomes free (front of the list) or cached."""
+        count = self.ref_counts[block_id] - 1
+        assert count >= 0, f"block {block_id} freed more often than referenced"
+        self.ref_counts[block_id] = count
+        if count == 0:
+            self._tick += 1
+            self.release_tick[block_id] = self._tick
+            if self.keys[block_id] is None:
+                self._free.appendleft(block_id)
+            else:
+                self.eviction.add(block_id)
+
+    def free_table(self, block_ids: Sequence[int]) -> None:
+        """Release a whole block table, last block first (see the module docstring for the order)."""
+        ref_counts, keys = self.ref_counts, self.keys
+        unkeyed_in_walk_order = []
+        for block_id in reversed(block_ids):
+            count = ref_counts[block_id] - 1
+            assert count >= 0, f"block {block_id} freed more often than referenced"
+            ref_counts[block_id] = count
+            if count == 0:
+                self._tick += 1
+                self.release_tick[block_id] = self._tick
+                if keys[block_id] is None:
+                    unkeyed_in_walk_order.append(block_id)
+                else:
+                    self.eviction.add(block_id)
+        # extendleft reverses, so the walk's first block ends up at the very front.
+        self._free.extendleft(reversed(unkeyed_in_walk_order))
+
+    # --------------------------------------------------------- prefix cache
+    def lookup(self, key: BlockKey) -> int | None:
+        return self.cache.lookup(key)
+
+    def touch(self, block_id: int) -> None:
+        """A prefix-cache hit: take a reference on a cached block (pulling it out of the eviction
+        order if nobody held it)."""
+        if self.ref_counts[block_id] == 0:
+            self.eviction.remove(block_id)
+        self.ref_counts[block_id] += 1
+        self.hit_count[block_id] += 1
+
+    def cache_block(self, block_id: int, key: BlockKey) -> None:
+        """Give an in-use, full block its content key (register it in the prefix cache)."""
+        assert self.ref_counts[block_id] > 0, f"only an in-use block can be cached ({block_id})"
+        assert self.keys[block_id] is None, f"block {block_id} already carries a key"
+        self.keys[block_id] = key
+        self._tick += 1
+        self.cached_tick[block_id] = self._tick
+        self.hit_count[block_id] = 0
+        self.cache.insert(key, block_id)
+
+    def uncache_block(self, block_id: int) -> None:
+        """Forget an in-use block's key (its content is about to change, e.g. it moves to CPU)."""
+        key = self.keys[block_id]
+        if key is not None:
+            self._drop_key(block_id, key)
+
+    def evict_all_cached(self) -> int:
+        """Drop every cached-but-unreferenced block's key (a cache reset); returns how many."""
+        count = 0
+        while len(self.eviction):
+            block_id = self._evict()
+            self._free.append(block_id)
+            count += 1
+        return count
+
+    # ------------------------------------------- eviction.BlockStats protocol
+    def key_has_children(self, key: BlockKey) -> bool:
+        return self.cache.has_children(key)
+
+    def blocks_with_key(self, key: BlockKey) -> Iterable[int]:
+        return self.cache.blocks_with(key)
+
+    def block_key(self, block_id: int) -> BlockKey | None:
+        return self.keys[block_id]
+
+    # ------------------------------------------------------------ inspection
+    def free_block_order(self) -> list[int]:
+        """Every block an allocation could take, in the order it would take them."""
+        return list(self._free) + self.eviction.victims_in_order()
+
+    def check(self) -> None:
+        """Assert the pool's invariants (O(num_blocks); for tests)."""
+        free = set(self._free)
+        assert len(free) == len(self._free), "a block is on the free list twice"
+        cached = {b for b in range(self.num_blocks) if b in self.eviction}
+        assert len(cached) == len(self.eviction)
+        assert not free & cached, "a block is both free and cached"
+        for block_id in range(self.first_block_id, self.num_blocks):
+            count = self.ref_counts[block_id]
+            assert count >= 0
+            in_use = count > 0
+            assert in_use + (block_id in free) + (block_id in cached) == 1, (
+                f"block {block_id}: ref {count}, free {block_id in free}, cached {block_id in cached}"
+            )
+            if block_id in free:
+                assert self.keys[block_id] is None, f"free block {block_id} carries a key"
+            if block_id in cached:
+                assert self.keys[block_id] is not None
+            key = self.keys[block_id]
+            if key is not None:
+                assert block_id in self.cache.blocks_with(key)
+        assert self.num_free_blocks + self.num_used_blocks == self.num_usable_blocks

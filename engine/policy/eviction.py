@@ -1,0 +1,293 @@
+"""Eviction policies: which cached, unreferenced block is given up when a fresh block is needed.
+
+A block whose reference count drops to 0 while it carries a content key stays in the prefix cache:
+it counts as free (anyone may take it) but a later request can still hit it. Such blocks are the
+*evictable* set, and the policy here orders it. The block pool always hands out blocks that carry
+no key first (vLLM v1 does the same: its free queue keeps unkeyed blocks at the front and cached
+ones at the back), so a policy is consulted only when every free block is a cached one.
+
+Each policy is one small class with five operations, all on block ids:
+
+- ``add(block_id)``: the block became evictable (reference count 0, key still cached);
+- ``remove(block_id)``: a cache hit took it back (O(1) for ``lru``, lazy O(1) for the heap ones);
+- ``pop()``: choose a victim, forget it and return it (``None`` only when empty);
+- ``on_leaf(key)``: the key just lost its last cached child (only ``radix-leaf`` cares);
+- ``len()`` / ``in``.
+
+Per-block facts a policy orders by (release tick, cache tick, hit count) are read from the pool
+that owns the policy, through ``BlockStats``. Adding a policy is one subclass registered in
+``EVICTION_POLICIES``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from engine.policy.block_key import BlockKey
+
+
+class BlockStats(Protocol):
+    """What a policy may read about blocks (implemented by ``BlockPool``)."""
+
+    release_tick: list[int]  # logical time the block's reference count last reached 0
+    cached_tick: list[int]  # logical time the block got its current key
+    hit_count: list[int]  # prefix-cache hits on the block since it got its current key
+
+    def key_has_children(self, key: BlockKey) -> bool: ...
+
+    def blocks_with_key(self, key: BlockKey) -> Iterable[int]: ...
+
+    def block_key(self, block_id: int) -> BlockKey | None: ...
+
+
+class EvictionPolicy(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, stats: BlockStats):
+        self.stats = stats
+
+    @abstractmethod
+    def add(self, block_id: int) -> None: ...
+
+    @abstractmethod
+    def remove(self, block_id: int) -> None: ...
+
+    @abstractmethod
+    def pop(self) -> int | None: ...
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __contains__(self, block_id: object) -> bool: ...
+
+    def on_leaf(self, key: BlockKey) -> None:  # noqa: B027 - optional hook
+        """``key`` no longer has a cached child. Only structure-aware policies care."""
+
+    def victims_in_order(self) -> list[int]:
+        """The evictable blocks in the order ``pop`` would take them (for tests and reports; O(n log n))."""
+        saved = self._snapshot()
+        order = []
+        while (block_id := self.pop()) is not None:
+            order.append(block_id)
+        self._restore(saved)
+        return order
+
+    @abstractmethod
+    def _snapshot(self) -> object: ...
+
+    @abstractmethod
+    def _restore(self, saved: object) -> None: ...
+
+
+class LRUPolicy(EvictionPolicy):
+    """Least recently released first: vLLM v1's order.
+
+    Blocks join at the back when their count reaches 0 and leave from the front. Because a finished
+    request's table is released tail first, a chain's tail is evicted before its prefix. Removal of a
+    cache hit from the middle is O(1): an ``OrderedDict`` is a hash map threaded on a doubly linked
+    list (in C), the same structure as vLLM's intrusive free-block queue without per-node Python
+    objects.
+    """
+
+    name = "lru"
+
+    def __init__(self, stats: BlockStats):
+        super().__init__(stats)
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def add(self, block_id: int) -> None:
+        self._order[block_id] = None
+
+    def remove(self, block_id: int) -> None:
+        del self._order[block_id]
+
+    def pop(self) -> int | None:
+        if not self._order:
+            return None
+        return self._order.popitem(last=False)[0]
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._order
+
+    def victims_in_order(self) -> list[int]:
+        return list(self._order)
+
+    def _snapshot(self) -> object:
+        return OrderedDict(self._order)
+
+    def _restore(self, saved: object) -> None:
+        self._order = saved  # type: ignore[assignment]
+
+
+class _HeapPolicy(EvictionPolicy):
+    """A policy that evicts the smallest ``priority(block_id)``; a heap with lazy deletion.
+
+    ``_live[block_id]`` holds the sequence number of the block's one valid heap entry; entries
+    whose number no longer matches are stale and skipped when they reach the top.
+    """
+
+    def __init__(self, stats: BlockStats):
+        super().__init__(stats)
+        self._heap: list[tuple] = []
+        self._live: dict[int, int] = {}
+        self._seq = 0
+
+    @abstractmethod
+    def priority(self, block_id: int) -> tuple: ...
+
+    def _push(self, block_id: int) -> None:
+        self._seq += 1
+        self._live[block_id] = self._seq
+        heapq.heappush(self._heap, (*self.priority(block_id), self._seq, block_id))
+
+    def add(self, block_id: int) -> None:
+        self._push(block_id)
+
+    def remove(self, block_id: int) -> None:
+        del self._live[block_id]
+        if len(self._heap) > 4 * len(self._live) + 64:  # keep stale entries bounded
+            self._heap = [e for e in self._heap if self._live.get(e[-1]) == e[-2]]
+            heapq.heapify(self._heap)
+
+    def _pop_valid(self) -> int | None:
+        heap, live = self._heap, self._live
+        while heap:
+            entry = heapq.heappop(heap)
+            block_id = entry[-1]
+            if live.get(block_id) == entry[-2]:
+                return block_id
+        return None
+
+    def pop(self) -> int | None:
+        block_id = self._pop_valid()
+        if block_id is not None:
+            del self._live[block_id]
+        return block_id
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._live
+
+    def _snapshot(self) -> object:
+        return (list(self._heap), dict(self._live), self._seq)
+
+    def _restore(self, saved: object) -> None:
+        self._heap, self._live, self._seq = saved  # type: ignore[misc]
+
+
+class FIFOPolicy(_HeapPolicy):
+    """First cached, first evicted: the block that has carried its key longest goes first,
+    however recently it was used."""
+
+    name = "fifo"
+
+    def priority(self, block_id: int) -> tuple:
+        return (self.stats.cached_tick[block_id],)
+
+
+class LFUPolicy(_HeapPolicy):
+    """Fewest prefix-cache hits first (since the block got its key); ties by least recently released."""
+
+    name = "lfu"
+
+    def priority(self, block_id: int) -> tuple:
+        return (self.stats.hit_count[block_id], self.stats.release_tick[block_id])
+
+
+class RadixLeafPolicy(_HeapPolicy):
+    """Only leaves are candidates, least recently released first, like SGLang's radix cache.
+
+    A leaf is a block whose key no cached key extends, so a cached prefix is never broken in its
+    middle while its extension stays cached (an extension whose parent is gone can never be hit
+    again). When a leaf is evicted and its parent key thereby becomes a leaf, the parent's
+    evictable blocks become candidates (``on_leaf``). If every evictable block is an inner node
+    (possible only when a key is carried by two blocks and one of them is in use), the least
+    recently released inner block is taken rather than failing an allocation.
+    """
+
+    name = "radix-leaf"
+
+    def priority(self, block_id: int) -> tuple:
+        return (self.stats.release_tick[block_id],)
+
+    def __init__(self, stats: BlockStats):
+        super().__init__(stats)
+        self._inner: set[int] = set()  # evictable blocks found not to be leaves; off the heap
+
+    def remove(self, block_id: int) -> None:
+        self._inner.discard(block_id)
+        super().remove(block_id)
+
+    def pop(self) -> int | None:
+        heap, live, stats = self._heap, self._live, self.stats
+        victim = None
+        while heap:
+            entry = heapq.heappop(heap)
+            block_id = entry[-1]
+            if live.get(block_id) != entry[-2]:
+                continue
+            key = stats.block_key(block_id)
+            if key is not None and stats.key_has_children(key):
+                # NOTE: off the heap until on_leaf() puts it back with a fresh entry.
+                self._inner.add(block_id)
+                continue
+            victim = block_id
+            break
+        if victim is None and self._inner:
+            victim = min(self._inner, key=lambda b: stats.release_tick[b])
+        if victim is not None:
+            self._inner.discard(victim)
+            del live[victim]
+        return victim
+
+    def on_leaf(self, key: BlockKey) -> None:
+        for block_id in self.stats.blocks_with_key(key):
+            if block_id in self._live:
+                self._inner.discard(block_id)
+                self._push(block_id)
+
+    def _snapshot(self) -> object:
+        return (super()._snapshot(), set(self._inner))
+
+    def _restore(self, saved: object) -> None:
+        base, self._inner = saved  # type: ignore[misc]
+        super()._restore(base)
+
+
+EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
+    cls.name: cls for cls in (LRUPolicy, FIFOPolicy, LFUPolicy, RadixLeafPolicy)
+}
+
+
+def make_eviction_policy(name: str, stats: BlockStats) -> EvictionPolicy:
+    try:
+        cls = EVICTION_POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {name!r}; choose one of {', '.join(EVICTION_POLICIES)}"
+        ) from None
+    return cls(stats)
+
+
+__all__ = [
+    "EVICTION_POLICIES",
+    "BlockStats",
+    "EvictionPolicy",
+    "FIFOPolicy",
+    "LFUPolicy",
+    "LRUPolicy",
+    "RadixLeafPolicy",
+    "make_eviction_policy",
+]
+

@@ -1,0 +1,275 @@
+"""KV-cache manager: block tables of sequences on top of the GPU pool, the CPU swap pool and the
+prefix cache. It knows nothing about queues; the scheduler asks it ``blocks_to_reserve`` /
+``can_swap_in`` and then acts (nano-vllm's split).
+
+What it does for one sequence:
+- **reserve** slots ``[start, end)`` before they are computed: new blocks at the end of the table,
+  then copy-on-write for every existing block the write touches that another table also holds
+  (the pool's ``(src, dst)`` pairs are returned: the executor copies ``src`` into ``dst``);
+- **prefix hit** at admission: the longest run of leading full blocks whose keys are cached, capped
+  so the last known token is always recomputed (vLLM v1: a prompt of exactly ``k`` cached blocks
+  hits ``k - 1``); hit blocks are touched (taken out of the eviction order);
+- **register** full blocks in the prefix cache as their tokens are scheduled (vLLM v1 registers at
+  schedule time, so a request admitted later in the same step can hit them);
+- **fork** a child that shares every block (reference count + 1);
+- **free** a table (last block first; see ``BlockPool``);
+- **swap out / in** a request's sequences to and from CPU blocks, with the mappings the executor
+  must copy. By default a block shared by several sequences moves once and stays shared
+  (``preserve_sharing``); vLLM v0 moved it once per sequence, which its preset reproduces.
+
+Invariants (checked by ``check``): every table's blocks are in use; a block's reference count is
+the number of (GPU) tables holding it; a table holds ``ceil(filled / block_size)`` blocks, so at
+most ``block_size - 1`` slots per sequence are idle; only full blocks carry keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from engine.policy.block_key import BlockKey, HashFn, default_hash
+from engine.policy.block_pool import BlockPool
+from engine.policy.request import Request, Sequence
+from engine.policy.swap_pool import SwapPool
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        block_pool: BlockPool,
+        swap_pool: SwapPool,
+        *,
+        block_size: int,
+        enable_prefix_caching: bool,
+        hash_fn: HashFn = default_hash,
+    ):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.pool = block_pool
+        self.swap = swap_pool
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hash_fn = hash_fn
+
+    # ------------------------------------------------------------ counting
+    def blocks_to_reserve(self, seq: Sequence, start: int, end: int) -> int:
+        """Blocks that ``reserve(seq, start, end)`` would take: new ones plus copy-on-write copies."""
+        bs = self.block_size
+        table = seq.block_table
+        num_new = max(0, cdiv(end, bs) - len(table))
+        num_cow = 0
+        if end > start:
+            ref_counts = self.pool.ref_counts
+            for i in range(start // bs, min(cdiv(end, bs), len(table))):
+                if ref_counts[table[i]] > 1:
+                    num_cow += 1
+        return num_new + num_cow
+
+    # ----------------------------------------------------------- reserving
+    def reserve(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
+        """Make slots ``[start, end)`` writable by ``seq``; returns copy-on-write ``(src, dst)`` pairs."""
+        bs = self.block_size
+        pool = self.pool
+        table = seq.block_table
+        old_len = len(table)
+        for _ in range(cdiv(end, bs) - old_len):
+            table.append(pool.allocate())
+        copies: list[tuple[int, int]] = []
+        if end > start:
+            ref_counts = pool.ref_counts
+            for i in range(start // bs, min(cdiv(end, bs), old_len)):
+                src = table[i]
+                if ref_counts[src] > 1:
+                    # NOTE: a shared block that is being written is never full (full blocks hold
+                    # only computed tokens), so it carries no key and the copy needs none.
+                    dst = pool.allocate()
+                    pool.free(src)
+                    table[i] = dst
+                    copies.append((src, dst))
+        if end > seq.num_filled_tokens:
+            seq.num_filled_tokens = end
+        return copies
+
+    # -------------------------------------------------------- prefix cache
+    def block_key(self, seq: Sequence, index: int) -> BlockKey:
+        """Key of ``seq``'s full block ``index``, computing (and remembering) the chain up to it."""
+        keys = seq.block_keys
+        bs = self.block_size
+        request = seq.request
+        while len(keys) <= index:
+            i = len(keys)
+            content = request.block_content(seq, i * bs, (i + 1) * bs)
+            keys.append(BlockKey(keys[i - 1] if i else None, content, self.hash_fn))
+        return keys[index]
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids of the longest cached prefix of ``seq`` (empty with caching off), never
+        covering the last known token. Does not take references (``touch_prefix`` does)."""
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        pool = self.pool
+        keys = seq.block_keys
+        for j in range(max_blocks):
+            key = self.block_key(seq, j)
+            block_id = pool.lookup(key)
+            if block_id is None:
+                break
+            hits.append(block_id)
+            canonical = pool.keys[block_id]
+            if canonical is not key:
+                # NOTE: chain our later keys onto the stored one, so verifying the next hit
+                # compares one link (``is``), not the whole chain again.
+                keys[j] = canonical
+                if j + 1 < len(keys):
+                    nxt = keys[j + 1]
+                    keys[j + 1] = BlockKey(canonical, nxt.content, self.hash_fn)
+        return hits
+
+    def num_evictable(self, block_ids: Iterable[int]) -> int:
+        """How many of these cached blocks nobody holds (touching them removes them from the free count)."""
+        ref_counts = self.pool.ref_counts
+        return sum(1 for b in block_ids if ref_counts[b] == 0)
+
+    def touch_prefix(self, seq: Sequence, hit_block_ids: list[int]) -> None:
+        """Start ``seq``'s (empty) table with the hit blocks."""
+        assert not seq.block_table, "a prefix hit starts an empty table"
+        pool = self.pool
+        for block_id in hit_block_ids:
+            pool.touch(block_id)
+        seq.block_table.extend(hit_block_ids)
+        num_tokens = len(hit_block_ids) * self.block_size
+        seq.num_computed_tokens = num_tokens
+        seq.num_filled_tokens = num_tokens
+        seq.num_registered_blocks = len(hit_block_ids)
+
+    def register(self, seq: Sequence, num_tokens: int) -> None:
+        """Give every full block within ``seq``'s first ``num_tokens`` tokens its key (once)."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        num_full = min(num_tokens, seq.num_tokens) // bs
+        pool = self.pool
+        table = seq.block_table
+        for i in range(seq.num_registered_blocks, num_full):
+            block_id = table[i]
+            if pool.keys[block_id] is None:
+                pool.cache_block(block_id, self.block_key(seq, i))
+        if num_full > seq.num_registered_blocks:
+            seq.num_registered_blocks = num_full
+
+    # ------------------------------------------------------ fork and free
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        pool = self.pool
+        for block_id in parent.block_table:
+            pool.incref(block_id)
+        child.block_table = list(parent.block_table)
+        child.num_filled_tokens = parent.num_filled_tokens
+
+    def free(self, seq: Sequence) -> None:
+        """Release ``seq``'s GPU table (its cached blocks stay findable until evicted)."""
+        if seq.block_table:
+            self.pool.free_table(seq.block_table)
+        seq.block_table = []
+        seq.num_filled_tokens = 0
+        seq.num_registered_blocks = 0
+
+    def free_cpu(self, seq: Sequence) -> None:
+        for block_id in seq.cpu_block_table:
+            self.swap.free(block_id)
+        seq.cpu_block_table = []
+
+    # ------------------------------------------------------------ swapping
+    def blocks_to_swap_out(self, seqs: Iterable[Sequence], *, preserve_sharing: bool) -> int:
+        """CPU blocks a swap-out of these sequences takes."""
+        return _count_blocks([s.block_table for s in seqs], preserve_sharing)
+
+    def blocks_to_swap_in(self, seqs: Iterable[Sequence], *, preserve_sharing: bool) -> int:
+        """GPU blocks a swap-in of these sequences takes (before any new tokens)."""
+        return _count_blocks([s.cpu_block_table for s in seqs], preserve_sharing)
+
+    def swap_out(self, seqs: list[Sequence], *, preserve_sharing: bool) -> list[tuple[int, int]]:
+        """Move these sequences' tables to CPU blocks; returns ``(gpu, cpu)`` copies, in order."""
+        mapping: list[tuple[int, int]] = []
+        moved: dict[int, int] = {}
+        swap = self.swap
+        for seq in seqs:
+            gpu_table = seq.block_table
+            cpu_table = []
+            for gpu_block in gpu_table:
+                cpu_block = moved.get(gpu_block) if preserve_sharing else None
+                if cpu_block is None:
+                    cpu_block = swap.allocate()
+                    moved[gpu_block] = cpu_block
+                    mapping.append((gpu_block, cpu_block))
+                else:
+                    swap.incref(cpu_block)
+                cpu_table.append(cpu_block)
+            filled = seq.num_filled_tokens
+            self.free(seq)
+            seq.num_filled_tokens = filled
+            seq.cpu_block_table = cpu_table
+        return mapping
+
+    def swap_in(self, seqs: list[Sequence], *, preserve_sharing: bool) -> list[tuple[int, int]]:
+        """Bring these sequences' tables back to fresh GPU blocks; returns ``(cpu, gpu)`` copies."""
+        mapping: list[tuple[int, int]] = []
+        moved: dict[int, int] = {}
+        pool = self.pool
+        for seq in seqs:
+            gpu_table = []
+            for cpu_block in seq.cpu_block_table:
+                gpu_block = moved.get(cpu_block) if preserve_sharing else None
+                if gpu_block is None:
+                    gpu_block = pool.allocate()
+                    moved[cpu_block] = gpu_block
+                    mapping.append((cpu_block, gpu_block))
+                else:
+                    pool.incref(gpu_block)
+                gpu_table.append(gpu_block)
+            self.free_cpu(seq)
+            seq.block_table = gpu_table
+            # The blocks came back under new ids: give their full blocks their keys again.
+            seq.num_registered_blocks = 0
+            self.register(seq, seq.num_computed_tokens)
+        return mapping
+
+    # ----------------------------------------------------------- checking
+    def check(self, requests: Iterable[Request]) -> None:
+        """Assert the manager's invariants against every live request (O(blocks); for tests)."""
+        self.pool.check()
+        self.swap.check()
+        bs = self.block_size
+        gpu_refs = [0] * self.pool.num_blocks
+        cpu_refs = [0] * self.swap.num_blocks
+        for request in requests:
+            for seq in request.seqs:
+                for b in seq.block_table:
+                    gpu_refs[b] += 1
+                for b in seq.cpu_block_table:
+                    cpu_refs[b] += 1
+                if seq.block_table:
+                    assert len(seq.block_table) == cdiv(seq.num_filled_tokens, bs), (
+                        f"{seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_filled_tokens} slots"
+                    )
+                    idle = len(seq.block_table) * bs - seq.num_filled_tokens
+                    assert 0 <= idle <= bs - 1
+                for i, b in enumerate(seq.block_table):
+                    key = self.pool.keys[b]
+                    if key is not None:
+                        assert (i + 1) * bs <= seq.num_filled_tokens, f"partial block {b} is keyed"
+        for b in range(self.pool.first_block_id, self.pool.num_blocks):
+            assert gpu_refs[b] == self.pool.ref_counts[b], (
+                f"block {b}: ref {self.pool.ref_counts[b]} but held by {gpu_refs[b]} tables"
+            )
+        assert cpu_refs == self.swap.ref_counts, "CPU ref counts differ from the tables holding them"
+
+
+def _count_blocks(tables: list[list[int]], distinct: bool) -> int:
+    if distinct:
+        return len({b for table in tables for b in table})
+    return sum(len(table) for table in tables)
