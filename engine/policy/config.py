@@ -1,0 +1,111 @@
+"""The serving policy's configuration: one validated dataclass, the knobs a what-if study turns.
+
+The first group are the settings every serving engineer knows from vLLM (block size, pool sizes,
+batch limits, chunked prefill, prefix caching, watermark); the second are the plug-ins (eviction
+policy, victim choice, preemption mode); the last group are *fidelity switches* that exist only so
+the ``vllm-v0`` / ``vllm-v1`` presets can reproduce quirks of those versions. pagesim's own default
+leaves them at the clean setting, and each says how the clean setting differs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from engine.policy.eviction import EVICTION_POLICIES
+from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES, PreemptionMode, VictimPolicy
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerConfig:
+    # --- capacity and batching --------------------------------------------------------------
+    block_size: int = 16  # tokens per KV block
+    num_gpu_blocks: int = 1024  # physical GPU blocks (incl. the null block if reserved)
+    num_cpu_blocks: int = 0  # CPU swap-space blocks
+    max_num_seqs: int = 256  # most requests (or sequences, see seq_limit_counts) in a batch
+    max_num_batched_tokens: int = 8192  # token budget per step
+    max_model_len: int = 8192  # longest sequence (prompt + output)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    watermark: float = 0.0  # fraction of num_gpu_blocks kept free when admitting / swapping in
+
+    # --- plug-ins -----------------------------------------------------------------------------
+    eviction_policy: str = "lru"
+    victim_policy: str | VictimPolicy = "running-tail"
+    preemption_mode: str | PreemptionMode = "recompute"
+
+    # --- fidelity switches (presets only; see each) --------------------------------------------
+    # vLLM v1 reserves block 0 as a "null block" that is never handed out.
+    reserve_null_block: bool = False
+    # "requests": max_num_seqs counts requests (v1). "sequences": it counts running sequences,
+    # so a request with n=3 counts 3 (v0).
+    seq_limit_counts: Literal["requests", "sequences"] = "requests"
+    # Apply the watermark to an admission only while something is running (v1). False: always (v0).
+    watermark_only_when_running: bool = False
+    # "scheduled": a step reserves blocks for the tokens it computes (v1, clean). "whole": reserve
+    # the whole known sequence at once, even when chunked prefill computes only part of it (v0).
+    reserve_extent: Literal["scheduled", "whole"] = "scheduled"
+    # v0's can_append counts one block per running sequence even when it needs none.
+    count_block_per_running_seq: bool = False
+    # Whether new requests may be admitted while any request is swapped out (v0: no).
+    admit_while_swapped: bool = True
+    # Move a block shared by several sequences once (clean) or once per sequence (v0).
+    preserve_sharing_on_swap: bool = True
+    # When swap space runs out: fall back to recompute (clean) or raise like vLLM 0.6.3.
+    on_swap_exhausted: Literal["recompute", "raise"] = "recompute"
+    # Record a decision-log entry per step (the simulator may turn it off at scale).
+    record_decisions: bool = True
+
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # preset metadata
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            positive(name)
+        if not isinstance(self.num_cpu_blocks, int) or self.num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks must be an integer >= 0, got {self.num_cpu_blocks!r}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
+        if self.num_gpu_blocks < 1 + self.reserve_null_block:
+            raise ValueError("num_gpu_blocks leaves no usable block")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"unknown eviction policy {self.eviction_policy!r}; choose one of {', '.join(EVICTION_POLICIES)}"
+            )
+        if isinstance(self.victim_policy, str) and self.victim_policy not in VICTIM_POLICIES:
+            raise ValueError(
+                f"unknown victim policy {self.victim_policy!r}; choose one of {', '.join(VICTIM_POLICIES)}"
+            )
+        if isinstance(self.preemption_mode, str) and self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(
+                f"unknown preemption mode {self.preemption_mode!r}; choose one of {', '.join(PREEMPTION_MODES)}"
+            )
+        if self.preemption_mode == "cost":
+            raise ValueError("preemption mode 'cost' needs a cost function: pass CostPreemption(cost_fn)")
+        for name, allowed in (
+            ("seq_limit_counts", ("requests", "sequences")),
+            ("reserve_extent", ("scheduled", "whole")),
+            ("on_swap_exhausted", ("recompute", "raise")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    @property
+    def watermark_blocks(self) -> int:
+        return math.floor(self.watermark * self.num_gpu_blocks)
+
+    @property
+    def num_usable_gpu_blocks(self) -> int:
+        return self.num_gpu_blocks - self.reserve_null_block
+
+    def with_overrides(self, **overrides: Any) -> SchedulerConfig:
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown scheduler setting(s): {', '.join(unknown)}")
+        return replace(self, **overrides)

@@ -1,0 +1,177 @@
+"""The seam between policy and execution: the scheduler's frozen output and the decision log.
+
+Each step the scheduler returns one ``SchedulerOutput``: everything an executor needs and nothing
+more. The simulator asks a cost model how long it takes; the engine carries it out on tensors, in
+this order: swap out, swap in, copy-on-write copies, then the forward pass over ``scheduled``
+(each sequence's new tokens go to the slots ``slot_mapping()`` names), then sampling for the
+sequences with ``samples`` set. Both then call ``Scheduler.update``.
+
+Every step also appends one JSON-able record to the ``DecisionLog``, identical in format whichever
+half ran the policy, which is what equivalence tests compare. Field meanings follow the vLLM
+oracle logs in ``shared/oracle/README.md``: ``scheduled`` tokens computed per request, ``order``,
+``new`` (prefix-hit tokens of first admissions), ``resumed`` / ``resumed_cached``, ``swapped_in``,
+``preempted`` and ``preempted_mode``, ``finished`` (sorted, filled in by ``update``),
+``num_free_blocks`` (free + cached GPU blocks after scheduling), ``num_free_cpu_blocks``,
+``block_ids`` (``{request: {sequence index: [block ids]}}``), ``blocks_to_copy``,
+``blocks_to_swap_out``, ``blocks_to_swap_in`` and ``rejected`` (``{request: reason}``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import IO, Any
+
+Pair = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSequence:
+    request_id: str
+    seq_index: int
+    num_computed_tokens: int  # tokens already in the cache before this step (start position)
+    num_new_tokens: int  # tokens computed this step
+    block_table: tuple[int, ...]  # GPU block ids after scheduling, logical order
+    block_size: int
+    samples: bool  # whether this step ends with a sampled token for this sequence
+
+    @property
+    def seq_id(self) -> str:
+        return f"{self.request_id}#{self.seq_index}"
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.samples is False or self.num_new_tokens > 1
+
+    def slot_mapping(self) -> list[int]:
+        """Physical slot (``block_id * block_size + offset``) of each new token, in order."""
+        bs = self.block_size
+        table = self.block_table
+        return [
+            table[pos // bs] * bs + pos % bs
+            for pos in range(self.num_computed_tokens, self.num_computed_tokens + self.num_new_tokens)
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    step: int
+    scheduled: tuple[ScheduledSequence, ...]  # in scheduling order
+    num_scheduled_tokens: Mapping[str, int]  # request id -> tokens computed this step
+    order: tuple[str, ...]  # request ids in scheduling order
+    new: Mapping[str, int]  # first admissions -> prefix-cache hit tokens
+    resumed: Mapping[str, int]  # re-admissions after recompute -> prefix-cache hit tokens
+    swapped_in: tuple[str, ...]
+    preempted: tuple[tuple[str, str], ...]  # (request id, "swap" | "recompute") in preemption order
+    rejected: Mapping[str, str]  # request id -> reason
+    blocks_to_copy: tuple[Pair, ...]  # copy-on-write (src, dst), in order
+    blocks_to_swap_out: tuple[Pair, ...]  # (gpu, cpu)
+    blocks_to_swap_in: tuple[Pair, ...]  # (cpu, gpu)
+    num_free_blocks: int
+    num_free_cpu_blocks: int
+    num_cached_free_blocks: int
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.blocks_to_swap_out
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    def to_record(self) -> dict[str, Any]:
+        """The step's decision-log record (``finished`` is added by ``Scheduler.update``)."""
+        block_ids: dict[str, dict[str, list[int]]] = {}
+        for s in self.scheduled:
+            block_ids.setdefault(s.request_id, {})[str(s.seq_index)] = list(s.block_table)
+        return {
+            "step": self.step,
+            "scheduled": dict(self.num_scheduled_tokens),
+            "order": list(self.order),
+            "new": dict(self.new),
+            "resumed": list(self.resumed),
+            "resumed_cached": dict(self.resumed),
+            "swapped_in": list(self.swapped_in),
+            "preempted": [rid for rid, _ in self.preempted],
+            "preempted_mode": dict(self.preempted),
+            "rejected": dict(self.rejected),
+            "finished": [],
+            "num_free_blocks": self.num_free_blocks,
+            "num_free_cpu_blocks": self.num_free_cpu_blocks,
+            "block_ids": block_ids,
+            "blocks_to_copy": [list(p) for p in self.blocks_to_copy],
+            "blocks_to_swap_out": [list(p) for p in self.blocks_to_swap_out],
+            "blocks_to_swap_in": [list(p) for p in self.blocks_to_swap_in],
+        }
+
+
+def frozen_map(d: dict) -> Mapping:
+    return MappingProxyType(d)
+
+
+def dump_record(record: Mapping[str, Any]) -> str:
+    """Canonical one-line JSON (sorted keys, no spaces, ASCII), as the oracle logs are written."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+class DecisionLog:
+    """One record per step; serializes to JSONL and compares for equality."""
+
+    def __init__(self, records: Iterable[dict[str, Any]] = ()):
+        self.records: list[dict[str, Any]] = list(records)
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.records)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.records[i]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DecisionLog):
+            return NotImplemented
+        return self.records == other.records
+
+    def first_difference(self, other: DecisionLog) -> tuple[int, dict | None, dict | None] | None:
+        """``(index, ours, theirs)`` of the first differing record, or ``None`` if identical."""
+        for i, (a, b) in enumerate(zip(self.records, other.records)):
+            if a != b:
+                return i, a, b
+        if len(self.records) != len(other.records):
+            i = min(len(self.records), len(other.records))
+            return i, self.records[i] if i < len(self.records) else None, other.records[i] if i < len(
+                other.records
+            ) else None
+        return None
+
+    def write_jsonl(self, dest: str | Path | IO[str]) -> None:
+        if isinstance(dest, (str, Path)):
+            with open(dest, "w", encoding="ascii") as f:
+                self.write_jsonl(f)
+            return
+        for record in self.records:
+            dest.write(dump_record(record) + "\n")
+
+    def to_jsonl(self) -> str:
+        return "".join(dump_record(r) + "\n" for r in self.records)
+
+    @classmethod
+    def read_jsonl(cls, source: str | Path) -> DecisionLog:
+        records = []
+        with open(source, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{source}:{line_no}: not a JSON record ({exc.msg})") from None
+        return cls(records)

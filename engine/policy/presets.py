@@ -1,0 +1,104 @@
+"""Scheduler presets: named starting points for a study, each saying which behaviour it follows.
+
+- ``pagesim``: pagesim's own clean policy: chunked prefill, prefix caching with LRU eviction,
+  recompute preemption of the running tail, no watermark quirks, swap-space exhaustion falls back
+  to recompute, a shared block swaps out once.
+- ``vllm-v1``: vLLM's V1 engine core as of 0.32 (``vllm/v1/core/sched/scheduler.py`` with its
+  ``KVCacheManager``/``BlockPool``), FCFS, synchronous scheduling: recompute-only preemption of the
+  running tail, prefix caching with the LRU free queue (unhashed blocks first, cached ones in
+  release order, a table released tail first), block 0 reserved as the null block, admission needs
+  the whole known sequence minus cache hits to fit, watermark 0 (applied, when set, only while
+  something runs), ``max_num_seqs`` counts requests.
+- ``vllm-v0``: vLLM 0.6.3's V0 scheduler with ``SelfAttnBlockSpaceManager`` and no prefix caching:
+  LIFO free list, 1% watermark, copy-on-write of shared partial blocks, vLLM's preemption rule
+  (recompute for single-sequence requests, swap for multi-sequence groups), no new admissions
+  while anything is swapped out, ``max_num_seqs`` counts sequences, the whole sequence reserved at
+  admission, one block counted per running sequence in ``can_append``, shared blocks swapped once
+  per sequence, and an error (not a fallback) when swap space runs out.
+
+  NOTE: v0 without chunked prefill runs prefills *before* decodes in a step (and decodes only if
+  no prompt was admitted); pagesim's step order is running, swapped, waiting. Step-for-step
+  agreement with vLLM's own logs (``shared/oracle``) is the subject of the oracle replay work.
+
+Batch limits vLLM picks per GPU and entrypoint (``max_num_seqs``, ``max_num_batched_tokens``) are
+not part of a preset's identity; the values here are common ones and are meant to be overridden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.policy.config import SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    name: str
+    follows: str  # which implementation / version the preset reproduces
+    settings: dict[str, Any]
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "pagesim",
+            "pagesim's clean default policy",
+            dict(
+                enable_chunked_prefill=True,
+                enable_prefix_caching=True,
+                eviction_policy="lru",
+                preemption_mode="recompute",
+                victim_policy="running-tail",
+                watermark=0.01,
+            ),
+        ),
+        Preset(
+            "vllm-v1",
+            "vLLM 0.32 V1 engine core (FCFS, synchronous)",
+            dict(
+                enable_chunked_prefill=True,
+                enable_prefix_caching=True,
+                eviction_policy="lru",
+                preemption_mode="recompute",
+                victim_policy="running-tail",
+                watermark=0.0,
+                watermark_only_when_running=True,
+                reserve_null_block=True,
+                seq_limit_counts="requests",
+                reserve_extent="scheduled",
+                num_cpu_blocks=0,
+            ),
+        ),
+        Preset(
+            "vllm-v0",
+            "vLLM 0.6.3 V0 scheduler, SelfAttnBlockSpaceManager, no prefix caching",
+            dict(
+                enable_chunked_prefill=False,
+                enable_prefix_caching=False,
+                eviction_policy="lru",
+                preemption_mode="vllm-v0",
+                victim_policy="running-tail",
+                watermark=0.01,
+                watermark_only_when_running=False,
+                reserve_null_block=False,
+                seq_limit_counts="sequences",
+                reserve_extent="whole",
+                count_block_per_running_seq=True,
+                admit_while_swapped=False,
+                preserve_sharing_on_swap=False,
+                on_swap_exhausted="raise",
+            ),
+        ),
+    )
+}
+
+
+def make_config(preset: str = "pagesim", **overrides: Any) -> SchedulerConfig:
+    """A ``SchedulerConfig`` from a preset, with any setting overridden (unknown names refused)."""
+    try:
+        base = PRESETS[preset]
+    except KeyError:
+        raise ValueError(f"unknown scheduler preset {preset!r}; choose one of {', '.join(PRESETS)}") from None
+    return SchedulerConfig().with_overrides(**{**base.settings, **overrides, "extra": {"preset": preset}})

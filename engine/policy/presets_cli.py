@@ -1,0 +1,59 @@
+"""``pagesim presets``: what can be chosen by name: scheduler presets (with the vLLM version each
+follows and its settings), eviction policies, victim policies, preemption modes and model presets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, fields
+
+from engine.model_presets import MODEL_PRESETS
+from engine.policy.config import SchedulerConfig
+from engine.policy.eviction import EVICTION_POLICIES
+from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES
+from engine.policy.presets import PRESETS, make_config
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "presets",
+        help="list scheduler presets, eviction / victim / preemption plug-ins and model presets",
+        description=__doc__,
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def _settings(preset: str) -> dict:
+    config = make_config(preset)
+    return {f.name: getattr(config, f.name) for f in fields(SchedulerConfig) if f.name != "extra"}
+
+
+def run(args: argparse.Namespace) -> int:
+    listing = {
+        "scheduler_presets": {
+            name: {"follows": p.follows, "settings": _settings(name)} for name, p in PRESETS.items()
+        },
+        "eviction_policies": list(EVICTION_POLICIES),
+        "victim_policies": list(VICTIM_POLICIES),
+        "preemption_modes": list(PREEMPTION_MODES),
+        "model_presets": {name: asdict(m) for name, m in MODEL_PRESETS.items()},
+    }
+    if args.json:
+        print(json.dumps(listing, indent=2, default=str))
+        return 0
+    print("Scheduler presets:")
+    for name, p in PRESETS.items():
+        print(f"  {name:10s} {p.follows}")
+        for key, value in p.settings.items():
+            print(f"  {'':10s}   {key} = {value}")
+    print(f"Eviction policies:  {', '.join(EVICTION_POLICIES)}")
+    print(f"Victim policies:    {', '.join(VICTIM_POLICIES)}")
+    print(f"Preemption modes:   {', '.join(PREEMPTION_MODES)}")
+    print("Model presets:")
+    for name, m in MODEL_PRESETS.items():
+        print(
+            f"  {name:12s} {m.num_layers:3d} layers, {m.num_attention_heads:3d} heads / "
+            f"{m.num_kv_heads:3d} KV heads x {m.head_dim}, {m.kv_bytes_per_token:,} KV bytes/token"
+        )
+    return 0

@@ -1,0 +1,188 @@
+"""Requests and their sequences: what the scheduler schedules and the block tables belong to.
+
+A ``Request`` is what a user sent: a prompt, an output length at which generation stops exactly
+(EOS is ignored, as benchmark tools do), ``n`` parallel samples or a beam width, an arrival time
+and a priority (lower value = more important, as in vLLM). It owns one or more ``Sequence``s
+(vLLM v0's sequence group): one while the prompt is prefilled; with ``n > 1`` or beam search,
+more are forked from it at the first sampling step, sharing its blocks by reference count.
+
+A prompt is given either as token ids, or, for traces without text, as a length plus per-block
+prefix identities (``prefix_block_ids``, each standing for ``prefix_block_tokens`` tokens; e.g.
+Mooncake's hash ids of 512-token blocks). Prefix caching compares block *contents*; the content of
+tokens ``[a, b)`` is the token ids themselves, or, in identity mode, the identity segments they
+cover, so two prompts share a cached block exactly when they share those tokens, at any block
+size. Generated tokens the executor did not name (a simulator reports counts, not ids) get
+contents unique to their sequence, so only the sequence itself can hit them (after preemption).
+
+Invariants: ``len(tokens) == prompt_len + len(output_token_ids)``;
+``num_computed_tokens <= len(tokens)``; a sequence stops at exactly ``max_tokens`` outputs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable, Sequence as SequenceT
+from dataclasses import dataclass, field
+
+from engine.policy.block_key import BlockKey
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # never run, or preempted by recompute
+    RUNNING = "running"
+    SWAPPED = "swapped"  # preempted by swap: its blocks are in CPU memory
+    FINISHED = "finished"
+    REJECTED = "rejected"  # can never be served (too long, or needs more blocks than exist)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_len: int
+    max_tokens: int  # output tokens to generate; generation stops exactly there
+    arrival_time_s: float = 0.0
+    prompt_token_ids: SequenceT[int] | None = None
+    prefix_block_ids: SequenceT[Hashable] | None = None
+    prefix_block_tokens: int = 0  # tokens each prefix identity stands for
+    n: int = 1  # parallel samples sharing the prompt's blocks
+    beam_width: int = 1
+    priority: int = 0  # lower is more important (vLLM's convention)
+
+    # --- scheduler state (not user input) ---
+    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
+    seqs: list[Sequence] = field(default_factory=list, init=False)
+    num_preemptions: int = field(default=0, init=False)
+    was_preempted: bool = field(default=False, init=False)  # next admission is a resume
+    has_run: bool = field(default=False, init=False)
+    forked: bool = field(default=False, init=False)  # the n / beam samples exist
+    reject_reason: str | None = field(default=None, init=False)
+    admitted_seq_no: int = field(default=0, init=False)  # admission order (victim choice)
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if self.prompt_token_ids is not None:
+            if self.prompt_len in (0, None):
+                self.prompt_len = len(self.prompt_token_ids)
+            elif len(self.prompt_token_ids) != self.prompt_len:
+                raise ValueError(
+                    f"request {self.request_id}: prompt_len {self.prompt_len} but "
+                    f"{len(self.prompt_token_ids)} prompt token ids"
+                )
+        if self.prompt_len < 1:
+            raise ValueError(f"request {self.request_id}: prompt_len must be >= 1")
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.request_id}: max_tokens must be >= 1")
+        if self.n < 1 or self.beam_width < 1:
+            raise ValueError(f"request {self.request_id}: n and beam_width must be >= 1")
+        if self.n > 1 and self.beam_width > 1:
+            raise ValueError(f"request {self.request_id}: use n or beam_width, not both")
+        if self.prefix_block_ids is not None:
+            if self.prompt_token_ids is not None:
+                raise ValueError(f"request {self.request_id}: give token ids or prefix ids, not both")
+            if self.prefix_block_tokens < 1:
+                raise ValueError(f"request {self.request_id}: prefix_block_tokens must be >= 1")
+        self.seqs = [Sequence(self, index=0)]
+
+    # ------------------------------------------------------------- derived
+    @property
+    def num_samples(self) -> int:
+        """Sequences this request runs once forked (``n`` or the beam width)."""
+        return max(self.n, self.beam_width)
+
+    @property
+    def running_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.finished]
+
+    @property
+    def max_running_seqs(self) -> int:
+        """vLLM v0's ``get_max_num_running_seqs``: ``n`` before the fork, unfinished seqs after."""
+        if not self.forked and self.num_samples > 1:
+            return self.num_samples
+        return sum(1 for s in self.seqs if not s.finished)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def block_content(self, seq: Sequence, start: int, end: int) -> Hashable:
+        """The content of ``seq``'s tokens ``[start, end)``: what a prefix-cache key hashes."""
+        prompt_len = self.prompt_len
+        prompt_end = min(end, prompt_len)
+        parts: list[Hashable] = []
+        if start < prompt_end:
+            if self.prompt_token_ids is not None:
+                parts.extend(self.prompt_token_ids[start:prompt_end])
+            else:
+                parts.extend(self._identity_segments(start, prompt_end))
+        if end > prompt_len:
+            outputs = seq.output_token_ids
+            for pos in range(max(start, prompt_len), end):
+                token = outputs[pos - prompt_len]
+                parts.append(token if token is not None else ("out", self.request_id, seq.index, pos))
+        return tuple(parts)
+
+    def _identity_segments(self, start: int, end: int) -> list[Hashable]:
+        size = self.prefix_block_tokens
+        ids = self.prefix_block_ids or ()
+        segments: list[Hashable] = []
+        pos = start
+        while pos < end:
+            k = pos // size if size else len(ids)
+            if k < len(ids):
+                hi = min(end, (k + 1) * size)
+                segments.append((ids[k], pos - k * size, hi - k * size))
+            else:  # no identity known for these prompt tokens: unique to this request
+                hi = end
+                segments.append(("prompt", self.request_id, pos, hi))
+            pos = hi
+        return segments
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request: Request
+    index: int  # 0 = the prompt's sequence; 1.. forked children in fork order
+    output_token_ids: list[int | None] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)  # GPU block ids, logical order
+    cpu_block_table: list[int] = field(default_factory=list)  # while swapped out
+    num_filled_tokens: int = 0  # token slots written into the table (v0's "filled")
+    block_keys: list[BlockKey] = field(default_factory=list)  # keys of full blocks, in order
+    num_registered_blocks: int = 0  # leading blocks given their key in the prefix cache
+    finished: bool = False
+    finish_reason: str | None = None
+
+    @property
+    def seq_id(self) -> str:
+        return f"{self.request.request_id}#{self.index}"
+
+    @property
+    def num_tokens(self) -> int:
+        return self.request.prompt_len + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Still computing known tokens beyond the last one (a decode computes exactly one)."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def fork(self, index: int) -> Sequence:
+        """A child with this sequence's tokens and progress, sharing nothing yet (the caller
+        shares the blocks through the block manager)."""
+        return Sequence(
+            request=self.request,
+            index=index,
+            output_token_ids=list(self.output_token_ids),
+            num_computed_tokens=self.num_computed_tokens,
+            num_filled_tokens=self.num_filled_tokens,
+            block_keys=list(self.block_keys),
+            num_registered_blocks=self.num_registered_blocks,
+        )
