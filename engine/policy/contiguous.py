@@ -1,0 +1,254 @@
+"""Contiguous KV-cache reservation: the pre-PagedAttention baselines (the paper's Orca variants).
+
+Before paging, a serving system gave each request one contiguous slab of KV-cache token slots,
+sized at admission because the output length is unknown until the request ends:
+
+- ``"max"``    reserves ``max_model_len`` slots (Orca (Max));
+- ``"pow2"``   reserves the next power of two >= prompt + output, capped at ``max_model_len``
+  (Orca (Pow2): a 2x over-reservation at worst);
+- ``"oracle"`` reserves exactly prompt + output (Orca (Oracle): knows the output length).
+
+Slabs are placed first-fit in ONE linear address space of ``capacity_slots`` slots, so the waste is
+measured, not assumed: *internal* fragmentation is reserved slots not (yet) holding a token — the
+part reserved for future output included — and *external* fragmentation is free slots that lie
+outside the largest hole, i.e. free memory that a large request still cannot use.
+
+Accounting: ``allocate`` counts the prompt as written (the prefill that the admission triggers
+writes the whole prompt's KV); ``append_tokens`` adds generated tokens, never past the reservation.
+
+Invariants (``check()``): holes are sorted by start, disjoint, non-empty and coalesced (no two
+holes touch); every reservation lies outside every hole; reserved + free == capacity; each request
+has written <= reserved slots. Allocate and free are O(number of holes).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+RESERVATION_MODES = ("max", "pow2", "oracle")
+
+
+@dataclass(slots=True)
+class _Slab:
+    """One request's contiguous reservation [start_slot, start_slot + num_reserved_slots)."""
+
+    start_slot: int
+    num_reserved_slots: int
+    num_written_slots: int
+
+
+class ContiguousAllocator:
+    """First-fit allocator of contiguous token-slot slabs in one linear address space."""
+
+    def __init__(self, capacity_slots: int, reservation: str, max_model_len: int) -> None:
+        for arg_name, value in (
+            ("capacity_slots", capacity_slots),
+            ("max_model_len", max_model_len),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{arg_name} must be a positive int, got {value!r}")
+        if reservation not in RESERVATION_MODES:
+            raise ValueError(
+                f"reservation must be one of {', '.join(RESERVATION_MODES)}, got {reservation!r}"
+            )
+        self.capacity_slots = capacity_slots
+        self.reservation = reservation
+        self.max_model_len = max_model_len
+        # Free holes as two parallel lists sorted by start; bisect finds a freed slab's neighbours.
+        self._hole_starts: list[int] = [0]
+        self._hole_sizes: list[int] = [capacity_slots]
+        self._slabs: dict[object, _Slab] = {}
+        self._num_reserved_slots = 0
+        self._num_written_slots = 0
+
+    # ---- sizing -------------------------------------------------------------------------------
+
+    def reservation_slots(self, prompt_len: int, output_len: int) -> int:
+        """Slots this allocator reserves for a request; ValueError for impossible lengths."""
+        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len <= 0:
+            raise ValueError(f"prompt_len must be a positive int, got {prompt_len!r}")
+        if isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0:
+            raise ValueError(f"output_len must be a non-negative int, got {output_len!r}")
+        total_tokens = prompt_len + output_len
+        if total_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt_len + output_len = {total_tokens} exceeds "
+                f"max_model_len {self.max_model_len}"
+            )
+        if self.reservation == "max":
+            return self.max_model_len
+        if self.reservation == "pow2":
+            return min(1 << (total_tokens - 1).bit_length(), self.max_model_len)
+        return total_tokens
+
+    def _checked_reservation_slots(self, prompt_len: int, output_len: int) -> int:
+        num_slots = self.reservation_slots(prompt_len, output_len)
+        if num_slots > self.capacity_slots:
+            raise ValueError(
+                f"a {self.reservation!r} reservation of {num_slots} slots can never fit in "
+                f"capacity_slots={self.capacity_slots}"
+            )
+        return num_slots
+
+    # ---- allocation ---------------------------------------------------------------------------
+
+    def can_allocate(self, prompt_len: int, output_len: int) -> bool:
+        """True when some hole is large enough now; ValueError when the request can never fit."""
+        num_slots = self._checked_reservation_slots(prompt_len, output_len)
+        return self._first_fit_index(num_slots) is not None
+
+    def allocate(self, request_id: object, prompt_len: int, output_len: int) -> int | None:
+        """Reserve a slab first-fit and return its start slot, or None when no hole is big enough.
+
+        Raises ValueError for a duplicate request id or a request that could never fit
+        (reservation > capacity, or prompt + output > max_model_len).
+        """
+        if request_id in self._slabs:
+            raise ValueError(f"request {request_id!r} already holds a reservation")
+        num_slots = self._checked_reservation_slots(prompt_len, output_len)
+        hole_index = self._first_fit_index(num_slots)
+        if hole_index is None:
+            return None
+        start_slot = self._hole_starts[hole_index]
+        remaining_slots = self._hole_sizes[hole_index] - num_slots
+        if remaining_slots == 0:
+            del self._hole_starts[hole_index]
+            del self._hole_sizes[hole_index]
+        else:  # keep the tail of the hole; it stays in sorted position
+            self._hole_starts[hole_index] = start_slot + num_slots
+            self._hole_sizes[hole_index] = remaining_slots
+        self._slabs[request_id] = _Slab(start_slot, num_slots, prompt_len)
+        self._num_reserved_slots += num_slots
+        self._num_written_slots += prompt_len
+        return start_slot
+
+    def append_tokens(self, request_id: object, num_tokens: int) -> None:
+        """Record ``num_tokens`` generated tokens written into the request's slab."""
+        slab = self._slab(request_id)
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
+        if slab.num_written_slots + num_tokens > slab.num_reserved_slots:
+            raise ValueError(
+                f"request {request_id!r}: writing {num_tokens} more tokens would make "
+                f"{slab.num_written_slots + num_tokens}, past its reservation of "
+                f"{slab.num_reserved_slots} slots"
+            )
+        slab.num_written_slots += num_tokens
+        self._num_written_slots += num_tokens
+
+    def free(self, request_id: object) -> None:
+        """Release the request's slab and merge it with the holes it touches."""
+        slab = self._slab(request_id)
+        del self._slabs[request_id]
+        self._num_reserved_slots -= slab.num_reserved_slots
+        self._num_written_slots -= slab.num_written_slots
+        start_slot, num_slots = slab.start_slot, slab.num_reserved_slots
+        index = bisect.bisect_left(self._hole_starts, start_slot)
+        end_slot = start_slot + num_slots
+        merges_prev = (
+            index > 0 and self._hole_starts[index - 1] + self._hole_sizes[index - 1] == start_slot
+        )
+        merges_next = index < len(self._hole_starts) and self._hole_starts[index] == end_slot
+        if merges_prev and merges_next:
+            self._hole_sizes[index - 1] += num_slots + self._hole_sizes[index]
+            del self._hole_starts[index]
+            del self._hole_sizes[index]
+        elif merges_prev:
+            self._hole_sizes[index - 1] += num_slots
+        elif merges_next:
+            self._hole_starts[index] = start_slot
+            self._hole_sizes[index] += num_slots
+        else:
+            self._hole_starts.insert(index, start_slot)
+            self._hole_sizes.insert(index, num_slots)
+
+    # ---- queries ------------------------------------------------------------------------------
+
+    def start_slot(self, request_id: object) -> int:
+        """First slot of the request's slab."""
+        return self._slab(request_id).start_slot
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._slabs
+
+    def __len__(self) -> int:
+        return len(self._slabs)
+
+    @property
+    def holes(self) -> list[tuple[int, int]]:
+        """Free holes as (start_slot, num_slots), sorted by start."""
+        return list(zip(self._hole_starts, self._hole_sizes))
+
+    @property
+    def num_used_slots(self) -> int:
+        """Slots holding a written token."""
+        return self._num_written_slots
+
+    @property
+    def num_reserved_slots(self) -> int:
+        return self._num_reserved_slots
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.capacity_slots - self._num_reserved_slots
+
+    @property
+    def largest_hole_slots(self) -> int:
+        return max(self._hole_sizes, default=0)
+
+    @property
+    def external_fragmentation_slots(self) -> int:
+        """Free slots outside the largest hole: free, yet unusable by the largest request."""
+        return self.num_free_slots - self.largest_hole_slots
+
+    @property
+    def internal_fragmentation_slots(self) -> int:
+        """Reserved slots not holding a token, including those reserved for future output."""
+        return self._num_reserved_slots - self._num_written_slots
+
+    @property
+    def memory_utilization(self) -> float:
+        """Written / reserved slots; 0.0 when nothing is reserved."""
+        if self._num_reserved_slots == 0:
+            return 0.0
+        return self._num_written_slots / self._num_reserved_slots
+
+    def check(self) -> None:
+        """Assert the module's invariants (O(holes + requests); for tests and debugging)."""
+        assert len(self._hole_starts) == len(self._hole_sizes)
+        previous_end = None
+        for start, size in zip(self._hole_starts, self._hole_sizes):
+            assert size > 0, f"empty hole at {start}"
+            assert 0 <= start and start + size <= self.capacity_slots, f"hole {start}+{size}"
+            # strictly greater: touching holes should have been coalesced
+            assert previous_end is None or start > previous_end, f"holes touch at {start}"
+            previous_end = start + size
+        intervals = sorted(
+            [(slab.start_slot, slab.num_reserved_slots, True) for slab in self._slabs.values()]
+            + [(start, size, False) for start, size in zip(self._hole_starts, self._hole_sizes)]
+        )
+        # slabs and holes must tile [0, capacity) exactly
+        cursor = 0
+        for start, size, _is_slab in intervals:
+            assert start == cursor, f"gap or overlap at slot {cursor} (next starts at {start})"
+            cursor = start + size
+        assert cursor == self.capacity_slots
+        assert self._num_reserved_slots == sum(s.num_reserved_slots for s in self._slabs.values())
+        assert self._num_written_slots == sum(s.num_written_slots for s in self._slabs.values())
+        assert all(0 <= s.num_written_slots <= s.num_reserved_slots for s in self._slabs.values())
+        assert self._num_reserved_slots + sum(self._hole_sizes) == self.capacity_slots
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _first_fit_index(self, num_slots: int) -> int | None:
+        for index, size in enumerate(self._hole_sizes):
+            if size >= num_slots:
+                return index
+        return None
+
+    def _slab(self, request_id: object) -> _Slab:
+        try:
+            return self._slabs[request_id]
+        except KeyError:
+            raise ValueError(f"request {request_id!r} holds no reservation") from None
