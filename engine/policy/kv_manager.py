@@ -77,6 +77,8 @@ class KVCacheManager:
         old_len = len(table)
         for _ in range(cdiv(end, bs) - old_len):
             table.append(pool.allocate())
+        if len(table) != old_len:
+            seq.table_snapshot = None
         copies: list[tuple[int, int]] = []
         if end > start:
             ref_counts = pool.ref_counts
@@ -89,6 +91,7 @@ class KVCacheManager:
                     pool.free(src)
                     table[i] = dst
                     copies.append((src, dst))
+                    seq.table_snapshot = None
         if end > seq.num_filled_tokens:
             seq.num_filled_tokens = end
         return copies
@@ -142,6 +145,7 @@ class KVCacheManager:
         for block_id in hit_block_ids:
             pool.touch(block_id)
         seq.block_table.extend(hit_block_ids)
+        seq.table_snapshot = None
         num_tokens = len(hit_block_ids) * self.block_size
         seq.num_computed_tokens = num_tokens
         seq.num_filled_tokens = num_tokens
@@ -168,6 +172,7 @@ class KVCacheManager:
         for block_id in parent.block_table:
             pool.incref(block_id)
         child.block_table = list(parent.block_table)
+        child.table_snapshot = None
         child.num_filled_tokens = parent.num_filled_tokens
 
     def free(self, seq: Sequence) -> None:
@@ -175,6 +180,7 @@ class KVCacheManager:
         if seq.block_table:
             self.pool.free_table(seq.block_table)
         seq.block_table = []
+        seq.table_snapshot = None
         seq.num_filled_tokens = 0
         seq.num_registered_blocks = 0
 
@@ -233,6 +239,7 @@ class KVCacheManager:
                 gpu_table.append(gpu_block)
             self.free_cpu(seq)
             seq.block_table = gpu_table
+            seq.table_snapshot = None
             # The blocks came back under new ids: give their full blocks their keys again.
             seq.num_registered_blocks = 0
             self.register(seq, seq.num_computed_tokens)
@@ -258,6 +265,8 @@ class KVCacheManager:
                     )
                     idle = len(seq.block_table) * bs - seq.num_filled_tokens
                     assert 0 <= idle <= bs - 1
+                if seq.table_snapshot is not None:
+                    assert seq.table_snapshot == tuple(seq.block_table), f"{seq.seq_id}: stale table snapshot"
                 for i, b in enumerate(seq.block_table):
                     key = self.pool.keys[b]
                     if key is not None:

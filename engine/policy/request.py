@@ -152,6 +152,15 @@ class Sequence:
     num_registered_blocks: int = 0  # leading blocks given their key in the prefix cache
     finished: bool = False
     finish_reason: str | None = None
+    # ``tuple(block_table)``, kept while the table is unchanged (the KV manager drops it on every
+    # change), so a decode step does not copy a long table that did not change.
+    table_snapshot: tuple[int, ...] | None = None
+
+    def block_table_tuple(self) -> tuple[int, ...]:
+        snapshot = self.table_snapshot
+        if snapshot is None:
+            snapshot = self.table_snapshot = tuple(self.block_table)
+        return snapshot
 
     @property
     def seq_id(self) -> str:

@@ -20,8 +20,8 @@ chunked prefill off), or at the head of the queue if a preemption made them unse
 waits forever.
 
 ``schedule()`` returns a frozen ``SchedulerOutput`` (output.py) and logs one decision record; the
-executor runs it and calls ``update()`` with the sampled tokens, which appends them, forks parallel
-samples or beams at the first sample, and finishes sequences at exactly ``max_tokens``. Tokens
+executor runs it and calls ``update()`` with the sampled tokens (sampling.py appends them, forks parallel
+samples and beams, and finishes sequences at exactly ``max_tokens``). Tokens
 computed this step are counted as computed when ``schedule()`` returns (as vLLM v1 does in
 ``_update_after_schedule``).
 
@@ -32,7 +32,6 @@ number waiting: the waiting pass stops at the first request that does not fit.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence as SequenceT
 from dataclasses import dataclass, field
 
 from engine.policy.block_key import HashFn, default_hash
@@ -43,13 +42,7 @@ from engine.policy.output import DecisionLog, Pair, ScheduledSequence, Scheduler
 from engine.policy.preemption import Mode, make_preemption_mode, make_victim_policy
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.swap_pool import SwapPool, SwapSpaceExhausted
-
-Token = int | None
-#: Sampled tokens: ``{seq_id: token}`` (``{seq_id: [token per sample]}`` at a first sample with
-#: n > 1), or a function ``(sequence, sample_index) -> token``, or ``None`` for unnamed tokens.
-SampledTokens = Mapping[str, Token | SequenceT[Token]] | Callable[[Sequence, int], Token] | None
-#: Beam search: ``{request_id: [(parent sequence index, token), ...]}``, one pair per beam.
-BeamChoices = Mapping[str, SequenceT[tuple[int, Token]]]
+from engine.policy.sampling import BeamChoices, OutputProcessor, SampledTokens
 
 
 @dataclass(slots=True)
@@ -88,6 +81,7 @@ class Scheduler:
         )
         self.victim_policy = make_victim_policy(config.victim_policy)
         self.preemption_mode = make_preemption_mode(config.preemption_mode)
+        self.output_processor = OutputProcessor(self.kv, max_model_len=config.max_model_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -120,8 +114,13 @@ class Scheduler:
     def _never_fits(self, request: Request) -> str | None:
         cfg = self.config
         bs = self.block_size
-        if request.prompt_len > cfg.max_model_len:
-            return f"prompt of {request.prompt_len} tokens exceeds max_model_len {cfg.max_model_len}"
+        if request.prompt_len >= cfg.max_model_len:
+            # NOTE: a sequence stops on reaching max_model_len tokens, so the prompt must leave
+            # room for at least one generated token (vLLM caps max_tokens the same way).
+            return (
+                f"prompt of {request.prompt_len} tokens leaves no room for output within "
+                f"max_model_len {cfg.max_model_len}"
+            )
         if not cfg.enable_chunked_prefill and request.prompt_len > cfg.max_num_batched_tokens:
             return (
                 f"prompt of {request.prompt_len} tokens exceeds max_num_batched_tokens "
@@ -219,7 +218,7 @@ class Scheduler:
         the budget. A request's decoding sequences run together or not at all; a prefilling one
         may be cut to the budget (chunked prefill) or wait for a later step once it is spent."""
         cfg = self.config
-        chunked = cfg.enable_chunked_prefill
+        chunked = cfg.enable_chunked_prefill and not self._steps_together(request)
         plan = []
         for seq in request.seqs:
             if seq.finished:
@@ -239,6 +238,12 @@ class Scheduler:
             plan.append((seq, n))
             token_budget -= n
         return plan
+
+    @staticmethod
+    def _steps_together(request: Request) -> bool:
+        """Beams are chosen across all of a request's sequences at once, so a beam group that
+        re-prefills after a recompute preemption is never chunked: its beams sample together."""
+        return request.beam_width > 1 and sum(1 for s in request.seqs if not s.finished) > 1
 
     def _blocks_needed(self, plan: list[tuple[Sequence, int]]) -> int:
         cfg = self.config
@@ -267,7 +272,7 @@ class Scheduler:
                     seq_index=seq.index,
                     num_computed_tokens=start,
                     num_new_tokens=n,
-                    block_table=tuple(seq.block_table),
+                    block_table=seq.block_table_tuple(),
                     block_size=self.block_size,
                     samples=end >= seq.num_tokens,
                 )
@@ -360,6 +365,14 @@ class Scheduler:
             if not plan:
                 break
             need = kv.blocks_to_swap_in(seqs, preserve_sharing=preserve) + self._blocks_needed_after_swap_in(plan)
+            if need > self.pool.num_usable_blocks - cfg.watermark_blocks:
+                # Only v0's block accounting can get here (it counts blocks a step does not
+                # need); vLLM 0.6.3 fails such a request too (AllocStatus.NEVER on swap-in).
+                self._reject_swapped_head(
+                    f"swapping it back in needs {need} blocks; the pool has "
+                    f"{self.pool.num_usable_blocks - cfg.watermark_blocks} above the watermark"
+                )
+                continue
             if self.pool.num_free_blocks - need < cfg.watermark_blocks:
                 break
             self.swapped.popleft()
@@ -399,11 +412,12 @@ class Scheduler:
             seqs = request.running_seqs
             hits = [kv.find_cached_prefix(seq) for seq in seqs]
             remaining = [seq.num_tokens - len(h) * bs for seq, h in zip(seqs, hits)]
-            if not cfg.enable_chunked_prefill and sum(remaining) > st.token_budget:
+            if (not cfg.enable_chunked_prefill or self._steps_together(request)) and sum(remaining) > st.token_budget:
                 if sum(remaining) > cfg.max_num_batched_tokens:
                     self._reject_waiting_head(
-                        f"after preemption it must recompute {sum(remaining)} tokens, over "
-                        f"max_num_batched_tokens {cfg.max_num_batched_tokens} with chunked prefill off"
+                        f"after a recompute preemption it must prefill {sum(remaining)} tokens in one "
+                        f"step (chunked prefill off, or a beam group), over max_num_batched_tokens "
+                        f"{cfg.max_num_batched_tokens}"
                     )
                     continue
                 break
@@ -446,10 +460,16 @@ class Scheduler:
             used += slots
 
     def _reject_waiting_head(self, reason: str) -> None:
-        request = self.waiting.popleft()
+        self._reject_queued(self.waiting.popleft(), reason)
+
+    def _reject_swapped_head(self, reason: str) -> None:
+        self._reject_queued(self.swapped.popleft(), reason)
+
+    def _reject_queued(self, request: Request, reason: str) -> None:
         del self.requests[request.request_id]
         for seq in request.seqs:
             self.kv.free(seq)
+            self.kv.free_cpu(seq)
         self._reject(request, reason)
 
     # -------------------------------------------------------------- update
@@ -459,28 +479,9 @@ class Scheduler:
         sampled: SampledTokens = None,
         beam_choices: BeamChoices | None = None,
     ) -> list[Request]:
-        """Apply one executed step: append sampled tokens, fork samples and beams, finish and free
-        sequences at exactly ``max_tokens``. Returns the requests that finished, in order."""
-        finished: list[Request] = []
-        by_request: dict[str, list[ScheduledSequence]] = {}
-        for s in output.scheduled:
-            if s.samples:
-                by_request.setdefault(s.request_id, []).append(s)
-        for request_id, sampling in by_request.items():
-            request = self.requests.get(request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue  # aborted since
-            seqs = [request.seqs[s.seq_index] for s in sampling]
-            if request.beam_width > 1:
-                self._apply_beam(request, seqs, sampled, (beam_choices or {}).get(request_id))
-            elif not request.forked and request.n > 1:
-                self._fork_samples(request, seqs[0], sampled)
-            else:
-                for seq in seqs:
-                    self._append(seq, _token(sampled, seq, 0))
-            if all(s.finished for s in request.seqs):
-                request.status = RequestStatus.FINISHED
-                finished.append(request)
+        """Apply one executed step (see ``OutputProcessor``). Returns the requests that finished,
+        in scheduling order; their blocks are released."""
+        finished = self.output_processor.process(output, self.requests, sampled, beam_choices)
         if finished:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
@@ -490,82 +491,6 @@ class Scheduler:
         if self._last_record is not None and self._last_record["step"] == output.step:
             self._last_record["finished"] = sorted(r.request_id for r in finished)
         return finished
-
-    def _append(self, seq: Sequence, token: Token) -> None:
-        seq.output_token_ids.append(token)
-        request = seq.request
-        if seq.num_output_tokens >= request.max_tokens:
-            self._finish(seq, "length")
-        elif seq.num_tokens >= self.config.max_model_len:
-            self._finish(seq, "max_model_len")
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        seq.finished = True
-        seq.finish_reason = reason
-        self.kv.free(seq)
-
-    def _fork_samples(self, request: Request, parent: Sequence, sampled: SampledTokens) -> None:
-        """The first sample of an n > 1 request: children are copies of the prompt's sequence that
-        share its blocks; each appends its own sample, then the parent appends sample 0 (vLLM v0)."""
-        request.forked = True
-        children = []
-        for k in range(1, request.n):
-            child = parent.fork(index=len(request.seqs))
-            request.seqs.append(child)
-            self._append(child, _token(sampled, parent, k))
-            children.append(child)
-        self._append(parent, _token(sampled, parent, 0))
-        # NOTE: a parent that finished here finished at max_tokens, and so did every child (same
-        # length), so no finished parent's freed table is ever shared.
-        for child in children:
-            if not child.finished:
-                self.kv.fork(parent, child)
-
-    def _apply_beam(
-        self,
-        request: Request,
-        seqs: list[Sequence],
-        sampled: SampledTokens,
-        choices: SequenceT[tuple[int, Token]] | None,
-    ) -> None:
-        """Beam search: keep ``beam_width`` (parent, token) choices. A parent chosen k times keeps
-        one and forks k-1 children (sharing its blocks); parents not chosen are freed."""
-        width = request.beam_width
-        if choices is None:  # no model choices: every beam continues itself (like parallel samples)
-            if not request.forked:
-                choices = [(seqs[0].index, _token(sampled, seqs[0], k)) for k in range(width)]
-            else:
-                choices = [(s.index, _token(sampled, s, 0)) for s in seqs]
-        if len(choices) != width:
-            raise ValueError(
-                f"request {request.request_id!r}: {len(choices)} beam choices for beam width {width}"
-            )
-        alive = {s.index: s for s in seqs}
-        for parent_index, _ in choices:
-            if parent_index not in alive:
-                raise ValueError(
-                    f"request {request.request_id!r}: beam choice names sequence {parent_index}, "
-                    f"which did not sample this step"
-                )
-        request.forked = True
-        first_choice: dict[int, Token] = {}
-        children: list[tuple[Sequence, Sequence, Token]] = []
-        for parent_index, token in choices:
-            if parent_index not in first_choice:
-                first_choice[parent_index] = token
-            else:
-                parent = alive[parent_index]
-                child = parent.fork(index=len(request.seqs))
-                request.seqs.append(child)
-                self.kv.fork(parent, child)
-                children.append((parent, child, token))
-        for index, seq in alive.items():
-            if index not in first_choice:
-                self._finish(seq, "pruned")
-        for _, child, token in children:
-            self._append(child, token)
-        for index, token in first_choice.items():
-            self._append(alive[index], token)
 
     # ------------------------------------------------------------ checking
     def check(self) -> None:
@@ -582,12 +507,3 @@ class Scheduler:
         assert len(self.running) + len(self.waiting) + len(self.swapped) == len(self.requests)
 
 
-def _token(sampled: SampledTokens, seq: Sequence, sample_index: int) -> Token:
-    if sampled is None:
-        return None
-    if callable(sampled):
-        return sampled(seq, sample_index)
-    value = sampled.get(seq.seq_id)
-    if isinstance(value, (list, tuple)):
-        return value[sample_index]
-    return value
