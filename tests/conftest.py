@@ -1,0 +1,38 @@
+"""Shared test settings.
+
+Hypothesis profiles: ``default`` keeps example counts moderate so the suite fits CI's two cores;
+``long`` (``HYPOTHESIS_PROFILE=long pytest``) runs ten times more examples for a deeper search.
+Tests that need a minimum number of examples set ``max_examples`` themselves; the ``long`` profile
+multiplies those through ``scaled_examples``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile(
+    "long",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+    max_examples=1000,
+)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
+settings.load_profile(PROFILE)
+
+
+def scaled_examples(n: int) -> int:
+    """``n`` examples by default, ten times more under the ``long`` profile."""
+    return n * 10 if PROFILE == "long" else n
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
