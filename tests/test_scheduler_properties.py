@@ -80,6 +80,8 @@ def workloads(draw):
         eviction_policy=draw(st.sampled_from(sorted(EVICTION_POLICIES))),
         victim_policy=draw(st.sampled_from(["running-tail", "latest-arrival", "fewest-blocks", "most-blocks", "priority"])),
     )
+    if not overrides["enable_chunked_prefill"]:  # vLLM's rule: the budget holds a whole sequence
+        overrides["max_num_batched_tokens"] = max(overrides["max_num_batched_tokens"], overrides["max_model_len"])
     if preset != "vllm-v1":
         overrides["preemption_mode"] = draw(st.sampled_from(["recompute", "swap", "vllm-v0"]))
     if preset == "vllm-v0":

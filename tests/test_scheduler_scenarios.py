@@ -159,7 +159,9 @@ def test_chunked_prefill_splits_a_prompt_over_steps_within_the_token_budget():
 
 def test_without_chunked_prefill_the_head_waits_for_the_whole_budget():
     scheduler = Scheduler(
-        make_config("pagesim", block_size=4, num_gpu_blocks=64, max_num_batched_tokens=10, enable_chunked_prefill=False)
+        make_config(
+            "pagesim", block_size=4, num_gpu_blocks=64, max_num_batched_tokens=10, max_model_len=10, enable_chunked_prefill=False
+        )
     )
     scheduler.add_request(Request("a", prompt_len=6, max_tokens=3))
     scheduler.add_request(Request("b", prompt_len=6, max_tokens=3))
@@ -175,7 +177,6 @@ def test_without_chunked_prefill_the_head_waits_for_the_whole_budget():
         (dict(prompt_len=100, max_tokens=1), dict(max_model_len=64), "no room for output within max_model_len"),
         (dict(prompt_len=64, max_tokens=1), dict(max_model_len=64), "no room for output within max_model_len"),
         (dict(prompt_len=40, max_tokens=40), dict(max_model_len=128, num_gpu_blocks=8), "at its longest"),
-        (dict(prompt_len=40, max_tokens=1), dict(max_num_batched_tokens=16, enable_chunked_prefill=False), "chunked prefill is off"),
         (dict(prompt_len=12, max_tokens=1), dict(num_gpu_blocks=4, block_size=4, watermark=0.5), "above the watermark"),
     ],
 )
@@ -340,3 +341,82 @@ def test_scheduler_output_is_immutable_and_slot_mapping_follows_the_block_table(
     [seq] = out.scheduled
     assert seq.block_table == (0, 1, 2)
     assert seq.slot_mapping() == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------- regressions from review
+
+
+def test_two_samples_that_fit_are_never_preempted_by_over_counted_copies():
+    """n = 2 on a 6-token prompt needs 3 blocks of 4 (one shared full block, one shared half block
+    that one sample copies, the other writes in place): 3 blocks suffice."""
+    for extra in ({}, {"enable_prefix_caching": False}, {"preemption_mode": "swap", "num_cpu_blocks": 10}):
+        scheduler = Scheduler(make_config("pagesim", block_size=4, num_gpu_blocks=3, watermark=0.0, **extra))
+        scheduler.add_request(Request("a", prompt_len=6, max_tokens=2, n=2))
+        timeline = run_to_end(scheduler)
+        assert not any("preempted" in t for t in timeline), extra
+        assert scheduler.num_finished_requests == 1 and scheduler.num_rejected_requests == 0
+
+
+def test_peak_counts_written_slots_not_the_last_sampled_token():
+    """A 4-token prompt generating 5 writes 8 slots (the 5th output is never computed): 2 blocks."""
+    scheduler = Scheduler(make_config("pagesim", block_size=4, num_gpu_blocks=2, watermark=0.0))
+    assert scheduler.add_request(Request("a", prompt_len=4, max_tokens=5))
+    run_to_end(scheduler)
+    assert scheduler.num_finished_requests == 1
+
+
+def test_raising_on_exhausted_swap_space_leaves_the_scheduler_consistent():
+    scheduler = Scheduler(
+        make_config("vllm-v0", block_size=2, num_gpu_blocks=8, num_cpu_blocks=1, max_num_batched_tokens=64, max_model_len=64)
+    )
+    for i in range(3):
+        scheduler.add_request(Request(f"r{i}", prompt_len=2, max_tokens=6, n=2))
+    with pytest.raises(SwapSpaceExhausted):
+        for _ in range(20):
+            scheduler.update(scheduler.schedule())
+    scheduler.check()  # the would-be victim still runs, holding its blocks
+
+
+def test_a_request_that_does_not_fit_the_budget_does_not_stop_the_running_pass():
+    """Budget 4: a request with 4 samples cannot decode them all beside r1; it decodes what fits and
+    r2, behind it, is not skipped while budget remains."""
+    scheduler = Scheduler(
+        make_config("pagesim", block_size=4, num_gpu_blocks=100, max_num_batched_tokens=4, enable_prefix_caching=False)
+    )
+    scheduler.add_request(Request("r1", prompt_len=4, max_tokens=50))
+    scheduler.add_request(Request("r2", prompt_len=4, max_tokens=50))
+    scheduler.add_request(Request("g", prompt_len=4, max_tokens=50, n=2))
+    for _ in range(3):
+        out = scheduler.schedule()
+        scheduler.update(out)
+    assert dict(out.num_scheduled_tokens) == {"r1": 1, "r2": 1, "g": 2}
+
+
+def test_chunked_prefill_off_needs_a_budget_that_holds_a_whole_sequence():
+    with pytest.raises(ValueError, match="must be >= max_model_len"):
+        make_config("pagesim", enable_chunked_prefill=False, max_num_batched_tokens=512, max_model_len=4096)
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_a_beam_group_preempted_by_recompute_shares_its_prompt_again_and_finishes(caching):
+    """9 blocks of 4; beam width 2 on a 6-token prompt needs 9 blocks at its longest only because
+    the beams share the prompt's full block. After a recompute preemption the second beam waits
+    (parked) until the leader has the prompt block again, then shares it; the beams sample together."""
+    scheduler = Scheduler(
+        make_config(
+            "pagesim", block_size=4, num_gpu_blocks=9, max_num_batched_tokens=16,
+            enable_prefix_caching=caching, watermark=0.0,
+        )
+    )
+    scheduler.add_request(Request("a", prompt_len=6, max_tokens=12))
+    scheduler.add_request(Request("b", prompt_len=6, max_tokens=12, beam_width=2))
+    modes = {}
+    while scheduler.has_unfinished_requests:
+        out = scheduler.schedule()
+        modes.update(dict(out.preempted))
+        sampling = [s for s in out.scheduled if s.request_id == "b" and s.samples]
+        assert len(sampling) in (0, 1 if not scheduler.requests["b"].forked else 2)
+        scheduler.update(out)
+        scheduler.check()
+    assert modes == {"b": "recompute"}
+    assert scheduler.num_finished_requests == 2 and scheduler.num_rejected_requests == 0

@@ -87,6 +87,13 @@ class SchedulerConfig:
             )
         if self.preemption_mode == "cost":
             raise ValueError("preemption mode 'cost' needs a cost function: pass CostPreemption(cost_fn)")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            # vLLM refuses this too: a request preempted by recompute must re-prefill prompt and
+            # output in one step, which could then exceed the budget forever.
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len}) when chunked prefill is off"
+            )
         for name, allowed in (
             ("seq_limit_counts", ("requests", "sequences")),
             ("reserve_extent", ("scheduled", "whole")),

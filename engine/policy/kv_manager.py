@@ -57,15 +57,31 @@ class KVCacheManager:
     # ------------------------------------------------------------ counting
     def blocks_to_reserve(self, seq: Sequence, start: int, end: int) -> int:
         """Blocks that ``reserve(seq, start, end)`` would take: new ones plus copy-on-write copies."""
+        return self.reserve_need(seq.block_table, self.pool.ref_counts, start, end)
+
+    def reserve_need(
+        self,
+        table: list[int],
+        ref_counts: list[int] | None,
+        start: int,
+        end: int,
+        pending: dict[int, int] | None = None,
+    ) -> int:
+        """Blocks a write of slots ``[start, end)`` into ``table`` takes. ``ref_counts`` says
+        which blocks are shared (``None``: none is). ``pending`` carries, across several tables
+        reserved in turn, how many holders of a shared block have not copied it yet: of k holders
+        writing into it, k - 1 copy and the last writes in place."""
         bs = self.block_size
-        table = seq.block_table
         num_new = max(0, cdiv(end, bs) - len(table))
         num_cow = 0
-        if end > start:
-            ref_counts = self.pool.ref_counts
+        if end > start and ref_counts is not None:
             for i in range(start // bs, min(cdiv(end, bs), len(table))):
-                if ref_counts[table[i]] > 1:
+                block_id = table[i]
+                holders = ref_counts[block_id] if pending is None else pending.get(block_id, ref_counts[block_id])
+                if holders > 1:
                     num_cow += 1
+                    if pending is not None:
+                        pending[block_id] = holders - 1
         return num_new + num_cow
 
     # ----------------------------------------------------------- reserving
@@ -174,6 +190,18 @@ class KVCacheManager:
         child.block_table = list(parent.block_table)
         child.table_snapshot = None
         child.num_filled_tokens = parent.num_filled_tokens
+
+    def share_prefix(self, leader: Sequence, seq: Sequence, num_blocks: int) -> None:
+        """Start ``seq``'s empty table with ``leader``'s first ``num_blocks`` (computed) blocks."""
+        assert not seq.block_table and leader.num_computed_tokens >= num_blocks * self.block_size
+        pool = self.pool
+        shared = leader.block_table[:num_blocks]
+        for block_id in shared:
+            pool.incref(block_id)
+        seq.block_table = shared
+        seq.table_snapshot = None
+        seq.num_computed_tokens = seq.num_filled_tokens = num_blocks * self.block_size
+        seq.num_registered_blocks = min(leader.num_registered_blocks, num_blocks)
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s GPU table (its cached blocks stay findable until evicted)."""

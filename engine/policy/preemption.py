@@ -13,8 +13,10 @@ Victim (``VICTIM_POLICIES``), chosen among the running requests not yet schedule
   from ``running-tail`` only when an early request was preempted and re-admitted late.
 - ``fewest-blocks`` / ``most-blocks``: by GPU blocks held (ties: latest arrival); the first is the
   cheapest to recompute or swap, the second frees the most memory per preemption.
-- ``priority``: the least important (largest ``priority`` value), ties latest arrival (vLLM v1's
-  priority scheduling picks ``max((priority, arrival_time))``).
+- ``priority``: the least important (largest ``priority`` value), ties latest arrival, as vLLM
+  v1's priority scheduling orders victims (``max((priority, arrival_time))``); unlike vLLM, which
+  may also un-schedule a request already scheduled this step, pagesim chooses only among the
+  requests not yet scheduled.
 
 Mode (``PREEMPTION_MODES``) for the chosen victim:
 
@@ -54,7 +56,7 @@ def _arrival_order(r: Request) -> tuple[float, int]:
 
 
 def _num_gpu_blocks(r: Request) -> int:
-    return sum(len(s.block_table) for s in r.seqs)
+    return sum(len(s.block_table) for s in r.live_seqs)
 
 
 class RunningTailVictim(VictimPolicy):

@@ -50,7 +50,8 @@ class Request:
 
     # --- scheduler state (not user input) ---
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
-    seqs: list[Sequence] = field(default_factory=list, init=False)
+    seqs: list[Sequence] = field(default_factory=list, init=False)  # all, by index
+    live_seqs: list[Sequence] = field(default_factory=list, init=False)  # the unfinished ones
     num_preemptions: int = field(default=0, init=False)
     was_preempted: bool = field(default=False, init=False)  # next admission is a resume
     has_run: bool = field(default=False, init=False)
@@ -83,6 +84,7 @@ class Request:
             if self.prefix_block_tokens < 1:
                 raise ValueError(f"request {self.request_id}: prefix_block_tokens must be >= 1")
         self.seqs = [Sequence(self, index=0)]
+        self.live_seqs = list(self.seqs)
 
     # ------------------------------------------------------------- derived
     @property
@@ -91,19 +93,25 @@ class Request:
         return max(self.n, self.beam_width)
 
     @property
-    def running_seqs(self) -> list[Sequence]:
-        return [s for s in self.seqs if not s.finished]
-
-    @property
     def max_running_seqs(self) -> int:
         """vLLM v0's ``get_max_num_running_seqs``: ``n`` before the fork, unfinished seqs after."""
         if not self.forked and self.num_samples > 1:
             return self.num_samples
-        return sum(1 for s in self.seqs if not s.finished)
+        return len(self.live_seqs)
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is RequestStatus.FINISHED
+    def add_seq(self, seq: Sequence) -> None:
+        assert seq.index == len(self.seqs)
+        self.seqs.append(seq)
+        self.live_seqs.append(seq)
+
+    def retire_seq(self, seq: Sequence, reason: str) -> None:
+        """Mark ``seq`` finished (its blocks are the caller's to release)."""
+        seq.finished = True
+        seq.finish_reason = reason
+        self.live_seqs.remove(seq)
+        if reason == "pruned":  # a dropped beam's tokens are never read again
+            seq.output_token_ids = []
+            seq.block_keys = []
 
     def block_content(self, seq: Sequence, start: int, end: int) -> Hashable:
         """The content of ``seq``'s tokens ``[start, end)``: what a prefix-cache key hashes."""
@@ -152,6 +160,10 @@ class Sequence:
     num_registered_blocks: int = 0  # leading blocks given their key in the prefix cache
     finished: bool = False
     finish_reason: str | None = None
+    # After a recompute preemption of a multi-sequence request, the sequences other than the
+    # leader wait (parked, no blocks) until the leader has recomputed the prompt's full blocks,
+    # then share them again, as they did after the original fork.
+    parked: bool = False
     # ``tuple(block_table)``, kept while the table is unchanged (the KV manager drops it on every
     # change), so a decode step does not copy a long table that did not change.
     table_snapshot: tuple[int, ...] | None = None
@@ -177,11 +189,6 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
-
-    @property
-    def is_prefilling(self) -> bool:
-        """Still computing known tokens beyond the last one (a decode computes exactly one)."""
-        return self.num_computed_tokens < self.num_tokens - 1
 
     def fork(self, index: int) -> Sequence:
         """A child with this sequence's tokens and progress, sharing nothing yet (the caller

@@ -67,7 +67,7 @@ class OutputProcessor:
             else:
                 for seq in seqs:
                     self._append(seq, _token(sampled, seq, 0))
-            if all(s.finished for s in request.seqs):
+            if not request.live_seqs:
                 request.status = RequestStatus.FINISHED
                 finished.append(request)
         return finished
@@ -81,9 +81,8 @@ class OutputProcessor:
             self._finish(seq, "max_model_len")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        seq.finished = True
-        seq.finish_reason = reason
         self.kv.free(seq)
+        seq.request.retire_seq(seq, reason)
 
     def _fork_samples(self, request: Request, parent: Sequence, sampled: SampledTokens) -> None:
         """The first sample of an n > 1 request: children are copies of the prompt's sequence that
@@ -92,7 +91,7 @@ class OutputProcessor:
         children = []
         for k in range(1, request.n):
             child = parent.fork(index=len(request.seqs))
-            request.seqs.append(child)
+            request.add_seq(child)
             self._append(child, _token(sampled, parent, k))
             children.append(child)
         self._append(parent, _token(sampled, parent, 0))
@@ -137,7 +136,7 @@ class OutputProcessor:
             else:
                 parent = alive[parent_index]
                 child = parent.fork(index=len(request.seqs))
-                request.seqs.append(child)
+                request.add_seq(child)
                 self.kv.fork(parent, child)
                 children.append((parent, child, token))
         for index, seq in alive.items():

@@ -14,10 +14,9 @@ Each step, within a token budget (``max_num_batched_tokens``) and a batch limit
    minus cache hits; the head blocks everyone behind it (no overtaking). Skipped in a step that
    preempted, and, with ``admit_while_swapped`` off (vLLM v0), while anything is swapped out.
 
-Requests that can never be served are rejected with a reason when added (prompt longer than
-``max_model_len``, needing more blocks than the pool has, a prompt over the token budget with
-chunked prefill off), or at the head of the queue if a preemption made them unservable; nothing
-waits forever.
+Requests that can never be served are rejected with a reason when added (admission.py), or at
+the head of their queue when a preemption made them unservable (a multi-sequence group that must
+re-prefill unshared, or a swap-in under v0's over-counting); nothing waits forever.
 
 ``schedule()`` returns a frozen ``SchedulerOutput`` (output.py) and logs one decision record; the
 executor runs it and calls ``update()`` with the sampled tokens (sampling.py appends them, forks parallel
@@ -34,6 +33,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.policy.admission import admission_room, rejection_reason
 from engine.policy.block_key import HashFn, default_hash
 from engine.policy.block_pool import BlockPool
 from engine.policy.config import SchedulerConfig
@@ -41,8 +41,11 @@ from engine.policy.kv_manager import KVCacheManager, cdiv
 from engine.policy.output import DecisionLog, Pair, ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.preemption import Mode, make_preemption_mode, make_victim_policy
 from engine.policy.request import Request, RequestStatus, Sequence
-from engine.policy.swap_pool import SwapPool, SwapSpaceExhausted
 from engine.policy.sampling import BeamChoices, OutputProcessor, SampledTokens
+from engine.policy.swap_pool import SwapPool, SwapSpaceExhausted
+
+#: Tokens each sequence of one request computes this step, in sequence order.
+Plan = list[tuple[Sequence, int]]
 
 
 @dataclass(slots=True)
@@ -91,6 +94,8 @@ class Scheduler:
         self.num_finished_requests = 0
         self.num_rejected_requests = 0
         self.num_preemptions = 0
+        self.num_prompt_tokens_admitted = 0  # first admissions only
+        self.num_prefix_hit_tokens = 0  # of those, served from the prefix cache
         self._pending_rejections: dict[str, str] = {}
         self._num_admissions = 0
         self._last_record: dict | None = None
@@ -103,56 +108,13 @@ class Scheduler:
             raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
         if request.status is not RequestStatus.WAITING or request.has_run:
             raise ValueError(f"request {request.request_id!r} was already scheduled once")
-        reason = self._never_fits(request)
+        reason = rejection_reason(request, self.config, self.pool.num_usable_blocks)
         if reason is not None:
             self._reject(request, reason)
             return False
         self.requests[request.request_id] = request
         self.waiting.append(request)
         return True
-
-    def _never_fits(self, request: Request) -> str | None:
-        cfg = self.config
-        bs = self.block_size
-        if request.prompt_len >= cfg.max_model_len:
-            # NOTE: a sequence stops on reaching max_model_len tokens, so the prompt must leave
-            # room for at least one generated token (vLLM caps max_tokens the same way).
-            return (
-                f"prompt of {request.prompt_len} tokens leaves no room for output within "
-                f"max_model_len {cfg.max_model_len}"
-            )
-        if not cfg.enable_chunked_prefill and request.prompt_len > cfg.max_num_batched_tokens:
-            return (
-                f"prompt of {request.prompt_len} tokens exceeds max_num_batched_tokens "
-                f"{cfg.max_num_batched_tokens} and chunked prefill is off"
-            )
-        samples = request.num_samples
-        if samples > cfg.max_num_batched_tokens:
-            return f"{samples} samples cannot decode within max_num_batched_tokens {cfg.max_num_batched_tokens}"
-        if cfg.seq_limit_counts == "sequences" and samples > cfg.max_num_seqs:
-            return f"{samples} samples exceed max_num_seqs {cfg.max_num_seqs}"
-        longest = min(request.prompt_len + request.max_tokens, cfg.max_model_len)
-        shared_prompt_blocks = request.prompt_len // bs if samples > 1 else 0
-        peak = shared_prompt_blocks + samples * (cdiv(longest, bs) - shared_prompt_blocks)
-        usable = self.pool.num_usable_blocks
-        if cdiv(request.prompt_len, bs) > self._admission_room():
-            return (
-                f"its prompt needs {cdiv(request.prompt_len, bs)} blocks of {bs} tokens but the "
-                f"pool admits at most {self._admission_room()} (above the watermark)"
-            )
-        if peak > usable:
-            return (
-                f"needs {peak} blocks of {bs} tokens at its longest ({longest} tokens x {samples} "
-                f"sample(s)) but the pool has {usable}"
-            )
-        return None
-
-    def _admission_room(self) -> int:
-        """Most blocks an admission can ever get: the pool, less the watermark unless the watermark
-        applies only while something runs (then an idle pool admits into it)."""
-        cfg = self.config
-        watermark = 0 if cfg.watermark_only_when_running else cfg.watermark_blocks
-        return self.pool.num_usable_blocks - watermark
 
     def _reject(self, request: Request, reason: str) -> None:
         request.status = RequestStatus.REJECTED
@@ -168,11 +130,10 @@ class Scheduler:
                 queue.remove(request)
         if request in self.running:
             self.running.remove(request)
-        for seq in request.seqs:
+        for seq in list(request.live_seqs):
             self.kv.free(seq)
             self.kv.free_cpu(seq)
-            seq.finished = True
-            seq.finish_reason = "aborted"
+            request.retire_seq(seq, "aborted")
         request.status = RequestStatus.FINISHED
 
     @property
@@ -213,52 +174,70 @@ class Scheduler:
             self.decision_log.append(self._last_record)
         return output
 
-    def _plan_tokens(self, request: Request, token_budget: int) -> list[tuple[Sequence, int]] | None:
-        """Tokens each unfinished sequence computes next, or ``None`` if the request does not fit
-        the budget. A request's decoding sequences run together or not at all; a prefilling one
-        may be cut to the budget (chunked prefill) or wait for a later step once it is spent."""
-        cfg = self.config
-        chunked = cfg.enable_chunked_prefill and not self._steps_together(request)
-        plan = []
-        for seq in request.seqs:
-            if seq.finished:
-                continue
-            remaining = seq.num_tokens - seq.num_computed_tokens
-            # NOTE: vLLM v1 caps at max_model_len - 1 - num_computed, so no step computes a
-            # token at position max_model_len.
-            n = min(remaining, cfg.max_model_len - 1 - seq.num_computed_tokens)
-            if n <= 0:
-                continue
-            if n > token_budget:
-                if remaining == 1 or not chunked:
-                    return None
-                if token_budget == 0:
-                    continue
-                n = token_budget
-            plan.append((seq, n))
-            token_budget -= n
-        return plan
+    # ------------------------------------------------- planning one request
+    def _plan_tokens(self, request: Request, token_budget: int, hit_tokens: list[int] | None = None) -> Plan:
+        """Tokens each live sequence computes this step (sequences given 0 are left out).
 
-    @staticmethod
-    def _steps_together(request: Request) -> bool:
-        """Beams are chosen across all of a request's sequences at once, so a beam group that
-        re-prefills after a recompute preemption is never chunked: its beams sample together."""
-        return request.beam_width > 1 and sum(1 for s in request.seqs if not s.finished) > 1
+        - A decoding sequence (one token left) takes one token while the budget lasts.
+        - A prefilling sequence takes all its remaining tokens, or, with chunked prefill, as many
+          as the budget has left; without chunking it waits for a step with room.
+        - A beam group re-prefilling after a recompute preemption holds every beam one token
+          short until all have caught up; beams decode together or not at all: they are chosen
+          across all sequences at once, so they must sample in the same step.
+        - No step computes position ``max_model_len - 1`` or beyond (vLLM v1's cap).
 
-    def _blocks_needed(self, plan: list[tuple[Sequence, int]]) -> int:
+        ``hit_tokens`` (admission) gives per-sequence prefix-hit tokens not yet taken.
+        """
         cfg = self.config
+        seqs = request.live_seqs
+        remaining = []
+        for i, seq in enumerate(seqs):
+            computed = hit_tokens[i] if hit_tokens is not None else seq.num_computed_tokens
+            remaining.append(min(seq.num_tokens - computed, cfg.max_model_len - 1 - computed))
+        beams = request.beam_width > 1 and len(seqs) > 1
+        catching_up = beams and any(r > 1 or s.parked for r, s in zip(remaining, seqs))
+        counts = [0] * len(seqs)
+        if beams and not catching_up:
+            if len(seqs) > token_budget:
+                return []
+            return [(seq, 1) for seq in seqs]
+        for i, r in enumerate(remaining):
+            if r <= 0 or (r == 1 and catching_up) or seqs[i].parked:
+                continue
+            want = r - 1 if catching_up else r
+            if want <= token_budget:
+                counts[i] = want
+            elif cfg.enable_chunked_prefill or catching_up:
+                counts[i] = token_budget
+            token_budget -= counts[i]
+        return [(seq, n) for seq, n in zip(seqs, counts) if n > 0]
+
+    def _blocks_needed(self, plan: Plan, *, from_cpu: bool = False, v0_accounting: bool | None = None) -> int:
+        """Blocks reserving the plan takes: new blocks plus copy-on-write copies. Of k sequences
+        writing into one shared block, k - 1 copy (the last writes in place). ``from_cpu``: the
+        tables are still swapped out and count as they will be once swapped in."""
+        cfg = self.config
+        kv = self.kv
+        if from_cpu:
+            ref_counts = self.swap_pool.ref_counts if cfg.preserve_sharing_on_swap else None
+        else:
+            ref_counts = self.pool.ref_counts
+        if v0_accounting is None:
+            v0_accounting = cfg.count_block_per_running_seq
+        pending: dict[int, int] = {}
         need = 0
         for seq, n in plan:
             end = seq.num_tokens if cfg.reserve_extent == "whole" else seq.num_computed_tokens + n
-            blocks = self.kv.blocks_to_reserve(seq, seq.num_filled_tokens, end)
-            need += max(blocks, 1) if cfg.count_block_per_running_seq else blocks
+            table = seq.cpu_block_table if from_cpu else seq.block_table
+            blocks = kv.reserve_need(table, ref_counts, seq.num_filled_tokens, end, pending)
+            # vLLM 0.6.3's can_append counts a block per running sequence, needed or not.
+            need += max(blocks, 1) if v0_accounting else blocks
         return need
 
-    def _run(self, request: Request, plan: list[tuple[Sequence, int]], st: _Step) -> None:
+    def _run(self, request: Request, plan: Plan, st: _Step) -> None:
         """Reserve slots for the planned tokens and add them to the step."""
-        cfg = self.config
         kv = self.kv
-        whole = cfg.reserve_extent == "whole"
+        whole = self.config.reserve_extent == "whole"
         total = 0
         for seq, n in plan:
             start = seq.num_computed_tokens
@@ -281,7 +260,15 @@ class Scheduler:
         st.tokens_per_request[request.request_id] = total
         st.token_budget -= total
         request.has_run = True
+        leader = request.live_seqs[0]
+        shared = request.prompt_len // self.block_size
+        if leader.num_computed_tokens >= shared * self.block_size:
+            for seq in request.live_seqs[1:]:
+                if seq.parked:
+                    kv.share_prefix(leader, seq, shared)
+                    seq.parked = False
 
+    # ---------------------------------------------------------- running
     def _schedule_running(self, st: _Step) -> None:
         running = self.running
         pool = self.pool
@@ -289,15 +276,18 @@ class Scheduler:
         while i < len(running) and st.token_budget > 0:
             request = running[i]
             plan = self._plan_tokens(request, st.token_budget)
-            if plan is None:
-                break
-            if not plan:
+            if not plan:  # nothing fits this step: the next request may still use the budget
                 i += 1
                 continue
             need = self._blocks_needed(plan)
             preempted_itself = False
             while need > pool.num_free_blocks:
-                victim = self.victim_policy.choose(running[i:])
+                candidates = running[i:]
+                if len(candidates) == 1 and self._blocks_needed(plan, v0_accounting=False) <= pool.num_free_blocks:
+                    # Only v0's over-counting gets here: preempting itself would free what it
+                    # does not need and repeat forever, so it runs on the blocks it really needs.
+                    break
+                victim = self.victim_policy.choose(candidates)
                 self._preempt(victim, st)
                 if victim is request:
                     preempted_itself = True
@@ -310,23 +300,23 @@ class Scheduler:
     def _preempt(self, victim: Request, st: _Step) -> None:
         cfg = self.config
         kv = self.kv
-        if self.running and self.running[-1] is victim:
-            self.running.pop()
-        else:
-            self.running.remove(victim)
-        seqs = victim.running_seqs
+        seqs = list(victim.live_seqs)
         preserve = cfg.preserve_sharing_on_swap
         num_blocks = kv.blocks_to_swap_out(seqs, preserve_sharing=preserve)
         mode: Mode = self.preemption_mode.choose(
             victim, num_blocks=num_blocks, num_tokens=sum(s.num_tokens for s in seqs)
         )
         if mode == "swap" and num_blocks > self.swap_pool.num_free_blocks:
-            if cfg.on_swap_exhausted == "raise":
+            if cfg.on_swap_exhausted == "raise":  # vLLM 0.6.3; nothing has changed yet
                 raise SwapSpaceExhausted(
                     f"swapping out {victim.request_id!r} needs {num_blocks} CPU blocks, "
                     f"{self.swap_pool.num_free_blocks} free"
                 )
             mode = "recompute"
+        if self.running[-1] is victim:
+            self.running.pop()
+        else:
+            self.running.remove(victim)
         if mode == "swap":
             st.swap_out.extend(kv.swap_out(seqs, preserve_sharing=preserve))
             victim.status = RequestStatus.SWAPPED
@@ -335,6 +325,9 @@ class Scheduler:
             for seq in seqs:
                 kv.free(seq)
                 seq.num_computed_tokens = 0
+            if self.block_size <= victim.prompt_len:
+                for seq in seqs[1:]:  # re-share the prompt's full blocks once the leader has them
+                    seq.parked = True
             victim.status = RequestStatus.WAITING
             # Victims come off the running tail, so the earliest admitted of several ends first.
             self.waiting.appendleft(victim)
@@ -351,26 +344,32 @@ class Scheduler:
     def _batch_slots(self, request: Request) -> int:
         return request.max_running_seqs if self.config.seq_limit_counts == "sequences" else 1
 
+    # ---------------------------------------------------------- swapped
     def _schedule_swapped(self, st: _Step) -> None:
         cfg = self.config
         kv = self.kv
         preserve = cfg.preserve_sharing_on_swap
+        room = self.pool.num_usable_blocks - cfg.watermark_blocks
         used = self._num_batch_slots_used()
         while self.swapped and st.token_budget > 0:
             request = self.swapped[0]
             if used + self._batch_slots(request) > cfg.max_num_seqs:
                 break
-            seqs = request.running_seqs
             plan = self._plan_tokens(request, st.token_budget)
             if not plan:
                 break
-            need = kv.blocks_to_swap_in(seqs, preserve_sharing=preserve) + self._blocks_needed_after_swap_in(plan)
-            if need > self.pool.num_usable_blocks - cfg.watermark_blocks:
-                # Only v0's block accounting can get here (it counts blocks a step does not
-                # need); vLLM 0.6.3 fails such a request too (AllocStatus.NEVER on swap-in).
-                self._reject_swapped_head(
-                    f"swapping it back in needs {need} blocks; the pool has "
-                    f"{self.pool.num_usable_blocks - cfg.watermark_blocks} above the watermark"
+            seqs = list(request.live_seqs)
+            if cfg.count_block_per_running_seq:
+                # vLLM 0.6.3's can_swap_in: full entries plus the blocks its append would touch.
+                moved = sum(seq.num_filled_tokens // self.block_size for seq in seqs)
+            else:
+                moved = kv.blocks_to_swap_in(seqs, preserve_sharing=preserve)
+            need = moved + self._blocks_needed(plan, from_cpu=True)
+            if need > room:
+                # Only v0's accounting can get here (it counts blocks a step does not need);
+                # vLLM 0.6.3 fails such a request too (AllocStatus.NEVER on swap-in).
+                self._reject_queued(
+                    self.swapped.popleft(), f"swapping it back in needs {need} blocks; the pool has {room} above the watermark"
                 )
                 continue
             if self.pool.num_free_blocks - need < cfg.watermark_blocks:
@@ -383,70 +382,47 @@ class Scheduler:
             self._run(request, plan, st)
             used += self._batch_slots(request)
 
-    def _blocks_needed_after_swap_in(self, plan: list[tuple[Sequence, int]]) -> int:
-        """New blocks the planned tokens need beyond the swapped tables (no copy-on-write is
-        counted: swap-in gives every sequence... the same sharing it had, so a shared partial
-        block would need a copy; counted conservatively as one block per such sequence)."""
-        cfg = self.config
-        bs = self.block_size
-        need = 0
-        for seq, n in plan:
-            end = seq.num_tokens if cfg.reserve_extent == "whole" else seq.num_computed_tokens + n
-            blocks = max(0, cdiv(end, bs) - len(seq.cpu_block_table))
-            if seq.num_filled_tokens % bs and self.swap_pool.ref_counts[seq.cpu_block_table[-1]] > 1:
-                blocks += 1  # copy-on-write of the shared partial block
-            need += max(blocks, 1) if cfg.count_block_per_running_seq else blocks
-        return need
-
+    # ---------------------------------------------------------- waiting
     def _schedule_waiting(self, st: _Step) -> None:
         cfg = self.config
         kv = self.kv
         pool = self.pool
         bs = self.block_size
+        room = admission_room(cfg, pool.num_usable_blocks)
         used = self._num_batch_slots_used()
         while self.waiting and st.token_budget > 0:
             request = self.waiting[0]
             slots = self._batch_slots(request)
             if used + slots > cfg.max_num_seqs:
                 break
-            seqs = request.running_seqs
-            hits = [kv.find_cached_prefix(seq) for seq in seqs]
-            remaining = [seq.num_tokens - len(h) * bs for seq, h in zip(seqs, hits)]
-            if (not cfg.enable_chunked_prefill or self._steps_together(request)) and sum(remaining) > st.token_budget:
-                if sum(remaining) > cfg.max_num_batched_tokens:
-                    self._reject_waiting_head(
-                        f"after a recompute preemption it must prefill {sum(remaining)} tokens in one "
-                        f"step (chunked prefill off, or a beam group), over max_num_batched_tokens "
-                        f"{cfg.max_num_batched_tokens}"
-                    )
-                    continue
+            seqs = list(request.live_seqs)
+            hits = [[] if seq.parked else kv.find_cached_prefix(seq) for seq in seqs]
+            plan = self._plan_tokens(request, st.token_budget, [len(h) * bs for h in hits])
+            if not plan:  # without chunked prefill, the head waits for a step with room
                 break
-            whole_need = sum(
-                cdiv(min(seq.num_tokens, cfg.max_model_len), bs) - len(h) + kv.num_evictable(h)
-                for seq, h in zip(seqs, hits)
+            # Admission needs every sequence's whole known length to fit, less its hits (vLLM v1)
+            # and, for parked sequences, less the prompt blocks they will share with the leader.
+            shared = request.prompt_len // bs
+            new_blocks = sum(
+                cdiv(seq.num_tokens, bs) - (shared if seq.parked else len(h)) for seq, h in zip(seqs, hits)
             )
+            hit_blocks = {b for h in hits for b in h}
             watermark = 0 if cfg.watermark_only_when_running and not self.running else cfg.watermark_blocks
-            if whole_need + watermark > pool.num_free_blocks:
-                unshared = sum(cdiv(min(s.num_tokens, cfg.max_model_len), bs) for s in seqs)
-                if unshared > self._admission_room():
-                    self._reject_waiting_head(
-                        f"after a recompute preemption its {len(seqs)} sequence(s) need {unshared} "
-                        f"blocks to resume; the pool admits at most {self._admission_room()}"
+            if new_blocks + kv.num_evictable(hit_blocks) + watermark > pool.num_free_blocks:
+                if new_blocks + len(hit_blocks) > room:  # not even into an empty pool
+                    self._reject_queued(
+                        self.waiting.popleft(),
+                        f"after a recompute preemption its {len(seqs)} sequence(s) need "
+                        f"{new_blocks + len(hit_blocks)} blocks to resume; an admission gets at most {room}",
                     )
                     continue
                 break
             self.waiting.popleft()
             hit_tokens = 0
-            budget = st.token_budget
-            plan = []
-            for seq, h, rest in zip(seqs, hits, remaining):
+            for seq, h in zip(seqs, hits):
                 if h:
                     kv.touch_prefix(seq, h)
                     hit_tokens += len(h) * bs
-                n = min(rest, budget)
-                if n > 0:
-                    plan.append((seq, n))
-                    budget -= n
             self._num_admissions += 1
             request.admitted_seq_no = self._num_admissions
             request.status = RequestStatus.RUNNING
@@ -455,17 +431,14 @@ class Scheduler:
                 st.resumed[request.request_id] = hit_tokens
             else:
                 st.new[request.request_id] = hit_tokens
+                self.num_prompt_tokens_admitted += request.prompt_len
+                self.num_prefix_hit_tokens += hit_tokens
             request.was_preempted = False
             self._run(request, plan, st)
             used += slots
 
-    def _reject_waiting_head(self, reason: str) -> None:
-        self._reject_queued(self.waiting.popleft(), reason)
-
-    def _reject_swapped_head(self, reason: str) -> None:
-        self._reject_queued(self.swapped.popleft(), reason)
-
     def _reject_queued(self, request: Request, reason: str) -> None:
+        """Reject a request already taken off its queue, releasing whatever it holds."""
         del self.requests[request.request_id]
         for seq in request.seqs:
             self.kv.free(seq)
@@ -504,6 +477,8 @@ class Scheduler:
         for request in self.swapped:
             assert request.status is RequestStatus.SWAPPED
             assert all(not s.block_table for s in request.seqs)
+        for request in self.requests.values():
+            assert request.live_seqs == [s for s in request.seqs if not s.finished]
         assert len(self.running) + len(self.waiting) + len(self.swapped) == len(self.requests)
 
 

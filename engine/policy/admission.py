@@ -1,0 +1,73 @@
+"""Admission rules: which requests the pool can ever serve, and how much of it an admission may use.
+
+A request is rejected up front, with a reason, when no schedule could ever finish it:
+
+- its prompt leaves no room for output within ``max_model_len`` (a sequence stops on reaching
+  ``max_model_len`` tokens, so at most ``max_model_len - 1`` prompt tokens; vLLM caps
+  ``max_tokens`` the same way);
+- its samples could not decode together within the token budget or the sequence limit;
+- its prompt needs more blocks than an admission can get (the pool, less the watermark where the
+  watermark always applies);
+- at its longest it needs more blocks than the pool has. The longest a sequence gets is
+  ``prompt + max_tokens - 1`` *written* tokens (the last sampled token is never computed), capped
+  at ``max_model_len - 1``; parallel samples share the prompt's full blocks.
+
+Everything else is admitted eventually: a running request can always grow into the whole pool by
+preempting the others, and a waiting one into the whole admission room once nothing else runs.
+"""
+
+from __future__ import annotations
+
+from engine.policy.config import SchedulerConfig
+from engine.policy.kv_manager import cdiv
+from engine.policy.request import Request
+
+
+def admission_room(config: SchedulerConfig, num_usable_blocks: int) -> int:
+    """Most blocks an admission can ever get: the pool, less the watermark unless the watermark
+    applies only while something runs (vLLM v1; then an idle pool admits into it)."""
+    watermark = 0 if config.watermark_only_when_running else config.watermark_blocks
+    return num_usable_blocks - watermark
+
+
+def longest_written_tokens(request: Request, max_model_len: int) -> int:
+    """KV slots one of the request's sequences ever writes."""
+    return min(request.prompt_len + request.max_tokens - 1, max_model_len - 1)
+
+
+def peak_blocks(request: Request, block_size: int, max_model_len: int) -> int:
+    """Blocks the request holds at its longest, its samples sharing the prompt's full blocks."""
+    samples = request.num_samples
+    per_seq = cdiv(longest_written_tokens(request, max_model_len), block_size)
+    shared = request.prompt_len // block_size if samples > 1 else 0
+    return shared + samples * (per_seq - shared)
+
+
+def rejection_reason(request: Request, config: SchedulerConfig, num_usable_blocks: int) -> str | None:
+    """Why the request can never be served, or ``None`` if it can."""
+    bs = config.block_size
+    if request.prompt_len >= config.max_model_len:
+        return (
+            f"prompt of {request.prompt_len} tokens leaves no room for output within "
+            f"max_model_len {config.max_model_len}"
+        )
+    samples = request.num_samples
+    if samples > config.max_num_batched_tokens:
+        return f"{samples} samples cannot decode within max_num_batched_tokens {config.max_num_batched_tokens}"
+    if config.seq_limit_counts == "sequences" and samples > config.max_num_seqs:
+        return f"{samples} samples exceed max_num_seqs {config.max_num_seqs}"
+    room = admission_room(config, num_usable_blocks)
+    prompt_blocks = cdiv(request.prompt_len, bs)
+    if prompt_blocks > room:
+        return (
+            f"its prompt needs {prompt_blocks} blocks of {bs} tokens but an admission can get at "
+            f"most {room} (the pool above the watermark)"
+        )
+    peak = peak_blocks(request, bs, config.max_model_len)
+    if peak > num_usable_blocks:
+        longest = longest_written_tokens(request, config.max_model_len)
+        return (
+            f"needs {peak} blocks of {bs} tokens at its longest ({longest} tokens x {samples} "
+            f"sample(s)) but the pool has {num_usable_blocks}"
+        )
+    return None
