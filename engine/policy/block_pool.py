@@ -169,21 +169,6 @@ class BlockPool:
         self.hit_count[block_id] = 0
         self.cache.insert(key, block_id)
 
-    def uncache_block(self, block_id: int) -> None:
-        """Forget an in-use block's key (its content is about to change, e.g. it moves to CPU)."""
-        key = self.keys[block_id]
-        if key is not None:
-            self._drop_key(block_id, key)
-
-    def evict_all_cached(self) -> int:
-        """Drop every cached-but-unreferenced block's key (a cache reset); returns how many."""
-        count = 0
-        while len(self.eviction):
-            block_id = self._evict()
-            self._free.append(block_id)
-            count += 1
-        return count
-
     # ------------------------------------------- eviction.BlockStats protocol
     def key_has_children(self, key: BlockKey) -> bool:
         return self.cache.has_children(key)
@@ -196,7 +181,9 @@ class BlockPool:
 
     # ------------------------------------------------------------ inspection
     def free_block_order(self) -> list[int]:
-        """Every block an allocation could take, in the order it would take them."""
+        """Every block an allocation could take, in the order it would take them. Exact for
+        ``lru``, ``fifo`` and ``lfu``; for ``radix-leaf`` it does not foresee the parents that
+        become leaves as their children are evicted (``pop`` does)."""
         return list(self._free) + self.eviction.victims_in_order()
 
     def check(self) -> None:

@@ -17,13 +17,11 @@ from engine.policy.block_key import BlockKey
 
 
 class PrefixCacheIndex:
-    __slots__ = ("_blocks", "_children", "num_queries", "num_hits")
+    __slots__ = ("_blocks", "_children")
 
     def __init__(self) -> None:
         self._blocks: dict[BlockKey, list[int]] = {}
         self._children: dict[BlockKey, int] = {}
-        self.num_queries = 0  # block lookups
-        self.num_hits = 0  # block lookups that found a block
 
     def __len__(self) -> int:
         """Number of distinct cached keys."""
@@ -34,12 +32,8 @@ class PrefixCacheIndex:
 
     def lookup(self, key: BlockKey) -> int | None:
         """The earliest block carrying ``key``, or ``None``. Verified by key equality (whole chain)."""
-        self.num_queries += 1
         blocks = self._blocks.get(key)
-        if blocks is None:
-            return None
-        self.num_hits += 1
-        return blocks[0]
+        return None if blocks is None else blocks[0]
 
     def insert(self, key: BlockKey, block_id: int) -> None:
         blocks = self._blocks.get(key)
@@ -74,7 +68,3 @@ class PrefixCacheIndex:
 
     def blocks_with(self, key: BlockKey) -> list[int]:
         return list(self._blocks.get(key, ()))
-
-    def reset_stats(self) -> None:
-        self.num_queries = 0
-        self.num_hits = 0

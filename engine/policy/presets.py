@@ -1,24 +1,33 @@
 """Scheduler presets: named starting points for a study, each saying which behaviour it follows.
 
 - ``pagesim``: pagesim's own clean policy: chunked prefill, prefix caching with LRU eviction,
-  recompute preemption of the running tail, no watermark quirks, swap-space exhaustion falls back
-  to recompute, a shared block swaps out once.
+  recompute preemption of the running tail, a 1% watermark that always applies to admissions (as
+  in v0), none of the version quirks below: a copy-on-write is counted once per copy, a shared
+  block swaps out once, swap-space exhaustion falls back to recompute.
 - ``vllm-v1``: vLLM's V1 engine core as of 0.32 (``vllm/v1/core/sched/scheduler.py`` with its
   ``KVCacheManager``/``BlockPool``), FCFS, synchronous scheduling: recompute-only preemption of the
   running tail, prefix caching with the LRU free queue (unhashed blocks first, cached ones in
   release order, a table released tail first), block 0 reserved as the null block, admission needs
   the whole known sequence minus cache hits to fit, watermark 0 (applied, when set, only while
-  something runs), ``max_num_seqs`` counts requests.
-- ``vllm-v0``: vLLM 0.6.3's V0 scheduler with ``SelfAttnBlockSpaceManager`` and no prefix caching:
-  LIFO free list, 1% watermark, copy-on-write of shared partial blocks, vLLM's preemption rule
-  (recompute for single-sequence requests, swap for multi-sequence groups), no new admissions
-  while anything is swapped out, ``max_num_seqs`` counts sequences, the whole sequence reserved at
-  admission, one block counted per running sequence in ``can_append``, shared blocks swapped once
-  per sequence, and an error (not a fallback) when swap space runs out.
+  something runs), ``max_num_seqs`` counts requests. ``tests/test_oracle_v1.py`` replays the
+  oracle cases in ``shared/oracle/vllm-0.32-v1`` and asserts vLLM's decisions step for step.
+  Differences: pagesim rejects up front what vLLM would accept but never finish (a prompt of
+  ``max_model_len`` tokens; a request larger than the whole pool), where vLLM errors or
+  preempts without end.
+- ``vllm-v0``: vLLM 0.6.3's V0 scheduler with ``SelfAttnBlockSpaceManager`` and no prefix caching,
+  in its *block accounting*: LIFO free list, 1% watermark, copy-on-write of shared partial blocks,
+  vLLM's preemption rule (recompute for single-sequence requests, swap for multi-sequence groups),
+  no new admissions while anything is swapped out, ``max_num_seqs`` counts sequences, the whole
+  sequence reserved at admission, one block counted per running sequence in ``can_append`` and
+  ``can_swap_in``, shared blocks swapped once per sequence, and an error (not a fallback) when swap
+  space runs out.
 
-  NOTE: v0 without chunked prefill runs prefills *before* decodes in a step (and decodes only if
-  no prompt was admitted); pagesim's step order is running, swapped, waiting. Step-for-step
-  agreement with vLLM's own logs (``shared/oracle``) is the subject of the oracle replay work.
+  NOTE: not yet step for step. vLLM 0.6.3 without chunked prefill runs prefills *before* decodes
+  (and decodes only in a step that admitted no prompt); with chunked prefill it admits prompts
+  even after a preemption and orders its output differently; it logs 1, not the number of
+  sequences, for a multi-sequence decode; it stops at ``len > max_model_len``. pagesim's step order
+  is running, swapped, waiting. Agreement with vLLM's own logs (``shared/oracle``) is the subject
+  of the oracle replay work.
 
 Batch limits vLLM picks per GPU and entrypoint (``max_num_seqs``, ``max_num_batched_tokens``) are
 not part of a preset's identity; the values here are common ones and are meant to be overridden.
@@ -73,7 +82,7 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             "vllm-v0",
-            "vLLM 0.6.3 V0 scheduler, SelfAttnBlockSpaceManager, no prefix caching",
+            "vLLM 0.6.3 V0 block accounting (step order not yet matched)",
             dict(
                 enable_chunked_prefill=False,
                 enable_prefix_caching=False,
