@@ -24,7 +24,7 @@ most ``block_size - 1`` slots per sequence are idle; only full blocks carry keys
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from engine.policy.block_key import BlockKey, HashFn, default_hash
 from engine.policy.block_pool import BlockPool
@@ -230,19 +230,8 @@ class KVCacheManager:
         """Move these sequences' tables to CPU blocks; returns ``(gpu, cpu)`` copies, in order."""
         mapping: list[tuple[int, int]] = []
         moved: dict[int, int] = {}
-        swap = self.swap
         for seq in seqs:
-            gpu_table = seq.block_table
-            cpu_table = []
-            for gpu_block in gpu_table:
-                cpu_block = moved.get(gpu_block) if preserve_sharing else None
-                if cpu_block is None:
-                    cpu_block = swap.allocate()
-                    moved[gpu_block] = cpu_block
-                    mapping.append((gpu_block, cpu_block))
-                else:
-                    swap.incref(cpu_block)
-                cpu_table.append(cpu_block)
+            cpu_table = _move_table(seq.block_table, moved, preserve_sharing, self.swap.allocate, self.swap.incref, mapping)
             filled = seq.num_filled_tokens
             self.free(seq)
             seq.num_filled_tokens = filled
@@ -253,18 +242,8 @@ class KVCacheManager:
         """Bring these sequences' tables back to fresh GPU blocks; returns ``(cpu, gpu)`` copies."""
         mapping: list[tuple[int, int]] = []
         moved: dict[int, int] = {}
-        pool = self.pool
         for seq in seqs:
-            gpu_table = []
-            for cpu_block in seq.cpu_block_table:
-                gpu_block = moved.get(cpu_block) if preserve_sharing else None
-                if gpu_block is None:
-                    gpu_block = pool.allocate()
-                    moved[cpu_block] = gpu_block
-                    mapping.append((cpu_block, gpu_block))
-                else:
-                    pool.incref(gpu_block)
-                gpu_table.append(gpu_block)
+            gpu_table = _move_table(seq.cpu_block_table, moved, preserve_sharing, self.pool.allocate, self.pool.incref, mapping)
             self.free_cpu(seq)
             seq.block_table = gpu_table
             seq.table_snapshot = None
@@ -310,3 +289,27 @@ def _count_blocks(tables: list[list[int]], distinct: bool) -> int:
     if distinct:
         return len({b for table in tables for b in table})
     return sum(len(table) for table in tables)
+
+
+def _move_table(
+    table: list[int],
+    moved: dict[int, int],
+    preserve_sharing: bool,
+    allocate: Callable[[], int],
+    incref: Callable[[int], None],
+    mapping: list[tuple[int, int]],
+) -> list[int]:
+    """The table's blocks mapped to blocks of the other pool, in order. ``moved`` remembers, across
+    the tables of one swap, where a block already went: with ``preserve_sharing`` a block that
+    several tables hold moves once and stays shared; without, it moves once per table (vLLM v0)."""
+    new_table = []
+    for src in table:
+        dst = moved.get(src) if preserve_sharing else None
+        if dst is None:
+            dst = allocate()
+            moved[src] = dst
+            mapping.append((src, dst))
+        else:
+            incref(dst)
+        new_table.append(dst)
+    return new_table

@@ -155,19 +155,18 @@ PREEMPTION_MODES: dict[str, type[PreemptionMode]] = {
 }
 
 
-def make_victim_policy(spec: str | VictimPolicy) -> VictimPolicy:
-    if isinstance(spec, VictimPolicy):
+def _make(spec, registry: dict, base: type, kind: str):
+    if isinstance(spec, base):
         return spec
     try:
-        return VICTIM_POLICIES[spec]()
+        return registry[spec]()
     except KeyError:
-        raise ValueError(f"unknown victim policy {spec!r}; choose one of {', '.join(VICTIM_POLICIES)}") from None
+        raise ValueError(f"unknown {kind} {spec!r}; choose one of {', '.join(registry)}") from None
+
+
+def make_victim_policy(spec: str | VictimPolicy) -> VictimPolicy:
+    return _make(spec, VICTIM_POLICIES, VictimPolicy, "victim policy")
 
 
 def make_preemption_mode(spec: str | PreemptionMode) -> PreemptionMode:
-    if isinstance(spec, PreemptionMode):
-        return spec
-    try:
-        return PREEMPTION_MODES[spec]()
-    except KeyError:
-        raise ValueError(f"unknown preemption mode {spec!r}; choose one of {', '.join(PREEMPTION_MODES)}") from None
+    return _make(spec, PREEMPTION_MODES, PreemptionMode, "preemption mode")

@@ -190,19 +190,27 @@ class Scheduler:
         """
         cfg = self.config
         seqs = request.live_seqs
+        shared_tokens = request.prompt_len // self.block_size * self.block_size
+        leader_computed = hit_tokens[0] if hit_tokens is not None else seqs[0].num_computed_tokens
+        leader_has_prompt = leader_computed >= shared_tokens
         remaining = []
         for i, seq in enumerate(seqs):
             computed = hit_tokens[i] if hit_tokens is not None else seq.num_computed_tokens
+            if seq.parked:
+                if not leader_has_prompt:  # waits for the leader (see _unpark)
+                    remaining.append(None)
+                    continue
+                computed = shared_tokens  # it will share the leader's hit prompt blocks
             remaining.append(min(seq.num_tokens - computed, cfg.max_model_len - 1 - computed))
         beams = request.beam_width > 1 and len(seqs) > 1
-        catching_up = beams and any(r > 1 or s.parked for r, s in zip(remaining, seqs))
+        catching_up = beams and any(r is None or r > 1 for r in remaining)
         counts = [0] * len(seqs)
         if beams and not catching_up:
             if len(seqs) > token_budget:
                 return []
             return [(seq, 1) for seq in seqs]
         for i, r in enumerate(remaining):
-            if r <= 0 or (r == 1 and catching_up) or seqs[i].parked:
+            if r is None or r <= 0 or (r == 1 and catching_up):
                 continue
             want = r - 1 if catching_up else r
             if want <= token_budget:
@@ -260,12 +268,16 @@ class Scheduler:
         st.tokens_per_request[request.request_id] = total
         st.token_budget -= total
         request.has_run = True
+
+    def _unpark(self, request: Request) -> None:
+        """Parked sequences share the leader's prompt blocks once the leader has them again."""
         leader = request.live_seqs[0]
+        leader.parked = False  # the first live sequence always leads (its own prefill)
         shared = request.prompt_len // self.block_size
-        if leader.num_computed_tokens >= shared * self.block_size:
+        if leader.block_table and leader.num_computed_tokens >= shared * self.block_size:
             for seq in request.live_seqs[1:]:
                 if seq.parked:
-                    kv.share_prefix(leader, seq, shared)
+                    self.kv.share_prefix(leader, seq, shared)
                     seq.parked = False
 
     # ---------------------------------------------------------- running
@@ -275,6 +287,7 @@ class Scheduler:
         i = 0
         while i < len(running) and st.token_budget > 0:
             request = running[i]
+            self._unpark(request)
             plan = self._plan_tokens(request, st.token_budget)
             if not plan:  # nothing fits this step: the next request may still use the budget
                 i += 1
@@ -376,6 +389,7 @@ class Scheduler:
                 break
             self.swapped.popleft()
             st.swap_in.extend(kv.swap_in(seqs, preserve_sharing=preserve))
+            self._unpark(request)  # parked sequences join from the next step
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             st.swapped_in.append(request.request_id)
@@ -423,6 +437,7 @@ class Scheduler:
                 if h:
                     kv.touch_prefix(seq, h)
                     hit_tokens += len(h) * bs
+            self._unpark(request)
             self._num_admissions += 1
             request.admitted_seq_no = self._num_admissions
             request.status = RequestStatus.RUNNING
