@@ -534,7 +534,7 @@ def print_scheduler(res: dict) -> None:
         f"round-robin; lower is better; filled in {res['fill_steps']} step(s), 8 schedulers built in "
         f"{res['build_s']:.1f} s"
     )
-    print(f"   ratio columns: wall time (perf_counter) and, after the slash, this process's CPU time\n")
+    print("   ratio columns: wall time (perf_counter) and, after the slash, this process's CPU time\n")
     ratio_hdr = f"{w1:,}/{w0} waiting"
     print(
         f"   {'caching':<9}{'decision log':<14}{f'{w0} waiting':>12}{f'{w1:,} waiting':>16}"

@@ -15,8 +15,15 @@ Each step, within a token budget (``max_num_batched_tokens``) and a batch limit
    preempted, and, with ``admit_while_swapped`` off (vLLM v0), while anything is swapped out.
 
 Requests that can never be served are rejected with a reason when added (admission.py), or at
-the head of their queue when a preemption made them unservable (a multi-sequence group that must
-re-prefill unshared, or a swap-in under v0's over-counting); nothing waits forever.
+the head of their queue in the rare case a preemption made them unservable (a resumed request
+whose grown sequences no longer fit an admission above the watermark, or a swap-in under v0's
+over-counting); nothing waits forever.
+
+A recompute preemption of a multi-sequence request (parallel samples, beams) keeps the samples
+sharing the prompt: the first live sequence (the leader) re-prefills, the others wait *parked*
+with no blocks until the leader holds the prompt's full blocks again, then share them and
+re-prefill only their own tokens. Beams are held one token short until all have caught up, so
+they sample in the same step.
 
 ``schedule()`` returns a frozen ``SchedulerOutput`` (output.py) and logs one decision record; the
 executor runs it and calls ``update()`` with the sampled tokens (sampling.py appends them, forks parallel
@@ -39,13 +46,12 @@ from engine.policy.block_pool import BlockPool
 from engine.policy.config import SchedulerConfig
 from engine.policy.kv_manager import KVCacheManager, cdiv
 from engine.policy.output import DecisionLog, Pair, ScheduledSequence, SchedulerOutput, frozen_map
+from engine.policy.planning import Plan, Planner
 from engine.policy.preemption import Mode, make_preemption_mode, make_victim_policy
-from engine.policy.request import Request, RequestStatus, Sequence
+from engine.policy.request import Request, RequestStatus
 from engine.policy.sampling import BeamChoices, OutputProcessor, SampledTokens
 from engine.policy.swap_pool import SwapPool, SwapSpaceExhausted
 
-#: Tokens each sequence of one request computes this step, in sequence order.
-Plan = list[tuple[Sequence, int]]
 
 
 @dataclass(slots=True)
@@ -85,6 +91,7 @@ class Scheduler:
         self.victim_policy = make_victim_policy(config.victim_policy)
         self.preemption_mode = make_preemption_mode(config.preemption_mode)
         self.output_processor = OutputProcessor(self.kv, max_model_len=config.max_model_len)
+        self.planner = Planner(config, self.kv)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -174,74 +181,6 @@ class Scheduler:
             self.decision_log.append(self._last_record)
         return output
 
-    # ------------------------------------------------- planning one request
-    def _plan_tokens(self, request: Request, token_budget: int, hit_tokens: list[int] | None = None) -> Plan:
-        """Tokens each live sequence computes this step (sequences given 0 are left out).
-
-        - A decoding sequence (one token left) takes one token while the budget lasts.
-        - A prefilling sequence takes all its remaining tokens, or, with chunked prefill, as many
-          as the budget has left; without chunking it waits for a step with room.
-        - A beam group re-prefilling after a recompute preemption holds every beam one token
-          short until all have caught up; beams decode together or not at all: they are chosen
-          across all sequences at once, so they must sample in the same step.
-        - No step computes position ``max_model_len - 1`` or beyond (vLLM v1's cap).
-
-        ``hit_tokens`` (admission) gives per-sequence prefix-hit tokens not yet taken.
-        """
-        cfg = self.config
-        seqs = request.live_seqs
-        shared_tokens = request.prompt_len // self.block_size * self.block_size
-        leader_computed = hit_tokens[0] if hit_tokens is not None else seqs[0].num_computed_tokens
-        leader_has_prompt = leader_computed >= shared_tokens
-        remaining = []
-        for i, seq in enumerate(seqs):
-            computed = hit_tokens[i] if hit_tokens is not None else seq.num_computed_tokens
-            if seq.parked:
-                if not leader_has_prompt:  # waits for the leader (see _unpark)
-                    remaining.append(None)
-                    continue
-                computed = shared_tokens  # it will share the leader's hit prompt blocks
-            remaining.append(min(seq.num_tokens - computed, cfg.max_model_len - 1 - computed))
-        beams = request.beam_width > 1 and len(seqs) > 1
-        catching_up = beams and any(r is None or r > 1 for r in remaining)
-        counts = [0] * len(seqs)
-        if beams and not catching_up:
-            if len(seqs) > token_budget:
-                return []
-            return [(seq, 1) for seq in seqs]
-        for i, r in enumerate(remaining):
-            if r is None or r <= 0 or (r == 1 and catching_up):
-                continue
-            want = r - 1 if catching_up else r
-            if want <= token_budget:
-                counts[i] = want
-            elif cfg.enable_chunked_prefill or catching_up:
-                counts[i] = token_budget
-            token_budget -= counts[i]
-        return [(seq, n) for seq, n in zip(seqs, counts) if n > 0]
-
-    def _blocks_needed(self, plan: Plan, *, from_cpu: bool = False, v0_accounting: bool | None = None) -> int:
-        """Blocks reserving the plan takes: new blocks plus copy-on-write copies. Of k sequences
-        writing into one shared block, k - 1 copy (the last writes in place). ``from_cpu``: the
-        tables are still swapped out and count as they will be once swapped in."""
-        cfg = self.config
-        kv = self.kv
-        if from_cpu:
-            ref_counts = self.swap_pool.ref_counts if cfg.preserve_sharing_on_swap else None
-        else:
-            ref_counts = self.pool.ref_counts
-        if v0_accounting is None:
-            v0_accounting = cfg.count_block_per_running_seq
-        pending: dict[int, int] = {}
-        need = 0
-        for seq, n in plan:
-            end = seq.num_tokens if cfg.reserve_extent == "whole" else seq.num_computed_tokens + n
-            table = seq.cpu_block_table if from_cpu else seq.block_table
-            blocks = kv.reserve_need(table, ref_counts, seq.num_filled_tokens, end, pending)
-            # vLLM 0.6.3's can_append counts a block per running sequence, needed or not.
-            need += max(blocks, 1) if v0_accounting else blocks
-        return need
-
     def _run(self, request: Request, plan: Plan, st: _Step) -> None:
         """Reserve slots for the planned tokens and add them to the step."""
         kv = self.kv
@@ -269,17 +208,6 @@ class Scheduler:
         st.token_budget -= total
         request.has_run = True
 
-    def _unpark(self, request: Request) -> None:
-        """Parked sequences share the leader's prompt blocks once the leader has them again."""
-        leader = request.live_seqs[0]
-        leader.parked = False  # the first live sequence always leads (its own prefill)
-        shared = request.prompt_len // self.block_size
-        if leader.block_table and leader.num_computed_tokens >= shared * self.block_size:
-            for seq in request.live_seqs[1:]:
-                if seq.parked:
-                    self.kv.share_prefix(leader, seq, shared)
-                    seq.parked = False
-
     # ---------------------------------------------------------- running
     def _schedule_running(self, st: _Step) -> None:
         running = self.running
@@ -287,16 +215,16 @@ class Scheduler:
         i = 0
         while i < len(running) and st.token_budget > 0:
             request = running[i]
-            self._unpark(request)
-            plan = self._plan_tokens(request, st.token_budget)
+            self.planner.unpark(request)
+            plan = self.planner.plan(request, st.token_budget)
             if not plan:  # nothing fits this step: the next request may still use the budget
                 i += 1
                 continue
-            need = self._blocks_needed(plan)
+            need = self.planner.blocks_needed(plan)
             preempted_itself = False
             while need > pool.num_free_blocks:
                 candidates = running[i:]
-                if len(candidates) == 1 and self._blocks_needed(plan, v0_accounting=False) <= pool.num_free_blocks:
+                if len(candidates) == 1 and self.planner.blocks_needed(plan, v0_accounting=False) <= pool.num_free_blocks:
                     # Only v0's over-counting gets here: preempting itself would free what it
                     # does not need and repeat forever, so it runs on the blocks it really needs.
                     break
@@ -368,7 +296,7 @@ class Scheduler:
             request = self.swapped[0]
             if used + self._batch_slots(request) > cfg.max_num_seqs:
                 break
-            plan = self._plan_tokens(request, st.token_budget)
+            plan = self.planner.plan(request, st.token_budget)
             if not plan:
                 break
             seqs = list(request.live_seqs)
@@ -377,7 +305,7 @@ class Scheduler:
                 moved = sum(seq.num_filled_tokens // self.block_size for seq in seqs)
             else:
                 moved = kv.blocks_to_swap_in(seqs, preserve_sharing=preserve)
-            need = moved + self._blocks_needed(plan, from_cpu=True)
+            need = moved + self.planner.blocks_needed(plan, from_cpu=True)
             if need > room:
                 # Only v0's accounting can get here (it counts blocks a step does not need);
                 # vLLM 0.6.3 fails such a request too (AllocStatus.NEVER on swap-in).
@@ -389,7 +317,7 @@ class Scheduler:
                 break
             self.swapped.popleft()
             st.swap_in.extend(kv.swap_in(seqs, preserve_sharing=preserve))
-            self._unpark(request)  # parked sequences join from the next step
+            self.planner.unpark(request)  # parked sequences join from the next step
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             st.swapped_in.append(request.request_id)
@@ -411,7 +339,7 @@ class Scheduler:
                 break
             seqs = list(request.live_seqs)
             hits = [[] if seq.parked else kv.find_cached_prefix(seq) for seq in seqs]
-            plan = self._plan_tokens(request, st.token_budget, [len(h) * bs for h in hits])
+            plan = self.planner.plan(request, st.token_budget, [len(h) * bs for h in hits])
             if not plan:  # without chunked prefill, the head waits for a step with room
                 break
             # Admission needs every sequence's whole known length to fit, less its hits (vLLM v1)
@@ -437,7 +365,7 @@ class Scheduler:
                 if h:
                     kv.touch_prefix(seq, h)
                     hit_tokens += len(h) * bs
-            self._unpark(request)
+            self.planner.unpark(request)
             self._num_admissions += 1
             request.admitted_seq_no = self._num_admissions
             request.status = RequestStatus.RUNNING
