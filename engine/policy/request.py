@@ -190,6 +190,11 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
+    @property
+    def is_prefilling(self) -> bool:
+        """Known tokens beyond the latest one are still to be computed (a decode computes one)."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
     def fork(self, index: int) -> Sequence:
         """A child with this sequence's tokens and progress, sharing nothing yet (the caller
         shares the blocks through the block manager)."""
