@@ -26,6 +26,7 @@ path (allocate + free) to a few list operations. Block 0 can be reserved as vLLM
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -181,10 +182,10 @@ class BlockPool:
 
     # ------------------------------------------------------------ inspection
     def free_block_order(self) -> list[int]:
-        """Every block an allocation could take, in the order it would take them. Exact for
-        ``lru``, ``fifo`` and ``lfu``; for ``radix-leaf`` it does not foresee the parents that
-        become leaves as their children are evicted (``pop`` does)."""
-        return list(self._free) + self.eviction.victims_in_order()
+        """Every block an allocation could take, in the order it would take them: found by
+        allocating them all from a copy of the pool (O(num_blocks); for tests and reports)."""
+        clone = copy.deepcopy(self)
+        return [clone.allocate() for _ in range(clone.num_free_blocks)]
 
     def check(self) -> None:
         """Assert the pool's invariants (O(num_blocks); for tests)."""

@@ -69,21 +69,6 @@ class EvictionPolicy(ABC):
     def on_leaf(self, key: BlockKey) -> None:  # noqa: B027 - optional hook
         """``key`` no longer has a cached child. Only structure-aware policies care."""
 
-    def victims_in_order(self) -> list[int]:
-        """The evictable blocks in the order ``pop`` would take them (for tests and reports; O(n log n))."""
-        saved = self._snapshot()
-        order = []
-        while (block_id := self.pop()) is not None:
-            order.append(block_id)
-        self._restore(saved)
-        return order
-
-    @abstractmethod
-    def _snapshot(self) -> object: ...
-
-    @abstractmethod
-    def _restore(self, saved: object) -> None: ...
-
 
 class LRUPolicy(EvictionPolicy):
     """Least recently released first: vLLM v1's order.
@@ -117,15 +102,6 @@ class LRUPolicy(EvictionPolicy):
 
     def __contains__(self, block_id: object) -> bool:
         return block_id in self._order
-
-    def victims_in_order(self) -> list[int]:
-        return list(self._order)
-
-    def _snapshot(self) -> object:
-        return OrderedDict(self._order)
-
-    def _restore(self, saved: object) -> None:
-        self._order = saved  # type: ignore[assignment]
 
 
 class _HeapPolicy(EvictionPolicy):
@@ -178,12 +154,6 @@ class _HeapPolicy(EvictionPolicy):
 
     def __contains__(self, block_id: object) -> bool:
         return block_id in self._live
-
-    def _snapshot(self) -> object:
-        return (list(self._heap), dict(self._live), self._seq)
-
-    def _restore(self, saved: object) -> None:
-        self._heap, self._live, self._seq = saved  # type: ignore[misc]
 
 
 class FIFOPolicy(_HeapPolicy):
@@ -256,13 +226,6 @@ class RadixLeafPolicy(_HeapPolicy):
             if block_id in self._live:
                 self._inner.discard(block_id)
                 self._push(block_id)
-
-    def _snapshot(self) -> object:
-        return (super()._snapshot(), set(self._inner))
-
-    def _restore(self, saved: object) -> None:
-        base, self._inner = saved  # type: ignore[misc]
-        super()._restore(base)
 
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
