@@ -127,3 +127,22 @@ def test_eviction_drops_the_key_so_the_block_is_no_longer_a_hit():
     assert pool.allocate() == 1  # tail evicted first
     assert pool.lookup(keys[1]) is None and pool.lookup(keys[0]) == 0
     pool.check()
+
+
+@pytest.mark.parametrize("policy", ["fifo", "lfu", "radix-leaf"])
+def test_heap_policies_stay_correct_through_many_hits(policy):
+    """Hits leave stale heap entries behind; past a bound the heap is compacted. Many hit cycles
+    on one cached block must not change which blocks are evicted, or in what order."""
+    pool = BlockPool(4, eviction_policy=policy)
+    keys = chain_keys([(1,), (2,)])
+    table = cached_table(pool, keys)
+    [other] = cached_table(pool, chain_keys([(9,)]))
+    pool.free_table(table)  # releases 1, then 0
+    pool.free(other)  # 2
+    for _ in range(500):  # hit block 2 again and again
+        pool.touch(other)
+        pool.free(other)
+    assert len(pool.eviction._heap) < 200  # compacted, not 500 stale entries
+    expected = {"fifo": [3, 0, 1, 2], "lfu": [3, 1, 0, 2], "radix-leaf": [3, 1, 0, 2]}[policy]
+    assert pool.free_block_order() == expected
+    assert take_all(pool) == expected
