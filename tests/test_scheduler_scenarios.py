@@ -420,3 +420,29 @@ def test_a_beam_group_preempted_by_recompute_shares_its_prompt_again_and_finishe
         scheduler.check()
     assert modes == {"b": "recompute"}
     assert scheduler.num_finished_requests == 2 and scheduler.num_rejected_requests == 0
+
+
+def test_vllm_v0_swap_in_need_is_full_entries_plus_touched_blocks():
+    """vLLM 0.6.3's can_swap_in counts, per sequence, its full table entries plus the blocks its
+    next append touches (1 + ceil((u - f) / block_size)); a partial last entry is not counted twice."""
+    bs = 4
+    scheduler = Scheduler(
+        make_config("vllm-v0", block_size=bs, num_gpu_blocks=12, num_cpu_blocks=40, max_num_batched_tokens=64, max_model_len=64)
+    )
+    scheduler.add_request(Request("a", prompt_len=7, max_tokens=12, n=2))
+    scheduler.add_request(Request("b", prompt_len=7, max_tokens=12, n=2))
+    checked = 0
+    while scheduler.has_unfinished_requests:
+        if scheduler.swapped:
+            request = scheduler.swapped[0]
+            plan = scheduler.planner.plan(request, 64)
+            v0_need = 0
+            for seq in request.live_seqs:
+                filled = seq.num_filled_tokens
+                u, f = seq.num_tokens - filled, bs - filled % bs
+                v0_need += 1 + max(0, -(-(u - f) // bs)) + filled // bs
+            assert scheduler.planner.swap_in_need(request, plan) == v0_need
+            checked += 1
+        scheduler.update(scheduler.schedule())
+        scheduler.check()
+    assert checked > 0

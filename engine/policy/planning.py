@@ -103,6 +103,17 @@ class Planner:
             need += max(blocks, 1) if v0_accounting else blocks
         return need
 
+    def swap_in_need(self, request: Request, plan: Plan) -> int:
+        """GPU blocks swapping ``request`` back in and running ``plan`` takes."""
+        cfg = self.config
+        seqs = request.live_seqs
+        if cfg.count_block_per_running_seq:
+            # vLLM 0.6.3's can_swap_in: full entries plus the blocks its append would touch.
+            moved = sum(seq.num_filled_tokens // self.block_size for seq in seqs)
+        else:
+            moved = self.kv.blocks_to_swap_in(seqs, preserve_sharing=cfg.preserve_sharing_on_swap)
+        return moved + self.blocks_needed(plan, from_cpu=True)
+
     def unpark(self, request: Request) -> None:
         """Parked sequences share the leader's prompt blocks once the leader has them again."""
         leader = request.live_seqs[0]

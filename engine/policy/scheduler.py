@@ -300,12 +300,7 @@ class Scheduler:
             if not plan:
                 break
             seqs = list(request.live_seqs)
-            if cfg.count_block_per_running_seq:
-                # vLLM 0.6.3's can_swap_in: full entries plus the blocks its append would touch.
-                moved = sum(seq.num_filled_tokens // self.block_size for seq in seqs)
-            else:
-                moved = kv.blocks_to_swap_in(seqs, preserve_sharing=preserve)
-            need = moved + self.planner.blocks_needed(plan, from_cpu=True)
+            need = self.planner.swap_in_need(request, plan)
             if need > room:
                 # Only v0's accounting can get here (it counts blocks a step does not need);
                 # vLLM 0.6.3 fails such a request too (AllocStatus.NEVER on swap-in).
