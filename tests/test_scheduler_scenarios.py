@@ -446,3 +446,20 @@ def test_vllm_v0_swap_in_need_is_full_entries_plus_touched_blocks():
         scheduler.update(scheduler.schedule())
         scheduler.check()
     assert checked > 0
+
+
+def test_a_swapped_request_that_grew_into_the_watermark_comes_back_once_nothing_runs():
+    """20 blocks of 2, a watermark of 4. 'big' (30-token prompt) grows to 17 blocks beside 'small';
+    when 'small' needs a block, 'big' is swapped out. Its 17+ blocks exceed what the watermark
+    leaves, so it returns only once nothing runs, into the whole pool, instead of never."""
+    scheduler = Scheduler(
+        make_config("pagesim", block_size=2, num_gpu_blocks=20, num_cpu_blocks=32, watermark=0.2,
+                    preemption_mode="swap", enable_prefix_caching=False, max_num_batched_tokens=64, max_model_len=64)
+    )
+    scheduler.add_request(Request("small", prompt_len=2, max_tokens=8))
+    scheduler.add_request(Request("big", prompt_len=30, max_tokens=10))
+    timeline = run_to_end(scheduler)
+    assert [t["step"] for t in timeline if t.get("preempted_mode") == {"big": "swap"}]
+    swapped_in = [t for t in timeline if t.get("swapped_in") == ["big"]]
+    assert swapped_in and len(swapped_in[0]["blocks_to_swap_in"]) > 20 - 4
+    assert scheduler.num_finished_requests == 2 and scheduler.num_rejected_requests == 0

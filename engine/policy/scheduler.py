@@ -290,7 +290,7 @@ class Scheduler:
         cfg = self.config
         kv = self.kv
         preserve = cfg.preserve_sharing_on_swap
-        room = self.pool.num_usable_blocks - cfg.watermark_blocks
+        usable = self.pool.num_usable_blocks
         used = self._num_batch_slots_used()
         while self.swapped and st.token_budget > 0:
             request = self.swapped[0]
@@ -301,14 +301,17 @@ class Scheduler:
                 break
             seqs = list(request.live_seqs)
             need = self.planner.swap_in_need(request, plan)
-            if need > room:
+            if need > usable:
                 # Only v0's accounting can get here (it counts blocks a step does not need);
                 # vLLM 0.6.3 fails such a request too (AllocStatus.NEVER on swap-in).
                 self._reject_queued(
-                    self.swapped.popleft(), f"swapping it back in needs {need} blocks; the pool has {room} above the watermark"
+                    self.swapped.popleft(), f"swapping it back in needs {need} blocks; the pool has {usable}"
                 )
                 continue
-            if self.pool.num_free_blocks - need < cfg.watermark_blocks:
+            # NOTE: with nothing running, the watermark cannot protect anyone, and a request that
+            # grew into it could otherwise never come back (vLLM would wait forever here).
+            watermark = cfg.watermark_blocks if self.running else 0
+            if self.pool.num_free_blocks - need < watermark:
                 break
             self.swapped.popleft()
             st.swap_in.extend(kv.swap_in(seqs, preserve_sharing=preserve))
