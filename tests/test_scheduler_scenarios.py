@@ -177,7 +177,7 @@ def test_without_chunked_prefill_the_head_waits_for_the_whole_budget():
         (dict(prompt_len=100, max_tokens=1), dict(max_model_len=64), "no room for output within max_model_len"),
         (dict(prompt_len=64, max_tokens=1), dict(max_model_len=64), "no room for output within max_model_len"),
         (dict(prompt_len=40, max_tokens=40), dict(max_model_len=128, num_gpu_blocks=8), "at its longest"),
-        (dict(prompt_len=12, max_tokens=1), dict(num_gpu_blocks=4, block_size=4, watermark=0.5), "above the watermark"),
+        (dict(prompt_len=12, max_tokens=1), dict(num_gpu_blocks=4, block_size=4, watermark=0.5, watermark_only_when_running=False), "above the watermark"),
     ],
 )
 def test_requests_that_can_never_fit_are_rejected_with_a_reason(request_kwargs, config, reason):

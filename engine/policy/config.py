@@ -41,7 +41,8 @@ class SchedulerConfig:
     # "requests": max_num_seqs counts requests (v1). "sequences": it counts running sequences,
     # so a request with n=3 counts 3 (v0).
     seq_limit_counts: Literal["requests", "sequences"] = "requests"
-    # Apply the watermark to an admission only while something is running (v1). False: always (v0).
+    # Apply the watermark to an admission only while something is running (v1, pagesim). False:
+    # always (v0), which can refuse a request for good once it has grown into the watermark.
     watermark_only_when_running: bool = False
     # "scheduled": a step reserves blocks for the tokens it computes (v1, clean). "whole": reserve
     # the whole known sequence at once, even when chunked prefill computes only part of it (v0).

@@ -1,8 +1,10 @@
 """Scheduler presets: named starting points for a study, each saying which behaviour it follows.
 
 - ``pagesim``: pagesim's own clean policy: chunked prefill, prefix caching with LRU eviction,
-  recompute preemption of the running tail, a 1% watermark that always applies to admissions (as
-  in v0), none of the version quirks below: a copy-on-write is counted once per copy, a shared
+  recompute preemption of the running tail, a 1% watermark kept free for the running requests
+  when admitting (with nothing running there is no one to protect, so an idle pool admits into
+  it, as v1 does; this way a request preempted late in its life can always come back), none of
+  the version quirks below: a copy-on-write is counted once per copy, a shared
   block swaps out once, swap-space exhaustion falls back to recompute.
 - ``vllm-v1``: vLLM's V1 engine core as of 0.32 (``vllm/v1/core/sched/scheduler.py`` with its
   ``KVCacheManager``/``BlockPool``), FCFS, synchronous scheduling: recompute-only preemption of the
@@ -61,6 +63,7 @@ PRESETS: dict[str, Preset] = {
                 preemption_mode="recompute",
                 victim_policy="running-tail",
                 watermark=0.01,
+                watermark_only_when_running=True,
             ),
         ),
         Preset(
