@@ -19,11 +19,14 @@ oracle logs in ``shared/oracle/README.md``: ``scheduled`` tokens computed per re
 from __future__ import annotations
 
 import json
+from itertools import zip_longest
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any
+
+from engine.policy.request import seq_id_of
 
 Pair = tuple[int, int]
 
@@ -40,11 +43,12 @@ class ScheduledSequence:
 
     @property
     def seq_id(self) -> str:
-        return f"{self.request_id}#{self.seq_index}"
+        return seq_id_of(self.request_id, self.seq_index)
 
     @property
     def is_prefill(self) -> bool:
-        return self.samples is False or self.num_new_tokens > 1
+        """Prefill-shaped work: several tokens, or a chunk that ends before the last known token."""
+        return not self.samples or self.num_new_tokens > 1
 
     def slot_mapping(self) -> list[int]:
         """Physical slot (``block_id * block_size + offset``) of each new token, in order."""
@@ -60,8 +64,7 @@ class ScheduledSequence:
 class SchedulerOutput:
     step: int
     scheduled: tuple[ScheduledSequence, ...]  # in scheduling order
-    num_scheduled_tokens: Mapping[str, int]  # request id -> tokens computed this step
-    order: tuple[str, ...]  # request ids in scheduling order
+    num_scheduled_tokens: Mapping[str, int]  # request id -> tokens computed this step, in order
     new: Mapping[str, int]  # first admissions -> prefix-cache hit tokens
     resumed: Mapping[str, int]  # re-admissions after recompute -> prefix-cache hit tokens
     swapped_in: tuple[str, ...]
@@ -75,8 +78,9 @@ class SchedulerOutput:
     num_cached_free_blocks: int
 
     @property
-    def is_empty(self) -> bool:
-        return not self.scheduled and not self.blocks_to_swap_out
+    def order(self) -> tuple[str, ...]:
+        """Request ids in scheduling order."""
+        return tuple(self.num_scheduled_tokens)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -142,14 +146,9 @@ class DecisionLog:
 
     def first_difference(self, other: DecisionLog) -> tuple[int, dict | None, dict | None] | None:
         """``(index, ours, theirs)`` of the first differing record, or ``None`` if identical."""
-        for i, (a, b) in enumerate(zip(self.records, other.records)):
+        for i, (a, b) in enumerate(zip_longest(self.records, other.records)):
             if a != b:
                 return i, a, b
-        if len(self.records) != len(other.records):
-            i = min(len(self.records), len(other.records))
-            return i, self.records[i] if i < len(self.records) else None, other.records[i] if i < len(
-                other.records
-            ) else None
         return None
 
     def write_jsonl(self, dest: str | Path | IO[str]) -> None:
@@ -159,9 +158,6 @@ class DecisionLog:
             return
         for record in self.records:
             dest.write(dump_record(record) + "\n")
-
-    def to_jsonl(self) -> str:
-        return "".join(dump_record(r) + "\n" for r in self.records)
 
     @classmethod
     def read_jsonl(cls, source: str | Path) -> DecisionLog:

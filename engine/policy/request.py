@@ -27,6 +27,11 @@ from dataclasses import dataclass, field
 from engine.policy.block_key import BlockKey
 
 
+def seq_id_of(request_id: str, index: int) -> str:
+    """A sequence's id: how executors name it (e.g. in ``{seq_id: sampled token}``)."""
+    return f"{request_id}#{index}"
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # never run, or preempted by recompute
     RUNNING = "running"
@@ -176,7 +181,7 @@ class Sequence:
 
     @property
     def seq_id(self) -> str:
-        return f"{self.request.request_id}#{self.index}"
+        return seq_id_of(self.request.request_id, self.index)
 
     @property
     def num_tokens(self) -> int:
@@ -185,10 +190,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
-
-    @property
-    def num_uncomputed_tokens(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
 
     @property
     def is_prefilling(self) -> bool:

@@ -162,7 +162,6 @@ class Scheduler:
             step=st.step,
             scheduled=tuple(st.scheduled),
             num_scheduled_tokens=frozen_map(st.tokens_per_request),
-            order=tuple(st.tokens_per_request),
             new=frozen_map(st.new),
             resumed=frozen_map(st.resumed),
             swapped_in=tuple(st.swapped_in),
