@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from engine.policy.eviction import EVICTION_POLICIES
-from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES, PreemptionMode, VictimPolicy
+from engine.policy.plugins import lookup
+from engine.policy.preemption import PreemptionMode, VictimPolicy, make_preemption_mode, make_victim_policy
 
 
 @dataclass(slots=True, frozen=True)
@@ -74,18 +75,9 @@ class SchedulerConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
         if self.num_gpu_blocks < 1 + self.reserve_null_block:
             raise ValueError("num_gpu_blocks leaves no usable block")
-        if self.eviction_policy not in EVICTION_POLICIES:
-            raise ValueError(
-                f"unknown eviction policy {self.eviction_policy!r}; choose one of {', '.join(EVICTION_POLICIES)}"
-            )
-        if isinstance(self.victim_policy, str) and self.victim_policy not in VICTIM_POLICIES:
-            raise ValueError(
-                f"unknown victim policy {self.victim_policy!r}; choose one of {', '.join(VICTIM_POLICIES)}"
-            )
-        if isinstance(self.preemption_mode, str) and self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(
-                f"unknown preemption mode {self.preemption_mode!r}; choose one of {', '.join(PREEMPTION_MODES)}"
-            )
+        lookup(EVICTION_POLICIES, self.eviction_policy, "eviction policy")
+        make_victim_policy(self.victim_policy)
+        make_preemption_mode(self.preemption_mode)
         if self.preemption_mode == "cost":
             raise ValueError("preemption mode 'cost' needs a cost function: pass CostPreemption(cost_fn)")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

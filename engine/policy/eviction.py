@@ -27,6 +27,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from engine.policy.plugins import lookup
+
 if TYPE_CHECKING:
     from engine.policy.block_key import BlockKey
 
@@ -234,13 +236,7 @@ EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
 
 
 def make_eviction_policy(name: str, stats: BlockStats) -> EvictionPolicy:
-    try:
-        cls = EVICTION_POLICIES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown eviction policy {name!r}; choose one of {', '.join(EVICTION_POLICIES)}"
-        ) from None
-    return cls(stats)
+    return lookup(EVICTION_POLICIES, name, "eviction policy")(stats)
 
 
 __all__ = [

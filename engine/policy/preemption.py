@@ -37,6 +37,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar, Literal
 
+from engine.policy.plugins import lookup
 from engine.policy.request import Request
 
 Mode = Literal["recompute", "swap"]
@@ -156,12 +157,7 @@ PREEMPTION_MODES: dict[str, type[PreemptionMode]] = {
 
 
 def _make(spec, registry: dict, base: type, kind: str):
-    if isinstance(spec, base):
-        return spec
-    try:
-        return registry[spec]()
-    except KeyError:
-        raise ValueError(f"unknown {kind} {spec!r}; choose one of {', '.join(registry)}") from None
+    return spec if isinstance(spec, base) else lookup(registry, spec, kind)()
 
 
 def make_victim_policy(spec: str | VictimPolicy) -> VictimPolicy:
