@@ -23,11 +23,17 @@ from engine.policy.kv_manager import cdiv
 from engine.policy.request import Request
 
 
+def admission_watermark(config: SchedulerConfig, *, anything_running: bool) -> int:
+    """Blocks an admission must leave free: the watermark, except in an idle pool when it applies
+    only while something runs (vLLM v1, pagesim)."""
+    if config.watermark_only_when_running and not anything_running:
+        return 0
+    return config.watermark_blocks
+
+
 def admission_room(config: SchedulerConfig, num_usable_blocks: int) -> int:
-    """Most blocks an admission can ever get: the pool, less the watermark unless the watermark
-    applies only while something runs (vLLM v1; then an idle pool admits into it)."""
-    watermark = 0 if config.watermark_only_when_running else config.watermark_blocks
-    return num_usable_blocks - watermark
+    """Most blocks an admission can ever get: the pool less the watermark of an idle pool."""
+    return num_usable_blocks - admission_watermark(config, anything_running=False)
 
 
 def longest_written_tokens(request: Request, max_model_len: int) -> int:

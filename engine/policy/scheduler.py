@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.policy.admission import admission_room, rejection_reason
+from engine.policy.admission import admission_room, admission_watermark, rejection_reason
 from engine.policy.block_key import HashFn, default_hash
 from engine.policy.block_pool import BlockPool
 from engine.policy.config import SchedulerConfig
@@ -346,7 +346,7 @@ class Scheduler:
                 cdiv(seq.num_tokens, bs) - (shared if seq.parked else len(h)) for seq, h in zip(seqs, hits)
             )
             hit_blocks = {b for h in hits for b in h}
-            watermark = 0 if cfg.watermark_only_when_running and not self.running else cfg.watermark_blocks
+            watermark = admission_watermark(cfg, anything_running=bool(self.running))
             if new_blocks + kv.num_evictable(hit_blocks) + watermark > pool.num_free_blocks:
                 if new_blocks + len(hit_blocks) > room:  # not even into an empty pool
                     self._reject_queued(
