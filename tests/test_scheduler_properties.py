@@ -14,6 +14,7 @@ that the pool is whole again at the end, and that the same workload gives the sa
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
@@ -86,6 +87,7 @@ def workloads(draw):
         overrides["preemption_mode"] = draw(st.sampled_from(["recompute", "swap", "vllm-v0"]))
     if preset == "vllm-v0":
         overrides["on_swap_exhausted"] = "recompute"  # the raising quirk has its own test
+        overrides["enable_prefix_caching"] = False  # vLLM 0.6.3's order is modelled without it
     prefixes = [[7, 8, 9, 10, 11, 12, 13, 14], [21, 22, 23, 24, 25]]
     requests = []
     for i in range(draw(st.integers(1, 9))):
@@ -123,7 +125,11 @@ def replay(preset, overrides, requests, *, check: bool = True):
             scheduler.add_request(request)
             added.append(request)
         out = scheduler.schedule()
-        assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+        budgeted = out.num_scheduled_tokens
+        if cfg.step_order == "vllm-v0":  # vLLM 0.6.3 never cuts a multi-sequence decode to the budget
+            seqs_per_request = Counter(s.request_id for s in out.scheduled)
+            budgeted = {rid: n for rid, n in budgeted.items() if seqs_per_request[rid] == 1}
+        assert sum(budgeted.values()) <= cfg.max_num_batched_tokens
         if cfg.seq_limit_counts == "requests":
             assert len(scheduler.running) <= cfg.max_num_seqs
         if check:

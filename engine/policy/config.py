@@ -17,6 +17,16 @@ from engine.policy.eviction import EVICTION_POLICIES
 from engine.policy.plugins import lookup
 from engine.policy.preemption import PreemptionMode, VictimPolicy, make_preemption_mode, make_victim_policy
 
+#: What the ``vllm-v0`` step order assumes (vLLM 0.6.3 without prefix caching; its block manager
+#: reserves whole sequences, counts sequences against max_num_seqs and always keeps the watermark).
+V0_REQUIRES: dict[str, Any] = {
+    "enable_prefix_caching": False,
+    "reserve_extent": "whole",
+    "seq_limit_counts": "sequences",
+    "watermark_only_when_running": False,
+    "reserve_null_block": False,
+}
+
 
 @dataclass(slots=True, frozen=True)
 class SchedulerConfig:
@@ -37,6 +47,10 @@ class SchedulerConfig:
     preemption_mode: str | PreemptionMode = "recompute"
 
     # --- fidelity switches (presets only; see each) --------------------------------------------
+    # The passes of one step (engine/policy/steps/): "vllm-v1" (running, swapped, waiting; the
+    # clean order) or "vllm-v0" (vLLM 0.6.3's orders, block accounting and budget; it needs
+    # prefix caching off, the whole sequence reserved and max_num_seqs counting sequences).
+    step_order: Literal["vllm-v1", "vllm-v0"] = "vllm-v1"
     # vLLM v1 reserves block 0 as a "null block" that is never handed out.
     reserve_null_block: bool = False
     # "requests": max_num_seqs counts requests (v1). "sequences": it counts running sequences,
@@ -48,10 +62,6 @@ class SchedulerConfig:
     # "scheduled": a step reserves blocks for the tokens it computes (v1, clean). "whole": reserve
     # the whole known sequence at once, even when chunked prefill computes only part of it (v0).
     reserve_extent: Literal["scheduled", "whole"] = "scheduled"
-    # v0's can_append counts one block per running sequence even when it needs none.
-    count_block_per_running_seq: bool = False
-    # Whether new requests may be admitted while any request is swapped out (v0: no).
-    admit_while_swapped: bool = True
     # Move a block shared by several sequences once (clean) or once per sequence (v0).
     preserve_sharing_on_swap: bool = True
     # When swap space runs out: fall back to recompute (clean) or raise like vLLM 0.6.3.
@@ -88,12 +98,21 @@ class SchedulerConfig:
                 f"({self.max_model_len}) when chunked prefill is off"
             )
         for name, allowed in (
+            ("step_order", ("vllm-v1", "vllm-v0")),
             ("seq_limit_counts", ("requests", "sequences")),
             ("reserve_extent", ("scheduled", "whole")),
             ("on_swap_exhausted", ("recompute", "raise")),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+        if self.step_order == "vllm-v0":
+            for name, required in V0_REQUIRES.items():
+                if getattr(self, name) != required:
+                    raise ValueError(
+                        f"step_order 'vllm-v0' reproduces vLLM 0.6.3, which needs {name}={required!r} "
+                        f"(got {getattr(self, name)!r})"
+                    )
 
     @property
     def watermark_blocks(self) -> int:

@@ -14,8 +14,8 @@ Rules (vLLM v1's, generalised to multi-sequence requests):
 - no step computes position ``max_model_len - 1`` or beyond (vLLM v1's cap).
 
 Block needs count new blocks plus copy-on-write copies, where of k sequences writing one shared
-block k - 1 copy; vLLM 0.6.3's accounting (one block per running sequence, needed or not) is a
-switch used by its preset.
+block k - 1 copy. (vLLM 0.6.3 counts differently, one block per running sequence needed or not;
+its step order, ``steps/vllm_v0.py``, keeps that accounting to itself.)
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Planner:
             token_budget -= counts[i]
         return [(seq, n) for seq, n in zip(seqs, counts) if n > 0]
 
-    def blocks_needed(self, plan: Plan, *, from_cpu: bool = False, v0_accounting: bool | None = None) -> int:
+    def blocks_needed(self, plan: Plan, *, from_cpu: bool = False) -> int:
         """Blocks reserving the plan takes: new blocks plus copy-on-write copies. Of k sequences
         writing into one shared block, k - 1 copy (the last writes in place). ``from_cpu``: the
         tables are still swapped out and count as they will be once swapped in."""
@@ -91,27 +91,17 @@ class Planner:
             ref_counts = self.swap_pool.ref_counts if cfg.preserve_sharing_on_swap else None
         else:
             ref_counts = self.pool.ref_counts
-        if v0_accounting is None:
-            v0_accounting = cfg.count_block_per_running_seq
         pending: dict[int, int] = {}
         need = 0
         for seq, n in plan:
             end = seq.num_tokens if cfg.reserve_extent == "whole" else seq.num_computed_tokens + n
             table = seq.cpu_block_table if from_cpu else seq.block_table
-            blocks = kv.reserve_need(table, ref_counts, seq.num_filled_tokens, end, pending)
-            # vLLM 0.6.3's can_append counts a block per running sequence, needed or not.
-            need += max(blocks, 1) if v0_accounting else blocks
+            need += kv.reserve_need(table, ref_counts, seq.num_filled_tokens, end, pending)
         return need
 
     def swap_in_need(self, request: Request, plan: Plan) -> int:
         """GPU blocks swapping ``request`` back in and running ``plan`` takes."""
-        cfg = self.config
-        seqs = request.live_seqs
-        if cfg.count_block_per_running_seq:
-            # vLLM 0.6.3's can_swap_in: full entries plus the blocks its append would touch.
-            moved = sum(seq.num_filled_tokens // self.block_size for seq in seqs)
-        else:
-            moved = self.kv.blocks_to_swap_in(seqs, preserve_sharing=cfg.preserve_sharing_on_swap)
+        moved = self.kv.blocks_to_swap_in(request.live_seqs, preserve_sharing=self.config.preserve_sharing_on_swap)
         return moved + self.blocks_needed(plan, from_cpu=True)
 
     def unpark(self, request: Request) -> None:

@@ -3,33 +3,36 @@
 - ``pagesim``: pagesim's own clean policy: chunked prefill, prefix caching with LRU eviction,
   recompute preemption of the running tail, a 1% watermark kept free for the running requests
   when admitting (with nothing running there is no one to protect, so an idle pool admits into
-  it, as v1 does; this way a request preempted late in its life can always come back), none of
-  the version quirks below: a copy-on-write is counted once per copy, a shared
-  block swaps out once, swap-space exhaustion falls back to recompute.
+  it, as v1 does; this way a request preempted late in its life can always come back), vLLM
+  v1's step order (running, swapped, waiting: decodes and prefills share a step, admission
+  continues while requests are swapped out), and none of the version quirks below: a step asks
+  for the blocks it writes (v0 counts a touched block per running sequence), a copy-on-write is
+  counted once per copy, a shared block swaps out once and stays shared, swap-space exhaustion
+  falls back to recompute.
 - ``vllm-v1``: vLLM's V1 engine core as of 0.32 (``vllm/v1/core/sched/scheduler.py`` with its
   ``KVCacheManager``/``BlockPool``), FCFS, synchronous scheduling: recompute-only preemption of the
   running tail, prefix caching with the LRU free queue (unhashed blocks first, cached ones in
   release order, a table released tail first), block 0 reserved as the null block, admission needs
   the whole known sequence minus cache hits to fit, watermark 0 (applied, when set, only while
-  something runs), ``max_num_seqs`` counts requests. ``tests/test_oracle_v1.py`` replays the
+  something runs), ``max_num_seqs`` counts requests. ``tests/test_oracle.py`` replays the
   oracle cases in ``shared/oracle/vllm-0.32-v1`` and asserts vLLM's decisions step for step.
   Differences: pagesim rejects up front what vLLM would accept but never finish (a prompt of
   ``max_model_len`` tokens; a request larger than the whole pool), where vLLM errors or
   preempts without end.
-- ``vllm-v0``: vLLM 0.6.3's V0 scheduler with ``SelfAttnBlockSpaceManager`` and no prefix caching,
-  in its *block accounting*: LIFO free list, 1% watermark, copy-on-write of shared partial blocks,
-  vLLM's preemption rule (recompute for single-sequence requests, swap for multi-sequence groups),
-  no new admissions while anything is swapped out, ``max_num_seqs`` counts sequences, the whole
-  sequence reserved at admission, one block counted per running sequence in ``can_append`` and
-  ``can_swap_in``, shared blocks swapped once per sequence, and an error (not a fallback) when swap
-  space runs out.
-
-  NOTE: not yet step for step. vLLM 0.6.3 without chunked prefill runs prefills *before* decodes
-  (and decodes only in a step that admitted no prompt); with chunked prefill it admits prompts
-  even after a preemption and orders its output differently; it logs 1, not the number of
-  sequences, for a multi-sequence decode; it stops at ``len > max_model_len``. pagesim's step order
-  is running, swapped, waiting. Agreement with vLLM's own logs (``shared/oracle``) is the subject
-  of the oracle replay work.
+- ``vllm-v0``: vLLM 0.6.3's V0 scheduler with ``SelfAttnBlockSpaceManager`` and no prefix caching
+  (``step_order="vllm-v0"``, ``steps/vllm_v0.py``): without chunked prefill, prefills before
+  decodes and decodes only in a step that admitted no prompt, and no admission while anything is
+  swapped out; with it, running first and prompts admitted even after a preemption; LIFO free
+  list, 1% watermark always applied, the whole sequence reserved at admission, copy-on-write of
+  shared partial blocks (the parent copies), vLLM's preemption rule (recompute for
+  single-sequence requests, swap for multi-sequence groups), ``max_num_seqs`` counting sequences,
+  v0's block accounting (a touched block per running sequence, full entries counted per sequence
+  on a swap, shared blocks swapped once per sequence) and an error, not a fallback, when swap
+  space runs out. ``tests/test_oracle.py`` replays ``shared/oracle/vllm-0.6.3-v0``.
+  Differences: vLLM stops a sequence at ``len > max_model_len``, pagesim at ``>=`` (no oracle
+  case reaches either); beam search is not modelled under this order (rejected on arrival);
+  a multi-sequence request preempted by recompute, which vLLM asserts never happens, is handled
+  as under ``vllm-v1``.
 
 Batch limits vLLM picks per GPU and entrypoint (``max_num_seqs``, ``max_num_batched_tokens``) are
 not part of a preset's identity; the values here are common ones and are meant to be overridden.
@@ -85,7 +88,7 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             "vllm-v0",
-            "vLLM 0.6.3 V0 block accounting (step order not yet matched)",
+            "vLLM 0.6.3 V0 scheduler (no prefix caching, synchronous)",
             dict(
                 enable_chunked_prefill=False,
                 enable_prefix_caching=False,
@@ -97,8 +100,7 @@ PRESETS: dict[str, Preset] = {
                 reserve_null_block=False,
                 seq_limit_counts="sequences",
                 reserve_extent="whole",
-                count_block_per_running_seq=True,
-                admit_while_swapped=False,
+                step_order="vllm-v0",
                 preserve_sharing_on_swap=False,
                 on_swap_exhausted="raise",
             ),

@@ -169,6 +169,9 @@ class Sequence:
     # leader wait (parked, no blocks) until the leader has recomputed the prompt's full blocks,
     # then share them again, as they did after the original fork.
     parked: bool = False
+    # Has sampled since its last (re)start: vLLM v0's "decode stage" (one new token per step),
+    # as opposed to a prefill that may still end exactly one token short.
+    decoding: bool = False
     # ``tuple(block_table)``, kept while the table is unchanged (the KV manager drops it on every
     # change), so a decode step does not copy a long table that did not change.
     table_snapshot: tuple[int, ...] | None = None
@@ -207,4 +210,5 @@ class Sequence:
             num_filled_tokens=self.num_filled_tokens,
             block_keys=list(self.block_keys),
             num_registered_blocks=self.num_registered_blocks,
+            decoding=self.decoding,
         )

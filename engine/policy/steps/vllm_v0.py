@@ -1,0 +1,265 @@
+"""The ``vllm-v0`` step order: vLLM 0.6.3's ``Scheduler._schedule_default`` (chunked prefill off)
+and ``_schedule_chunked_prefill`` with ``SelfAttnBlockSpaceManager`` and no prefix caching, as
+the oracle README (``shared/oracle/README.md`` §5) describes them and vLLM's own logs pin down.
+
+Without chunked prefill, one step:
+
+1. **prefills**, only while nothing is swapped out: the waiting head is admitted if its whole
+   sequence fits above the watermark and in both budgets; the first that does not stops the pass;
+2. **decodes**, only if step 1 admitted nothing: running groups from the front; while one cannot
+   append, the *last* unprocessed group is preempted (or the group itself when none is left);
+   decodes are not limited by the token budget;
+3. **swap-ins**, only if step 2 ran and preempted nothing.
+
+With chunked prefill: running groups first (a single-sequence group's prefill is chunked to the
+remaining budget; the pass stops at the first group that gets no tokens), then swap-ins (only if
+nothing was preempted; never chunked), then prefills, *always*, even after a preemption and while
+groups are swapped out.
+
+Preemption victims rejoin their queues only after the step (recompute victims at the front of
+``waiting``, the last preempted first; swap victims at the back of ``swapped``), and ``running``
+and the output are reassembled in vLLM's orders (see ``_finish``).
+
+Accounting, vLLM 0.6.3's (pagesim's own policy counts what a step really needs instead):
+
+- ``touched(s) = 1 + ceil((u - f) / block_size)`` with ``u`` the tokens not yet written into the
+  table and ``f`` the free slots of its last block: a decoding sequence counts 1 whether or not it
+  needs a new block;
+- *can_append*: the touched blocks of the group's running sequences fit in the free blocks (no
+  watermark);
+- *swap need*: touched blocks plus full table entries, once per sequence even when shared; a swap-out
+  that needs more CPU blocks than are free raises (``on_swap_exhausted="raise"``), a swap-in
+  must leave the watermark free;
+- *can_allocate*: ``ceil(len / block_size)`` blocks above the watermark; the whole sequence gets
+  blocks at admission even when only a chunk is computed;
+- the budget (``SchedulingBudget``) keys tokens and sequences by request id; a multi-sequence
+  group counts ``n`` sequences before its fork.
+
+Beyond vLLM 0.6.3 (which asserts these never happen): a multi-sequence request preempted by
+recompute re-prefills its first sequence and the others share its prompt again, as under the
+``vllm-v1`` order; beam search is not modelled here and is rejected on arrival.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from engine.policy.kv_manager import cdiv
+from engine.policy.planning import Plan
+from engine.policy.preemption import Mode
+from engine.policy.request import Request, Sequence
+from engine.policy.steps.base import Step, StepOrder
+
+
+def touched_blocks(seq: Sequence, block_size: int) -> int:
+    """vLLM 0.6.3's ``get_num_blocks_touched_by_append_slots`` for the sequence's unwritten tokens."""
+    filled = seq.num_filled_tokens
+    unwritten = seq.num_tokens - filled
+    first_chunk = block_size - filled % block_size
+    return 1 + cdiv(unwritten - first_chunk, block_size)
+
+
+def new_tokens(seq: Sequence) -> int:
+    """vLLM 0.6.3's ``get_num_new_tokens``: 1 in the decode stage, else every uncomputed token."""
+    return 1 if seq.decoding else seq.num_tokens - seq.num_computed_tokens
+
+
+class SchedulingBudget:
+    """vLLM 0.6.3's ``SchedulingBudget``: tokens and sequences keyed by request id, so adding a
+    request twice counts once and dropping it removes what it added."""
+
+    def __init__(self, token_budget: int, max_num_seqs: int):
+        self.token_budget = token_budget
+        self.max_num_seqs = max_num_seqs
+        self._tokens: dict[str, int] = {}
+        self._seqs: dict[str, int] = {}
+        self.num_tokens = 0
+        self.num_seqs = 0
+
+    def can_schedule(self, tokens: int, seqs: int) -> bool:
+        return self.num_tokens + tokens <= self.token_budget and self.num_seqs + seqs <= self.max_num_seqs
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.token_budget - self.num_tokens
+
+    def add_tokens(self, request_id: str, n: int) -> None:
+        if request_id not in self._tokens:
+            self._tokens[request_id] = n
+            self.num_tokens += n
+
+    def add_seqs(self, request_id: str, n: int) -> None:
+        if request_id not in self._seqs:
+            self._seqs[request_id] = n
+            self.num_seqs += n
+
+    def drop(self, request_id: str) -> None:
+        self.num_tokens -= self._tokens.pop(request_id, 0)
+        self.num_seqs -= self._seqs.pop(request_id, 0)
+
+
+class VllmV0StepOrder(StepOrder):
+    name = "vllm-v0"
+
+    def rejection_reason(self, request: Request) -> str | None:
+        if request.beam_width > 1:
+            return "beam search is not modelled under the vllm-v0 step order (use n for parallel samples)"
+        return None
+
+    # ----------------------------------------------------------- accounting
+    def _running_seqs(self, request: Request) -> list[Sequence]:
+        return [seq for seq in request.live_seqs if not seq.parked]
+
+    def _can_append(self, request: Request) -> bool:
+        bs = self.config.block_size
+        need = sum(touched_blocks(seq, bs) for seq in self._running_seqs(request))
+        return need <= self.scheduler.pool.num_free_blocks
+
+    def swap_need(self, request: Request) -> int:
+        """Blocks vLLM 0.6.3 asks for to swap ``request`` out or in: touched plus full entries."""
+        bs = self.config.block_size
+        return sum(touched_blocks(seq, bs) + seq.num_filled_tokens // bs for seq in self._running_seqs(request))
+
+    def _plan(self, request: Request, budget: SchedulingBudget, chunking: bool) -> Plan:
+        seqs = self._running_seqs(request)
+        counts = [new_tokens(seq) for seq in seqs]
+        if chunking and len(seqs) == 1:
+            counts[0] = min(counts[0], budget.remaining_tokens)
+        return [(seq, n) for seq, n in zip(seqs, counts) if n > 0]
+
+    def _is_prefill(self, request: Request) -> bool:
+        return not request.live_seqs[0].decoding
+
+    # ------------------------------------------------------------------ step
+    def schedule(self, st: Step) -> None:
+        s = self.scheduler
+        cfg = self.config
+        chunking = cfg.enable_chunked_prefill
+        budget = SchedulingBudget(cfg.max_num_batched_tokens, cfg.max_num_seqs)
+        victims: list[tuple[Request, Mode]] = []
+        admitted: list[Request] = []
+        ran: list[tuple[Request, bool]] = []  # (group, was a prefill), in processing order
+        swapped_in: list[tuple[Request, bool]] = []
+        not_reached = list(s.running)
+        if chunking:
+            not_reached, ran = self._schedule_running(st, budget, chunking, victims)
+            if not victims:
+                swapped_in = self._schedule_swapped(st, budget)
+            admitted = self._schedule_prefills(st, budget, chunking)
+        else:
+            for request in s.running:
+                budget.add_seqs(request.request_id, request.max_running_seqs)
+            if not s.swapped:
+                admitted = self._schedule_prefills(st, budget, chunking)
+            if not admitted:
+                not_reached, ran = self._schedule_running(st, budget, chunking, victims)
+                if not victims:
+                    swapped_in = self._schedule_swapped(st, budget)
+        self._finish(st, chunking, not_reached, admitted, ran, swapped_in, victims)
+
+    def _finish(self, st, chunking, not_reached, admitted, ran, swapped_in, victims) -> None:
+        """Requeue victims and rebuild ``running`` and the output order as vLLM 0.6.3 does."""
+        s = self.scheduler
+        s.waiting.extendleft([v for v, mode in victims if mode == "recompute"])
+        s.swapped.extend([v for v, mode in victims if mode == "swap"])
+        if chunking:
+            run_prefills = [r for r, prefill in ran if prefill]
+            run_decodes = [r for r, prefill in ran if not prefill]
+            swap_prefills = [r for r, prefill in swapped_in if prefill]
+            swap_decodes = [r for r, prefill in swapped_in if not prefill]
+            s.running = not_reached + swap_decodes + swap_prefills + run_decodes + run_prefills + admitted
+            order = admitted + run_prefills + swap_prefills + run_decodes + swap_decodes
+        else:
+            s.running = not_reached + admitted + [r for r, _ in ran] + [r for r, _ in swapped_in]
+            order = admitted + [r for r, _ in ran] + [r for r, _ in swapped_in]
+        st.reorder({r.request_id: i for i, r in enumerate(order)})
+
+    # ------------------------------------------------------------- passes
+    def _schedule_running(self, st, budget, chunking, victims) -> tuple[list[Request], list[tuple[Request, bool]]]:
+        s = self.scheduler
+        queue = deque(s.running)
+        ran: list[tuple[Request, bool]] = []
+        while queue:
+            request = queue[0]
+            s.planner.unpark(request)  # pagesim: parked samples rejoin (see the module docstring)
+            plan = self._plan(request, budget, chunking)
+            tokens = sum(n for _, n in plan)
+            if tokens <= 0:
+                break
+            queue.popleft()
+            while not self._can_append(request):
+                budget.drop(request.request_id)
+                victim = s.victim_policy.choose(list(queue)) if queue else request
+                if victim is not request:
+                    queue.remove(victim)
+                victims.append((victim, s.preempt(victim, st, swap_need=self.swap_need(victim))))
+                if victim is request:
+                    break
+            else:
+                prefill = self._is_prefill(request)
+                s.run(request, plan, st)
+                budget.add_tokens(request.request_id, tokens)
+                if chunking:
+                    budget.add_seqs(request.request_id, request.max_running_seqs)
+                ran.append((request, prefill))
+        return list(queue), ran
+
+    def _schedule_swapped(self, st, budget) -> list[tuple[Request, bool]]:
+        s = self.scheduler
+        watermark = self.config.watermark_blocks
+        usable = s.pool.num_usable_blocks
+        swapped_in: list[tuple[Request, bool]] = []
+        while s.swapped:
+            request = s.swapped[0]
+            need = self.swap_need(request)
+            if need > usable:  # vLLM 0.6.3: AllocStatus.NEVER, the request fails
+                s.reject_queued(s.swapped.popleft(), f"swapping it back in needs {need} blocks; the pool has {usable}")
+                continue
+            if s.pool.num_free_blocks - need < watermark:
+                break
+            plan = self._plan(request, budget, chunking=False)
+            tokens = sum(n for _, n in plan)
+            if tokens <= 0 or not budget.can_schedule(tokens, request.max_running_seqs):
+                break
+            s.swapped.popleft()
+            prefill = self._is_prefill(request)
+            s.swap_in(request, st)
+            s.run(request, plan, st)
+            budget.add_tokens(request.request_id, tokens)
+            budget.add_seqs(request.request_id, request.max_running_seqs)
+            swapped_in.append((request, prefill))
+        return swapped_in
+
+    def _schedule_prefills(self, st, budget, chunking) -> list[Request]:
+        s = self.scheduler
+        cfg = self.config
+        watermark = cfg.watermark_blocks
+        limit = cfg.max_model_len if chunking else min(cfg.max_model_len, cfg.max_num_batched_tokens)
+        admitted: list[Request] = []
+        while s.waiting:
+            request = s.waiting[0]
+            leader = request.live_seqs[0]  # the only waiting sequence (see the module docstring)
+            tokens = leader.num_tokens - leader.num_computed_tokens
+            if chunking:
+                tokens = min(tokens, budget.remaining_tokens)
+            if tokens > limit:
+                s.reject_queued(s.waiting.popleft(), f"its {tokens} tokens exceed the prompt limit {limit}")
+                continue
+            need = cdiv(leader.num_tokens, cfg.block_size)
+            if cfg.num_gpu_blocks - need < watermark:
+                s.reject_queued(
+                    s.waiting.popleft(), f"it needs {need} blocks; the pool above the watermark has {cfg.num_gpu_blocks - watermark}"
+                )
+                continue
+            if s.pool.num_free_blocks - need < watermark:
+                break
+            slots = request.max_running_seqs
+            if tokens <= 0 or not budget.can_schedule(tokens, slots):
+                break
+            s.waiting.popleft()
+            s.admit(request, 0, st)
+            s.run(request, [(leader, tokens)], st)
+            budget.add_tokens(request.request_id, tokens)
+            budget.add_seqs(request.request_id, slots)
+            admitted.append(request)
+        return admitted

@@ -1,0 +1,157 @@
+"""The ``vllm-v1`` step order (pagesim's default): running, then swapped, then waiting.
+
+This is vLLM v1's ``Scheduler.schedule()`` (0.32, FCFS, synchronous), generalised to swapping and
+multi-sequence requests. Within a token budget and a batch limit, in this order:
+
+1. **Running** requests, in running-list order, each get their next tokens (one per sequence for a
+   decode; the next prefill chunk otherwise). When one cannot get the blocks it needs, victims are
+   preempted (victim policy: which; preemption mode: swap or recompute) until it can; if it is
+   itself the victim it is not scheduled.
+2. **Swapped** requests, oldest first, are swapped back in while the blocks fit above the
+   watermark (skipped in a step that preempted). vLLM v1 has no swapping; this pass follows v0's
+   rule for it.
+3. **Waiting** requests, FIFO (recompute victims at the front): the longest cached prefix is
+   reused, and a request is admitted only if its whole known sequence fits above the watermark,
+   minus cache hits; the head blocks everyone behind it (no overtaking). Skipped in a step that
+   preempted.
+
+The per-step work is proportional to the requests scheduled, preempted or admitted, never to the
+number waiting: the waiting pass stops at the first request that does not fit.
+"""
+
+from __future__ import annotations
+
+from engine.policy.admission import admission_room, admission_watermark
+from engine.policy.kv_manager import cdiv
+from engine.policy.request import Request
+from engine.policy.steps.base import Step, StepOrder
+
+
+class VllmV1StepOrder(StepOrder):
+    name = "vllm-v1"
+
+    def schedule(self, st: Step) -> None:
+        self._schedule_running(st)
+        if not st.preempted:
+            self._schedule_swapped(st)
+        if not st.preempted:
+            self._schedule_waiting(st)
+
+    def _num_batch_slots_used(self) -> int:
+        if self.config.seq_limit_counts == "sequences":
+            return sum(r.max_running_seqs for r in self.scheduler.running)
+        return len(self.scheduler.running)
+
+    def _batch_slots(self, request: Request) -> int:
+        return request.max_running_seqs if self.config.seq_limit_counts == "sequences" else 1
+
+    # ---------------------------------------------------------- running
+    def _schedule_running(self, st: Step) -> None:
+        s = self.scheduler
+        running = s.running
+        pool = s.pool
+        planner = s.planner
+        i = 0
+        while i < len(running) and st.token_budget > 0:
+            request = running[i]
+            planner.unpark(request)
+            plan = planner.plan(request, st.token_budget)
+            if not plan:  # nothing fits this step: the next request may still use the budget
+                i += 1
+                continue
+            need = planner.blocks_needed(plan)
+            preempted_itself = False
+            while need > pool.num_free_blocks:
+                victim = s.victim_policy.choose(running[i:])
+                mode = s.preempt(victim, st)
+                if running[-1] is victim:
+                    running.pop()
+                else:
+                    running.remove(victim)
+                s.requeue(victim, mode)
+                if victim is request:
+                    preempted_itself = True
+                    break
+            if preempted_itself:
+                continue
+            s.run(request, plan, st)
+            i += 1
+
+    # ---------------------------------------------------------- swapped
+    def _schedule_swapped(self, st: Step) -> None:
+        cfg = self.config
+        s = self.scheduler
+        usable = s.pool.num_usable_blocks
+        used = self._num_batch_slots_used()
+        while s.swapped and st.token_budget > 0:
+            request = s.swapped[0]
+            if used + self._batch_slots(request) > cfg.max_num_seqs:
+                break
+            plan = s.planner.plan(request, st.token_budget)
+            if not plan:
+                break
+            need = s.planner.swap_in_need(request, plan)
+            if need > usable:
+                # Only possible when shared blocks come back once per sequence
+                # (preserve_sharing_on_swap off); vLLM 0.6.3 fails such a request too.
+                s.reject_queued(s.swapped.popleft(), f"swapping it back in needs {need} blocks; the pool has {usable}")
+                continue
+            # NOTE: with nothing running, the watermark cannot protect anyone, and a request that
+            # grew into it could otherwise never come back (vLLM would wait forever here).
+            watermark = cfg.watermark_blocks if s.running else 0
+            if s.pool.num_free_blocks - need < watermark:
+                break
+            s.swapped.popleft()
+            s.swap_in(request, st)
+            s.planner.unpark(request)  # parked sequences join from the next step
+            s.running.append(request)
+            s.run(request, plan, st)
+            used += self._batch_slots(request)
+
+    # ---------------------------------------------------------- waiting
+    def _schedule_waiting(self, st: Step) -> None:
+        cfg = self.config
+        s = self.scheduler
+        kv = s.kv
+        pool = s.pool
+        bs = cfg.block_size
+        room = admission_room(cfg, pool.num_usable_blocks)
+        used = self._num_batch_slots_used()
+        while s.waiting and st.token_budget > 0:
+            request = s.waiting[0]
+            slots = self._batch_slots(request)
+            if used + slots > cfg.max_num_seqs:
+                break
+            seqs = list(request.live_seqs)
+            hits = [[] if seq.parked else kv.find_cached_prefix(seq) for seq in seqs]
+            plan = s.planner.plan(request, st.token_budget, [len(h) * bs for h in hits])
+            if not plan:  # without chunked prefill, the head waits for a step with room
+                break
+            # Admission needs every sequence's whole known length to fit, less its hits (vLLM v1)
+            # and, for parked sequences, less the prompt blocks they will share with the leader.
+            shared = request.prompt_len // bs
+            new_blocks = sum(
+                cdiv(seq.num_tokens, bs) - (shared if seq.parked else len(h)) for seq, h in zip(seqs, hits)
+            )
+            hit_blocks = {b for h in hits for b in h}
+            watermark = admission_watermark(cfg, anything_running=bool(s.running))
+            if new_blocks + kv.num_evictable(hit_blocks) + watermark > pool.num_free_blocks:
+                if new_blocks + len(hit_blocks) > room:  # not even into an empty pool
+                    s.reject_queued(
+                        s.waiting.popleft(),
+                        f"after a recompute preemption its {len(seqs)} sequence(s) need "
+                        f"{new_blocks + len(hit_blocks)} blocks to resume; an admission gets at most {room}",
+                    )
+                    continue
+                break
+            s.waiting.popleft()
+            hit_tokens = 0
+            for seq, h in zip(seqs, hits):
+                if h:
+                    kv.touch_prefix(seq, h)
+                    hit_tokens += len(h) * bs
+            s.planner.unpark(request)
+            s.admit(request, hit_tokens, st)
+            s.running.append(request)
+            s.run(request, plan, st)
+            used += slots
