@@ -16,6 +16,7 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "memory": "engine.policy.capacity_cli",
     "presets": "engine.policy.presets_cli",
+    "oracle": "engine.oracle.cli",
 }
 
 

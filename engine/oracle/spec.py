@@ -1,0 +1,157 @@
+"""An oracle workload spec (``case_NNN.spec.json``): the vLLM version, its scheduler settings and
+the requests with the step each arrives at. Format: ``shared/oracle/README.md`` §1.
+
+``load_spec`` validates everything it reads and names the file and field of anything wrong, so a
+bad spec is one error line, never a traceback or a silent default. ``OracleSpec.scheduler_config``
+maps the settings onto a preset (``vllm-v1`` for 0.32.0, ``vllm-v0`` for 0.6.3):
+``num_blocks`` -> ``num_gpu_blocks`` (v1 counts its null block in it, as the preset does), and v0's
+``preemption_mode: null`` -> vLLM's default rule (``vllm-v0``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.policy import SchedulerConfig, make_config
+
+#: vLLM version in a spec -> the preset that reproduces it.
+VERSION_PRESETS = {"0.32.0": "vllm-v1", "0.6.3": "vllm-v0"}
+
+_CONFIG_KEYS = {
+    "block_size": int,
+    "num_blocks": int,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "max_model_len": int,
+    "enable_prefix_caching": bool,
+    "enable_chunked_prefill": bool,
+    "watermark": (int, float),
+}
+_V0_KEYS = {"num_cpu_blocks": int, "preemption_mode": (str, type(None))}
+_PREEMPTION_MODES = {None: "vllm-v0", "swap": "swap", "recompute": "recompute"}
+
+
+@dataclass(frozen=True, slots=True)
+class OracleRequest:
+    request_id: str
+    arrival_step: int
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    n: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OracleSpec:
+    path: str
+    vllm_version: str
+    config: dict[str, Any]
+    requests: tuple[OracleRequest, ...]
+
+    @property
+    def preset(self) -> str:
+        return VERSION_PRESETS[self.vllm_version]
+
+    @property
+    def is_v0(self) -> bool:
+        return self.preset == "vllm-v0"
+
+    def scheduler_config(self, preset: str | None = None) -> SchedulerConfig:
+        c = self.config
+        settings: dict[str, Any] = dict(
+            block_size=c["block_size"],
+            num_gpu_blocks=c["num_blocks"],
+            max_num_seqs=c["max_num_seqs"],
+            max_num_batched_tokens=c["max_num_batched_tokens"],
+            max_model_len=c["max_model_len"],
+            enable_prefix_caching=c["enable_prefix_caching"],
+            enable_chunked_prefill=c["enable_chunked_prefill"],
+            watermark=float(c["watermark"]),
+        )
+        if self.is_v0:
+            settings["num_cpu_blocks"] = c["num_cpu_blocks"]
+            settings["preemption_mode"] = _PREEMPTION_MODES[c["preemption_mode"]]
+        try:
+            return make_config(preset or self.preset, **settings)
+        except ValueError as exc:
+            raise ValueError(f"{self.path}: {exc}") from None
+
+
+def _check(value: Any, kind: Any, where: str) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise ValueError(f"{where} must be {names}, got {value!r}")
+    return value
+
+
+def load_spec(path: str | Path) -> OracleSpec:
+    """Read and validate a spec file; every problem is a ``ValueError`` naming the file and field."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such spec file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a spec is a JSON object with config, requests and vllm_version")
+    for key in ("config", "requests", "vllm_version"):
+        if key not in raw:
+            raise ValueError(f"{path}: missing {key!r}")
+    version = raw["vllm_version"]
+    if version not in VERSION_PRESETS:
+        raise ValueError(
+            f"{path}: vllm_version {version!r} has no preset; known: "
+            + ", ".join(f"{v} ({p})" for v, p in VERSION_PRESETS.items())
+        )
+    config = raw["config"]
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: config must be an object")
+    keys = dict(_CONFIG_KEYS)
+    if VERSION_PRESETS[version] == "vllm-v0":
+        keys.update(_V0_KEYS)
+    for key, kind in keys.items():
+        if key not in config:
+            raise ValueError(f"{path}: config is missing {key!r}")
+        _check(config[key], kind, f"{path}: config.{key}")
+    if config.get("preemption_mode") not in _PREEMPTION_MODES:
+        raise ValueError(f"{path}: config.preemption_mode must be null, 'swap' or 'recompute'")
+    requests = raw["requests"]
+    if not isinstance(requests, list) or not requests:
+        raise ValueError(f"{path}: requests must be a non-empty list")
+    parsed = []
+    seen = set()
+    last_step = 0
+    for i, r in enumerate(requests):
+        where = f"{path}: requests[{i}]"
+        if not isinstance(r, dict):
+            raise ValueError(f"{where} must be an object")
+        for key in ("id", "arrival_step", "prompt_token_ids", "max_tokens"):
+            if key not in r:
+                raise ValueError(f"{where} is missing {key!r}")
+        rid = _check(r["id"], str, f"{where}.id")
+        if not rid or rid in seen:
+            raise ValueError(f"{where}.id {rid!r} is empty or repeated")
+        seen.add(rid)
+        step = _check(r["arrival_step"], int, f"{where}.arrival_step")
+        if step < last_step:
+            raise ValueError(f"{where}: requests must be in arrival_step order")
+        last_step = step
+        tokens = _check(r["prompt_token_ids"], list, f"{where}.prompt_token_ids")
+        if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise ValueError(f"{where}.prompt_token_ids must be a non-empty list of token ids")
+        n = _check(r.get("n", 1), int, f"{where}.n")
+        if n < 1 or (n > 1 and VERSION_PRESETS[version] != "vllm-v0"):
+            raise ValueError(f"{where}.n must be 1 (parallel samples are a v0 case)")
+        if r.get("ignore_eos", True) is not True:
+            raise ValueError(f"{where}: ignore_eos must be true (the oracle's model never emits EOS)")
+        max_tokens = _check(r["max_tokens"], int, f"{where}.max_tokens")
+        if max_tokens < 1:
+            raise ValueError(f"{where}.max_tokens must be >= 1")
+        parsed.append(OracleRequest(rid, step, tuple(tokens), max_tokens, n))
+    return OracleSpec(str(path), version, dict(config), tuple(parsed))
