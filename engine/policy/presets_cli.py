@@ -1,5 +1,6 @@
 """``pagesim presets``: what can be chosen by name: scheduler presets (with the vLLM version each
-follows and its settings), eviction policies, victim policies, preemption modes and model presets."""
+follows and its settings), eviction policies, victim policies, preemption modes, step orders and
+model presets."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from engine.policy.config import SchedulerConfig
 from engine.policy.eviction import EVICTION_POLICIES
 from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES
 from engine.policy.presets import PRESETS, make_config
+from engine.policy.steps import STEP_ORDERS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         "eviction_policies": list(EVICTION_POLICIES),
         "victim_policies": list(VICTIM_POLICIES),
         "preemption_modes": list(PREEMPTION_MODES),
+        "step_orders": list(STEP_ORDERS),
         "model_presets": {name: asdict(m) for name, m in MODEL_PRESETS.items()},
     }
     if args.json:
@@ -50,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"Eviction policies:  {', '.join(EVICTION_POLICIES)}")
     print(f"Victim policies:    {', '.join(VICTIM_POLICIES)}")
     print(f"Preemption modes:   {', '.join(PREEMPTION_MODES)}")
+    print(f"Step orders:        {', '.join(STEP_ORDERS)}")
     print("Model presets:")
     for name, m in MODEL_PRESETS.items():
         print(

@@ -18,7 +18,7 @@ groups are swapped out.
 
 Preemption victims rejoin their queues only after the step (recompute victims at the front of
 ``waiting``, the last preempted first; swap victims at the back of ``swapped``), and ``running``
-and the output are reassembled in vLLM's orders (see ``_finish``).
+and the output are reassembled in vLLM's orders (see ``_reassemble``).
 
 Accounting, vLLM 0.6.3's (pagesim's own policy counts what a step really needs instead):
 
@@ -49,6 +49,9 @@ from engine.policy.planning import Plan
 from engine.policy.preemption import Mode
 from engine.policy.request import Request, Sequence
 from engine.policy.steps.base import Step, StepOrder
+
+#: A group scheduled by a pass and whether it was a prefill (in the pass's processing order).
+Ran = tuple[Request, bool]
 
 
 def touched_blocks(seq: Sequence, block_size: int) -> int:
@@ -138,8 +141,8 @@ class VllmV0StepOrder(StepOrder):
         budget = SchedulingBudget(cfg.max_num_batched_tokens, cfg.max_num_seqs)
         victims: list[tuple[Request, Mode]] = []
         admitted: list[Request] = []
-        ran: list[tuple[Request, bool]] = []  # (group, was a prefill), in processing order
-        swapped_in: list[tuple[Request, bool]] = []
+        ran: list[Ran] = []
+        swapped_in: list[Ran] = []
         not_reached = list(s.running)
         if chunking:
             not_reached, ran = self._schedule_running(st, budget, chunking, victims)
@@ -155,9 +158,18 @@ class VllmV0StepOrder(StepOrder):
                 not_reached, ran = self._schedule_running(st, budget, chunking, victims)
                 if not victims:
                     swapped_in = self._schedule_swapped(st, budget)
-        self._finish(st, chunking, not_reached, admitted, ran, swapped_in, victims)
+        self._reassemble(st, chunking, not_reached, admitted, ran, swapped_in, victims)
 
-    def _finish(self, st, chunking, not_reached, admitted, ran, swapped_in, victims) -> None:
+    def _reassemble(
+        self,
+        st: Step,
+        chunking: bool,
+        not_reached: list[Request],
+        admitted: list[Request],
+        ran: list[Ran],
+        swapped_in: list[Ran],
+        victims: list[tuple[Request, Mode]],
+    ) -> None:
         """Requeue victims and rebuild ``running`` and the output order as vLLM 0.6.3 does."""
         s = self.scheduler
         s.waiting.extendleft([v for v, mode in victims if mode == "recompute"])
@@ -175,10 +187,12 @@ class VllmV0StepOrder(StepOrder):
         st.reorder({r.request_id: i for i, r in enumerate(order)})
 
     # ------------------------------------------------------------- passes
-    def _schedule_running(self, st, budget, chunking, victims) -> tuple[list[Request], list[tuple[Request, bool]]]:
+    def _schedule_running(
+        self, st: Step, budget: SchedulingBudget, chunking: bool, victims: list[tuple[Request, Mode]]
+    ) -> tuple[list[Request], list[Ran]]:
         s = self.scheduler
         queue = deque(s.running)
-        ran: list[tuple[Request, bool]] = []
+        ran: list[Ran] = []
         while queue:
             request = queue[0]
             s.planner.unpark(request)  # pagesim: parked samples rejoin (see the module docstring)
@@ -204,11 +218,11 @@ class VllmV0StepOrder(StepOrder):
                 ran.append((request, prefill))
         return list(queue), ran
 
-    def _schedule_swapped(self, st, budget) -> list[tuple[Request, bool]]:
+    def _schedule_swapped(self, st: Step, budget: SchedulingBudget) -> list[Ran]:
         s = self.scheduler
         watermark = self.config.watermark_blocks
         usable = s.pool.num_usable_blocks
-        swapped_in: list[tuple[Request, bool]] = []
+        swapped_in: list[Ran] = []
         while s.swapped:
             request = s.swapped[0]
             need = self.swap_need(request)
@@ -230,7 +244,7 @@ class VllmV0StepOrder(StepOrder):
             swapped_in.append((request, prefill))
         return swapped_in
 
-    def _schedule_prefills(self, st, budget, chunking) -> list[Request]:
+    def _schedule_prefills(self, st: Step, budget: SchedulingBudget, chunking: bool) -> list[Request]:
         s = self.scheduler
         cfg = self.config
         watermark = cfg.watermark_blocks
