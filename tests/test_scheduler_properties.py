@@ -19,9 +19,13 @@ from collections import Counter
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from engine.policy import Request, RequestStatus, Scheduler, SchedulerOutput, make_config
+from engine.policy import Request, RequestStatus, Scheduler, SchedulerOutput, SwapSpaceExhausted, make_config
 from engine.policy.eviction import EVICTION_POLICIES
+from engine.policy.steps.vllm_v0 import VllmV0Abort
 from tests.conftest import scaled_examples
+
+
+VLLM_V0_ABORTS = (SwapSpaceExhausted, VllmV0Abort)
 
 
 def sampled_token(seq, sample_index: int) -> int:
@@ -86,7 +90,6 @@ def workloads(draw):
     if preset != "vllm-v1":
         overrides["preemption_mode"] = draw(st.sampled_from(["recompute", "swap", "vllm-v0"]))
     if preset == "vllm-v0":
-        overrides["on_swap_exhausted"] = "recompute"  # the raising quirk has its own test
         overrides["enable_prefix_caching"] = False  # vLLM 0.6.3's order is modelled without it
     prefixes = [[7, 8, 9, 10, 11, 12, 13, 14], [21, 22, 23, 24, 25]]
     requests = []
@@ -124,7 +127,12 @@ def replay(preset, overrides, requests, *, check: bool = True):
             request = Request(**pending.pop(0)["request"])
             scheduler.add_request(request)
             added.append(request)
-        out = scheduler.schedule()
+        try:
+            out = scheduler.schedule()
+        except VLLM_V0_ABORTS:  # where vLLM 0.6.3 itself stops; only its step order raises
+            assert cfg.step_order == "vllm-v0"
+            scheduler.check()
+            return scheduler, added, True
         budgeted = out.num_scheduled_tokens
         if cfg.step_order == "vllm-v0":  # vLLM 0.6.3 never cuts a multi-sequence decode to the budget
             seqs_per_request = Counter(s.request_id for s in out.scheduled)
@@ -139,7 +147,7 @@ def replay(preset, overrides, requests, *, check: bool = True):
             scheduler.check()
         step += 1
         assert step < 3000, "the workload did not finish: something waits forever"
-    return scheduler, added
+    return scheduler, added, False
 
 
 @settings(max_examples=scaled_examples(150))
@@ -147,7 +155,10 @@ def replay(preset, overrides, requests, *, check: bool = True):
 def test_random_workloads_run_correctly_on_shadow_kv_memory(workload):
     preset, overrides, requests = workload
     note(f"preset={preset} overrides={overrides}")
-    scheduler, added = replay(preset, overrides, requests)
+    scheduler, added, aborted = replay(preset, overrides, requests)
+    if aborted:
+        note("vLLM 0.6.3 would abort here (swap space exhausted, or a multi-sequence recompute)")
+        return
     for request in added:
         if request.status is RequestStatus.REJECTED:
             assert request.reject_reason
@@ -161,5 +172,5 @@ def test_random_workloads_run_correctly_on_shadow_kv_memory(workload):
     assert scheduler.pool.num_used_blocks == 0
     assert scheduler.swap_pool.num_used_blocks == 0
     # the same workload, again, from scratch: the same decisions
-    again, _ = replay(preset, overrides, requests, check=False)
+    again, _, _ = replay(preset, overrides, requests, check=False)
     assert again.decision_log == scheduler.decision_log

@@ -8,7 +8,7 @@ import pytest
 
 from engine.oracle.replay import fake_token
 from engine.policy import Request, Scheduler, make_config
-from engine.policy.steps.vllm_v0 import SchedulingBudget, touched_blocks
+from engine.policy.steps.vllm_v0 import SchedulingBudget, VllmV0Abort, touched_blocks
 
 
 def v0(**overrides) -> Scheduler:
@@ -132,3 +132,72 @@ def test_beam_search_is_rejected_and_prefix_caching_refused_under_the_v0_order()
         make_config("vllm-v0", enable_prefix_caching=True)
     with pytest.raises(ValueError, match="step_order must be one of"):
         make_config("pagesim", step_order="vllm-v2")
+
+
+def test_a_request_swapped_out_mid_prefill_beyond_the_budget_comes_back_chunked():
+    """Budget 4. r2 (9-token prompt) has prefilled 3 tokens when it is swapped out at step 9; its
+    other 6 exceed the whole budget, and vLLM 0.6.3 never chunks a swap-in, so it would wait
+    forever. pagesim swaps it in with a 4-token chunk and everything finishes."""
+    scheduler = v0(block_size=4, num_gpu_blocks=7, max_num_batched_tokens=4, max_num_seqs=2, max_model_len=32,
+                   enable_chunked_prefill=True, preemption_mode="swap")
+    arrivals = [
+        (0, Request("r0", prompt_len=8, max_tokens=6)),
+        (1, Request("r1", prompt_len=12, max_tokens=4)),
+        (1, Request("r3", prompt_len=6, max_tokens=1)),
+        (2, Request("r2", prompt_len=9, max_tokens=3)),
+    ]
+    timeline = run(scheduler, arrivals)
+    assert timeline[8][1].num_scheduled_tokens["r2"] == 3
+    assert timeline[9][1].preempted == (("r2", "swap"),)
+    step10 = timeline[10][1]
+    assert step10.swapped_in == ("r2",) and dict(step10.num_scheduled_tokens) == {"r2": 4}
+    assert scheduler.num_finished_requests == 4 and scheduler.num_rejected_requests == 0
+
+
+def test_a_prefill_alone_in_the_pool_is_not_preempted_for_a_block_it_does_not_need():
+    """6 blocks of 2, budget 3: an 11-token prompt takes all 6 blocks (the last half full) and
+    prefills 3 tokens a step. vLLM 0.6.3 counts the partial last block as touched (1 > 0 free),
+    preempts the request itself, re-admits it into the same state and repeats forever; pagesim
+    runs the prefill, since it needs no block. Its first decode (step 4) is preempted as vLLM
+    does (a decode re-prefills and samples, so vLLM makes progress there): the 12 tokens fill 6
+    blocks exactly, and it finishes."""
+    scheduler = v0(block_size=2, num_gpu_blocks=6, max_num_batched_tokens=3, max_model_len=32, enable_chunked_prefill=True)
+    request = Request("r", prompt_len=11, max_tokens=2)
+    timeline = run(scheduler, [(0, request)], steps=50)
+    assert [dict(out.num_scheduled_tokens).get("r") for _, out in timeline] == [3, 3, 3, 2, None, 3, 3, 3, 3]
+    assert [out.step for _, out in timeline if out.preempted] == [4]
+    assert all(out.num_free_blocks == 0 for _, out in timeline if out.num_scheduled_tokens)
+    assert request.status.value == "finished"
+
+
+def test_a_swapped_request_beyond_the_watermark_comes_back_into_an_idle_pool():
+    """9 blocks of 2, watermark 1 block. r2 (n=3) is swapped out at step 7; swapping it back needs
+    9 blocks (v0 counts full entries plus a touched block per sequence), more than the 8 above the
+    watermark, so vLLM 0.6.3 would leave it swapped forever. pagesim brings it back once no block is
+    held (step 10); it then outgrows the pool under v0's count and is failed, as vLLM fails a
+    swap-in that exceeds the whole pool. Nothing waits forever."""
+    scheduler = v0(block_size=2, num_gpu_blocks=9, max_num_seqs=4, max_model_len=32, max_num_batched_tokens=32, watermark=0.2)
+    arrivals = [
+        (0, Request("r3", prompt_len=1, max_tokens=7)),
+        (1, Request("r1", prompt_len=11, max_tokens=1)),
+        (2, Request("r0", prompt_len=11, max_tokens=3)),
+        (3, Request("r2", prompt_len=4, max_tokens=4, n=3)),
+    ]
+    timeline = run(scheduler, arrivals)
+    assert timeline[7][1].preempted == (("r2", "swap"),)
+    assert timeline[10][1].swapped_in == ("r2",) and len(timeline[10][1].blocks_to_swap_in) == 9
+    assert scheduler.num_finished_requests == 3 and scheduler.num_rejected_requests == 1
+    assert not scheduler.has_unfinished_requests
+
+
+def test_recomputing_a_multi_sequence_request_stops_like_vllm_and_leaves_the_queues_consistent():
+    """preemption_mode 'recompute' with n=2: vLLM 0.6.3 asserts that a recomputed request runs one
+    sequence. pagesim raises VllmV0Abort at that preemption; earlier victims of the step are
+    requeued, so the scheduler's invariants hold."""
+    scheduler = v0(block_size=2, num_gpu_blocks=8, preemption_mode="recompute")
+    for i in range(3):
+        assert scheduler.add_request(Request(f"r{i}", prompt_len=2, max_tokens=6, n=2))
+    with pytest.raises(VllmV0Abort, match="cannot preempt 'r2' by recompute: it has 2 running sequences"):
+        for _ in range(20):
+            scheduler.update(scheduler.schedule(), fake_token)
+    scheduler.check()

@@ -18,13 +18,15 @@ from engine.policy.plugins import lookup
 from engine.policy.preemption import PreemptionMode, VictimPolicy, make_preemption_mode, make_victim_policy
 
 #: What the ``vllm-v0`` step order assumes (vLLM 0.6.3 without prefix caching; its block manager
-#: reserves whole sequences, counts sequences against max_num_seqs and always keeps the watermark).
+#: reserves whole sequences, counts sequences against max_num_seqs and always keeps the watermark;
+#: it raises when swap space runs out, since it cannot recompute a multi-sequence group instead).
 V0_REQUIRES: dict[str, Any] = {
     "enable_prefix_caching": False,
     "reserve_extent": "whole",
     "seq_limit_counts": "sequences",
     "watermark_only_when_running": False,
     "reserve_null_block": False,
+    "on_swap_exhausted": "raise",
 }
 
 

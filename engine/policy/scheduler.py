@@ -180,19 +180,24 @@ class Scheduler:
         st.token_budget -= total
         request.has_run = True
 
-    def preempt(self, victim: Request, st: Step, *, swap_need: int | None = None) -> Mode:
-        """Take the victim's GPU blocks: swap them out or drop them (recompute). The caller has
-        taken it off ``running`` and requeues it (``requeue``). ``swap_need``: the CPU blocks the
-        step order's accounting asks for (default: the blocks that actually move)."""
+    def choose_mode(self, victim: Request) -> Mode:
+        """The preemption mode plug-in's choice for ``victim``."""
+        seqs = victim.live_seqs
+        num_blocks = self.kv.blocks_to_swap_out(seqs, preserve_sharing=self.config.preserve_sharing_on_swap)
+        return self.preemption_mode.choose(victim, num_blocks=num_blocks, num_tokens=sum(s.num_tokens for s in seqs))
+
+    def preempt(self, victim: Request, st: Step, *, mode: Mode | None = None, swap_need: int | None = None) -> Mode:
+        """Take the victim's GPU blocks: swap them out or drop them (recompute), in ``mode``
+        (default: the plug-in's choice). The caller has taken it off ``running`` and requeues it
+        (``requeue``). ``swap_need``: the CPU blocks the step order's accounting asks for
+        (default: the blocks that actually move)."""
         cfg = self.config
         kv = self.kv
         seqs = list(victim.live_seqs)
         preserve = cfg.preserve_sharing_on_swap
-        num_blocks = kv.blocks_to_swap_out(seqs, preserve_sharing=preserve)
-        mode: Mode = self.preemption_mode.choose(
-            victim, num_blocks=num_blocks, num_tokens=sum(s.num_tokens for s in seqs)
-        )
-        need = num_blocks if swap_need is None else swap_need
+        if mode is None:
+            mode = self.choose_mode(victim)
+        need = kv.blocks_to_swap_out(seqs, preserve_sharing=preserve) if swap_need is None else swap_need
         if mode == "swap" and need > self.swap_pool.num_free_blocks:
             if cfg.on_swap_exhausted == "raise":  # vLLM 0.6.3; nothing has changed yet
                 raise SwapSpaceExhausted(

@@ -35,9 +35,19 @@ Accounting, vLLM 0.6.3's (pagesim's own policy counts what a step really needs i
 - the budget (``SchedulingBudget``) keys tokens and sequences by request id; a multi-sequence
   group counts ``n`` sequences before its fork.
 
-Beyond vLLM 0.6.3 (which asserts these never happen): a multi-sequence request preempted by
-recompute re-prefills its first sequence and the others share its prompt again, as under the
-``vllm-v1`` order; beam search is not modelled here and is rejected on arrival.
+Where vLLM 0.6.3 stops, so does this order: swap space running out raises ``SwapSpaceExhausted``
+and recomputing a request with several running sequences raises ``VllmV0Abort`` (vLLM asserts);
+the scheduler is left consistent. Where vLLM would provably wait or repeat forever, pagesim lets
+the request through instead:
+
+- a prefill alone in the pool that would preempt itself only because v0 counts a touched block it
+  does not need runs (``_would_thrash``);
+- a swapped request that needs more than the pool above the watermark comes back once no block is
+  held;
+- a request swapped out mid-prefill whose remaining prompt exceeds the whole token budget comes
+  back with its prefill chunked (vLLM never chunks a swap-in).
+
+Beam search is not modelled under this order; such requests are rejected on arrival.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from engine.policy.planning import Plan
 from engine.policy.preemption import Mode
 from engine.policy.request import Request, Sequence
 from engine.policy.steps.base import Step, StepOrder
+from engine.policy.swap_pool import SwapSpaceExhausted
 
 #: A group scheduled by a pass and whether it was a prefill (in the pass's processing order).
 Ran = tuple[Request, bool]
@@ -65,6 +76,22 @@ def touched_blocks(seq: Sequence, block_size: int) -> int:
 def new_tokens(seq: Sequence) -> int:
     """vLLM 0.6.3's ``get_num_new_tokens``: 1 in the decode stage, else every uncomputed token."""
     return 1 if seq.decoding else seq.num_tokens - seq.num_computed_tokens
+
+
+def _cap(plan: Plan, tokens: int) -> Plan:
+    """The plan cut to ``tokens`` in sequence order (sequences left with nothing are dropped)."""
+    capped = []
+    for seq, n in plan:
+        n = min(n, tokens)
+        if n <= 0:
+            break
+        capped.append((seq, n))
+        tokens -= n
+    return capped
+
+
+class VllmV0Abort(RuntimeError):
+    """Where vLLM 0.6.3 itself stops (an assertion); the scheduler is left consistent."""
 
 
 class SchedulingBudget:
@@ -110,25 +137,36 @@ class VllmV0StepOrder(StepOrder):
         return None
 
     # ----------------------------------------------------------- accounting
-    def _running_seqs(self, request: Request) -> list[Sequence]:
-        return [seq for seq in request.live_seqs if not seq.parked]
-
     def _can_append(self, request: Request) -> bool:
         bs = self.config.block_size
-        need = sum(touched_blocks(seq, bs) for seq in self._running_seqs(request))
+        need = sum(touched_blocks(seq, bs) for seq in request.live_seqs)
         return need <= self.scheduler.pool.num_free_blocks
 
     def swap_need(self, request: Request) -> int:
         """Blocks vLLM 0.6.3 asks for to swap ``request`` out or in: touched plus full entries."""
         bs = self.config.block_size
-        return sum(touched_blocks(seq, bs) + seq.num_filled_tokens // bs for seq in self._running_seqs(request))
+        return sum(touched_blocks(seq, bs) + seq.num_filled_tokens // bs for seq in request.live_seqs)
 
     def _plan(self, request: Request, budget: SchedulingBudget, chunking: bool) -> Plan:
-        seqs = self._running_seqs(request)
+        seqs = request.live_seqs
         counts = [new_tokens(seq) for seq in seqs]
         if chunking and len(seqs) == 1:
             counts[0] = min(counts[0], budget.remaining_tokens)
         return [(seq, n) for seq, n in zip(seqs, counts) if n > 0]
+
+    def _would_thrash(self, request: Request, plan: Plan) -> bool:
+        """Whether preempting ``request`` (the last group left) would only bring it back into this
+        same state, forever: it is alone in the pool, what it really needs fits, and it is
+        prefilling a sequence too long to finish in the one step of its re-admission. Its blocks
+        then come back as they are, and v0's count (a touched block even for a partial last block
+        with nothing to write) fails again: vLLM 0.6.3 livelocks here. A decoding request is left
+        to vLLM's rule, under which it re-prefills and samples, so it makes progress."""
+        s = self.scheduler
+        seqs = request.live_seqs
+        if len(seqs) > 1 or seqs[0].decoding or seqs[0].num_tokens <= self.config.max_num_batched_tokens:
+            return False
+        free = s.pool.num_free_blocks
+        return len(seqs[0].block_table) + free == s.pool.num_usable_blocks and s.planner.blocks_needed(plan) <= free
 
     def _is_prefill(self, request: Request) -> bool:
         return not request.live_seqs[0].decoding
@@ -184,7 +222,9 @@ class VllmV0StepOrder(StepOrder):
         else:
             s.running = not_reached + admitted + [r for r, _ in ran] + [r for r, _ in swapped_in]
             order = admitted + [r for r, _ in ran] + [r for r, _ in swapped_in]
-        st.reorder({r.request_id: i for i, r in enumerate(order)})
+        rank = {r.request_id: i for i, r in enumerate(order)}
+        st.reorder(rank)
+        st.swapped_in.sort(key=rank.__getitem__)  # "scheduled order", as the oracle logs list them
 
     # ------------------------------------------------------------- passes
     def _schedule_running(
@@ -193,30 +233,61 @@ class VllmV0StepOrder(StepOrder):
         s = self.scheduler
         queue = deque(s.running)
         ran: list[Ran] = []
-        while queue:
-            request = queue[0]
-            s.planner.unpark(request)  # pagesim: parked samples rejoin (see the module docstring)
-            plan = self._plan(request, budget, chunking)
-            tokens = sum(n for _, n in plan)
-            if tokens <= 0:
-                break
-            queue.popleft()
-            while not self._can_append(request):
-                budget.drop(request.request_id)
-                victim = s.victim_policy.choose(list(queue)) if queue else request
-                if victim is not request:
-                    queue.remove(victim)
-                victims.append((victim, s.preempt(victim, st, swap_need=self.swap_need(victim))))
-                if victim is request:
+        try:
+            while queue:
+                request = queue[0]
+                plan = self._plan(request, budget, chunking)
+                tokens = sum(n for _, n in plan)
+                if tokens <= 0:
                     break
-            else:
-                prefill = self._is_prefill(request)
-                s.run(request, plan, st)
-                budget.add_tokens(request.request_id, tokens)
-                if chunking:
-                    budget.add_seqs(request.request_id, request.max_running_seqs)
-                ran.append((request, prefill))
+                queue.popleft()
+                if self._make_room(request, plan, queue, budget, st, victims):
+                    prefill = self._is_prefill(request)
+                    s.run(request, plan, st)
+                    budget.add_tokens(request.request_id, tokens)
+                    if chunking:
+                        budget.add_seqs(request.request_id, request.max_running_seqs)
+                    ran.append((request, prefill))
+        except (SwapSpaceExhausted, VllmV0Abort):
+            # vLLM stops here. Leave the queues as check() expects: this step's victims out of
+            # ``running`` and requeued, everything else where it was.
+            taken = {id(v) for v, _ in victims}
+            s.running = [r for r in s.running if id(r) not in taken]
+            for victim, mode in victims:
+                s.requeue(victim, mode)
+            raise
         return list(queue), ran
+
+    def _make_room(
+        self,
+        request: Request,
+        plan: Plan,
+        queue: deque[Request],
+        budget: SchedulingBudget,
+        st: Step,
+        victims: list[tuple[Request, Mode]],
+    ) -> bool:
+        """Preempt from the back of ``queue`` (or ``request`` itself, last) until ``request`` can
+        append; ``False`` if it had to go itself."""
+        s = self.scheduler
+        while not self._can_append(request):
+            if not queue and self._would_thrash(request, plan):
+                return True
+            budget.drop(request.request_id)
+            victim = s.victim_policy.choose(list(queue)) if queue else request
+            if victim is not request:
+                queue.remove(victim)
+            mode = s.choose_mode(victim)
+            if mode == "recompute" and len(victim.live_seqs) > 1:
+                raise VllmV0Abort(
+                    f"vLLM 0.6.3 cannot preempt {victim.request_id!r} by recompute: it has "
+                    f"{len(victim.live_seqs)} running sequences (vLLM asserts one); use "
+                    f"preemption_mode 'vllm-v0' or 'swap'"
+                )
+            victims.append((victim, s.preempt(victim, st, mode=mode, swap_need=self.swap_need(victim))))
+            if victim is request:
+                return False
+        return True
 
     def _schedule_swapped(self, st: Step, budget: SchedulingBudget) -> list[Ran]:
         s = self.scheduler
@@ -230,9 +301,18 @@ class VllmV0StepOrder(StepOrder):
                 s.reject_queued(s.swapped.popleft(), f"swapping it back in needs {need} blocks; the pool has {usable}")
                 continue
             if s.pool.num_free_blocks - need < watermark:
-                break
+                # NOTE: one that needs more than the pool above the watermark would wait forever
+                # in vLLM 0.6.3; pagesim brings it back into an idle pool (nothing holds a block).
+                if s.pool.num_free_blocks < usable or need <= usable - watermark:
+                    break
             plan = self._plan(request, budget, chunking=False)
             tokens = sum(n for _, n in plan)
+            if tokens > self.config.max_num_batched_tokens:
+                # NOTE: vLLM 0.6.3 never chunks a swap-in, so a request swapped out mid-prefill
+                # whose remaining prompt exceeds the whole budget would wait forever (vLLM
+                # stalls). pagesim chunks this one swap-in to the remaining budget instead.
+                plan = _cap(plan, budget.remaining_tokens)
+                tokens = sum(n for _, n in plan)
             if tokens <= 0 or not budget.can_schedule(tokens, request.max_running_seqs):
                 break
             s.swapped.popleft()
@@ -252,7 +332,7 @@ class VllmV0StepOrder(StepOrder):
         admitted: list[Request] = []
         while s.waiting:
             request = s.waiting[0]
-            leader = request.live_seqs[0]  # the only waiting sequence (see the module docstring)
+            leader = request.live_seqs[0]  # the only sequence of a waiting request
             tokens = leader.num_tokens - leader.num_computed_tokens
             if chunking:
                 tokens = min(tokens, budget.remaining_tokens)
