@@ -149,3 +149,18 @@ def test_missing_and_malformed_files_are_one_error_line(v0_spec, tmp_path, capsy
             main(argv)
         assert exc.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_a_workload_vllm_would_abort_on_is_reported_not_a_traceback(tmp_path, capsys):
+    """n=2 under preemption_mode 'recompute': vLLM 0.6.3 asserts at the first such preemption."""
+    spec = json.loads(json.dumps(V0_SPEC))
+    spec["config"].update(num_blocks=8, block_size=2, preemption_mode="recompute")
+    spec["requests"] = [
+        {"id": f"r{i}", "arrival_step": 0, "prompt_token_ids": [100, 101], "max_tokens": 6, "n": 2, "ignore_eos": True}
+        for i in range(3)
+    ]
+    path = tmp_path / "abort.spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["oracle", "replay", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pagesim oracle: stopped where vLLM 0.6.3 aborts too:") and "by recompute: it has 2 running sequences" in err

@@ -10,7 +10,8 @@
 
 The preset defaults to the one for the spec's vLLM version (0.32.0: ``vllm-v1``; 0.6.3:
 ``vllm-v0``). Bad input (missing file, malformed spec or log, unknown preset) is one error line,
-exit 2. When vLLM 0.6.3 itself would abort (swap space exhausted), so does the replay, exit 1.
+exit 2. When vLLM 0.6.3 itself would abort (swap space exhausted, a multi-sequence recompute), so
+does the replay, exit 1.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from engine.oracle.replay import ReplayResult, replay
 from engine.oracle.spec import load_spec
 from engine.policy import PRESETS, DecisionLog, SwapSpaceExhausted
 from engine.policy.output import dump_record
+from engine.policy.steps.vllm_v0 import VllmV0Abort
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,8 +53,8 @@ def _replay(args: argparse.Namespace) -> ReplayResult | None:
     spec = load_spec(args.spec)
     try:
         return replay(spec, args.preset)
-    except SwapSpaceExhausted as exc:
-        print(f"pagesim oracle: vLLM 0.6.3 would abort here too: {exc}", file=sys.stderr)
+    except (SwapSpaceExhausted, VllmV0Abort) as exc:
+        print(f"pagesim oracle: stopped where vLLM 0.6.3 aborts too: {exc}", file=sys.stderr)
         return None
 
 

@@ -31,8 +31,9 @@
   space runs out. ``tests/test_oracle.py`` replays ``shared/oracle/vllm-0.6.3-v0``.
   Differences: vLLM stops a sequence at ``len > max_model_len``, pagesim at ``>=`` (no oracle
   case reaches either); beam search is not modelled under this order (rejected on arrival);
-  a multi-sequence request preempted by recompute, which vLLM asserts never happens, is handled
-  as under ``vllm-v1``.
+  where vLLM would wait or repeat forever, pagesim lets the request through (the cases are listed
+  in ``steps/vllm_v0.py``); where vLLM aborts (swap space out, recomputing a request with several
+  running sequences), pagesim raises.
 
 Batch limits vLLM picks per GPU and entrypoint (``max_num_seqs``, ``max_num_batched_tokens``) are
 not part of a preset's identity; the values here are common ones and are meant to be overridden.
