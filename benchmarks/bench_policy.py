@@ -29,6 +29,10 @@ What is measured
    sequence's block table into its output, so step time grows slowly with context length; the
    sequences here hold ~513-800 tokens.)
 
+3. The ``vllm-v0`` step order's decode step against ``vllm-v1``'s on that batch (prefix caching
+   and the decision log off, 10 waiting): v0 counts touched blocks per sequence and keeps its
+   keyed budget, so some extra cost per step is expected; the ratio says how much.
+
 How to read it
 --------------
 Shared machines are noisy, so nothing here asserts a time. Each figure is the *best* of several
@@ -336,12 +340,14 @@ def print_block_pool(res: dict) -> None:
 
 
 # ============================================================== 2. scheduler
-def build_scheduler(*, caching: bool, waiting: int, record: bool, max_tokens: int) -> tuple[Scheduler, int]:
+def build_scheduler(
+    *, caching: bool, waiting: int, record: bool, max_tokens: int, preset: str = "pagesim"
+) -> tuple[Scheduler, int]:
     """A scheduler with NUM_SEQS decoding sequences and ``waiting`` requests queued behind them."""
     blocks_per_request = cdiv(PROMPT_LEN + max_tokens, BLOCK_SIZE)
     num_gpu_blocks = int(NUM_SEQS * blocks_per_request * 1.05) + 64  # + the 1% watermark, slack
     config = make_config(
-        "pagesim",
+        preset,
         block_size=BLOCK_SIZE,
         num_gpu_blocks=num_gpu_blocks,
         max_num_seqs=NUM_SEQS,
@@ -522,6 +528,38 @@ def bench_scheduler(cfg: dict) -> dict:
     }
 
 
+def bench_step_orders(cfg: dict) -> dict:
+    """The ``vllm-v0`` step order against ``vllm-v1``'s on the same steady decode batch (prefix
+    caching off, which v0 needs; decision log off; 10 waiting), alternating within each round."""
+    rounds, per_round = cfg["step_rounds"], cfg["steps_per_round"]
+    max_tokens = max(2, per_round) + rounds * per_round + 64
+    schedulers = {
+        preset: build_scheduler(caching=False, waiting=WAITING[0], record=False, max_tokens=max_tokens, preset=preset)[0]
+        for preset in ("vllm-v1", "vllm-v0")
+    }
+    for s in schedulers.values():
+        time_steps(s, max(2, per_round))
+    wall: dict = {preset: [] for preset in schedulers}
+    for r in range(rounds):
+        order = list(schedulers) if r % 2 == 0 else list(reversed(schedulers))
+        for preset in order:
+            w, _ = time_steps(schedulers[preset], per_round)
+            wall[preset].append(w / per_round * 1e6)
+    for s in schedulers.values():
+        check_steady(s, WAITING[0])
+    us = {preset: summarize(v, higher_is_better=False) for preset, v in wall.items()}
+    return {"us_per_step": us, "ratio_v0_over_v1": us["vllm-v0"]["best"] / us["vllm-v1"]["best"]}
+
+
+def print_step_orders(res: dict) -> None:
+    us = res["us_per_step"]
+    print(f"\n3. Step orders, the same {NUM_SEQS} decoding sequences (prefix caching and decision log off)")
+    print(
+        f"   vllm-v1 {us['vllm-v1']['best']:8.0f} us   vllm-v0 {us['vllm-v0']['best']:8.0f} us   "
+        f"v0 / v1 {res['ratio_v0_over_v1']:.2f}"
+    )
+
+
 def print_scheduler(res: dict) -> None:
     w0, w1 = WAITING
     n = res["num_running_seqs"]
@@ -604,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     print_block_pool(pool_res)
     sched_res = bench_scheduler(cfg)
     print_scheduler(sched_res)
+    orders_res = bench_step_orders(cfg)
+    print_step_orders(orders_res)
     meta["elapsed_s"] = perf_counter() - t0
     meta["load_avg_1m_at_end"] = _load_avg()
     print(f"\ntotal {meta['elapsed_s']:.1f} s; load average {_fmt_load(meta['load_avg_1m_at_end'])} at end")
@@ -613,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
             return {str(k): keyed(v) for k, v in obj.items()} if isinstance(obj, dict) else obj
 
         Path(args.json).write_text(
-            json.dumps(keyed({"meta": meta, "block_pool": pool_res, "scheduler": sched_res}), indent=2) + "\n",
+            json.dumps(keyed({"meta": meta, "block_pool": pool_res, "scheduler": sched_res, "step_orders": orders_res}), indent=2) + "\n",
             encoding="utf-8",
         )
         print(f"wrote {args.json}")

@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "oracle",
         help="replay vLLM oracle workloads through a preset and compare with vLLM's decisions",
-        description=__doc__.split("\n\n")[0],
+        description="Replay a vLLM oracle workload through a preset, and compare with vLLM's own log.",
     )
     sub = p.add_subparsers(dest="oracle_command", metavar="ACTION")
     sub.required = True
