@@ -115,11 +115,16 @@ def test_replay_json_summarises_and_another_preset_can_be_replayed(v0_spec, caps
         (lambda s: s["config"].update(block_size="4"), "config.block_size must be int"),
         (lambda s: s["config"].update(preemption_mode="drop"), "preemption_mode must be null"),
         (lambda s: s["requests"][0].update(ignore_eos=False), "ignore_eos must be true"),
-        (lambda s: s["requests"][1].update(arrival_step=-1), "arrival_step order"),
+        (lambda s: s["requests"][2].update(arrival_step=0), "arrival_step order"),
+        (lambda s: s["requests"][0].update(arrival_step=-1), "arrival_step must be in 0.."),
         (lambda s: s["requests"][1].update(id="a"), "empty or repeated"),
         (lambda s: s["requests"][0].update(prompt_token_ids=[]), "non-empty list of token ids"),
         (lambda s: s.update(vllm_version="0.32.0"), "requests[0].n must be 1"),
         (lambda s: s["config"].update(max_num_batched_tokens=16), "must be >= max_model_len"),
+        (lambda s: s.update(vllm_version=["0.6.3"]), "has no preset"),
+        (lambda s: s["requests"][0].update(n=0), "n must be >= 1"),
+        (lambda s: s["requests"][2].update(arrival_step=10**9), "arrival_step must be in 0.."),
+        (lambda s: s["requests"][0].update(max_tokens=30), "exceeds max_model_len 32"),
     ],
 )
 def test_bad_specs_are_one_error_line(mutate, message, tmp_path, capsys):
@@ -139,11 +144,17 @@ def test_missing_and_malformed_files_are_one_error_line(v0_spec, tmp_path, capsy
     not_json.write_text("{nope")
     bad_log = tmp_path / "bad.log.jsonl"
     bad_log.write_text('{"step": 0}\nnot json\n')
+    no_step = tmp_path / "nostep.log.jsonl"
+    no_step.write_text('{"foo": 1}\n')
+    not_object = tmp_path / "list.log.jsonl"
+    not_object.write_text('[1]\n')
     for argv, message in [
         (["oracle", "replay", str(tmp_path / "absent.json")], "no such spec file"),
         (["oracle", "replay", str(not_json)], "not JSON"),
         (["oracle", "compare", str(v0_spec), str(tmp_path / "absent.jsonl")], "no such log file"),
         (["oracle", "compare", str(v0_spec), str(bad_log)], "bad.log.jsonl:2: not a JSON record"),
+        (["oracle", "compare", str(v0_spec), str(no_step)], "nostep.log.jsonl:1: a decision record is a JSON object"),
+        (["oracle", "compare", str(v0_spec), str(not_object)], "list.log.jsonl:1: a decision record is a JSON object"),
     ]:
         with pytest.raises(SystemExit) as exc:
             main(argv)

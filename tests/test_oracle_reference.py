@@ -174,9 +174,22 @@ SWAPPED_IN_ORDER = {
 }
 
 
+# A lone 15-token prefill that fills the pool (4 blocks of 4, budget 8) under swap mode: vLLM swaps
+# it out and back and finishes; only a recompute would repeat forever.
+LONE_PREFILL_SWAPS = {
+    "vllm_version": "0.6.3",
+    "config": {"block_size": 4, "num_blocks": 4, "max_num_seqs": 2, "max_num_batched_tokens": 8,
+               "max_model_len": 32, "enable_prefix_caching": False, "enable_chunked_prefill": True,
+               "watermark": 0.0, "num_cpu_blocks": 8, "preemption_mode": "swap"},
+    "requests": [{"id": "r", "arrival_step": 0, "prompt_token_ids": list(range(100, 115)), "max_tokens": 1,
+                  "n": 1, "ignore_eos": True}],
+}
+
+
 @settings(max_examples=scaled_examples(60), deadline=None)
 @given(spec=oracle_specs())
 @example(spec=SWAPPED_IN_ORDER)
+@example(spec=LONE_PREFILL_SWAPS)
 def test_pagesim_presets_agree_with_the_reference(spec):
     note(f"spec: {json.dumps(spec, sort_keys=True)}")
     try:

@@ -441,7 +441,7 @@ def test_vllm_v0_swap_in_need_is_full_entries_plus_touched_blocks():
             for seq in request.live_seqs:
                 filled = seq.num_filled_tokens
                 u, f = seq.num_tokens - filled, bs - filled % bs
-                v0_need += 1 + max(0, -(-(u - f) // bs)) + filled // bs
+                v0_need += 1 + -(-(u - f) // bs) + filled // bs  # ceil, also for u - f < 0
             assert scheduler.step_order.swap_need(request) == v0_need
             checked += 1
         scheduler.update(scheduler.schedule())

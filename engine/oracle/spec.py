@@ -2,7 +2,7 @@
 the requests with the step each arrives at. Format: ``shared/oracle/README.md`` §1.
 
 ``load_spec`` validates everything it reads and names the file and field of anything wrong, so a
-bad spec is one error line, never a traceback or a silent default. ``OracleSpec.scheduler_config``
+bad spec is one error line, never a traceback. (Keys it does not know are ignored.) ``OracleSpec.scheduler_config``
 maps the settings onto a preset (``vllm-v1`` for 0.32.0, ``vllm-v0`` for 0.6.3):
 ``num_blocks`` -> ``num_gpu_blocks`` (v1 counts its null block in it, as the preset does), and v0's
 ``preemption_mode: null`` -> vLLM's default rule (``vllm-v0``).
@@ -32,6 +32,8 @@ _CONFIG_KEYS = {
 }
 _V0_KEYS = {"num_cpu_blocks": int, "preemption_mode": (str, type(None))}
 _PREEMPTION_MODES = {None: "vllm-v0", "swap": "swap", "recompute": "recompute"}
+#: Arrival steps beyond this are refused: the replay steps through every idle step before them.
+MAX_ARRIVAL_STEP = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,7 @@ def load_spec(path: str | Path) -> OracleSpec:
         if key not in raw:
             raise ValueError(f"{path}: missing {key!r}")
     version = raw["vllm_version"]
-    if version not in VERSION_PRESETS:
+    if not isinstance(version, str) or version not in VERSION_PRESETS:
         raise ValueError(
             f"{path}: vllm_version {version!r} has no preset; known: "
             + ", ".join(f"{v} ({p})" for v, p in VERSION_PRESETS.items())
@@ -119,7 +121,7 @@ def load_spec(path: str | Path) -> OracleSpec:
         if key not in config:
             raise ValueError(f"{path}: config is missing {key!r}")
         _check(config[key], kind, f"{path}: config.{key}")
-    if config.get("preemption_mode") not in _PREEMPTION_MODES:
+    if VERSION_PRESETS[version] == "vllm-v0" and config["preemption_mode"] not in _PREEMPTION_MODES:
         raise ValueError(f"{path}: config.preemption_mode must be null, 'swap' or 'recompute'")
     requests = raw["requests"]
     if not isinstance(requests, list) or not requests:
@@ -139,6 +141,8 @@ def load_spec(path: str | Path) -> OracleSpec:
             raise ValueError(f"{where}.id {rid!r} is empty or repeated")
         seen.add(rid)
         step = _check(r["arrival_step"], int, f"{where}.arrival_step")
+        if not 0 <= step <= MAX_ARRIVAL_STEP:
+            raise ValueError(f"{where}.arrival_step must be in 0..{MAX_ARRIVAL_STEP}, got {step}")
         if step < last_step:
             raise ValueError(f"{where}: requests must be in arrival_step order")
         last_step = step
@@ -146,12 +150,17 @@ def load_spec(path: str | Path) -> OracleSpec:
         if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise ValueError(f"{where}.prompt_token_ids must be a non-empty list of token ids")
         n = _check(r.get("n", 1), int, f"{where}.n")
-        if n < 1 or (n > 1 and VERSION_PRESETS[version] != "vllm-v0"):
+        if n < 1:
+            raise ValueError(f"{where}.n must be >= 1")
+        if n > 1 and VERSION_PRESETS[version] != "vllm-v0":
             raise ValueError(f"{where}.n must be 1 (parallel samples are a v0 case)")
         if r.get("ignore_eos", True) is not True:
             raise ValueError(f"{where}: ignore_eos must be true (the oracle's model never emits EOS)")
         max_tokens = _check(r["max_tokens"], int, f"{where}.max_tokens")
         if max_tokens < 1:
             raise ValueError(f"{where}.max_tokens must be >= 1")
+        if len(tokens) + max_tokens > config["max_model_len"]:
+            # README §1; vLLM and pagesim stop differently at max_model_len (> vs >=).
+            raise ValueError(f"{where}: prompt + max_tokens exceeds max_model_len {config['max_model_len']}")
         parsed.append(OracleRequest(rid, step, tuple(tokens), max_tokens, n))
     return OracleSpec(str(path), version, dict(config), tuple(parsed))

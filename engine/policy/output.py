@@ -167,7 +167,10 @@ class DecisionLog:
                 if not line.strip():
                     continue
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{source}:{line_no}: not a JSON record ({exc.msg})") from None
+                if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                    raise ValueError(f"{source}:{line_no}: a decision record is a JSON object with an integer 'step'")
+                records.append(record)
         return cls(records)

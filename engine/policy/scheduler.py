@@ -188,8 +188,8 @@ class Scheduler:
 
     def preempt(self, victim: Request, st: Step, *, mode: Mode | None = None, swap_need: int | None = None) -> Mode:
         """Take the victim's GPU blocks: swap them out or drop them (recompute), in ``mode``
-        (default: the plug-in's choice). The caller has taken it off ``running`` and requeues it
-        (``requeue``). ``swap_need``: the CPU blocks the step order's accounting asks for
+        (default: the plug-in's choice). The caller takes it off ``running`` and requeues it
+        (``requeue``) when its step order says so. ``swap_need``: the CPU blocks the step order's accounting asks for
         (default: the blocks that actually move)."""
         cfg = self.config
         kv = self.kv

@@ -2,7 +2,8 @@
 the interface a step order implements (``StepOrder``).
 
 A step order decides *which* requests run this step and in what order; it acts only through the
-scheduler's primitives (``Scheduler.run``, ``preempt``, ``reject_queued``) and its queues, so block
+scheduler's primitives (``Scheduler.run``, ``choose_mode``, ``preempt``, ``requeue``, ``swap_in``,
+``admit``, ``reject_queued``) and its queues, so block
 accounting, request state and the decision record are the same whichever order runs.
 """
 

@@ -37,11 +37,11 @@ Accounting, vLLM 0.6.3's (pagesim's own policy counts what a step really needs i
 
 Where vLLM 0.6.3 stops, so does this order: swap space running out raises ``SwapSpaceExhausted``
 and recomputing a request with several running sequences raises ``VllmV0Abort`` (vLLM asserts);
-the scheduler is left consistent. Where vLLM would provably wait or repeat forever, pagesim lets
-the request through instead:
+the queues are left consistent (the step's partial work is not undone: an abort is final).
+Where vLLM would provably wait or repeat forever, pagesim lets the request through instead:
 
-- a prefill alone in the pool that would preempt itself only because v0 counts a touched block it
-  does not need runs (``_would_thrash``);
+- a prefill alone in the pool that would recompute itself only because v0 counts a touched block
+  it does not need runs (``_would_thrash``);
 - a swapped request that needs more than the pool above the watermark comes back once no block is
   held;
 - a request swapped out mid-prefill whose remaining prompt exceeds the whole token budget comes
@@ -157,13 +157,16 @@ class VllmV0StepOrder(StepOrder):
     def _would_thrash(self, request: Request, plan: Plan) -> bool:
         """Whether preempting ``request`` (the last group left) would only bring it back into this
         same state, forever: it is alone in the pool, what it really needs fits, and it is
-        prefilling a sequence too long to finish in the one step of its re-admission. Its blocks
+        prefilling a sequence too long to finish in the one step of its re-admission, and it
+        would be recomputed (a swap keeps its computed tokens, so vLLM progresses). Its blocks
         then come back as they are, and v0's count (a touched block even for a partial last block
         with nothing to write) fails again: vLLM 0.6.3 livelocks here. A decoding request is left
         to vLLM's rule, under which it re-prefills and samples, so it makes progress."""
         s = self.scheduler
         seqs = request.live_seqs
         if len(seqs) > 1 or seqs[0].decoding or seqs[0].num_tokens <= self.config.max_num_batched_tokens:
+            return False
+        if s.choose_mode(request) == "swap":  # swapped out and back, it keeps its computed tokens
             return False
         free = s.pool.num_free_blocks
         return len(seqs[0].block_table) + free == s.pool.num_usable_blocks and s.planner.blocks_needed(plan) <= free
