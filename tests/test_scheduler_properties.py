@@ -19,13 +19,10 @@ from collections import Counter
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from engine.policy import Request, RequestStatus, Scheduler, SchedulerOutput, SwapSpaceExhausted, make_config
+from engine.policy import Request, RequestStatus, Scheduler, SchedulerOutput, make_config
 from engine.policy.eviction import EVICTION_POLICIES
-from engine.policy.steps.vllm_v0 import VllmV0Abort
+from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
 from tests.conftest import scaled_examples
-
-
-VLLM_V0_ABORTS = (SwapSpaceExhausted, VllmV0Abort)
 
 
 def sampled_token(seq, sample_index: int) -> int:

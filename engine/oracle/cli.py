@@ -23,9 +23,9 @@ from pathlib import Path
 
 from engine.oracle.replay import ReplayResult, replay
 from engine.oracle.spec import load_spec
-from engine.policy import PRESETS, DecisionLog, SwapSpaceExhausted
+from engine.policy import PRESETS, DecisionLog
 from engine.policy.output import dump_record
-from engine.policy.steps.vllm_v0 import VllmV0Abort
+from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -53,7 +53,7 @@ def _replay(args: argparse.Namespace) -> ReplayResult | None:
     spec = load_spec(args.spec)
     try:
         return replay(spec, args.preset)
-    except (SwapSpaceExhausted, VllmV0Abort) as exc:
+    except VLLM_V0_ABORTS as exc:
         print(f"pagesim oracle: stopped where vLLM 0.6.3 aborts too: {exc}", file=sys.stderr)
         return None
 

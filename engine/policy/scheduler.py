@@ -180,24 +180,27 @@ class Scheduler:
         st.token_budget -= total
         request.has_run = True
 
-    def choose_mode(self, victim: Request) -> Mode:
-        """The preemption mode plug-in's choice for ``victim``."""
+    def choose_mode(self, victim: Request, num_blocks: int | None = None) -> Mode:
+        """The preemption mode plug-in's choice for ``victim`` (``num_blocks``: the GPU blocks a
+        swap would move, if the caller has counted them)."""
         seqs = victim.live_seqs
-        num_blocks = self.kv.blocks_to_swap_out(seqs, preserve_sharing=self.config.preserve_sharing_on_swap)
+        if num_blocks is None:
+            num_blocks = self.kv.blocks_to_swap_out(seqs, preserve_sharing=self.config.preserve_sharing_on_swap)
         return self.preemption_mode.choose(victim, num_blocks=num_blocks, num_tokens=sum(s.num_tokens for s in seqs))
 
     def preempt(self, victim: Request, st: Step, *, mode: Mode | None = None, swap_need: int | None = None) -> Mode:
         """Take the victim's GPU blocks: swap them out or drop them (recompute), in ``mode``
         (default: the plug-in's choice). The caller takes it off ``running`` and requeues it
-        (``requeue``) when its step order says so. ``swap_need``: the CPU blocks the step order's accounting asks for
-        (default: the blocks that actually move)."""
+        (``requeue``) when its step order says so. ``swap_need``: the CPU blocks the step order's
+        accounting asks for (default: the blocks that actually move)."""
         cfg = self.config
         kv = self.kv
         seqs = list(victim.live_seqs)
         preserve = cfg.preserve_sharing_on_swap
+        moved = kv.blocks_to_swap_out(seqs, preserve_sharing=preserve)
+        need = moved if swap_need is None else swap_need
         if mode is None:
-            mode = self.choose_mode(victim)
-        need = kv.blocks_to_swap_out(seqs, preserve_sharing=preserve) if swap_need is None else swap_need
+            mode = self.choose_mode(victim, moved)
         if mode == "swap" and need > self.swap_pool.num_free_blocks:
             if cfg.on_swap_exhausted == "raise":  # vLLM 0.6.3; nothing has changed yet
                 raise SwapSpaceExhausted(

@@ -94,6 +94,10 @@ class VllmV0Abort(RuntimeError):
     """Where vLLM 0.6.3 itself stops (an assertion); the scheduler is left consistent."""
 
 
+#: What this order raises where vLLM 0.6.3 itself stops.
+VLLM_V0_ABORTS = (SwapSpaceExhausted, VllmV0Abort)
+
+
 class SchedulingBudget:
     """vLLM 0.6.3's ``SchedulingBudget``: tokens and sequences keyed by request id, so adding a
     request twice counts once and dropping it removes what it added."""
@@ -251,7 +255,7 @@ class VllmV0StepOrder(StepOrder):
                     if chunking:
                         budget.add_seqs(request.request_id, request.max_running_seqs)
                     ran.append((request, prefill))
-        except (SwapSpaceExhausted, VllmV0Abort):
+        except VLLM_V0_ABORTS:
             # vLLM stops here. Leave the queues as check() expects: this step's victims out of
             # ``running`` and requeued, everything else where it was.
             taken = {id(v) for v, _ in victims}
