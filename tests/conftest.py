@@ -36,3 +36,9 @@ def scaled_examples(n: int) -> int:
 
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+ORACLE_CASES = sorted((SHARED / "oracle").glob("*/case_*.spec.json")) if (SHARED / "oracle").is_dir() else []
+
+
+def golden_log(spec_path: Path) -> Path:
+    """The vLLM decision log beside an oracle spec (``case_NNN.log.jsonl``)."""
+    return spec_path.with_name(spec_path.name.replace(".spec.json", ".log.jsonl"))

@@ -15,14 +15,7 @@ import pytest
 
 from engine.cli import main
 from engine.oracle import load_spec, replay
-from tests.conftest import SHARED
-
-ORACLE = SHARED / "oracle"
-CASES = sorted(ORACLE.glob("*/case_*.spec.json")) if ORACLE.is_dir() else []
-
-
-def golden_of(spec_path):
-    return spec_path.with_name(spec_path.name.replace(".spec.json", ".log.jsonl"))
+from tests.conftest import ORACLE_CASES as CASES, golden_log
 
 
 def compare(capsys, spec, golden, *extra) -> tuple[int, list[str]]:
@@ -33,7 +26,7 @@ def compare(capsys, spec, golden, *extra) -> tuple[int, list[str]]:
 @pytest.mark.skipif(not CASES, reason="shared/oracle is absent")
 @pytest.mark.parametrize("spec_path", CASES, ids=lambda p: f"{p.parent.name}/{p.name.split('.')[0]}")
 def test_presets_make_vllms_decisions_step_for_step(spec_path, capsys):
-    rc, lines = compare(capsys, spec_path, golden_of(spec_path))
+    rc, lines = compare(capsys, spec_path, golden_log(spec_path))
     assert lines[-1] == "identical", "\n".join(lines)
     assert rc == 0
 

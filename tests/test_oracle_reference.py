@@ -19,7 +19,8 @@ from hypothesis import assume, example, given, note, settings
 from hypothesis import strategies as st
 
 from engine.oracle import load_spec, replay
-from tests.conftest import SHARED, scaled_examples
+from engine.policy import DecisionLog
+from tests.conftest import ORACLE_CASES as CASES, golden_log, scaled_examples
 from tests.oracle_reference import (
     StepLimitExceeded,
     SwapSpaceExhausted,
@@ -28,28 +29,11 @@ from tests.oracle_reference import (
     sampled_token,
 )
 
-ORACLE = SHARED / "oracle"
-CASES = sorted(ORACLE.glob("*/case_*.spec.json")) if ORACLE.is_dir() else []
-
-
-def golden_records(spec_path: Path) -> list[dict]:
-    log = spec_path.with_name(spec_path.name.replace(".spec.json", ".log.jsonl"))
-    return [json.loads(line) for line in log.read_text().splitlines()]
-
-
-def first_difference(ours: list[dict], theirs: list[dict]) -> int | None:
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if a != b:
-            return i
-    return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
-
-
 def describe(label_a: str, a: list[dict], label_b: str, b: list[dict]) -> str:
-    i = first_difference(a, b)
-    if i is None:
+    diff = DecisionLog(a).first_difference(DecisionLog(b))
+    if diff is None:
         return "identical"
-    ra = a[i] if i < len(a) else None
-    rb = b[i] if i < len(b) else None
+    i, ra, rb = diff
     keys = sorted(set(ra or {}) | set(rb or {}))
     fields = [k for k in keys if (ra or {}).get(k) != (rb or {}).get(k)]
     return (f"first difference at step {i} (lengths {len(a)} vs {len(b)}), fields {fields}\n"
@@ -67,7 +51,7 @@ def case_id(path: Path) -> str:
 def test_reference_reproduces_vllm_golden_logs(spec_path):
     spec = json.loads(spec_path.read_text())
     ours = replay_reference(spec)
-    gold = golden_records(spec_path)
+    gold = DecisionLog.read_jsonl(golden_log(spec_path)).records
     assert ours == gold, describe("reference", ours, "vLLM", gold)
 
 

@@ -201,21 +201,22 @@ class V0Scheduler:
         Sharing is not preserved."""
         if self._swap_need(group) > self.cpu.num_free:
             raise SwapSpaceExhausted(group.id)
-        for seq in group.live():
-            for block in seq.table:
-                self.gpu.drop(block)
-            cpu_table = [self.cpu.take() for _ in seq.table]
-            pairs.extend([g, c] for g, c in zip(seq.table, cpu_table))
-            seq.table = cpu_table
+        self._move(group, self.gpu, self.cpu, pairs)
 
     def _swap_in(self, group: _V0Group, pairs: list[list[int]]) -> None:
         """§5 *swap_in*: the mirror of *swap_out*."""
+        self._move(group, self.cpu, self.gpu, pairs)
+
+    @staticmethod
+    def _move(group: _V0Group, src: V0BlockStack, dst: V0BlockStack, pairs: list[list[int]]) -> None:
+        """Per sequence: release its ``src`` blocks (table order), then give each entry a ``dst``
+        block (table order), one ``[src, dst]`` pair per entry."""
         for seq in group.live():
             for block in seq.table:
-                self.cpu.drop(block)
-            gpu_table = [self.gpu.take() for _ in seq.table]
-            pairs.extend([c, g] for c, g in zip(seq.table, gpu_table))
-            seq.table = gpu_table
+                src.drop(block)
+            new_table = [dst.take() for _ in seq.table]
+            pairs.extend([s, d] for s, d in zip(seq.table, new_table))
+            seq.table = new_table
 
     def _new_tokens(self, seq: _V0Seq) -> int:
         """§5 *new_tokens*."""
