@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "memory": "engine.policy.capacity_cli",
     "presets": "engine.policy.presets_cli",
     "oracle": "engine.oracle.cli",
+    "trace": "traces.cli",
 }
 
 

@@ -1,0 +1,136 @@
+"""Arrival processes: when synthetic requests arrive.
+
+Each process turns a request count and a seeded ``numpy.random.Generator`` into sorted arrival
+times in seconds (the first at the first gap after 0, not at 0):
+
+- ``Poisson(rate_rps)``: exponential gaps, the usual open-loop load (vLLM's benchmarks, the
+  PagedAttention paper).
+- ``Gamma(rate_rps, cv)``: gamma gaps with mean ``1 / rate`` and coefficient of variation ``cv``;
+  ``cv > 1`` is bursty, ``cv = 1`` is Poisson, ``cv < 1`` is smoother.
+- ``Constant(rate_rps)``: one request every ``1 / rate`` seconds.
+- ``Piecewise(segments)``: a Poisson process whose rate changes over time, ``[(duration_s,
+  rate_rps), ...]``; the last rate continues after the last segment. Drawn by mapping a unit-rate
+  process through the inverse of the cumulative rate (exact, no thinning).
+
+``parse_arrivals("gamma:cv=4", rate_rps=2.0)`` builds one from the CLI's ``--arrival``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _positive(name: str, value: float) -> None:
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class Poisson:
+    rate_rps: float
+
+    def __post_init__(self) -> None:
+        _positive("arrival rate (requests/s)", self.rate_rps)
+
+    def times(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        return np.cumsum(rng.exponential(1.0 / self.rate_rps, count))
+
+    def describe(self) -> str:
+        return f"Poisson {self.rate_rps:g}/s"
+
+
+@dataclass(frozen=True)
+class Gamma:
+    rate_rps: float
+    cv: float
+
+    def __post_init__(self) -> None:
+        _positive("arrival rate (requests/s)", self.rate_rps)
+        _positive("coefficient of variation cv", self.cv)
+
+    def times(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        shape = 1.0 / self.cv**2
+        return np.cumsum(rng.gamma(shape, 1.0 / (self.rate_rps * shape), count))
+
+    def describe(self) -> str:
+        return f"gamma {self.rate_rps:g}/s cv={self.cv:g}"
+
+
+@dataclass(frozen=True)
+class Constant:
+    rate_rps: float
+
+    def __post_init__(self) -> None:
+        _positive("arrival rate (requests/s)", self.rate_rps)
+
+    def times(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        return np.arange(1, count + 1) / self.rate_rps
+
+    def describe(self) -> str:
+        return f"constant {self.rate_rps:g}/s"
+
+
+@dataclass(frozen=True)
+class Piecewise:
+    segments: tuple[tuple[float, float], ...]  # (duration_s, rate_rps), in order
+
+    def __post_init__(self) -> None:
+        if not self.segments:
+            raise ValueError("a piecewise rate needs at least one (duration_s, rate_rps) segment")
+        for duration, rate in self.segments:
+            _positive("segment duration (s)", duration)
+            if not np.isfinite(rate) or rate < 0:
+                raise ValueError(f"segment rate must be >= 0 requests/s, got {rate}")
+        _positive("the last segment's rate (it continues after the last segment)", self.segments[-1][1])
+
+    def times(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        durations = np.array([d for d, _ in self.segments], dtype=np.float64)
+        rates = np.array([r for _, r in self.segments], dtype=np.float64)
+        edges_s = np.r_[0.0, np.cumsum(durations)]
+        cumulative = np.r_[0.0, np.cumsum(durations * rates)]  # expected arrivals by each edge
+        unit = np.cumsum(rng.exponential(1.0, count))  # a unit-rate Poisson process
+        inside = unit <= cumulative[-1]
+        out = np.empty(count)
+        # inverse of the cumulative rate; zero-rate segments are flat and never hit
+        keep = np.r_[True, np.diff(cumulative) > 0]
+        out[inside] = np.interp(unit[inside], cumulative[keep], edges_s[keep])
+        out[~inside] = edges_s[-1] + (unit[~inside] - cumulative[-1]) / rates[-1]
+        return out
+
+    def describe(self) -> str:
+        return "piecewise " + ", ".join(f"{d:g}s@{r:g}/s" for d, r in self.segments)
+
+    @property
+    def mean_rate_rps(self) -> float:
+        return sum(d * r for d, r in self.segments) / sum(d for d, _ in self.segments)
+
+
+ARRIVALS = ("poisson", "gamma", "constant", "piecewise")
+
+
+def parse_arrivals(text: str, *, rate_rps: float | None):
+    """``poisson`` | ``gamma:cv=C`` | ``constant`` | ``piecewise:DUR@RATE,DUR@RATE,...``."""
+    kind, _, args = text.strip().partition(":")
+    if kind == "piecewise":
+        segments = []
+        for part in filter(None, (p.strip() for p in args.split(","))):
+            duration, at, rate = part.partition("@")
+            try:
+                segments.append((float(duration), float(rate)))
+            except ValueError:
+                raise ValueError(f"--arrival piecewise: expected DURATION_S@RATE, got {part!r}") from None
+        return Piecewise(tuple(segments))
+    if kind not in ARRIVALS:
+        raise ValueError(f"unknown arrival process {kind!r} (choose from {', '.join(ARRIVALS)})")
+    if rate_rps is None:
+        raise ValueError(f"a {kind} arrival process needs --rate")
+    if kind == "gamma":
+        options = dict(p.split("=", 1) for p in args.split(",") if "=" in p)
+        if set(options) != {"cv"}:
+            raise ValueError(f"--arrival gamma: expected gamma:cv=C, got {text!r}")
+        return Gamma(rate_rps, float(options["cv"]))
+    if args:
+        raise ValueError(f"--arrival {kind} takes no options, got {text!r}")
+    return Poisson(rate_rps) if kind == "poisson" else Constant(rate_rps)

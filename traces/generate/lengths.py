@@ -1,0 +1,137 @@
+"""Length distributions: how many prompt or output tokens a synthetic request has.
+
+- ``Fixed(tokens)``; ``Uniform(low, high)`` (integers, both ends included);
+- ``LogNormal(mean, cv, low=1, high=None)``: a lognormal with that mean and coefficient of
+  variation, rounded to whole tokens and clipped to ``[low, high]`` (clipping moves the mean a
+  little; with ``high=None`` only the rare draws below ``low`` move);
+- ``Empirical(values)``: resampled with replacement from observed lengths;
+- ``LengthPairs(prompt, output)``: (prompt, output) *pairs* resampled together from a length
+  file such as the ShareGPT table, keeping their correlation.
+
+``parse_lengths("lognormal:mean=161.31,cv=1")`` builds one from a CLI flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Fixed:
+    tokens: int
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1:
+            raise ValueError(f"a fixed length must be >= 1 token, got {self.tokens}")
+
+    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        return np.full(count, self.tokens, dtype=np.int64)
+
+    @property
+    def mean(self) -> float:
+        return float(self.tokens)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low <= self.high:
+            raise ValueError(f"uniform lengths need 1 <= low <= high, got {self.low}..{self.high}")
+
+    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(self.low, self.high + 1, count, dtype=np.int64)
+
+    @property
+    def mean(self) -> float:
+        return (self.low + self.high) / 2
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    mean: float
+    cv: float
+    low: int = 1
+    high: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.mean) and self.mean >= 1):
+            raise ValueError(f"a lognormal length needs mean >= 1 token, got {self.mean}")
+        if not (np.isfinite(self.cv) and self.cv > 0):
+            raise ValueError(f"a lognormal length needs cv > 0, got {self.cv}")
+        if self.low < 1 or (self.high is not None and self.high < self.low):
+            raise ValueError(f"lognormal bounds need 1 <= low <= high, got {self.low}..{self.high}")
+
+    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        sigma2 = np.log1p(self.cv**2)
+        mu = np.log(self.mean) - sigma2 / 2
+        values = np.rint(rng.lognormal(mu, np.sqrt(sigma2), count)).astype(np.int64)
+        return np.clip(values, self.low, self.high if self.high is not None else None)
+
+
+@dataclass(frozen=True, eq=False)
+class Empirical:
+    values: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.values) == 0 or np.min(self.values) < 1:
+            raise ValueError("empirical lengths need at least one value, all >= 1")
+
+    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        return np.asarray(self.values, dtype=np.int64)[rng.integers(0, len(self.values), count)]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values))
+
+
+@dataclass(frozen=True, eq=False)
+class LengthPairs:
+    prompt: np.ndarray
+    output: np.ndarray
+    source: str = ""
+
+    def sample(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        rows = rng.integers(0, len(self.prompt), count)
+        return self.prompt[rows], self.output[rows]
+
+    @classmethod
+    def from_file(cls, path, **load_options) -> LengthPairs:
+        """The (prompt, output) pairs of any trace file (e.g. the ShareGPT length table)."""
+        from traces.loaders import load_trace
+
+        trace = load_trace(path, **load_options)
+        return cls(trace.prompt_len, trace.output_len, source=str(path))
+
+
+def parse_lengths(text: str) -> Fixed | Uniform | LogNormal:
+    """``N`` | ``fixed:N`` | ``uniform:LOW:HIGH`` | ``lognormal:mean=M,cv=C[,low=L][,high=H]``."""
+    kind, _, args = text.strip().partition(":")
+    usage = (f"cannot read length distribution {text!r}: use N, fixed:N, uniform:LOW:HIGH "
+             "or lognormal:mean=M,cv=C[,low=L][,high=H]")
+    try:
+        if kind.isdigit() and not args:
+            return Fixed(int(kind))
+        if kind == "fixed":
+            return Fixed(int(args))
+        if kind == "uniform":
+            low, high = (int(v) for v in args.split(":"))
+            return Uniform(low, high)
+        if kind == "lognormal":
+            options = dict(part.split("=", 1) for part in args.split(",") if part)
+            if set(options) - {"mean", "cv", "low", "high"} or not {"mean", "cv"} <= set(options):
+                raise ValueError(usage)
+            mean, cv = float(options["mean"]), float(options["cv"])
+            low = int(options.get("low", 1))
+            high = int(options["high"]) if "high" in options else None
+            return LogNormal(mean, cv, low, high)
+    except ValueError as exc:
+        # our own range checks say what is wrong; a number that does not parse gets the usage
+        if "must" in str(exc) or "need" in str(exc) or str(exc) == usage:
+            raise
+        raise ValueError(usage) from None
+    raise ValueError(usage)

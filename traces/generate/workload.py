@@ -1,0 +1,223 @@
+"""Synthetic workloads: a ``WorkloadSpec`` says what traffic looks like; ``generate`` draws a trace.
+
+What a spec can ask for, all drawn from one ``numpy`` generator seeded by ``spec.seed`` (the same
+spec and seed give the same trace, column for column):
+
+- **arrivals** from an arrival process (``traces.generate.arrivals``);
+- **lengths**: prompt and output tokens from two length distributions, or (prompt, output)
+  pairs resampled from a length file (``traces.generate.lengths``);
+- **shared system prompts**: ``count`` prompts of ``tokens`` tokens each; a ``fraction`` of
+  requests starts with one of them, chosen uniformly, before its own tokens;
+- **multi-turn conversations**: the arrival process gives conversation *starts*; each has a
+  geometric number of turns with mean ``mean_turns``; turn ``t``'s prompt is turn ``t-1``'s prompt
+  and output plus new user tokens, and it arrives an exponential think time (mean
+  ``think_time_s``) after turn ``t-1`` arrived (open loop: a simulator that wants turns to wait
+  for the previous answer can use the ``conversation_id`` and ``turn`` columns). A conversation
+  ends early rather than grow past ``max_context_tokens`` (prompt plus output);
+- **parallel sampling** ``n`` or **beam search** ``beam_width`` for a ``fraction`` of requests,
+  and ``priority_levels`` uniformly drawn priorities.
+
+Prompt contents are given as prefix identities of ``identity_block_tokens`` tokens whenever
+something is shared (system prompts, conversation history): a system prompt is a run of identities
+(its length rounded up to whole identity blocks so the request's own tokens start a fresh block);
+a conversation's history is a chain of identities that each turn extends. Identities are chained
+like a prefix cache's hashes: an identity always follows the same ones. Without sharing, traces
+carry no identities (every prompt is private, and the arrays stay small).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from traces.generate.arrivals import Poisson
+from traces.generate.lengths import LengthPairs, LogNormal
+from traces.trace import Trace
+
+
+@dataclass(frozen=True)
+class SystemPrompts:
+    count: int  # distinct system prompts
+    tokens: int  # tokens in each (rounded up to whole identity blocks)
+    fraction: float  # of requests (or conversations) that start with one
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.tokens < 1:
+            raise ValueError("system prompts need count >= 1 and tokens >= 1")
+        if not 0 <= self.fraction <= 1:
+            raise ValueError(f"system prompt fraction must be in [0, 1], got {self.fraction}")
+
+
+@dataclass(frozen=True)
+class Conversations:
+    mean_turns: float  # >= 1; turns per conversation are geometric with this mean
+    think_time_s: float  # mean gap between one turn's arrival and the next's
+    max_context_tokens: int = 32768  # a conversation ends before prompt + output exceeds this
+
+    def __post_init__(self) -> None:
+        if not self.mean_turns >= 1:
+            raise ValueError(f"mean turns per conversation must be >= 1, got {self.mean_turns}")
+        if not self.think_time_s >= 0:
+            raise ValueError(f"think time must be >= 0 s, got {self.think_time_s}")
+        if self.max_context_tokens < 2:
+            raise ValueError("max_context_tokens must be >= 2")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    n: int = 1  # parallel samples
+    beam_width: int = 1
+    fraction: float = 1.0  # of requests that sample this way (the rest: one greedy sample)
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.beam_width < 1 or (self.n > 1 and self.beam_width > 1):
+            raise ValueError("sampling needs n >= 1 and beam_width >= 1, not both > 1")
+        if not 0 <= self.fraction <= 1:
+            raise ValueError(f"sampling fraction must be in [0, 1], got {self.fraction}")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    num_requests: int
+    arrivals: object = field(default_factory=lambda: Poisson(1.0))  # an arrival process
+    prompt: object = field(default_factory=lambda: LogNormal(161.31, 1.0))  # a length distribution
+    output: object = field(default_factory=lambda: LogNormal(337.99, 1.0))
+    pairs: LengthPairs | None = None  # (prompt, output) pairs; replaces prompt and output
+    system_prompts: SystemPrompts | None = None
+    conversations: Conversations | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    priority_levels: int = 1
+    identity_block_tokens: int = 64
+    seed: int = 0
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1:
+            raise ValueError(f"the number of requests must be >= 1, got {self.num_requests}")
+        if self.priority_levels < 1:
+            raise ValueError("priority levels must be >= 1")
+        if self.identity_block_tokens < 1:
+            raise ValueError("identity block size must be >= 1 token")
+
+
+def _lengths(spec: WorkloadSpec, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if spec.pairs is not None:
+        return spec.pairs.sample(count, rng)
+    return spec.prompt.sample(count, rng), spec.output.sample(count, rng)
+
+
+def _conversations(spec: WorkloadSpec, rng: np.random.Generator, system_tokens: np.ndarray):
+    """Per request, in arrival order: conversation, turn, arrival, prompt and output.
+
+    Conversations start by the arrival process and their turns follow by think times; the trace
+    is the first ``num_requests`` turns *by arrival*, a window of steady traffic (the last
+    conversations in it are cut short, as in any window of a real trace).
+    """
+    conv = spec.conversations
+    count = spec.num_requests
+    # enough conversations that the window is full: each has mean_turns turns on average
+    num_conversations = min(count, int(count / conv.mean_turns * 1.25) + 16)
+    while True:
+        turns = rng.geometric(1.0 / conv.mean_turns, num_conversations)
+        draws = int(turns.sum())
+        starts = spec.arrivals.times(num_conversations, rng)
+        user, output = _lengths(spec, draws, rng)
+        think = rng.exponential(conv.think_time_s, draws) if conv.think_time_s > 0 else np.zeros(draws)
+        conv_of = np.repeat(np.arange(num_conversations), turns)
+        first = np.cumsum(turns) - turns  # index of each conversation's first turn
+        turn = np.arange(draws) - first[conv_of]
+        # arrival of turn t = start + think times of turns 0..t-1
+        gaps = np.where(turn == 0, 0.0, np.r_[0.0, think[:-1]])
+        arrival = starts[conv_of] + _segment_cumsum(gaps, first, turns)
+        # prompt of turn t = system prompt + sum over earlier turns of (user + output) + user_t
+        grown = _segment_cumsum(np.r_[0, (user + output)[:-1]] * (turn > 0), first, turns)
+        prompt = system_tokens[:num_conversations][conv_of] + grown + user
+        fits = (prompt + output <= conv.max_context_tokens) | (turn == 0)
+        # a conversation ends at its first turn that does not fit
+        fits = _segment_cumsum((~fits).astype(np.int64), first, turns) == 0
+        if int(fits.sum()) >= count or num_conversations == count * 4:
+            break
+        num_conversations = min(count * 4, num_conversations * 2)  # rare: long turns were cut
+    keep = np.flatnonzero(fits)
+    order = keep[np.argsort(arrival[keep], kind="stable")][:count]
+    if order.size < count:
+        raise ValueError("conversations end too early for the context limit; raise max_context_tokens")
+    return conv_of[order], turn[order], arrival[order], prompt[order], output[order]
+
+
+def _segment_cumsum(values: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Running sums of ``values`` restarting at each segment (segments given by first index and length)."""
+    total = np.cumsum(values)
+    before = np.r_[0, total][first]  # sum of everything before each segment
+    return total - np.repeat(before, lengths)
+
+
+def generate(spec: WorkloadSpec) -> Trace:
+    """Draw the trace ``spec`` describes (reproducible from ``spec.seed``)."""
+    rng = np.random.default_rng(spec.seed)
+    count = spec.num_requests
+    block = spec.identity_block_tokens
+    system = spec.system_prompts
+    # system prompt per request (or per conversation): -1 = none
+    count = count if spec.conversations is None else 4 * count  # conversations <= 4 x requests
+    which_system = np.full(count, -1, dtype=np.int64)
+    system_blocks = 0
+    if system is not None:
+        system_blocks = -(-system.tokens // block)
+        chosen = rng.random(count) < system.fraction
+        which_system = np.where(chosen, rng.integers(0, system.count, count), -1)
+    system_tokens = np.where(which_system >= 0, system_blocks * block, 0)
+
+    count = spec.num_requests
+    if spec.conversations is None:
+        arrival = spec.arrivals.times(count, rng)
+        user, output = _lengths(spec, count, rng)
+        prompt = system_tokens + user
+        chain = np.arange(count)  # each request's own identities form their own chain
+        conversation_id = turn = None
+    else:
+        conversation_id, turn, arrival, prompt, output = _conversations(spec, rng, system_tokens)
+        chain = conversation_id  # turns of a conversation extend one chain
+        which_system = which_system[conversation_id]
+
+    sampling = spec.sampling
+    sampled = rng.random(count) < sampling.fraction
+    n = np.where(sampled, sampling.n, 1)
+    beam_width = np.where(sampled, sampling.beam_width, 1)
+    priority = rng.integers(0, spec.priority_levels, count) if spec.priority_levels > 1 else None
+
+    ids = offsets = None
+    if system is not None or spec.conversations is not None:
+        ids, offsets = _identities(prompt, which_system, chain, block, system_blocks,
+                                   0 if system is None else system.count)
+    return Trace(
+        arrival_s=arrival, prompt_len=prompt, output_len=output, n=n, beam_width=beam_width,
+        priority=priority, conversation_id=conversation_id, turn=turn,
+        prefix_id_values=ids, prefix_id_offsets=offsets,
+        prefix_block_tokens=block if ids is not None else 0,
+        source=f"workload:{spec.name} (seed {spec.seed})",
+    )
+
+
+def _identities(prompt, which_system, chain, block: int, system_blocks: int, num_systems: int):
+    """CSR identities: a system prompt's run of ids (if any), then the request's chain's ids.
+
+    Ids ``[0, num_systems * system_blocks)`` are the system prompts'; chain ``c``'s ids start at
+    ``num_systems * system_blocks + c * stride`` with a stride larger than any prompt's block
+    count, so position ``p`` of a chain has the same id in every request of that chain.
+    """
+    counts = -(-prompt // block)
+    offsets = np.zeros(len(prompt) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    row = np.repeat(np.arange(len(prompt)), counts)
+    position = np.arange(offsets[-1]) - offsets[row]
+    own_start = np.where(which_system >= 0, system_blocks, 0)[row]
+    stride = int(counts.max()) + 1
+    chain_base = num_systems * system_blocks + chain.astype(np.int64) * stride
+    values = np.where(
+        position < own_start,
+        which_system[row] * system_blocks + position,
+        chain_base[row] + position - own_start,
+    )
+    return values, offsets

@@ -1,0 +1,102 @@
+"""Trace loaders: one module per file format, one entry point, ``load_trace``.
+
+``load_trace(path, format=None, ...)`` reads a trace file into a ``Trace``. The format is the one
+named, or detected from the first line (a JSON object's keys, a CSV header's names): see
+``detect_format``. Any of them may be gzip-compressed (``.gz``). Every problem is a
+``TraceFormatError`` naming the file and line; safe repairs are ``TraceWarning``s.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from traces.errors import TraceFormatError
+from traces.loaders.azure import load_azure
+from traces.loaders.burstgpt import load_burstgpt
+from traces.loaders.generic import ColumnMap, load_csv, load_jsonl, load_lengths
+from traces.loaders.mooncake import load_mooncake
+from traces.loaders.pagesim_jsonl import is_header, load_pagesim, write_jsonl
+from traces.loaders.text import PathArg, first_line
+from traces.trace import Trace
+
+FORMATS: dict[str, str] = {
+    "azure": "Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)",
+    "mooncake": "Mooncake JSONL (timestamp ms, input_length, output_length, hash_ids of 512 tokens)",
+    "burstgpt": "BurstGPT CSV (Timestamp, Model, Request tokens, Response tokens, Log Type)",
+    "lengths": "length-only CSV (num_prefill_tokens, num_decode_tokens) + an arrival process",
+    "csv": "any CSV with a header; --columns says which column is which",
+    "jsonl": "any JSONL; --columns says which key is which",
+    "pagesim": "pagesim's own JSONL (written by `pagesim trace gen`)",
+}
+
+
+def detect_format(path: PathArg) -> str:
+    """The format of ``path`` judged from its first line."""
+    line = first_line(path)
+    if line.lstrip().startswith("{"):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise TraceFormatError(path, "line 1 looks like JSON but does not parse", 1) from None
+        if not isinstance(obj, dict):
+            return "jsonl"
+        if is_header(obj):
+            return "pagesim"
+        if {"timestamp", "input_length", "output_length", "hash_ids"} <= obj.keys():
+            return "mooncake"
+        return "jsonl"
+    names = {name.strip() for name in next(csv.reader([line]))}
+    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= names:
+        return "azure"
+    if {"Timestamp", "Model", "Request tokens", "Response tokens", "Log Type"} <= names:
+        return "burstgpt"
+    guessed = ColumnMap.guess(names)
+    if guessed is not None and guessed.arrival is None:
+        return "lengths"
+    return "csv"
+
+
+def load_trace(
+    path: PathArg,
+    format: str | None = None,
+    *,
+    columns: ColumnMap | None = None,
+    model: str | None = None,
+    log_type: str | None = None,
+    arrivals=None,
+    seed: int = 0,
+    prefix_block_tokens: int = 0,
+) -> Trace:
+    """Read ``path`` as ``format`` (detected if None).
+
+    ``columns`` maps fields to columns for ``csv``, ``jsonl`` and ``lengths``; ``model`` and
+    ``log_type`` filter BurstGPT rows; ``arrivals`` (an arrival process) and ``seed`` give a
+    length-only file its arrival times; ``prefix_block_tokens`` says how many tokens each
+    identity of a generic JSONL's ``prefix_ids`` column stands for.
+    """
+    fmt = format or detect_format(path)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown trace format {fmt!r} (formats: {', '.join(FORMATS)})")
+    if (model or log_type) and fmt != "burstgpt":
+        raise ValueError(f"--burstgpt-model and --burstgpt-log-type filter BurstGPT traces, not {fmt}")
+    if arrivals is not None and fmt not in ("lengths", "csv", "jsonl"):
+        raise ValueError(f"a {fmt} trace has its own arrival times; an arrival process is for length-only files")
+    if columns is not None and fmt not in ("lengths", "csv", "jsonl"):
+        raise ValueError(f"--columns is for csv, jsonl and lengths files, not {fmt}")
+    if fmt == "azure":
+        return load_azure(path)
+    if fmt == "mooncake":
+        return load_mooncake(path)
+    if fmt == "burstgpt":
+        return load_burstgpt(path, model=model, log_type=log_type)
+    if fmt == "lengths":
+        return load_lengths(path, arrivals=arrivals, seed=seed, columns=columns)
+    if fmt == "csv":
+        return load_csv(path, columns, arrivals=arrivals, seed=seed)
+    if fmt == "jsonl":
+        return load_jsonl(path, columns, arrivals=arrivals, seed=seed, prefix_block_tokens=prefix_block_tokens)
+    return load_pagesim(path)
+
+
+__all__ = ["FORMATS", "ColumnMap", "detect_format", "load_trace", "write_jsonl"]

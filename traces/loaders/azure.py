@@ -1,0 +1,55 @@
+"""Azure LLM inference traces (Patel et al., Splitwise, ISCA 2024; AzurePublicDataset).
+
+Format: CSV with ``TIMESTAMP, ContextTokens, GeneratedTokens``; the timestamp is a naive wall-clock
+datetime with seven fractional digits (``2023-11-16 18:15:46.6805900``), one more than Python and
+numpy parse, so the seventh (100 ns) digit is dropped. The 2023 code and conversation files share
+the format. Arrivals become seconds from the first request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from traces.errors import TraceFormatError
+from traces.loaders.build import build_trace
+from traces.loaders.text import PathArg, read_csv, to_numbers
+from traces.trace import Trace
+
+COLUMNS = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+
+
+def _to_microseconds(text: str) -> str:
+    head, dot, fraction = text.strip().partition(".")
+    return f"{head}.{fraction[:6]}" if dot else head
+
+
+def parse_timestamps(path: PathArg, stamps: list[str], lines: np.ndarray) -> np.ndarray:
+    """Wall-clock stamps as seconds from the first (float64), or an error at the first bad one."""
+    trimmed = [_to_microseconds(stamp) for stamp in stamps]
+    try:
+        times = np.asarray(trimmed, dtype="datetime64[us]")
+    except ValueError:
+        for stamp, line in zip(trimmed, lines):
+            try:
+                np.datetime64(stamp, "us")
+            except ValueError:
+                raise TraceFormatError(
+                    path, f"TIMESTAMP: expected a date and time like 2023-11-16 18:15:46.6805900, "
+                    f"found {stamp!r}", int(line)) from None
+        raise
+    bad = np.flatnonzero(np.isnat(times))
+    if bad.size:
+        raise TraceFormatError(path, "TIMESTAMP: missing (NaT)", int(lines[bad[0]]))
+    return (times - times[0]).astype(np.int64) / 1e6
+
+
+def load_azure(path: PathArg) -> Trace:
+    table = read_csv(path, COLUMNS)
+    cols, lines = table.columns, table.lines
+    return build_trace(
+        path, lines,
+        arrival_s=parse_timestamps(path, cols["TIMESTAMP"], lines),
+        prompt_len=to_numbers(path, cols["ContextTokens"], lines, "ContextTokens", integer=True, minimum=1),
+        output_len=to_numbers(path, cols["GeneratedTokens"], lines, "GeneratedTokens", integer=True, minimum=1),
+        source=f"azure:{path}",
+    )

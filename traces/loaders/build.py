@@ -1,0 +1,39 @@
+"""Assembling a ``Trace`` from a loader's columns, with row errors restated at file lines."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from traces.errors import TraceFormatError
+from traces.loaders.text import PathArg
+from traces.trace import Trace
+
+
+def build_trace(path: PathArg, lines: np.ndarray, *, rebase: bool = True, **columns) -> Trace:
+    """``Trace(**columns)``; a problem with row ``i`` is reported at ``lines[i]`` of ``path``.
+
+    With ``rebase``, arrival times are shifted so the first request arrives at 0 (files hold
+    wall-clock or relative stamps; the trace type holds seconds from the first arrival).
+    """
+    arrival_s = np.asarray(columns.pop("arrival_s"), dtype=np.float64)
+    if rebase and arrival_s.size and np.isfinite(arrival_s[0]):
+        arrival_s = arrival_s - arrival_s[0]
+    try:
+        return Trace(arrival_s=arrival_s, **columns)
+    except TraceFormatError as exc:
+        if exc.row is not None and exc.problem == "arrival times must be sorted":
+            row = exc.row
+            raise TraceFormatError(
+                path, f"arrival times must be sorted: this request arrives "
+                f"{arrival_s[row - 1] - arrival_s[row]:.6g} s before the one on line "
+                f"{int(lines[row - 1])} (sort the file by time first)", int(lines[row])) from None
+        raise exc.at_line_of(path, lines) from None
+
+
+def csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged integer lists as (flat values, offsets)."""
+    counts = np.fromiter((len(ids) for ids in lists), dtype=np.int64, count=len(lists))
+    offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    flat = [value for ids in lists for value in ids]
+    return np.asarray(flat, dtype=np.int64) if flat else np.zeros(0, np.int64), offsets

@@ -1,0 +1,123 @@
+"""pagesim's own trace file: JSONL with a header line, written by ``pagesim trace gen``.
+
+Line 1 is a header, ``{"pagesim_trace": 1, "prefix_block_tokens": B, "has_arrivals": true,
+"source": "..."}``; every further line is one request, ``{"arrival_s": 0.12, "prompt_len": 161,
+"output_len": 338}`` plus, where they differ from the defaults, ``n``, ``beam_width``,
+``priority``, ``prefix_ids`` (list of integer identities of B tokens each) and, for multi-turn
+workloads, ``conversation_id`` and ``turn``. Reading it back gives the same trace, column for
+column. Files are written to a temporary name and renamed, so a failed write leaves no half file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from traces.errors import TraceFormatError
+from traces.loaders.generic import ColumnMap, _columns_to_trace
+from traces.loaders.text import PathArg, read_jsonl
+from traces.trace import Trace
+
+HEADER_KEY = "pagesim_trace"
+VERSION = 1
+_DEFAULTS = {"n": 1, "beam_width": 1, "priority": 0}
+
+
+def is_header(obj: dict) -> bool:
+    return HEADER_KEY in obj
+
+
+def write_jsonl(trace: Trace, path: PathArg) -> Path:
+    """Write ``trace`` to ``path`` (gzip if it ends in ``.gz``), atomically."""
+    path = Path(path)
+    header = {HEADER_KEY: VERSION, "prefix_block_tokens": trace.prefix_block_tokens,
+              "has_arrivals": trace.has_arrivals, "source": trace.source}
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    arrival = trace.arrival_s.tolist()
+    prompt, output = trace.prompt_len.tolist(), trace.output_len.tolist()
+    extras = {name: getattr(trace, name).tolist() for name in _DEFAULTS}
+    conv = None if trace.conversation_id is None else (trace.conversation_id.tolist(), trace.turn.tolist())
+    try:
+        with opener(tmp, "wt", encoding="utf-8") as out:
+            out.write(json.dumps(header) + "\n")
+            for i in range(len(trace)):
+                parts = [f'"arrival_s": {arrival[i]!r}, "prompt_len": {prompt[i]}, "output_len": {output[i]}']
+                for name, default in _DEFAULTS.items():
+                    if extras[name][i] != default:
+                        parts.append(f'"{name}": {extras[name][i]}')
+                if conv is not None:
+                    parts.append(f'"conversation_id": {conv[0][i]}, "turn": {conv[1][i]}')
+                ids = trace.prefix_ids(i)
+                if ids is not None:
+                    parts.append(f'"prefix_ids": [{", ".join(map(str, ids.tolist()))}]')
+                out.write("{" + ", ".join(parts) + "}\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_pagesim(path: PathArg) -> Trace:
+    rows = iter(read_jsonl(path))
+    try:
+        line, header = next(rows)
+    except StopIteration:
+        raise TraceFormatError(path, "empty file") from None
+    if not is_header(header):
+        raise TraceFormatError(path, f"expected a {HEADER_KEY!r} header line", line)
+    if header[HEADER_KEY] != VERSION:
+        raise TraceFormatError(path, f"{HEADER_KEY} version {header[HEADER_KEY]!r} is not supported "
+                               f"(this pagesim reads version {VERSION})", line)
+    block_tokens = header.get("prefix_block_tokens", 0)
+    if type(block_tokens) is not int or block_tokens < 0:
+        raise TraceFormatError(path, "prefix_block_tokens must be a non-negative integer", line)
+    names = ["arrival", "prompt", "output", *_DEFAULTS]
+    keys = ["arrival_s", "prompt_len", "output_len", *_DEFAULTS]
+    values: dict[str, list] = {name: [] for name in names}
+    prefix_ids: list[list[int]] = []
+    conv_ids: list[int] = []
+    turns: list[int] = []
+    lines: list[int] = []
+    for line, obj in rows:
+        for name, key in zip(names, keys):
+            value = obj.get(key, _DEFAULTS.get(key))
+            if value is None:
+                raise TraceFormatError(path, f"missing key {key!r}", line)
+            values[name].append(value)
+        ids = obj.get("prefix_ids", [])
+        prefix_ids.append(ids)
+        if ("conversation_id" in obj) != ("turn" in obj) or (lines and ("turn" in obj) != bool(turns)):
+            raise TraceFormatError(path, "conversation_id and turn must be on every row or on none", line)
+        if "turn" in obj:
+            conv_ids.append(obj["conversation_id"])
+            turns.append(obj["turn"])
+        lines.append(line)
+    if not lines:
+        raise TraceFormatError(path, "no requests (only a header)")
+    if conv_ids:
+        values["conversation_id"], values["turn"] = conv_ids, turns
+    if any(prefix_ids):
+        values["prefix_ids"] = prefix_ids
+    columns = ColumnMap(arrival="arrival_s", prompt="prompt_len", output="output_len",
+                        **{name: name for name in (*_DEFAULTS, "conversation_id", "turn") if name in values},
+                        prefix_ids="prefix_ids" if "prefix_ids" in values else None)
+    return _columns_to_trace(path, lines, values, columns, arrivals=None, seed=0,
+                             prefix_block_tokens=block_tokens, source=header.get("source") or f"pagesim:{path}",
+                             rebase=False, has_arrivals=bool(header.get("has_arrivals", True)))
+
+
+def same_columns(a: Trace, b: Trace) -> bool:
+    """Whether two traces hold the same requests (for round-trip checks)."""
+    names = ("arrival_s", "prompt_len", "output_len", "n", "beam_width", "priority",
+             "conversation_id", "turn", "prefix_id_values", "prefix_id_offsets")
+    for name in names:
+        x, y = getattr(a, name), getattr(b, name)
+        if (x is None) != (y is None) or (x is not None and not np.array_equal(x, y)):
+            return False
+    return a.prefix_block_tokens == b.prefix_block_tokens

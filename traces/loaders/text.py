@@ -1,0 +1,212 @@
+"""Reading CSV and JSONL trace files line by line, with every problem tied to a file line.
+
+Shared by all loaders: opening plain or ``.gz`` files, reading a CSV's header and rows (keeping
+the line each row started on), reading JSON objects from JSONL, and turning columns of text into
+numbers. Conversion takes a fast path over whole columns (numpy) and only walks the rows when
+that fails, to name the first bad line.
+
+Repairs, each reported as a ``TraceWarning``: a last line that was cut off mid-row (the file does
+not end with a newline and the row is short or is not valid JSON) is dropped. Everything else
+that is wrong is an error: an empty file, a missing column, a short or long row, a value that is
+not a number, a negative or fractional count.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+
+from traces.errors import TraceFormatError, warn
+
+PathArg = str | PathLike[str]
+
+
+def open_text(path: PathArg) -> io.TextIOBase:
+    """``path`` opened for reading text (``.gz`` decompressed), or a one-line error."""
+    path = Path(path)
+    try:
+        if path.suffix == ".gz":
+            return gzip.open(path, "rt", encoding="utf-8", newline="")
+        return open(path, encoding="utf-8", newline="")
+    except FileNotFoundError:
+        raise TraceFormatError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TraceFormatError(path, "is a directory, not a trace file") from None
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def read_all(path: PathArg) -> str:
+    """The whole file as text; gzip and encoding problems become one error line."""
+    handle = open_text(path)
+    try:
+        with handle:
+            return handle.read()
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise TraceFormatError(path, f"cannot read (damaged gzip?): {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(path, f"not UTF-8 text (byte {exc.start})") from None
+
+
+def first_line(path: PathArg) -> str:
+    """The first non-blank line (for format detection)."""
+    handle = open_text(path)
+    try:
+        with handle:
+            for line in handle:
+                if line.strip():
+                    return line.strip("\r\n")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(path, f"cannot read: {exc}") from None
+    raise TraceFormatError(path, "empty file")
+
+
+# ---------------------------------------------------------------------- CSV
+class CsvColumns:
+    """A CSV file's wanted columns as lists of strings, plus the line each row began on."""
+
+    def __init__(self, path: PathArg, header: list[str], columns: dict[str, list[str]], lines: list[int]):
+        self.path = path
+        self.header = header
+        self.columns = columns
+        self.lines = np.asarray(lines, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+def read_csv(path: PathArg, wanted: list[str], optional: tuple[str, ...] = ()) -> CsvColumns:
+    """Columns ``wanted`` (all required) and ``optional`` (if present) of a CSV with a header.
+
+    Header names are matched after stripping spaces. A missing column is an error naming the
+    columns the file does have.
+    """
+    text = read_all(path)
+    if not text.strip():
+        raise TraceFormatError(path, "empty file")
+    ends_with_newline = text.endswith(("\n", "\r"))
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = [name.strip() for name in next(reader)]
+    except csv.Error as exc:
+        raise TraceFormatError(path, f"cannot parse the header: {exc}", 1) from None
+    index = {name: k for k, name in enumerate(header)}
+    missing = [name for name in wanted if name not in index]
+    if missing:
+        raise TraceFormatError(
+            path, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"(the header has: {', '.join(header) or 'nothing'})", 1)
+    names = list(wanted) + [name for name in optional if name in index]
+    positions = [index[name] for name in names]
+    columns: dict[str, list[str]] = {name: [] for name in names}
+    lists = [columns[name] for name in names]
+    lines: list[int] = []
+    width = len(header)
+    line = reader.line_num
+    pending_short: tuple[int, int] | None = None  # a short row, fatal unless it is the cut-off last one
+    try:
+        for row in reader:
+            start, line = line + 1, reader.line_num
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue  # blank line
+            if pending_short is not None:
+                raise TraceFormatError(path, f"expected {width} fields, found {pending_short[1]}", pending_short[0])
+            if len(row) != width:
+                if len(row) < width:
+                    pending_short = (start, len(row))
+                    continue
+                raise TraceFormatError(path, f"expected {width} fields, found {len(row)}", start)
+            for values, k in zip(lists, positions):
+                values.append(row[k])
+            lines.append(start)
+    except csv.Error as exc:
+        raise TraceFormatError(path, f"cannot parse CSV: {exc}", reader.line_num) from None
+    if pending_short is not None:
+        if ends_with_newline:
+            raise TraceFormatError(path, f"expected {width} fields, found {pending_short[1]}", pending_short[0])
+        warn(path, f"last line is cut off ({pending_short[1]} of {width} fields); dropped it", pending_short[0])
+    if not lines:
+        raise TraceFormatError(path, "no requests (only a header)")
+    return CsvColumns(path, header, columns, lines)
+
+
+# ---------------------------------------------------------------------- JSONL
+def read_jsonl(path: PathArg) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line; a cut-off last line is dropped."""
+    text = read_all(path)
+    if not text.strip():
+        raise TraceFormatError(path, "empty file")
+    lines = text.splitlines()
+    last = len(lines)
+    while last and not lines[last - 1].strip():
+        last -= 1
+    cut_off_possible = not text.endswith(("\n", "\r"))
+    for number, line in enumerate(lines[:last], start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == last and cut_off_possible:
+                warn(path, "last line is cut off (not complete JSON); dropped it", number)
+                return
+            raise TraceFormatError(path, f"not valid JSON ({exc.msg} at column {exc.colno})", number) from None
+        if not isinstance(obj, dict):
+            raise TraceFormatError(path, f"expected a JSON object, found {type(obj).__name__}", number)
+        yield number, obj
+
+
+# ---------------------------------------------------------------------- numbers
+def to_numbers(
+    path: PathArg,
+    values: list,
+    lines: np.ndarray,
+    column: str,
+    *,
+    integer: bool,
+    minimum: float | None = 0,
+) -> np.ndarray:
+    """``values`` (strings or JSON numbers) as float64 or int64, or an error at the first bad line.
+
+    Integers may be written ``12`` or ``12.0`` but not ``12.5``; ``minimum`` bounds every value.
+    """
+    try:
+        array = np.asarray(values, dtype=np.float64) if not values or not isinstance(values[0], str) \
+            else np.asarray(values).astype(np.float64)
+        ok = np.isfinite(array)
+        if integer:
+            ok &= array == np.floor(array)
+        if minimum is not None:
+            ok &= array >= minimum
+        if ok.all():
+            return array.astype(np.int64) if integer else array
+    except (ValueError, TypeError):
+        pass
+    for value, line in zip(values, lines):
+        problem = _number_problem(value, integer=integer, minimum=minimum)
+        if problem:
+            raise TraceFormatError(path, f"{column}: {problem}", int(line))
+    raise AssertionError("unreachable: a conversion failed but no value was bad")
+
+
+def _number_problem(value, *, integer: bool, minimum: float | None) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return f"expected a number, found {json.dumps(value)}"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return f"expected a number, found {value!r}"
+    if not np.isfinite(number):
+        return f"expected a finite number, found {value!r}"
+    if integer and number != int(number):
+        return f"expected a whole number, found {value!r}"
+    if minimum is not None and number < minimum:
+        return f"must be >= {minimum:g}, found {value!r}"
+    return None
