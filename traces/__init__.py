@@ -1,1 +1,14 @@
-"""Trace loaders and synthetic workload generators (see DESIGN.md; filled in by the traces issue)."""
+"""Request traces: what a what-if study replays.
+
+- ``traces.trace.Trace``: requests held column-wise (numpy), with slicing, rescaling and lazy
+  conversion to the policy's ``Request`` objects;
+- ``traces.loaders.load_trace``: real public traces (Azure, Mooncake, BurstGPT), length-only
+  files, any CSV/JSONL with a column map, pagesim's own JSONL; ``.gz`` for all; errors name the
+  file and line;
+- ``traces.generate``: arrival processes, length distributions, shared system prompts,
+  multi-turn conversations, parallel sampling and beam search, and named workloads such as the
+  PagedAttention paper's ``kwon2023-sharegpt`` and ``kwon2023-alpaca``;
+- ``traces.tokens``: pseudo-token ids for prompts known by prefix identities only;
+- ``traces.stats``: what ``pagesim trace stats`` prints, including prefix reuse;
+- ``traces.source``: the ``--trace`` / ``--workload`` flags every replaying command shares.
+"""

@@ -79,6 +79,8 @@ def prefix_reuse_at(trace: Trace, block_size: int) -> float | None:
 
 
 def trace_stats(trace: Trace, *, block_size: int | None = None) -> dict:
+    if len(trace) == 0:
+        raise ValueError("the trace has no requests")
     stats: dict = {
         "source": trace.source,
         "requests": len(trace),

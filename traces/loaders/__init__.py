@@ -9,7 +9,9 @@ named, or detected from the first line (a JSON object's keys, a CSV header's nam
 from __future__ import annotations
 
 import csv
+import gc
 import json
+from contextlib import contextmanager
 
 from traces.errors import TraceFormatError
 from traces.loaders.azure import load_azure
@@ -84,6 +86,25 @@ def load_trace(
         raise ValueError(f"a {fmt} trace has its own arrival times; an arrival process is for length-only files")
     if columns is not None and fmt not in ("lengths", "csv", "jsonl"):
         raise ValueError(f"--columns is for csv, jsonl and lengths files, not {fmt}")
+    # Loading builds millions of short-lived lists and dicts that hold no cycles; the cyclic
+    # garbage collector would otherwise scan them again and again (2-3x the parse time).
+    with paused_gc():
+        return _load(path, fmt, columns=columns, model=model, log_type=log_type, arrivals=arrivals,
+                     seed=seed, prefix_block_tokens=prefix_block_tokens)
+
+
+@contextmanager
+def paused_gc():
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _load(path, fmt, *, columns, model, log_type, arrivals, seed, prefix_block_tokens) -> Trace:
     if fmt == "azure":
         return load_azure(path)
     if fmt == "mooncake":

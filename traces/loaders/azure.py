@@ -1,9 +1,9 @@
 """Azure LLM inference traces (Patel et al., Splitwise, ISCA 2024; AzurePublicDataset).
 
 Format: CSV with ``TIMESTAMP, ContextTokens, GeneratedTokens``; the timestamp is a naive wall-clock
-datetime with seven fractional digits (``2023-11-16 18:15:46.6805900``), one more than Python and
-numpy parse, so the seventh (100 ns) digit is dropped. The 2023 code and conversation files share
-the format. Arrivals become seconds from the first request.
+datetime with seven fractional digits (``2023-11-16 18:15:46.6805900``), one more than Python's
+``%f`` takes; numpy parses them whole at nanosecond resolution. The 2023 code and conversation
+files share the format. Arrivals become seconds from the first request.
 """
 
 from __future__ import annotations
@@ -18,20 +18,14 @@ from traces.trace import Trace
 COLUMNS = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
 
 
-def _to_microseconds(text: str) -> str:
-    head, dot, fraction = text.strip().partition(".")
-    return f"{head}.{fraction[:6]}" if dot else head
-
-
 def parse_timestamps(path: PathArg, stamps: list[str], lines: np.ndarray) -> np.ndarray:
     """Wall-clock stamps as seconds from the first (float64), or an error at the first bad one."""
-    trimmed = [_to_microseconds(stamp) for stamp in stamps]
     try:
-        times = np.asarray(trimmed, dtype="datetime64[us]")
+        times = np.asarray(stamps, dtype="datetime64[ns]")
     except ValueError:
-        for stamp, line in zip(trimmed, lines):
+        for stamp, line in zip(stamps, lines):
             try:
-                np.datetime64(stamp, "us")
+                np.datetime64(stamp.strip(), "ns")
             except ValueError:
                 raise TraceFormatError(
                     path, f"TIMESTAMP: expected a date and time like 2023-11-16 18:15:46.6805900, "
@@ -40,7 +34,7 @@ def parse_timestamps(path: PathArg, stamps: list[str], lines: np.ndarray) -> np.
     bad = np.flatnonzero(np.isnat(times))
     if bad.size:
         raise TraceFormatError(path, "TIMESTAMP: missing (NaT)", int(lines[bad[0]]))
-    return (times - times[0]).astype(np.int64) / 1e6
+    return (times - times[0]).astype(np.int64) / 1e9
 
 
 def load_azure(path: PathArg) -> Trace:

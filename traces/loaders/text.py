@@ -72,7 +72,7 @@ def first_line(path: PathArg) -> str:
 class CsvColumns:
     """A CSV file's wanted columns as lists of strings, plus the line each row began on."""
 
-    def __init__(self, path: PathArg, header: list[str], columns: dict[str, list[str]], lines: list[int]):
+    def __init__(self, path: PathArg, header: list[str], columns: dict[str, tuple[str, ...]], lines):
         self.path = path
         self.header = header
         self.columns = columns
@@ -105,36 +105,57 @@ def read_csv(path: PathArg, wanted: list[str], optional: tuple[str, ...] = ()) -
             f"(the header has: {', '.join(header) or 'nothing'})", 1)
     names = list(wanted) + [name for name in optional if name in index]
     positions = [index[name] for name in names]
-    columns: dict[str, list[str]] = {name: [] for name in names}
-    lists = [columns[name] for name in names]
-    lines: list[int] = []
     width = len(header)
+    try:
+        rows = list(reader)
+    except csv.Error as exc:
+        raise TraceFormatError(path, f"cannot parse CSV: {exc}", reader.line_num) from None
+    if reader.line_num == len(rows) + 1 and rows and rows[-1] and all(len(row) == width for row in rows[:-1]):
+        # fast path: one line per row, every row but perhaps the last complete
+        lines = np.arange(2, len(rows) + 2, dtype=np.int64)
+        if len(rows[-1]) != width:
+            _bad_last_row(path, rows[-1], width, int(lines[-1]), ends_with_newline)
+            rows.pop()
+            lines = lines[:-1]
+    else:  # blank lines or quoted newlines: find each row's first line
+        rows, lines = _rows_with_lines(path, text, width, ends_with_newline)
+    if not rows:
+        raise TraceFormatError(path, "no requests (only a header)")
+    columns = list(zip(*rows))
+    return CsvColumns(path, header, {name: columns[k] for name, k in zip(names, positions)}, lines)
+
+
+def _bad_last_row(path: PathArg, row: list[str], width: int, line: int, ends_with_newline: bool) -> None:
+    """A last row of the wrong width: repaired (dropped) only if the file was cut off in it."""
+    if len(row) < width and not ends_with_newline:
+        warn(path, f"last line is cut off ({len(row)} of {width} fields); dropped it", line)
+        return
+    raise TraceFormatError(path, f"expected {width} fields, found {len(row)}", line)
+
+
+def _rows_with_lines(path: PathArg, text: str, width: int, ends_with_newline: bool):
+    reader = csv.reader(io.StringIO(text, newline=""))
+    next(reader)
+    rows: list[list[str]] = []
+    lines: list[int] = []
     line = reader.line_num
-    pending_short: tuple[int, int] | None = None  # a short row, fatal unless it is the cut-off last one
     try:
         for row in reader:
             start, line = line + 1, reader.line_num
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue  # blank line
-            if pending_short is not None:
-                raise TraceFormatError(path, f"expected {width} fields, found {pending_short[1]}", pending_short[0])
-            if len(row) != width:
-                if len(row) < width:
-                    pending_short = (start, len(row))
-                    continue
-                raise TraceFormatError(path, f"expected {width} fields, found {len(row)}", start)
-            for values, k in zip(lists, positions):
-                values.append(row[k])
+            rows.append(row)
             lines.append(start)
     except csv.Error as exc:
         raise TraceFormatError(path, f"cannot parse CSV: {exc}", reader.line_num) from None
-    if pending_short is not None:
-        if ends_with_newline:
-            raise TraceFormatError(path, f"expected {width} fields, found {pending_short[1]}", pending_short[0])
-        warn(path, f"last line is cut off ({pending_short[1]} of {width} fields); dropped it", pending_short[0])
-    if not lines:
-        raise TraceFormatError(path, "no requests (only a header)")
-    return CsvColumns(path, header, columns, lines)
+    for k, row in enumerate(rows[:-1]):
+        if len(row) != width:
+            raise TraceFormatError(path, f"expected {width} fields, found {len(row)}", lines[k])
+    if rows and len(rows[-1]) != width:
+        _bad_last_row(path, rows[-1], width, lines[-1], ends_with_newline)
+        rows.pop()
+        lines.pop()
+    return rows, np.asarray(lines, dtype=np.int64)
 
 
 # ---------------------------------------------------------------------- JSONL
