@@ -45,6 +45,8 @@ def add_parser(subparsers) -> None:
                         help="mean seconds between turns (default 30)")
     custom.add_argument("--max-context", type=int, default=32768, metavar="T",
                         help="a conversation ends before prompt + output exceed T tokens (default 32768)")
+    custom.add_argument("--warmup", type=float, metavar="S",
+                        help="conversations start S seconds before the trace (default 5 x turns x think time)")
     custom.add_argument("--n", type=int, default=1, help="parallel samples per request")
     custom.add_argument("--beam-width", type=int, default=1, help="beam width per request")
     custom.add_argument("--sampling-fraction", type=float, default=1.0,
@@ -94,7 +96,7 @@ def _custom_spec(args: argparse.Namespace):
         except ValueError as exc:
             raise ValueError(f"--system-prompts: expected K:TOKENS:FRACTION ({exc})") from None
     if args.turns is not None:
-        fields["conversations"] = Conversations(args.turns, args.think_time, args.max_context)
+        fields["conversations"] = Conversations(args.turns, args.think_time, args.max_context, args.warmup)
     return WorkloadSpec(
         num_requests=args.num_requests, sampling=Sampling(args.n, args.beam_width, args.sampling_fraction),
         priority_levels=args.priority_levels, identity_block_tokens=args.identity_block_tokens,

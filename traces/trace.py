@@ -90,8 +90,9 @@ class Trace:
             return int(hits[0]) if hits.size else None
 
         checks = [
-            (~np.isfinite(self.arrival_s) | (self.arrival_s < 0), "arrival time must be finite and >= 0"),
+            # order first: a row earlier than the first one is out of order, not "negative"
             (np.r_[False, np.diff(self.arrival_s) < 0], "arrival times must be sorted"),
+            (~np.isfinite(self.arrival_s) | (self.arrival_s < 0), "arrival time must be finite and >= 0"),
             (self.prompt_len < 1, "prompt length must be >= 1"),
             (self.output_len < 1, "output length must be >= 1"),
             ((self.n < 1) | (self.beam_width < 1), "n and beam_width must be >= 1"),

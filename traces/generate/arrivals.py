@@ -10,7 +10,8 @@ times in seconds (the first at the first gap after 0, not at 0):
 - ``Constant(rate_rps)``: one request every ``1 / rate`` seconds.
 - ``Piecewise(segments)``: a Poisson process whose rate changes over time, ``[(duration_s,
   rate_rps), ...]``; the last rate continues after the last segment. Drawn by mapping a unit-rate
-  process through the inverse of the cumulative rate (exact, no thinning).
+  process through the inverse of the cumulative rate (exact, no thinning); a zero-rate
+  segment gets no arrivals.
 
 ``parse_arrivals("gamma:cv=4", rate_rps=2.0)`` builds one from the CLI's ``--arrival``.
 """
@@ -91,13 +92,11 @@ class Piecewise:
         edges_s = np.r_[0.0, np.cumsum(durations)]
         cumulative = np.r_[0.0, np.cumsum(durations * rates)]  # expected arrivals by each edge
         unit = np.cumsum(rng.exponential(1.0, count))  # a unit-rate Poisson process
-        inside = unit <= cumulative[-1]
-        out = np.empty(count)
-        # inverse of the cumulative rate; zero-rate segments are flat and never hit
-        keep = np.r_[True, np.diff(cumulative) > 0]
-        out[inside] = np.interp(unit[inside], cumulative[keep], edges_s[keep])
-        out[~inside] = edges_s[-1] + (unit[~inside] - cumulative[-1]) / rates[-1]
-        return out
+        # unit value u falls in segment i when cumulative[i] < u <= cumulative[i + 1]; a
+        # zero-rate segment has an empty such interval, so it never receives an arrival. Past
+        # the last edge the last segment's rate continues (the same formula, i = last).
+        segment = np.minimum(np.searchsorted(cumulative, unit, side="left") - 1, len(rates) - 1)
+        return edges_s[segment] + (unit - cumulative[segment]) / rates[segment]
 
     def describe(self) -> str:
         return "piecewise " + ", ".join(f"{d:g}s@{r:g}/s" for d, r in self.segments)

@@ -13,7 +13,9 @@ spec and seed give the same trace, column for column):
   and output plus new user tokens, and it arrives an exponential think time (mean
   ``think_time_s``) after turn ``t-1`` arrived (open loop: a simulator that wants turns to wait
   for the previous answer can use the ``conversation_id`` and ``turn`` columns). A conversation
-  ends early rather than grow past ``max_context_tokens`` (prompt plus output);
+  ends early rather than grow past ``max_context_tokens`` (prompt plus output). Conversations
+  begin ``warmup_s`` before the trace's 0, so the trace is steady traffic from its first second
+  (conversations already under way, not a ramp from none);
 - **parallel sampling** ``n`` or **beam search** ``beam_width`` for a ``fraction`` of requests,
   and ``priority_levels`` uniformly drawn priorities.
 
@@ -54,8 +56,16 @@ class Conversations:
     mean_turns: float  # >= 1; turns per conversation are geometric with this mean
     think_time_s: float  # mean gap between one turn's arrival and the next's
     max_context_tokens: int = 32768  # a conversation ends before prompt + output exceeds this
+    warmup_s: float | None = None  # conversations start this long before 0; None: 5 x turns x think
+
+    @property
+    def effective_warmup_s(self) -> float:
+        """Long enough that almost every conversation begun at the warm-up's start is over by 0."""
+        return 5.0 * self.mean_turns * self.think_time_s if self.warmup_s is None else self.warmup_s
 
     def __post_init__(self) -> None:
+        if self.warmup_s is not None and not self.warmup_s >= 0:
+            raise ValueError(f"warm-up must be >= 0 s, got {self.warmup_s}")
         if not self.mean_turns >= 1:
             raise ValueError(f"mean turns per conversation must be >= 1, got {self.mean_turns}")
         if not self.think_time_s >= 0:
@@ -107,21 +117,25 @@ def _lengths(spec: WorkloadSpec, count: int, rng: np.random.Generator) -> tuple[
     return spec.prompt.sample(count, rng), spec.output.sample(count, rng)
 
 
-def _conversations(spec: WorkloadSpec, rng: np.random.Generator, system_tokens: np.ndarray):
-    """Per request, in arrival order: conversation, turn, arrival, prompt and output.
+def _conversations(spec: WorkloadSpec, rng: np.random.Generator, draw_system):
+    """Per request, in arrival order: conversation, turn, arrival, prompt, output, system prompt.
 
-    Conversations start by the arrival process and their turns follow by think times; the trace
-    is the first ``num_requests`` turns *by arrival*, a window of steady traffic (the last
-    conversations in it are cut short, as in any window of a real trace).
+    Conversations start by the arrival process, shifted to begin ``warmup_s`` before the trace's
+    0, and their turns follow by think times. The trace is the first ``num_requests`` turns
+    arriving at or after 0: a window of steady traffic, in which conversations begun during the
+    warm-up are already under way (their first turn in the window has ``turn > 0`` and their
+    history in its prompt) and the last ones are cut short, as in any window of a real trace.
+    Enough conversations are drawn that every one starting before the window's end is in it.
     """
     conv = spec.conversations
     count = spec.num_requests
-    # enough conversations that the window is full: each has mean_turns turns on average
-    num_conversations = min(count, int(count / conv.mean_turns * 1.25) + 16)
+    warmup_s = conv.effective_warmup_s
+    num_conversations = int(count / conv.mean_turns * 1.25) + 16
     while True:
         turns = rng.geometric(1.0 / conv.mean_turns, num_conversations)
         draws = int(turns.sum())
-        starts = spec.arrivals.times(num_conversations, rng)
+        starts = spec.arrivals.times(num_conversations, rng) - warmup_s
+        which_system, system_tokens = draw_system(num_conversations)
         user, output = _lengths(spec, draws, rng)
         think = rng.exponential(conv.think_time_s, draws) if conv.think_time_s > 0 else np.zeros(draws)
         conv_of = np.repeat(np.arange(num_conversations), turns)
@@ -132,18 +146,18 @@ def _conversations(spec: WorkloadSpec, rng: np.random.Generator, system_tokens: 
         arrival = starts[conv_of] + _segment_cumsum(gaps, first, turns)
         # prompt of turn t = system prompt + sum over earlier turns of (user + output) + user_t
         grown = _segment_cumsum(np.r_[0, (user + output)[:-1]] * (turn > 0), first, turns)
-        prompt = system_tokens[:num_conversations][conv_of] + grown + user
+        prompt = system_tokens[conv_of] + grown + user
         fits = (prompt + output <= conv.max_context_tokens) | (turn == 0)
         # a conversation ends at its first turn that does not fit
         fits = _segment_cumsum((~fits).astype(np.int64), first, turns) == 0
-        if int(fits.sum()) >= count or num_conversations == count * 4:
-            break
-        num_conversations = min(count * 4, num_conversations * 2)  # rare: long turns were cut
-    keep = np.flatnonzero(fits)
-    order = keep[np.argsort(arrival[keep], kind="stable")][:count]
-    if order.size < count:
-        raise ValueError("conversations end too early for the context limit; raise max_context_tokens")
-    return conv_of[order], turn[order], arrival[order], prompt[order], output[order]
+        keep = np.flatnonzero(fits & (arrival >= 0))
+        if keep.size >= count:
+            order = keep[np.argsort(arrival[keep], kind="stable")][:count]
+            if starts[-1] >= arrival[order[-1]]:  # no conversation missing from the window
+                break
+        num_conversations *= 2
+    return (conv_of[order], turn[order], arrival[order], prompt[order], output[order],
+            which_system[conv_of[order]])
 
 
 def _segment_cumsum(values: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -159,27 +173,26 @@ def generate(spec: WorkloadSpec) -> Trace:
     count = spec.num_requests
     block = spec.identity_block_tokens
     system = spec.system_prompts
-    # system prompt per request (or per conversation): -1 = none
-    count = count if spec.conversations is None else 4 * count  # conversations <= 4 x requests
-    which_system = np.full(count, -1, dtype=np.int64)
-    system_blocks = 0
-    if system is not None:
-        system_blocks = -(-system.tokens // block)
-        chosen = rng.random(count) < system.fraction
-        which_system = np.where(chosen, rng.integers(0, system.count, count), -1)
-    system_tokens = np.where(which_system >= 0, system_blocks * block, 0)
+    system_blocks = 0 if system is None else -(-system.tokens // block)
 
-    count = spec.num_requests
+    def draw_system(k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Which system prompt (-1 = none) for k requests or conversations, and its tokens."""
+        if system is None:
+            return np.full(k, -1, dtype=np.int64), np.zeros(k, dtype=np.int64)
+        chosen = rng.random(k) < system.fraction
+        which = np.where(chosen, rng.integers(0, system.count, k), -1)
+        return which, np.where(which >= 0, system_blocks * block, 0)
+
     if spec.conversations is None:
+        which_system, system_tokens = draw_system(count)
         arrival = spec.arrivals.times(count, rng)
         user, output = _lengths(spec, count, rng)
         prompt = system_tokens + user
         chain = np.arange(count)  # each request's own identities form their own chain
         conversation_id = turn = None
     else:
-        conversation_id, turn, arrival, prompt, output = _conversations(spec, rng, system_tokens)
+        conversation_id, turn, arrival, prompt, output, which_system = _conversations(spec, rng, draw_system)
         chain = conversation_id  # turns of a conversation extend one chain
-        which_system = which_system[conversation_id]
 
     sampling = spec.sampling
     sampled = rng.random(count) < sampling.fraction

@@ -33,6 +33,11 @@ FORMATS: dict[str, str] = {
 }
 
 
+MOONCAKE_KEYS = {"timestamp", "input_length", "output_length", "hash_ids"}
+AZURE_COLUMNS = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+BURSTGPT_COLUMNS = {"Timestamp", "Model", "Request tokens", "Response tokens", "Log Type"}
+
+
 def detect_format(path: PathArg) -> str:
     """The format of ``path`` judged from its first line."""
     line = first_line(path)
@@ -45,13 +50,14 @@ def detect_format(path: PathArg) -> str:
             return "jsonl"
         if is_header(obj):
             return "pagesim"
-        if {"timestamp", "input_length", "output_length", "hash_ids"} <= obj.keys():
-            return "mooncake"
+        if "hash_ids" in obj and len(MOONCAKE_KEYS & obj.keys()) >= 3:
+            return "mooncake"  # a missing key is then reported by name
         return "jsonl"
     names = {name.strip() for name in next(csv.reader([line]))}
-    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= names:
+    # most of a format's distinctive columns: that format (a missing one is then named)
+    if len(AZURE_COLUMNS & names) >= 2:
         return "azure"
-    if {"Timestamp", "Model", "Request tokens", "Response tokens", "Log Type"} <= names:
+    if len(BURSTGPT_COLUMNS & names) >= 3:
         return "burstgpt"
     guessed = ColumnMap.guess(names)
     if guessed is not None and guessed.arrival is None:

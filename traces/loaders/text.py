@@ -17,6 +17,7 @@ import csv
 import gzip
 import io
 import json
+import zlib
 from collections.abc import Iterator
 from os import PathLike
 from pathlib import Path
@@ -33,8 +34,8 @@ def open_text(path: PathArg) -> io.TextIOBase:
     path = Path(path)
     try:
         if path.suffix == ".gz":
-            return gzip.open(path, "rt", encoding="utf-8", newline="")
-        return open(path, encoding="utf-8", newline="")
+            return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+        return open(path, encoding="utf-8-sig", newline="")  # -sig: drop a BOM
     except FileNotFoundError:
         raise TraceFormatError(path, "no such file") from None
     except IsADirectoryError:
@@ -49,7 +50,7 @@ def read_all(path: PathArg) -> str:
     try:
         with handle:
             return handle.read()
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
         raise TraceFormatError(path, f"cannot read (damaged gzip?): {exc}") from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(path, f"not UTF-8 text (byte {exc.start})") from None
@@ -63,7 +64,7 @@ def first_line(path: PathArg) -> str:
             for line in handle:
                 if line.strip():
                     return line.strip("\r\n")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise TraceFormatError(path, f"cannot read: {exc}") from None
     raise TraceFormatError(path, "empty file")
 
@@ -113,8 +114,7 @@ def read_csv(path: PathArg, wanted: list[str], optional: tuple[str, ...] = ()) -
     if reader.line_num == len(rows) + 1 and rows and rows[-1] and all(len(row) == width for row in rows[:-1]):
         # fast path: one line per row, every row but perhaps the last complete
         lines = np.arange(2, len(rows) + 2, dtype=np.int64)
-        if len(rows[-1]) != width:
-            _bad_last_row(path, rows[-1], width, int(lines[-1]), ends_with_newline)
+        if _last_row_dropped(path, rows[-1], width, int(lines[-1]), ends_with_newline):
             rows.pop()
             lines = lines[:-1]
     else:  # blank lines or quoted newlines: find each row's first line
@@ -125,12 +125,20 @@ def read_csv(path: PathArg, wanted: list[str], optional: tuple[str, ...] = ()) -
     return CsvColumns(path, header, {name: columns[k] for name, k in zip(names, positions)}, lines)
 
 
-def _bad_last_row(path: PathArg, row: list[str], width: int, line: int, ends_with_newline: bool) -> None:
-    """A last row of the wrong width: repaired (dropped) only if the file was cut off in it."""
-    if len(row) < width and not ends_with_newline:
-        warn(path, f"last line is cut off ({len(row)} of {width} fields); dropped it", line)
-        return
-    raise TraceFormatError(path, f"expected {width} fields, found {len(row)}", line)
+def _last_row_dropped(path: PathArg, row: list[str], width: int, line: int, ends_with_newline: bool) -> bool:
+    """Whether the last row was cut off (and is dropped, with a warning); a last row of the
+    wrong width that was not cut off is an error.
+
+    The file must end without a newline, and the row must be short or end in an empty field
+    (cut right after a comma).
+    """
+    if not ends_with_newline and (len(row) < width or (len(row) == width and row[-1] == "")):
+        kept = len(row) - (row[-1] == "")
+        warn(path, f"last line is cut off ({kept} of {width} fields); dropped it", line)
+        return True
+    if len(row) != width:
+        raise TraceFormatError(path, f"expected {width} fields, found {len(row)}", line)
+    return False
 
 
 def _rows_with_lines(path: PathArg, text: str, width: int, ends_with_newline: bool):
@@ -151,8 +159,7 @@ def _rows_with_lines(path: PathArg, text: str, width: int, ends_with_newline: bo
     for k, row in enumerate(rows[:-1]):
         if len(row) != width:
             raise TraceFormatError(path, f"expected {width} fields, found {len(row)}", lines[k])
-    if rows and len(rows[-1]) != width:
-        _bad_last_row(path, rows[-1], width, lines[-1], ends_with_newline)
+    if rows and _last_row_dropped(path, rows[-1], width, lines[-1], ends_with_newline):
         rows.pop()
         lines.pop()
     return rows, np.asarray(lines, dtype=np.int64)
@@ -164,12 +171,13 @@ def read_jsonl(path: PathArg) -> Iterator[tuple[int, dict]]:
     text = read_all(path)
     if not text.strip():
         raise TraceFormatError(path, "empty file")
-    lines = text.splitlines()
+    lines = text.split("\n")  # not splitlines(): U+2028 may sit inside a JSON string
     last = len(lines)
     while last and not lines[last - 1].strip():
         last -= 1
     cut_off_possible = not text.endswith(("\n", "\r"))
     for number, line in enumerate(lines[:last], start=1):
+        line = line.rstrip("\r")
         if not line.strip():
             continue
         try:
