@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
         parser.exit(2, f"pagesim {args.command}: error: {exc}\n")
+    except OSError as exc:  # a file that cannot be read or written
+        where = f"{exc.filename}: " if exc.filename else ""
+        parser.exit(2, f"pagesim {args.command}: error: {where}{exc.strerror or exc}\n")
+    except MemoryError:
+        parser.exit(2, f"pagesim {args.command}: error: not enough memory (ask for less: fewer requests?)\n")
     except BrokenPipeError:  # `pagesim ... | head`
         return 0
 

@@ -258,14 +258,14 @@ def custom_specs(seed=seeds):
                          st.builds(Fixed, st.integers(1, 300))),
         output=st.one_of(st.builds(LogNormal, st.floats(2.0, 300.0), st.floats(0.1, 2.0)),
                          st.builds(Uniform, st.integers(1, 10), st.integers(10, 200))),
-        system_prompts=st.none() | st.builds(SystemPrompts, st.integers(1, 5), st.integers(1, 300),
-                                             st.floats(0.0, 1.0)),
+        system_prompts=st.none() | st.builds(SystemPrompts, st.integers(1, 5),
+                                             st.integers(1, 75).map(lambda k: 4 * k), st.floats(0.0, 1.0)),
         conversations=st.none() | st.builds(Conversations, st.floats(1.0, 6.0), st.floats(0.0, 60.0),
                                             st.integers(2_000, 40_000)),
         sampling=st.builds(Sampling, n=st.integers(1, 6), fraction=st.floats(0.0, 1.0))
         | st.builds(Sampling, beam_width=st.integers(1, 6), fraction=st.floats(0.0, 1.0)),
         priority_levels=st.integers(1, 4),
-        identity_block_tokens=st.sampled_from([1, 16, 64, 512]),
+        identity_block_tokens=st.sampled_from([4, 16, 64, 512]),
         seed=seed,
     )
 
@@ -316,20 +316,24 @@ def system_prompt_of(trace, i: int, count: int, blocks: int) -> int | None:
 
 
 @settings(deadline=None, max_examples=scaled_examples(30))
-@given(count=st.integers(1, 6), tokens=st.integers(1, 2_000), fraction=st.floats(0.0, 1.0),
-       block=st.sampled_from([1, 16, 64, 512]), requests=st.integers(500, 4_000), seed=seeds)
+@given(count=st.integers(1, 6), tokens=st.integers(1, 500).map(lambda k: 4 * k), fraction=st.floats(0.0, 1.0),
+       block=st.sampled_from([4, 16, 64, 512]), requests=st.integers(500, 4_000), seed=seeds)
 def test_shared_system_prompts(count, tokens, fraction, block, requests, seed):
     spec = WorkloadSpec(num_requests=requests, system_prompts=SystemPrompts(count, tokens, fraction),
                         prompt=LogNormal(100.0, 1.0), output=Fixed(5), identity_block_tokens=block, seed=seed)
     trace = generate(spec)
-    assert trace.has_prefix_ids and trace.prefix_block_tokens == block
-    blocks = -(-tokens // block)
+    # identities tile the system prompt exactly: their size divides both
+    size = math.gcd(block, tokens)
+    assert trace.has_prefix_ids and trace.prefix_block_tokens == size
+    blocks = tokens // size
     which = [system_prompt_of(trace, i, count, blocks) for i in range(len(trace))]
     chosen = np.array([w is not None for w in which])
     within_fraction(chosen, fraction)
-    # a request with a system prompt holds all of it (rounded up to whole identity blocks) and more
-    assert (trace.prompt_len[chosen] >= tokens).all()
-    assert (trace.prompt_len[chosen] >= blocks * block + 1).all()
+    # a request with a system prompt holds exactly it (not lengthened) and at least one own token
+    assert (trace.prompt_len[chosen] >= tokens + 1).all()
+    own = np.array([trace.prompt_len[i] - tokens for i in np.flatnonzero(chosen)])
+    if own.size >= 200:  # the own part is the requested length distribution, not rounded
+        within(own.mean(), 100.0, 1.0 * 100.0 / math.sqrt(own.size), slack=1.0)
     # a request without one never uses a system prompt's identities
     system_ids = count * blocks
     for i in np.flatnonzero(~chosen):
@@ -358,7 +362,8 @@ conversation_specs = st.builds(
     arrivals=st.builds(Poisson, st.floats(0.05, 20.0)),
     prompt=st.builds(LogNormal, st.floats(5.0, 800.0), st.floats(0.1, 1.5)),
     output=st.builds(LogNormal, st.floats(5.0, 800.0), st.floats(0.1, 1.5)),
-    system_prompts=st.none() | st.builds(SystemPrompts, st.integers(1, 4), st.integers(1, 1_000), st.floats(0, 1)),
+    system_prompts=st.none() | st.builds(SystemPrompts, st.integers(1, 4), st.integers(1, 250).map(lambda k: 4 * k),
+                                         st.floats(0, 1)),
     conversations=st.builds(Conversations, st.floats(1.0, 8.0), st.floats(0.0, 120.0), st.integers(2_000, 20_000)),
     identity_block_tokens=st.sampled_from([4, 16, 64, 512]),
     seed=seeds,
@@ -391,7 +396,7 @@ def test_conversations(spec):
     # different conversations share no identity except a system prompt's
     system_ids = 0
     if spec.system_prompts is not None:
-        system_ids = spec.system_prompts.count * -(-spec.system_prompts.tokens // spec.identity_block_tokens)
+        system_ids = spec.system_prompts.count * spec.system_prompts.tokens // trace.prefix_block_tokens
     counts = np.diff(trace.prefix_id_offsets)
     conversation_of_id = np.repeat(trace.conversation_id, counts)
     own = trace.prefix_id_values >= system_ids
@@ -494,3 +499,20 @@ def test_conversation_traffic_is_steady_from_the_first_second(rate):
     # turns of one conversation are not independent arrivals: allow twice the Poisson spread
     within(int(early.sum()), expected, 2 * math.sqrt(expected), slack=5)
     assert (trace.turn[early] > 0).any()  # conversations under way at the start
+
+
+def test_a_system_prompt_that_identities_cannot_tile_is_refused():
+    spec = WorkloadSpec(num_requests=10, system_prompts=SystemPrompts(1, 101, 1.0), identity_block_tokens=64)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        generate(spec)
+
+
+@pytest.mark.parametrize("name, prompt_mean, output_mean", [("kwon2023-sharegpt", 161.31, 337.99),
+                                                              ("kwon2023-alpaca", 19.31, 58.45)])
+def test_kwon_presets_are_capped_like_vllms_benchmark_and_keep_the_paper_means(name, prompt_mean, output_mean):
+    trace = generate(workload_spec(name, rate_rps=1.0, num_requests=200_000, seed=2))
+    assert trace.prompt_len.max() <= 1024 and trace.output_len.max() <= 1024
+    assert (trace.prompt_len + trace.output_len).max() <= 2048
+    # truncated lognormal sd is below mean x cv; use cv as a bound for the standard error
+    within(trace.prompt_len.mean(), prompt_mean, prompt_mean / math.sqrt(len(trace)))
+    within(trace.output_len.mean(), output_mean, output_mean / math.sqrt(len(trace)))

@@ -662,3 +662,16 @@ def test_detection_names_the_missing_column_of_a_recognised_format(tmp_path, cap
     """Most of a format's columns are enough to recognise it, so the one missing is named."""
     path = write(tmp_path, name, text)
     both(capsys, path, line=1, words=(missing,))
+
+
+def test_burstgpt_rows_with_no_request_tokens_are_dropped_and_reported(tmp_path):
+    rows = ["5,ChatGPT,12,30,42,Conversation log", "6,ChatGPT,0,30,30,Conversation log",
+            "7,ChatGPT,9,0,9,Conversation log", "8,GPT-4,4,4,8,API log"]
+    path = write(tmp_path, "b.csv", BURSTGPT_HEADER + "\n".join(rows) + "\n")
+    with pytest.warns(TraceWarning) as caught:
+        trace = load_trace(path)
+    messages = [str(w.message) for w in caught]
+    assert any("1 failed request(s)" in m and "line 4" in m for m in messages)
+    assert any("1 request(s) with 0 request tokens" in m and "line 3" in m for m in messages)
+    assert trace.prompt_len.tolist() == [12, 4]
+    assert trace.metadata["failed_rows"] == 1 and trace.metadata["empty_prompt_rows"] == 1

@@ -126,16 +126,18 @@ def test_prefix_reuse_at_block_size_matches_tokens(trace):
 
 
 def test_identity_tokens_are_stable_and_in_vocabulary():
-    tokens = identity_tokens([7, 9], ID_TOKENS, 600, vocab_size=100)
-    again = identity_tokens([7], ID_TOKENS, 512, vocab_size=100)
+    tokens = identity_tokens([7, 9], ID_TOKENS, 600, vocab_size=300)
+    again = identity_tokens([7], ID_TOKENS, 512, vocab_size=300)
     assert np.array_equal(tokens[:512], again)  # the same identity gives the same tokens anywhere
-    assert tokens.min() >= 3 and tokens.max() < 100  # low ids (BOS/EOS/pad) left unused
+    assert tokens.min() >= 3 and tokens.max() < 300  # low ids (BOS/EOS/pad) left unused
     other = identity_tokens([8], ID_TOKENS, 512, vocab_size=VOCAB)
     assert not np.array_equal(identity_tokens([7], ID_TOKENS, 512, vocab_size=VOCAB)[:16], other[:16])
 
 
-def test_too_few_identities_for_the_length_is_refused():
+def test_too_few_identities_or_a_tiny_vocabulary_is_refused():
     import pytest
 
     with pytest.raises(ValueError, match="cannot cover"):
         identity_tokens([1], ID_TOKENS, 513, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="vocabulary of at least"):
+        identity_tokens([1], ID_TOKENS, 10, vocab_size=4)

@@ -73,7 +73,7 @@ def test_time_window_and_rate():
     with pytest.raises(ValueError, match="> 0"):
         trace.at_rate(0)
     no_arrivals = Trace(arrival_s=[0.0, 0.0], prompt_len=[1, 2], output_len=[1, 1], has_arrivals=False)
-    with pytest.raises(ValueError, match="no arrival span"):
+    with pytest.raises(ValueError, match="span 0 s"):
         no_arrivals.at_rate(3)
 
 
@@ -116,20 +116,20 @@ def test_gen_custom_workload(tmp_path, capsys):
     trace = load_trace(out)
     assert len(trace) == 300 and set(trace.output_len.tolist()) == {7}
     assert set(trace.n.tolist()) == {1, 2} and set(trace.priority.tolist()) == {0, 1, 2}
-    assert trace.prefix_block_tokens == 64 and trace.has_prefix_ids
+    assert trace.prefix_block_tokens == 4 and trace.has_prefix_ids  # gcd(64, 100): tiles the 100 tokens
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--workload", "kwon2023-sharegpt", "--num-requests", "5"], "needs --rate"),
+        (["--workload", "kwon2023-sharegpt", "--num-requests", "5"], "need --rate"),
         (["--workload", "nope", "--rate", "1", "--num-requests", "5"], "invalid choice"),
         (["--rate", "1", "--num-requests", "5", "--prompt-len", "lognormal:mean=x", "--output-len", "3"],
          "length distribution"),
         (["--rate", "1", "--num-requests", "5", "--prompt-len", "3", "--output-len", "3", "--arrival", "weibull"],
          "unknown arrival process"),
         (["--rate", "-1", "--num-requests", "5", "--prompt-len", "3", "--output-len", "3"], "must be > 0"),
-        (["--rate", "1", "--num-requests", "0", "--prompt-len", "3", "--output-len", "3"], "must be >= 1"),
+        (["--rate", "1", "--num-requests", "0", "--prompt-len", "3", "--output-len", "3"], "number of requests must be in"),
     ],
 )
 def test_gen_refuses_bad_flags_in_one_line(tmp_path, capsys, argv, message):
@@ -146,3 +146,94 @@ def test_list_names_formats_and_workloads(capsys):
     out = capsys.readouterr().out
     for name in ("azure", "mooncake", "burstgpt", "kwon2023-sharegpt", "kwon2023-alpaca"):
         assert name in out
+
+
+# ------------------------------------------------------------ flags that must not be lost or misread
+def _stats(capsys, *argv) -> dict:
+    assert main(["trace", "stats", *map(str, argv), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _gen(tmp_path, capsys, *argv) -> dict:
+    assert main(["trace", "gen", *map(str, argv), "-o", str(tmp_path / "g.jsonl"), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("arrival", [None, "gamma:cv=1", "constant"])
+def test_rate_is_requests_per_second_for_conversations_too(tmp_path, capsys, arrival):
+    extra = [] if arrival is None else ["--arrival", arrival]
+    preset = _gen(tmp_path, capsys, "--workload", "multi-turn-chat", "--rate", 10, "--num-requests", 20000, *extra)
+    custom = _gen(tmp_path, capsys, "--prompt-len", 10, "--output-len", 10, "--turns", 4, "--rate", 10,
+                  "--num-requests", 20000, *extra)
+    for stats in (preset, custom):
+        # turns of one conversation cluster, so allow more than Poisson's 1/sqrt(k)
+        assert stats["rate_rps"] == pytest.approx(10, rel=0.05), stats["rate_rps"]
+
+
+def test_piecewise_arrivals_set_their_own_rate(tmp_path, capsys):
+    stats = _gen(tmp_path, capsys, "--workload", "kwon2023-alpaca", "--num-requests", 1000,
+                 "--arrival", "piecewise:10@1,10@100")
+    assert 15 < stats["duration_s"] < 25  # 10 in the first 10 s, then 990 at 100/s
+
+
+def test_length_only_files_with_recognised_columns_take_an_arrival_process(tmp_path, capsys):
+    (tmp_path / "l.csv").write_text("prompt_tokens,completion_tokens\n" + "10,5\n" * 2000)
+    stats = _stats(capsys, tmp_path / "l.csv", "--rate", 4)
+    assert stats["arrival_process"] == "Poisson 4/s" and stats["rate_rps"] == pytest.approx(4, rel=0.15)
+    (tmp_path / "l.jsonl").write_text('{"prompt_len": 5, "output_len": 3}\n' * 2000)
+    stats = _stats(capsys, tmp_path / "l.jsonl", "--rate", 4, "--arrival", "constant")
+    assert stats["rate_rps"] == pytest.approx(4 * 2000 / 1999)  # rows / span, gaps of exactly 1/4 s
+
+
+def test_time_unit_applies_to_a_recognised_arrival_column(tmp_path, capsys):
+    (tmp_path / "t.csv").write_text("time,prompt_len,output_len\n0,1,1\n1500,1,1\n")
+    assert _stats(capsys, tmp_path / "t.csv", "--time-unit", "ms")["duration_s"] == 1.5
+
+
+def test_integers_too_large_for_floats_are_refused_not_rounded(tmp_path, capsys):
+    (tmp_path / "c.csv").write_text("arrival_s,prompt_len,output_len,conversation_id,turn\n"
+                                    "0,1,1,9007199254740993,0\n1,1,1,9007199254740992,0\n")
+    assert _stats(capsys, tmp_path / "c.csv")["conversations"] == 2  # exact, not merged through float64
+    (tmp_path / "p.csv").write_text("arrival_s,prompt_len,output_len,priority\n0,1,1,1e19\n")
+    with pytest.raises(SystemExit):
+        main(["trace", "stats", str(tmp_path / "p.csv")])
+    assert "p.csv:2: priority:" in capsys.readouterr().err
+
+
+def test_spread_ties_keeps_batches_in_their_interval():
+    trace = Trace(arrival_s=[0, 0, 0, 3, 3, 6], prompt_len=[1] * 6, output_len=[1] * 6)
+    spread = trace.spread_ties(seed=1)
+    times = spread.arrival_s
+    assert np.all(np.diff(times) >= 0) and len(np.unique(times)) == 6
+    assert np.all((times[:3] >= 0) & (times[:3] < 3)) and np.all((times[3:5] >= 3) & (times[3:5] < 6))
+    assert 6 <= times[5] < 9  # the last batch spreads over the median gap
+    assert np.array_equal(spread.arrival_s, trace.spread_ties(seed=1).arrival_s)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "5",
+          "-o", "/nonexistent/dir/x.jsonl"], "cannot write"),
+        (["gen", "--workload", "kwon2023-alpaca", "--rate", "1", "--num-requests", "5", "--n", "4", "-o", "x"],
+         "--n describes a custom workload"),
+        (["gen", "--workload", "kwon2023-alpaca", "--rate", "1", "--num-requests", "5",
+          "--arrival", "piecewise:1@1", "-o", "x"], "leave out --rate"),
+        (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "5", "--turns", "3",
+          "--think-time", "inf", "-o", "x"], "finite"),
+        (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "10**12", "-o", "x"],
+         "invalid int value"),
+        (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "1000000000",
+          "-o", "x"], "must be in [1, 100,000,000]"),
+        (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "5", "--warmup", "3",
+          "-o", "x"], "--warmup applies to conversations"),
+    ],
+)
+def test_more_bad_flags_are_one_line(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        main(["trace", *argv])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1], err
+    assert not list(tmp_path.glob("*x*"))  # nothing half-written

@@ -40,20 +40,22 @@ def add_parser(subparsers) -> None:
     custom.add_argument("--lengths", metavar="PATH", help="resample (prompt, output) pairs from this trace file")
     custom.add_argument("--system-prompts", metavar="K:TOKENS:FRACTION",
                         help="K shared system prompts of TOKENS tokens before FRACTION of the requests")
-    custom.add_argument("--turns", type=float, metavar="MEAN", help="multi-turn conversations, MEAN turns each")
-    custom.add_argument("--think-time", type=float, default=30.0, metavar="S",
+    custom.add_argument("--turns", type=float, metavar="MEAN",
+                        help="multi-turn conversations, MEAN turns each (--rate stays requests/s)")
+    custom.add_argument("--think-time", type=float, metavar="S",
                         help="mean seconds between turns (default 30)")
-    custom.add_argument("--max-context", type=int, default=32768, metavar="T",
+    custom.add_argument("--max-context", type=int, metavar="T",
                         help="a conversation ends before prompt + output exceed T tokens (default 32768)")
     custom.add_argument("--warmup", type=float, metavar="S",
                         help="conversations start S seconds before the trace (default 5 x turns x think time)")
-    custom.add_argument("--n", type=int, default=1, help="parallel samples per request")
-    custom.add_argument("--beam-width", type=int, default=1, help="beam width per request")
-    custom.add_argument("--sampling-fraction", type=float, default=1.0,
+    custom.add_argument("--n", type=int, help="parallel samples per request")
+    custom.add_argument("--beam-width", type=int, help="beam width per request")
+    custom.add_argument("--sampling-fraction", type=float,
                         help="fraction of requests with --n / --beam-width (default 1)")
-    custom.add_argument("--priority-levels", type=int, default=1, help="priorities drawn from 0..L-1")
-    custom.add_argument("--identity-block-tokens", type=int, default=64,
-                        help="tokens per prefix identity for shared content (default 64)")
+    custom.add_argument("--priority-levels", type=int, help="priorities drawn from 0..L-1")
+    custom.add_argument("--identity-block-tokens", type=int,
+                        help="tokens per prefix identity for shared content (default 64; with system prompts "
+                             "its gcd with their length, so identities tile them exactly)")
     gen.add_argument("-o", "--output", required=True, metavar="PATH", help="JSONL file to write (.gz allowed)")
     gen.add_argument("--json", action="store_true", help="print the written trace's statistics as JSON")
     gen.set_defaults(func=run_gen)
@@ -74,12 +76,21 @@ def run_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+CUSTOM_FLAGS = ("prompt_len", "output_len", "lengths", "system_prompts", "turns", "think_time", "max_context",
+                "warmup", "n", "beam_width", "sampling_fraction", "priority_levels", "identity_block_tokens")
+
+
+def _given(args: argparse.Namespace, name: str, default):
+    value = getattr(args, name)
+    return default if value is None else value
+
+
 def _custom_spec(args: argparse.Namespace):
     from traces.generate import (Conversations, LengthPairs, Sampling, SystemPrompts, WorkloadSpec,
                                  parse_arrivals, parse_lengths)
 
-    if args.rate is None or args.num_requests is None:
-        raise ValueError("a generated trace needs --rate R and --num-requests K")
+    if args.num_requests is None:
+        raise ValueError("a generated trace needs --num-requests K")
     fields: dict = {"arrivals": parse_arrivals(args.arrival, rate_rps=args.rate)}
     if args.lengths:
         if args.prompt_len or args.output_len:
@@ -92,14 +103,22 @@ def _custom_spec(args: argparse.Namespace):
     if args.system_prompts:
         try:
             k, tokens, fraction = args.system_prompts.split(":")
-            fields["system_prompts"] = SystemPrompts(int(k), int(tokens), float(fraction))
-        except ValueError as exc:
-            raise ValueError(f"--system-prompts: expected K:TOKENS:FRACTION ({exc})") from None
+            k, tokens, fraction = int(k), int(tokens), float(fraction)
+        except ValueError:
+            raise ValueError(f"--system-prompts: expected K:TOKENS:FRACTION, got {args.system_prompts!r}") from None
+        fields["system_prompts"] = SystemPrompts(k, tokens, fraction)
     if args.turns is not None:
-        fields["conversations"] = Conversations(args.turns, args.think_time, args.max_context, args.warmup)
+        fields["conversations"] = Conversations(args.turns, _given(args, "think_time", 30.0),
+                                                _given(args, "max_context", 32768), args.warmup)
+    else:
+        for flag in ("think_time", "max_context", "warmup"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} applies to conversations (--turns MEAN)")
     return WorkloadSpec(
-        num_requests=args.num_requests, sampling=Sampling(args.n, args.beam_width, args.sampling_fraction),
-        priority_levels=args.priority_levels, identity_block_tokens=args.identity_block_tokens,
+        num_requests=args.num_requests,
+        sampling=Sampling(_given(args, "n", 1), _given(args, "beam_width", 1), _given(args, "sampling_fraction", 1.0)),
+        priority_levels=_given(args, "priority_levels", 1),
+        identity_block_tokens=_given(args, "identity_block_tokens", 64),
         seed=args.seed, name="custom", **fields)
 
 
@@ -108,14 +127,16 @@ def run_gen(args: argparse.Namespace) -> int:
     from traces.loaders import write_jsonl
     from traces.stats import trace_stats
 
-    custom = any(getattr(args, name) for name in ("prompt_len", "output_len", "lengths", "system_prompts")) \
-        or args.turns is not None
     if args.trace is not None:
         raise ValueError("trace gen writes a synthetic trace; use --workload NAME or a custom workload")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     with reported_warnings("trace", strict=args.strict):
         if args.workload is not None:
-            if custom:
-                raise ValueError("give --workload NAME or the custom workload flags, not both")
+            given = [f"--{name.replace('_', '-')}" for name in CUSTOM_FLAGS if getattr(args, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} {'describe' if len(given) > 1 else 'describes'} a custom "
+                                 f"workload; the named workload {args.workload} fixes it (see `pagesim trace list`)")
             trace = trace_from_args(args)
         else:
             trace = generate(_custom_spec(args))
@@ -149,7 +170,7 @@ def format_stats(stats: dict) -> str:
         if isinstance(value, dict):
             value = ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:,.2f}" for k, v in value.items())
         elif isinstance(value, float):
-            value = f"{value:.2%}" if "reuse" in key else f"{value:,.3f}"
+            value = f"{value:.2%}" if "reuse" in key else f"{value:,.6g}"
         elif isinstance(value, int):
             value = f"{value:,}"
         elif value is None:

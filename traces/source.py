@@ -37,8 +37,8 @@ def add_source_args(parser: argparse.ArgumentParser, *, trace_positional: bool =
     group.add_argument("--format", choices=list(FORMATS), help="trace format (default: detected)")
     group.add_argument("--columns", metavar="MAP",
                        help="for csv/jsonl/lengths files: arrival=COL,prompt=COL,output=COL[,...]")
-    group.add_argument("--time-unit", choices=["s", "ms", "us"], default="s",
-                       help="unit of a mapped arrival column (default s)")
+    group.add_argument("--time-unit", choices=["s", "ms", "us"],
+                       help="csv/jsonl: unit of the arrival column (default s)")
     group.add_argument("--burstgpt-model", metavar="NAME", help="BurstGPT: keep rows of this Model (e.g. ChatGPT)")
     group.add_argument("--burstgpt-log-type", metavar="TYPE",
                        help="BurstGPT: keep rows of this Log Type (e.g. 'Conversation log')")
@@ -46,10 +46,13 @@ def add_source_args(parser: argparse.ArgumentParser, *, trace_positional: bool =
                        help="generic JSONL: tokens each prefix_ids identity stands for")
     group.add_argument("--rate", type=float, metavar="R",
                        help="requests/s: a workload's rate, a trace rescaled to it, or a length file's arrivals")
-    group.add_argument("--arrival", default="poisson", metavar="PROC",
-                       help="arrival process for workloads and length-only files: poisson, gamma:cv=C, "
-                            "constant, piecewise:DUR@RATE,... (default poisson)")
+    group.add_argument("--arrival", metavar="PROC",
+                       help="arrival process for workloads and length-only files: poisson (default), "
+                            "gamma:cv=C, constant (each at --rate), or piecewise:DUR@RATE,... (its own rates)")
     group.add_argument("--num-requests", type=int, metavar="K", help="requests to generate, or to keep from a trace")
+    group.add_argument("--spread-ties", action="store_true",
+                       help="spread requests logged with one timestamp over the gap to the next "
+                            "(Mooncake logs batches about 3 s apart)")
     group.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     group.add_argument("--strict", action="store_true", help="treat repaired input (warnings) as errors")
 
@@ -63,8 +66,13 @@ def reported_warnings(command: str, *, strict: bool):
         else:
             warnings.simplefilter("always", TraceWarning)
 
+        shown_before = warnings.showwarning
+
         def show(message, category, filename, lineno, file=None, line=None):
-            print(f"pagesim {command}: warning: {message}", file=sys.stderr)
+            if issubclass(category, TraceWarning):
+                print(f"pagesim {command}: warning: {message}", file=sys.stderr)
+            else:  # not ours: the usual format, with its origin
+                shown_before(message, category, filename, lineno, file, line)
 
         warnings.showwarning = show
         try:
@@ -78,38 +86,45 @@ def trace_from_args(args: argparse.Namespace):
     from traces.generate.arrivals import parse_arrivals
     from traces.generate.presets import workload_spec
     from traces.generate.workload import generate
-    from traces.loaders import ColumnMap, load_trace
+    from traces.loaders import FIXED_FORMATS, ColumnMap, detect_format, load_trace
 
     if args.num_requests is not None and args.num_requests < 1:
         raise ValueError("--num-requests must be >= 1")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     path = getattr(args, "trace", None)
     workload = getattr(args, "workload", None)
     if (path is None) == (workload is None):
         raise ValueError("give --trace PATH or --workload NAME (one of them)")
     if workload is not None:
-        if args.rate is None or args.num_requests is None:
-            raise ValueError(f"--workload {workload} needs --rate R and --num-requests K")
-        spec = workload_spec(workload, rate_rps=args.rate, num_requests=args.num_requests, seed=args.seed)
-        if args.arrival != "poisson":
-            from dataclasses import replace
+        if args.num_requests is None:
+            raise ValueError(f"--workload {workload} needs --num-requests K")
+        return generate(workload_spec(workload, rate_rps=args.rate, num_requests=args.num_requests,
+                                      seed=args.seed, arrival=args.arrival))
 
-            spec = replace(spec, arrivals=parse_arrivals(args.arrival, rate_rps=args.rate))
-        return generate(spec)
-
-    columns = ColumnMap.parse(args.columns, time_unit=args.time_unit) if args.columns else None
-    fmt = args.format
-    if fmt is None:
-        from traces.loaders import detect_format
-
-        fmt = detect_format(path)
-    takes_arrivals = fmt == "lengths" or (columns is not None and columns.arrival is None)
+    fmt = args.format or detect_format(path)
+    if fmt in FIXED_FORMATS:
+        for flag, value in (("--columns", args.columns), ("--time-unit", args.time_unit),
+                            ("--arrival", args.arrival)):
+            if value is not None:
+                raise ValueError(f"{flag} does not apply to the {fmt} format (its columns and arrival times are fixed)")
+    time_unit = args.time_unit or "s"
+    columns = ColumnMap.parse(args.columns, time_unit=time_unit) if args.columns else None
+    # a process for files without arrival times (used only if the file has none)
     arrivals = None
-    if takes_arrivals and args.rate is not None:
+    if fmt not in FIXED_FORMATS and (args.arrival is not None or args.rate is not None):
         arrivals = parse_arrivals(args.arrival, rate_rps=args.rate)
     trace = load_trace(path, fmt, columns=columns, model=args.burstgpt_model, log_type=args.burstgpt_log_type,
-                       arrivals=arrivals, seed=args.seed, prefix_block_tokens=args.prefix_block_tokens)
+                       arrivals=arrivals, seed=args.seed, prefix_block_tokens=args.prefix_block_tokens,
+                       time_unit=time_unit)
+    drawn = "arrival_process" in trace.metadata
+    if arrivals is not None and not drawn and args.arrival is not None:
+        raise ValueError(f"{path} has its own arrival times; --arrival is for length-only files "
+                         "(use --rate to rescale a trace)")
+    if args.spread_ties:
+        trace = trace.spread_ties(args.seed)
     if args.num_requests is not None:
         trace = trace.head(args.num_requests)
-    if args.rate is not None and arrivals is None:
+    if args.rate is not None and not drawn:
         trace = trace.at_rate(args.rate)
     return trace

@@ -93,7 +93,7 @@ def trace_stats(trace: Trace, *, block_size: int | None = None) -> dict:
         "source": trace.source,
         "requests": len(trace),
         "duration_s": round(trace.duration_s, 3) if trace.has_arrivals else None,
-        "rate_rps": None if trace.rate_rps is None else round(trace.rate_rps, 4),
+        "rate_rps": None if trace.rate_rps is None else float(f"{trace.rate_rps:.6g}"),
         "input_tokens": _summary(trace.prompt_len),
         "output_tokens": _summary(trace.output_len),
     }
@@ -114,4 +114,6 @@ def trace_stats(trace: Trace, *, block_size: int | None = None) -> dict:
         stats["beam_search_requests"] = int((trace.beam_width > 1).sum())
     if trace.metadata:
         stats.update({k: v for k, v in trace.metadata.items() if v is not None})
+    if trace.has_arrivals and len(trace) > 1:
+        stats["distinct_arrival_times"] = count_distinct(trace.arrival_s)
     return stats

@@ -31,8 +31,15 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _check_vocabulary(vocab_size: int, first_token: int) -> None:
+    if first_token < 0 or vocab_size < first_token + 256:
+        raise ValueError(f"pseudo-tokens need a vocabulary of at least {first_token + 256} ids "
+                         f"(got vocab_size {vocab_size}); a tiny one would make unrelated blocks collide")
+
+
 def identity_tokens(ids, block_tokens: int, num_tokens: int, *, vocab_size: int, first_token: int = 3) -> np.ndarray:
     """The first ``num_tokens`` pseudo-tokens of the identities ``ids`` (``block_tokens`` each)."""
+    _check_vocabulary(vocab_size, first_token)
     ids = np.asarray(ids, dtype=np.uint64)
     if num_tokens > len(ids) * block_tokens:
         raise ValueError(f"{len(ids)} identities of {block_tokens} tokens cannot cover {num_tokens} tokens")
@@ -46,6 +53,7 @@ def identity_tokens(ids, block_tokens: int, num_tokens: int, *, vocab_size: int,
 
 def private_tokens(row: int, num_tokens: int, *, vocab_size: int, first_token: int = 3) -> np.ndarray:
     """``num_tokens`` pseudo-tokens belonging to request ``row`` alone."""
+    _check_vocabulary(vocab_size, first_token)
     with np.errstate(over="ignore"):
         stream = splitmix64(np.full(1, row, dtype=np.uint64) ^ _NO_IDENTITY)[0]
         mixed = splitmix64(stream + np.arange(num_tokens, dtype=np.uint64) * _GOLDEN)

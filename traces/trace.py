@@ -1,7 +1,7 @@
 """A request trace held column-wise: one numpy array per field, one row per request.
 
-A trace is what a what-if study replays: when each request arrives (seconds from the first
-arrival, so the first row is at 0 unless the trace was cut from a longer one), how long its
+A trace is what a what-if study replays: when each request arrives (seconds from the trace's
+start: loaders put the first row at 0, generators at the first inter-arrival gap), how long its
 prompt is, how many tokens it generates (exactly; EOS is ignored, as benchmark tools do), and
 optionally what its prompt *contains*, as prefix-block identities: ``prefix_ids[i]`` lists the
 identities of request ``i``'s prompt blocks of ``prefix_block_tokens`` tokens each (Mooncake's
@@ -37,7 +37,19 @@ _INT = np.int64
 
 
 def _column(values, dtype, name: str, size: int) -> np.ndarray:
-    array = np.ascontiguousarray(values, dtype=dtype)
+    try:
+        given = np.asarray(values)
+        if dtype is _INT and given.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                whole = np.isfinite(given) & (given == np.floor(given)) & (np.abs(given) < 2.0**63)
+            if not whole.all():
+                raise TraceFormatError(None, f"column {name} must hold whole numbers in int64",
+                                       row=int(np.flatnonzero(~whole)[0]))
+        array = np.ascontiguousarray(given, dtype=dtype)
+    except (OverflowError, TypeError, ValueError) as exc:
+        if isinstance(exc, TraceFormatError):
+            raise
+        raise TraceFormatError(None, f"column {name} cannot be held as {np.dtype(dtype).name}: {exc}") from None
     if array.ndim != 1 or array.shape[0] != size:
         raise TraceFormatError(None, f"column {name} has shape {array.shape}, expected ({size},)")
     return array
@@ -147,7 +159,7 @@ class Trace:
     # ------------------------------------------------------------- reshaping
     def take(self, rows: np.ndarray | slice) -> Trace:
         """The requests at ``rows`` (a slice, sorted indices or a boolean mask), in order."""
-        index = np.arange(len(self))[rows]
+        index = np.atleast_1d(np.arange(len(self))[rows])
         if index.size > 1 and np.any(np.diff(index) <= 0):
             raise ValueError("take() needs increasing row indices (arrivals stay sorted)")
         changes = {
@@ -174,6 +186,8 @@ class Trace:
 
     def between(self, start_s: float, end_s: float | None = None, *, rebase: bool = True) -> Trace:
         """Requests arriving in ``[start_s, end_s)``; with ``rebase`` the window starts at 0."""
+        if not np.isfinite(start_s) or (end_s is not None and not end_s >= start_s):
+            raise ValueError(f"a time window needs a finite start <= end, got [{start_s}, {end_s})")
         lo = int(np.searchsorted(self.arrival_s, start_s, side="left"))
         hi = len(self) if end_s is None else int(np.searchsorted(self.arrival_s, end_s, side="left"))
         window = self.take(slice(lo, hi))
@@ -191,10 +205,30 @@ class Trace:
         """The same arrival pattern compressed or stretched to ``target_rps`` requests per second."""
         rate = self.rate_rps
         if rate is None:
-            raise ValueError("this trace has no arrival span to rescale (give it an arrival process)")
+            raise ValueError("this trace's arrivals span 0 s, so there is no rate to rescale "
+                             "(a length-only trace needs an arrival process)")
         if not np.isfinite(target_rps) or target_rps <= 0:
             raise ValueError(f"target rate must be > 0 requests/s, got {target_rps}")
         return self.time_scaled(rate / target_rps)
+
+    def spread_ties(self, seed: int = 0) -> Trace:
+        """Requests that share a timestamp spread uniformly over the gap to the next timestamp.
+
+        Some traces log arrivals in batches (Mooncake's conversation trace: 12,031 requests on
+        1,180 distinct stamps about 3 s apart); replayed literally, each batch is a burst. This
+        spreads every batch over ``[t, t_next)`` (the last over the median gap), keeping the row
+        order and every timestamp's batch inside its own interval. Reproducible from ``seed``.
+        """
+        times = self.arrival_s
+        stamps, counts = np.unique(times, return_counts=True)
+        if len(stamps) == len(times):
+            return self
+        gaps = np.diff(stamps)
+        widths = np.r_[gaps, np.median(gaps) if gaps.size else 1.0]
+        offsets = np.random.default_rng(seed).random(len(times)) * np.repeat(widths, counts)
+        group = np.repeat(np.arange(len(stamps)), counts)
+        offsets = offsets[np.lexsort((offsets, group))]  # ascending within each batch
+        return replace(self, arrival_s=np.repeat(stamps, counts) + offsets)
 
     # ------------------------------------------------------------- requests
     def prompt_token_ids(self, i: int, *, vocab_size: int) -> np.ndarray:
@@ -224,7 +258,7 @@ class Trace:
             tokens = self.prompt_token_ids(i, vocab_size=vocab_size).tolist()
             ids = None
         return Request(
-            request_id=request_id or f"r{i}",
+            request_id=f"r{i}" if request_id is None else request_id,
             prompt_len=int(self.prompt_len[i]),
             max_tokens=int(self.output_len[i]),
             arrival_time_s=float(self.arrival_s[i]),

@@ -13,7 +13,9 @@ times in seconds (the first at the first gap after 0, not at 0):
   process through the inverse of the cumulative rate (exact, no thinning); a zero-rate
   segment gets no arrivals.
 
-``parse_arrivals("gamma:cv=4", rate_rps=2.0)`` builds one from the CLI's ``--arrival``.
+Every process has ``scaled(factor)``, the same process at ``factor`` times the rate (how
+conversation starts are derived from a request rate). ``parse_arrivals("gamma:cv=4",
+rate_rps=2.0)`` builds one from the CLI's ``--arrival`` and ``--rate``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ class Poisson:
     def describe(self) -> str:
         return f"Poisson {self.rate_rps:g}/s"
 
+    @property
+    def mean_rate_rps(self) -> float:
+        return self.rate_rps
+
+    def scaled(self, factor: float) -> Poisson:
+        return Poisson(self.rate_rps * factor)
+
 
 @dataclass(frozen=True)
 class Gamma:
@@ -58,6 +67,13 @@ class Gamma:
     def describe(self) -> str:
         return f"gamma {self.rate_rps:g}/s cv={self.cv:g}"
 
+    @property
+    def mean_rate_rps(self) -> float:
+        return self.rate_rps
+
+    def scaled(self, factor: float) -> Gamma:
+        return Gamma(self.rate_rps * factor, self.cv)
+
 
 @dataclass(frozen=True)
 class Constant:
@@ -71,6 +87,13 @@ class Constant:
 
     def describe(self) -> str:
         return f"constant {self.rate_rps:g}/s"
+
+    @property
+    def mean_rate_rps(self) -> float:
+        return self.rate_rps
+
+    def scaled(self, factor: float) -> Constant:
+        return Constant(self.rate_rps * factor)
 
 
 @dataclass(frozen=True)
@@ -101,6 +124,9 @@ class Piecewise:
     def describe(self) -> str:
         return "piecewise " + ", ".join(f"{d:g}s@{r:g}/s" for d, r in self.segments)
 
+    def scaled(self, factor: float) -> Piecewise:
+        return Piecewise(tuple((duration, rate * factor) for duration, rate in self.segments))
+
     @property
     def mean_rate_rps(self) -> float:
         return sum(d * r for d, r in self.segments) / sum(d for d, _ in self.segments)
@@ -109,10 +135,13 @@ class Piecewise:
 ARRIVALS = ("poisson", "gamma", "constant", "piecewise")
 
 
-def parse_arrivals(text: str, *, rate_rps: float | None):
-    """``poisson`` | ``gamma:cv=C`` | ``constant`` | ``piecewise:DUR@RATE,DUR@RATE,...``."""
-    kind, _, args = text.strip().partition(":")
+def parse_arrivals(text: str | None, *, rate_rps: float | None):
+    """``poisson`` (also for None) | ``gamma:cv=C`` | ``constant``, each at ``rate_rps``; or
+    ``piecewise:DUR@RATE,DUR@RATE,...``, whose segments give the rates (no ``rate_rps``)."""
+    kind, _, args = (text or "poisson").strip().partition(":")
     if kind == "piecewise":
+        if rate_rps is not None:
+            raise ValueError("piecewise arrivals set their own rates (DURATION_S@RATE); leave out --rate")
         segments = []
         for part in filter(None, (p.strip() for p in args.split(","))):
             duration, at, rate = part.partition("@")
@@ -124,12 +153,16 @@ def parse_arrivals(text: str, *, rate_rps: float | None):
     if kind not in ARRIVALS:
         raise ValueError(f"unknown arrival process {kind!r} (choose from {', '.join(ARRIVALS)})")
     if rate_rps is None:
-        raise ValueError(f"a {kind} arrival process needs --rate")
+        raise ValueError(f"{kind} arrivals need --rate (requests/s)")
     if kind == "gamma":
         options = dict(p.split("=", 1) for p in args.split(",") if "=" in p)
         if set(options) != {"cv"}:
             raise ValueError(f"--arrival gamma: expected gamma:cv=C, got {text!r}")
-        return Gamma(rate_rps, float(options["cv"]))
+        try:
+            cv = float(options["cv"])
+        except ValueError:
+            raise ValueError(f"--arrival gamma: cv must be a number, got {options['cv']!r}") from None
+        return Gamma(rate_rps, cv)
     if args:
         raise ValueError(f"--arrival {kind} takes no options, got {text!r}")
     return Poisson(rate_rps) if kind == "poisson" else Constant(rate_rps)

@@ -4,6 +4,9 @@
 - ``LogNormal(mean, cv, low=1, high=None)``: a lognormal with that mean and coefficient of
   variation, rounded to whole tokens and clipped to ``[low, high]`` (clipping moves the mean a
   little; with ``high=None`` only the rare draws below ``low`` move);
+- ``TruncatedLogNormal(mean, cv, high)``: a lognormal of shape ``cv`` with draws outside
+  ``[1, high]`` redrawn, whose location is solved so that the *truncated* distribution has mean
+  ``mean`` (a hard length cap such as a benchmark's, without moving the mean);
 - ``Empirical(values)``: resampled with replacement from observed lengths;
 - ``LengthPairs(prompt, output)``: (prompt, output) *pairs* resampled together from a length
   file such as the ShareGPT table, keeping their correlation.
@@ -13,7 +16,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -71,6 +75,58 @@ class LogNormal:
         mu = np.log(self.mean) - sigma2 / 2
         values = np.rint(rng.lognormal(mu, np.sqrt(sigma2), count)).astype(np.int64)
         return np.clip(values, self.low, self.high if self.high is not None else None)
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+@dataclass(frozen=True)
+class TruncatedLogNormal:
+    mean: float  # of the truncated distribution
+    cv: float  # shape: the coefficient of variation of the lognormal before truncation
+    high: int  # longest length kept
+    mu: float = field(init=False, repr=False)
+    _kept: float = field(init=False, repr=False)  # share of draws inside [1, high]
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.cv) and self.cv > 0):
+            raise ValueError(f"a lognormal length needs cv > 0, got {self.cv}")
+        if not (np.isfinite(self.mean) and 1 <= self.mean < self.high):
+            raise ValueError(f"a truncated lognormal needs 1 <= mean < high, got {self.mean} and {self.high}")
+        sigma = self.sigma
+        low_edge, high_edge = math.log(0.5), math.log(self.high + 0.5)  # what rounds into [1, high]
+
+        def truncated_mean(mu: float) -> float:
+            kept = _normal_cdf((high_edge - mu) / sigma) - _normal_cdf((low_edge - mu) / sigma)
+            upper = _normal_cdf((high_edge - mu - sigma**2) / sigma) - _normal_cdf((low_edge - mu - sigma**2) / sigma)
+            return math.exp(mu + sigma**2 / 2) * upper / kept if kept > 0 else float("nan")
+
+        lo, hi = low_edge - 10 * sigma, high_edge + 10 * sigma
+        for _ in range(200):  # bisection: the truncated mean grows with mu
+            mid = (lo + hi) / 2
+            if truncated_mean(mid) < self.mean:
+                lo = mid
+            else:
+                hi = mid
+        mu = (lo + hi) / 2
+        object.__setattr__(self, "mu", mu)
+        kept = _normal_cdf((high_edge - mu) / sigma) - _normal_cdf((low_edge - mu) / sigma)
+        if not abs(truncated_mean(mu) / self.mean - 1) < 1e-6 or kept < 1e-3:
+            raise ValueError(f"no lognormal of cv {self.cv} truncated to [1, {self.high}] has mean {self.mean}")
+        object.__setattr__(self, "_kept", kept)
+
+    @property
+    def sigma(self) -> float:
+        return math.sqrt(math.log1p(self.cv**2))
+
+    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        out = np.empty(0, dtype=np.int64)
+        while out.size < count:
+            draws = rng.lognormal(self.mu, self.sigma, int((count - out.size) / self._kept * 1.1) + 16)
+            kept = draws[(draws >= 0.5) & (draws < self.high + 0.5)]
+            out = np.concatenate([out, np.rint(kept).astype(np.int64)])
+        return np.clip(out[:count], 1, self.high)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,10 +1,14 @@
-"""Named workloads, usable wherever a command takes ``--workload NAME --rate R --num-requests K``.
+"""Named workloads, usable wherever a command takes ``--workload NAME --rate R --num-requests K``
+(and optionally ``--arrival``: ``--rate`` is always requests/s, conversations included).
 
 The ``kwon2023-*`` presets follow the PagedAttention paper's evaluation (Kwon et al., SOSP 2023,
 §6.1): Poisson arrivals and the ShareGPT and Alpaca datasets' mean lengths (ShareGPT: 161.31
 prompt and 337.99 output tokens; Alpaca: 19.31 and 58.45). The datasets themselves are not shipped,
-so lengths are lognormal with those means; the coefficients of variation (1.0 for ShareGPT's long
-tail, 0.5 and 0.8 for Alpaca's short instructions and answers) are our assumption, not the paper's.
+so lengths are lognormal with those means, truncated as vLLM's serving benchmark filters ShareGPT
+(prompts of at most 1,024 tokens and at most 2,048 in all, the context of the paper's OPT models;
+here each of prompt and output at most 1,024, and the location solved so the truncated means are
+exactly the paper's). The coefficients of variation (1.0 for ShareGPT's long tail, 0.5 and 0.8
+for Alpaca's short instructions and answers) are our assumption, not the paper's.
 The paper's parallel-sampling and beam-search runs used Alpaca with n or beam width 2 to 6: the
 ``-parallel`` and ``-beam`` presets take 4. The others exercise prefix sharing.
 """
@@ -13,25 +17,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from traces.generate.arrivals import Poisson
-from traces.generate.lengths import LogNormal
+from traces.generate.arrivals import parse_arrivals
+from traces.generate.lengths import TruncatedLogNormal
 from traces.generate.workload import Conversations, Sampling, SystemPrompts, WorkloadSpec
 
-SHAREGPT = dict(prompt=LogNormal(161.31, 1.0), output=LogNormal(337.99, 1.0))
-ALPACA = dict(prompt=LogNormal(19.31, 0.5), output=LogNormal(58.45, 0.8))
+MAX_TOKENS = 1024  # each of prompt and output (vLLM's benchmark: prompt <= 1024, total <= 2048)
+SHAREGPT = dict(prompt=TruncatedLogNormal(161.31, 1.0, MAX_TOKENS), output=TruncatedLogNormal(337.99, 1.0, MAX_TOKENS))
+ALPACA = dict(prompt=TruncatedLogNormal(19.31, 0.5, MAX_TOKENS), output=TruncatedLogNormal(58.45, 0.8, MAX_TOKENS))
 
 
-def _spec(name: str, rate_rps: float, num_requests: int, seed: int, **fields) -> WorkloadSpec:
-    fields.setdefault("arrivals", Poisson(rate_rps))
-    return WorkloadSpec(num_requests=num_requests, seed=seed, name=name, **fields)
+def _spec(name: str, arrivals, num_requests: int, seed: int, **fields) -> WorkloadSpec:
+    return WorkloadSpec(num_requests=num_requests, arrivals=arrivals, seed=seed, name=name, **fields)
 
 
 WORKLOADS: dict[str, tuple[str, Callable[..., WorkloadSpec]]] = {
     "kwon2023-sharegpt": (
-        "PagedAttention paper, ShareGPT lengths (mean 161.31 in / 337.99 out), Poisson",
+        "PagedAttention paper, ShareGPT lengths: lognormal, cv 1, mean 161.31 in / 337.99 out, each <= 1024",
         lambda r, k, s: _spec("kwon2023-sharegpt", r, k, s, **SHAREGPT)),
     "kwon2023-alpaca": (
-        "PagedAttention paper, Alpaca lengths (mean 19.31 in / 58.45 out), Poisson",
+        "PagedAttention paper, Alpaca lengths: lognormal, cv 0.5 / 0.8, mean 19.31 in / 58.45 out",
         lambda r, k, s: _spec("kwon2023-alpaca", r, k, s, **ALPACA)),
     "kwon2023-alpaca-parallel": (
         "kwon2023-alpaca with parallel sampling n=4 on every request",
@@ -44,15 +48,17 @@ WORKLOADS: dict[str, tuple[str, Callable[..., WorkloadSpec]]] = {
         lambda r, k, s: _spec("shared-system-prompt", r, k, s,
                               system_prompts=SystemPrompts(count=4, tokens=1024, fraction=0.8), **SHAREGPT)),
     "multi-turn-chat": (
-        "ShareGPT-length turns in conversations of 4 turns on average, 30 s think time; "
-        "--rate is requests/s (conversations start at rate/4)",
-        lambda r, k, s: _spec("multi-turn-chat", r, k, s, arrivals=Poisson(r / 4.0),
+        "ShareGPT-length turns in conversations of 4 turns on average, 30 s think time "
+        "(conversations start at rate / 4)",
+        lambda r, k, s: _spec("multi-turn-chat", r, k, s,
                               conversations=Conversations(mean_turns=4.0, think_time_s=30.0), **SHAREGPT)),
 }
 
 
-def workload_spec(name: str, *, rate_rps: float, num_requests: int, seed: int = 0) -> WorkloadSpec:
-    """The named workload at ``rate_rps`` requests/s with ``num_requests`` requests."""
+def workload_spec(name: str, *, rate_rps: float | None, num_requests: int, seed: int = 0,
+                  arrival: str | None = None) -> WorkloadSpec:
+    """The named workload with ``num_requests`` requests arriving at ``rate_rps`` requests/s by
+    the ``arrival`` process (``parse_arrivals``; Poisson by default, as in the paper)."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r} (workloads: {', '.join(WORKLOADS)})")
-    return WORKLOADS[name][1](rate_rps, num_requests, seed)
+    return WORKLOADS[name][1](parse_arrivals(arrival, rate_rps=rate_rps), num_requests, seed)

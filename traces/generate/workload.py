@@ -8,11 +8,14 @@ spec and seed give the same trace, column for column):
   pairs resampled from a length file (``traces.generate.lengths``);
 - **shared system prompts**: ``count`` prompts of ``tokens`` tokens each; a ``fraction`` of
   requests starts with one of them, chosen uniformly, before its own tokens;
-- **multi-turn conversations**: the arrival process gives conversation *starts*; each has a
-  geometric number of turns with mean ``mean_turns``; turn ``t``'s prompt is turn ``t-1``'s prompt
+- **multi-turn conversations**: the arrival process, slowed by ``mean_turns``, gives conversation
+  *starts* (so requests arrive at about the process's rate); each has a geometric number of
+  turns with mean ``mean_turns``; turn ``t``'s prompt is turn ``t-1``'s prompt
   and output plus new user tokens, and it arrives an exponential think time (mean
-  ``think_time_s``) after turn ``t-1`` arrived (open loop: a simulator that wants turns to wait
-  for the previous answer can use the ``conversation_id`` and ``turn`` columns). A conversation
+  ``think_time_s``) after turn ``t-1`` arrived. NOTE: this is open loop, so a short think time
+  can bring turn ``t`` before turn ``t-1``'s answer could exist (about 15% of ``multi-turn-chat``
+  follow-ups come within 5 s); a simulator that releases a turn only after the previous one
+  finished plus a think time can do so from the ``conversation_id`` and ``turn`` columns. A conversation
   ends early rather than grow past ``max_context_tokens`` (prompt plus output). Conversations
   begin ``warmup_s`` before the trace's 0, so the trace is steady traffic from its first second
   (conversations already under way, not a ramp from none);
@@ -21,14 +24,19 @@ spec and seed give the same trace, column for column):
 
 Prompt contents are given as prefix identities of ``identity_block_tokens`` tokens whenever
 something is shared (system prompts, conversation history): a system prompt is a run of identities
-(its length rounded up to whole identity blocks so the request's own tokens start a fresh block);
-a conversation's history is a chain of identities that each turn extends. Identities are chained
+that tiles it exactly (with system prompts the identity size becomes ``gcd(identity_block_tokens,
+tokens)``, so the request's own tokens start a fresh identity and nothing is lengthened);
+a conversation's history is a chain of identities that each turn extends. The history includes
+earlier answers under the conversation's identities, while a simulator's generated tokens have
+contents of their own, so a replay hits cached *prompt* blocks of earlier turns but not their
+cached answer blocks; ``prefix_reuse`` (which counts identities) is the upper bound with both. Identities are chained
 like a prefix cache's hashes: an identity always follows the same ones. Without sharing, traces
 carry no identities (every prompt is private, and the arrays stay small).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,10 +46,14 @@ from traces.generate.lengths import LengthPairs, LogNormal
 from traces.trace import Trace
 
 
+MAX_REQUESTS = 100_000_000  # ~5 GB of columns: beyond that, generate in parts
+MAX_MEAN_TURNS = 1000
+
+
 @dataclass(frozen=True)
 class SystemPrompts:
     count: int  # distinct system prompts
-    tokens: int  # tokens in each (rounded up to whole identity blocks)
+    tokens: int  # tokens in each
     fraction: float  # of requests (or conversations) that start with one
 
     def __post_init__(self) -> None:
@@ -55,7 +67,8 @@ class SystemPrompts:
 class Conversations:
     mean_turns: float  # >= 1; turns per conversation are geometric with this mean
     think_time_s: float  # mean gap between one turn's arrival and the next's
-    max_context_tokens: int = 32768  # a conversation ends before prompt + output exceeds this
+    # a conversation ends before a later turn's prompt + output exceed this (a first turn is kept)
+    max_context_tokens: int = 32768
     warmup_s: float | None = None  # conversations start this long before 0; None: 5 x turns x think
 
     @property
@@ -64,12 +77,12 @@ class Conversations:
         return 5.0 * self.mean_turns * self.think_time_s if self.warmup_s is None else self.warmup_s
 
     def __post_init__(self) -> None:
-        if self.warmup_s is not None and not self.warmup_s >= 0:
-            raise ValueError(f"warm-up must be >= 0 s, got {self.warmup_s}")
-        if not self.mean_turns >= 1:
-            raise ValueError(f"mean turns per conversation must be >= 1, got {self.mean_turns}")
-        if not self.think_time_s >= 0:
-            raise ValueError(f"think time must be >= 0 s, got {self.think_time_s}")
+        if self.warmup_s is not None and not 0 <= self.warmup_s < 1e9:
+            raise ValueError(f"warm-up must be finite and >= 0 s, got {self.warmup_s}")
+        if not 1 <= self.mean_turns <= MAX_MEAN_TURNS:
+            raise ValueError(f"mean turns per conversation must be in [1, {MAX_MEAN_TURNS}], got {self.mean_turns}")
+        if not 0 <= self.think_time_s < 1e9:
+            raise ValueError(f"think time must be finite and >= 0 s, got {self.think_time_s}")
         if self.max_context_tokens < 2:
             raise ValueError("max_context_tokens must be >= 2")
 
@@ -103,8 +116,8 @@ class WorkloadSpec:
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        if self.num_requests < 1:
-            raise ValueError(f"the number of requests must be >= 1, got {self.num_requests}")
+        if not 1 <= self.num_requests <= MAX_REQUESTS:
+            raise ValueError(f"the number of requests must be in [1, {MAX_REQUESTS:,}], got {self.num_requests}")
         if self.priority_levels < 1:
             raise ValueError("priority levels must be >= 1")
         if self.identity_block_tokens < 1:
@@ -130,11 +143,17 @@ def _conversations(spec: WorkloadSpec, rng: np.random.Generator, draw_system):
     conv = spec.conversations
     count = spec.num_requests
     warmup_s = conv.effective_warmup_s
-    num_conversations = int(count / conv.mean_turns * 1.25) + 16
+    # requests arrive at the process's rate: conversations start mean_turns times less often
+    start_process = spec.arrivals.scaled(1.0 / conv.mean_turns)
+    expected = count / conv.mean_turns + start_process.mean_rate_rps * warmup_s  # in window + warm-up
+    num_conversations = int(expected * 1.25) + 16
     while True:
+        if num_conversations > 64 * expected + 4096:
+            raise ValueError("the conversations never fill the trace: check the arrival process "
+                             "(its rate after the warm-up) and the context limit")
         turns = rng.geometric(1.0 / conv.mean_turns, num_conversations)
         draws = int(turns.sum())
-        starts = spec.arrivals.times(num_conversations, rng) - warmup_s
+        starts = start_process.times(num_conversations, rng) - warmup_s
         which_system, system_tokens = draw_system(num_conversations)
         user, output = _lengths(spec, draws, rng)
         think = rng.exponential(conv.think_time_s, draws) if conv.think_time_s > 0 else np.zeros(draws)
@@ -171,9 +190,15 @@ def generate(spec: WorkloadSpec) -> Trace:
     """Draw the trace ``spec`` describes (reproducible from ``spec.seed``)."""
     rng = np.random.default_rng(spec.seed)
     count = spec.num_requests
-    block = spec.identity_block_tokens
     system = spec.system_prompts
-    system_blocks = 0 if system is None else -(-system.tokens // block)
+    block = spec.identity_block_tokens
+    if system is not None:  # identities that tile the system prompt exactly
+        block = math.gcd(block, system.tokens)
+        if block < 4:  # 1-3 token identities would multiply the trace's size
+            raise ValueError(
+                f"a system prompt of {system.tokens} tokens cannot be tiled by identities of at least 4 "
+                f"tokens dividing {spec.identity_block_tokens}; use a length that is a multiple of 4")
+    system_blocks = 0 if system is None else system.tokens // block
 
     def draw_system(k: int) -> tuple[np.ndarray, np.ndarray]:
         """Which system prompt (-1 = none) for k requests or conversations, and its tokens."""

@@ -33,6 +33,8 @@ FORMATS: dict[str, str] = {
 }
 
 
+# formats whose columns and arrival times are fixed (no --columns, --time-unit or --arrival)
+FIXED_FORMATS = ("azure", "mooncake", "burstgpt", "pagesim")
 MOONCAKE_KEYS = {"timestamp", "input_length", "output_length", "hash_ids"}
 AZURE_COLUMNS = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
 BURSTGPT_COLUMNS = {"Timestamp", "Model", "Request tokens", "Response tokens", "Log Type"}
@@ -75,28 +77,30 @@ def load_trace(
     arrivals=None,
     seed: int = 0,
     prefix_block_tokens: int = 0,
+    time_unit: str = "s",
 ) -> Trace:
     """Read ``path`` as ``format`` (detected if None).
 
     ``columns`` maps fields to columns for ``csv``, ``jsonl`` and ``lengths``; ``model`` and
     ``log_type`` filter BurstGPT rows; ``arrivals`` (an arrival process) and ``seed`` give a
     length-only file its arrival times; ``prefix_block_tokens`` says how many tokens each
-    identity of a generic JSONL's ``prefix_ids`` column stands for.
+    identity of a generic JSONL's ``prefix_ids`` column stands for; ``time_unit`` is the unit
+    of a recognised (not mapped) arrival column of a csv or jsonl file.
     """
     fmt = format or detect_format(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r} (formats: {', '.join(FORMATS)})")
     if (model or log_type) and fmt != "burstgpt":
         raise ValueError(f"--burstgpt-model and --burstgpt-log-type filter BurstGPT traces, not {fmt}")
-    if arrivals is not None and fmt not in ("lengths", "csv", "jsonl"):
+    if arrivals is not None and fmt in FIXED_FORMATS:
         raise ValueError(f"a {fmt} trace has its own arrival times; an arrival process is for length-only files")
-    if columns is not None and fmt not in ("lengths", "csv", "jsonl"):
+    if columns is not None and fmt in FIXED_FORMATS:
         raise ValueError(f"--columns is for csv, jsonl and lengths files, not {fmt}")
     # Loading builds millions of short-lived lists and dicts that hold no cycles; the cyclic
     # garbage collector would otherwise scan them again and again (2-3x the parse time).
     with paused_gc():
         return _load(path, fmt, columns=columns, model=model, log_type=log_type, arrivals=arrivals,
-                     seed=seed, prefix_block_tokens=prefix_block_tokens)
+                     seed=seed, prefix_block_tokens=prefix_block_tokens, time_unit=time_unit)
 
 
 @contextmanager
@@ -110,7 +114,7 @@ def paused_gc():
             gc.enable()
 
 
-def _load(path, fmt, *, columns, model, log_type, arrivals, seed, prefix_block_tokens) -> Trace:
+def _load(path, fmt, *, columns, model, log_type, arrivals, seed, prefix_block_tokens, time_unit) -> Trace:
     if fmt == "azure":
         return load_azure(path)
     if fmt == "mooncake":
@@ -120,10 +124,11 @@ def _load(path, fmt, *, columns, model, log_type, arrivals, seed, prefix_block_t
     if fmt == "lengths":
         return load_lengths(path, arrivals=arrivals, seed=seed, columns=columns)
     if fmt == "csv":
-        return load_csv(path, columns, arrivals=arrivals, seed=seed)
+        return load_csv(path, columns, arrivals=arrivals, seed=seed, time_unit=time_unit)
     if fmt == "jsonl":
-        return load_jsonl(path, columns, arrivals=arrivals, seed=seed, prefix_block_tokens=prefix_block_tokens)
+        return load_jsonl(path, columns, arrivals=arrivals, seed=seed, prefix_block_tokens=prefix_block_tokens,
+                          time_unit=time_unit)
     return load_pagesim(path)
 
 
-__all__ = ["FORMATS", "ColumnMap", "detect_format", "load_trace", "write_jsonl"]
+__all__ = ["FIXED_FORMATS", "FORMATS", "ColumnMap", "detect_format", "load_trace", "write_jsonl"]

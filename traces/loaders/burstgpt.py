@@ -4,7 +4,8 @@ Format: CSV with ``Timestamp`` (seconds from the start), ``Model`` (``ChatGPT`` 
 ``Request tokens``, ``Response tokens``, ``Total tokens`` and ``Log Type`` (``Conversation log``
 or ``API log``). Rows can be kept by model and by log type. A row with zero response tokens is a
 request that failed: it is dropped and the loader says how many there were and where the first
-one is (a ``TraceWarning``; the count is also in ``trace.metadata["failed_rows"]``).
+one is (a ``TraceWarning``; the count is also in ``trace.metadata["failed_rows"]``). Rows with
+zero request tokens are dropped and reported the same way (``empty_prompt_rows``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ def load_burstgpt(path: PathArg, *, model: str | None = None, log_type: str | No
         first = int(lines[np.flatnonzero(failed)[0]])
         warn(path, f"dropped {int(failed.sum())} failed request(s) with 0 response tokens "
              f"(the first on line {first})")
-    keep &= ~failed
+    empty = keep & ~failed & (prompt == 0)
+    if empty.any():
+        first = int(lines[np.flatnonzero(empty)[0]])
+        warn(path, f"dropped {int(empty.sum())} request(s) with 0 request tokens, which no server "
+             f"would run (the first on line {first})")
+    keep &= ~failed & ~empty
     if not keep.any():
         raise TraceFormatError(path, "no requests left after filtering")
     lines = lines[keep]
@@ -46,5 +52,6 @@ def load_burstgpt(path: PathArg, *, model: str | None = None, log_type: str | No
         path, lines,
         arrival_s=arrival[keep], prompt_len=prompt[keep], output_len=output[keep],
         source=f"burstgpt:{path}",
-        metadata={"failed_rows": int(failed.sum()), "model": model, "log_type": log_type},
+        metadata={"failed_rows": int(failed.sum()), "empty_prompt_rows": int(empty.sum()),
+                  "model": model, "log_type": log_type},
     )

@@ -10,13 +10,14 @@ first request. Without an explicit map, common column names are recognised (``AL
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import csv
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from traces.errors import TraceFormatError
 from traces.loaders.build import build_trace, csr
-from traces.loaders.text import PathArg, read_csv, read_jsonl, to_numbers
+from traces.loaders.text import INT64_MAX, PathArg, first_line, read_csv, read_jsonl, to_numbers
 from traces.trace import Trace
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -105,14 +106,15 @@ def _columns_to_trace(path, lines, values: dict[str, list], columns: ColumnMap, 
     elif arrivals is not None:
         data["arrival_s"] = arrivals.times(len(lines), np.random.default_rng(seed))
         source += f" with {arrivals.describe()} arrivals (seed {seed})"
+        data["metadata"] = {"arrival_process": arrivals.describe()}
     else:
         data["arrival_s"] = np.zeros(len(lines))
     if "prefix_ids" in values:
         if prefix_block_tokens < 1:
             raise TraceFormatError(path, "prefix identities need --prefix-block-tokens (tokens per identity)")
         for ids, line in zip(values["prefix_ids"], lines):
-            if not isinstance(ids, list) or not all(type(v) is int and v >= 0 for v in ids):
-                raise TraceFormatError(path, f"{named['prefix_ids']}: expected a list of non-negative integers",
+            if not isinstance(ids, list) or not all(type(v) is int and 0 <= v <= INT64_MAX for v in ids):
+                raise TraceFormatError(path, f"{named['prefix_ids']}: expected a list of non-negative integers below 2**63",
                                        int(line))
         data["prefix_id_values"], data["prefix_id_offsets"] = csr(values["prefix_ids"])
         data["prefix_block_tokens"] = prefix_block_tokens
@@ -124,13 +126,11 @@ def _columns_to_trace(path, lines, values: dict[str, list], columns: ColumnMap, 
 
 
 def load_csv(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None, seed: int = 0,
-             source_kind: str = "csv") -> Trace:
+             time_unit: str = "s", source_kind: str = "csv") -> Trace:
     """A CSV trace with a header; ``columns`` says which column is which (guessed if None)."""
     if columns is None:
-        from traces.loaders.text import first_line
-        import csv
         header = [h.strip() for h in next(csv.reader([first_line(path)]))]
-        columns = ColumnMap.guess(header)
+        columns = ColumnMap.guess(header, time_unit=time_unit)
         if columns is None:
             raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths "
                                    f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", 1)
@@ -145,13 +145,13 @@ def load_csv(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None, 
 
 
 def load_jsonl(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None, seed: int = 0,
-               prefix_block_tokens: int = 0, rows=None) -> Trace:
+               prefix_block_tokens: int = 0, time_unit: str = "s") -> Trace:
     """A JSONL trace, one object per line; ``columns`` says which key is which (guessed if None)."""
-    rows = list(read_jsonl(path)) if rows is None else rows
+    rows = list(read_jsonl(path))
     if not rows:
         raise TraceFormatError(path, "no requests")
     if columns is None:
-        columns = ColumnMap.guess(rows[0][1].keys())
+        columns = ColumnMap.guess(rows[0][1].keys(), time_unit=time_unit)
         if columns is None:
             raise TraceFormatError(path, f"cannot tell which keys hold prompt and output lengths "
                                    f"(keys: {', '.join(rows[0][1])}); pass --columns prompt=KEY,output=KEY",
@@ -171,9 +171,15 @@ def load_jsonl(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None
 
 
 def load_lengths(path: PathArg, *, arrivals=None, seed: int = 0, columns: ColumnMap | None = None) -> Trace:
-    """A length-only CSV (``num_prefill_tokens, num_decode_tokens`` or mapped columns)."""
+    """A length-only CSV (e.g. ``num_prefill_tokens, num_decode_tokens``; columns recognised by
+    ``ALIASES`` or mapped)."""
     if columns is None:
-        columns = ColumnMap(prompt="num_prefill_tokens", output="num_decode_tokens")
+        header = [h.strip() for h in next(csv.reader([first_line(path)]))]
+        columns = ColumnMap.guess(header)
+        if columns is None:
+            raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths "
+                                   f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", 1)
+        columns = replace(columns, arrival=None)
     if columns.arrival is not None:
         raise ValueError("a length-only file has no arrival column; use --format csv for one that does")
     return load_csv(path, columns, arrivals=arrivals, seed=seed, source_kind="lengths")

@@ -57,6 +57,9 @@ def write_jsonl(trace: Trace, path: PathArg) -> Path:
                     parts.append(f'"prefix_ids": [{", ".join(map(str, ids.tolist()))}]')
                 out.write("{" + ", ".join(parts) + "}\n")
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -30,11 +30,15 @@ PathArg = str | PathLike[str]
 
 
 def open_text(path: PathArg) -> io.TextIOBase:
-    """``path`` opened for reading text (``.gz`` decompressed), or a one-line error."""
+    """``path`` opened for reading text (gzip decompressed), or a one-line error."""
     path = Path(path)
     try:
-        if path.suffix == ".gz":
+        with open(path, "rb") as probe:
+            compressed = probe.read(2) == b"\x1f\x8b"  # gzip's magic, whatever the file is called
+        if compressed:
             return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+        if path.suffix.lower() == ".gz":
+            raise TraceFormatError(path, "cannot read: the name ends in .gz but the file is not gzip data")
         return open(path, encoding="utf-8-sig", newline="")  # -sig: drop a BOM
     except FileNotFoundError:
         raise TraceFormatError(path, "no such file") from None
@@ -93,32 +97,39 @@ def read_csv(path: PathArg, wanted: list[str], optional: tuple[str, ...] = ()) -
     if not text.strip():
         raise TraceFormatError(path, "empty file")
     ends_with_newline = text.endswith(("\n", "\r"))
-    reader = csv.reader(io.StringIO(text, newline=""))
+    leading_blank = len(text) - len(text.lstrip("\r\n"))
+    skipped = max(text[:leading_blank].count("\n"), text[:leading_blank].count("\r"))  # blank lines
+    reader = csv.reader(io.StringIO(text[leading_blank:], newline=""))
     try:
         header = [name.strip() for name in next(reader)]
     except csv.Error as exc:
-        raise TraceFormatError(path, f"cannot parse the header: {exc}", 1) from None
+        raise TraceFormatError(path, f"cannot parse the header: {exc}", 1 + skipped) from None
     index = {name: k for k, name in enumerate(header)}
+    if len(index) != len(header):
+        repeated = sorted({name for name in header if header.count(name) > 1})
+        raise TraceFormatError(path, f"column name{'s' if len(repeated) > 1 else ''} "
+                               f"{', '.join(repeated)} appear{'' if len(repeated) > 1 else 's'} twice in the header",
+                               1 + skipped)
     missing = [name for name in wanted if name not in index]
     if missing:
         raise TraceFormatError(
             path, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-            f"(the header has: {', '.join(header) or 'nothing'})", 1)
+            f"(the header has: {', '.join(header) or 'nothing'})", 1 + skipped)
     names = list(wanted) + [name for name in optional if name in index]
     positions = [index[name] for name in names]
     width = len(header)
     try:
         rows = list(reader)
     except csv.Error as exc:
-        raise TraceFormatError(path, f"cannot parse CSV: {exc}", reader.line_num) from None
+        raise TraceFormatError(path, f"cannot parse CSV: {exc}", reader.line_num + skipped) from None
     if reader.line_num == len(rows) + 1 and rows and rows[-1] and all(len(row) == width for row in rows[:-1]):
         # fast path: one line per row, every row but perhaps the last complete
-        lines = np.arange(2, len(rows) + 2, dtype=np.int64)
+        lines = np.arange(2, len(rows) + 2, dtype=np.int64) + skipped
         if _last_row_dropped(path, rows[-1], width, int(lines[-1]), ends_with_newline):
             rows.pop()
             lines = lines[:-1]
     else:  # blank lines or quoted newlines: find each row's first line
-        rows, lines = _rows_with_lines(path, text, width, ends_with_newline)
+        rows, lines = _rows_with_lines(path, text[leading_blank:], width, ends_with_newline, skipped)
     if not rows:
         raise TraceFormatError(path, "no requests (only a header)")
     columns = list(zip(*rows))
@@ -141,7 +152,8 @@ def _last_row_dropped(path: PathArg, row: list[str], width: int, line: int, ends
     return False
 
 
-def _rows_with_lines(path: PathArg, text: str, width: int, ends_with_newline: bool):
+def _rows_with_lines(path: PathArg, text: str, width: int, ends_with_newline: bool, skipped: int):
+    """Rows and the file line each began on (``skipped`` blank lines came before ``text``)."""
     reader = csv.reader(io.StringIO(text, newline=""))
     next(reader)
     rows: list[list[str]] = []
@@ -153,9 +165,9 @@ def _rows_with_lines(path: PathArg, text: str, width: int, ends_with_newline: bo
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue  # blank line
             rows.append(row)
-            lines.append(start)
+            lines.append(start + skipped)
     except csv.Error as exc:
-        raise TraceFormatError(path, f"cannot parse CSV: {exc}", reader.line_num) from None
+        raise TraceFormatError(path, f"cannot parse CSV: {exc}", reader.line_num + skipped) from None
     for k, row in enumerate(rows[:-1]):
         if len(row) != width:
             raise TraceFormatError(path, f"expected {width} fields, found {len(row)}", lines[k])
@@ -193,6 +205,10 @@ def read_jsonl(path: PathArg) -> Iterator[tuple[int, dict]]:
 
 
 # ---------------------------------------------------------------------- numbers
+INT64_MAX = 2**63 - 1
+EXACT_FLOAT_INT = 2**53  # beyond this a float no longer holds every whole number
+
+
 def to_numbers(
     path: PathArg,
     values: list,
@@ -204,20 +220,17 @@ def to_numbers(
 ) -> np.ndarray:
     """``values`` (strings or JSON numbers) as float64 or int64, or an error at the first bad line.
 
-    Integers may be written ``12`` or ``12.0`` but not ``12.5``; ``minimum`` bounds every value.
+    Integers may be written ``12`` or ``12.0`` but not ``12.5``, and must fit in int64 (a value
+    written as a float only up to 2**53, where floats stop being exact); JSON ``true`` is not a
+    number; ``minimum`` bounds every value.
     """
-    try:
-        array = np.asarray(values, dtype=np.float64) if not values or not isinstance(values[0], str) \
-            else np.asarray(values).astype(np.float64)
-        ok = np.isfinite(array)
-        if integer:
-            ok &= array == np.floor(array)
+    array = _fast_numbers(values, integer=integer)
+    if array is not None:
+        ok = np.ones(len(array), dtype=bool) if integer else np.isfinite(array)
         if minimum is not None:
             ok &= array >= minimum
         if ok.all():
-            return array.astype(np.int64) if integer else array
-    except (ValueError, TypeError):
-        pass
+            return array
     for value, line in zip(values, lines):
         problem = _number_problem(value, integer=integer, minimum=minimum)
         if problem:
@@ -225,17 +238,55 @@ def to_numbers(
     raise AssertionError("unreachable: a conversion failed but no value was bad")
 
 
-def _number_problem(value, *, integer: bool, minimum: float | None) -> str | None:
-    if isinstance(value, bool) or value is None:
-        return f"expected a number, found {json.dumps(value)}"
+def _fast_numbers(values, *, integer: bool) -> np.ndarray | None:
+    """Whole-column conversion, or None when some value needs a closer look."""
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return f"expected a number, found {value!r}"
-    if not np.isfinite(number):
-        return f"expected a finite number, found {value!r}"
-    if integer and number != int(number):
-        return f"expected a whole number, found {value!r}"
+        with np.errstate(all="ignore"):
+            if values and isinstance(values[0], str):
+                if integer:
+                    try:
+                        return np.asarray(values).astype(np.int64)
+                    except (ValueError, OverflowError):
+                        pass  # "12.0" or a bad value: through floats
+                floats = np.asarray(values).astype(np.float64)
+            else:
+                if any(type(v) is bool for v in values):
+                    return None
+                if integer and all(type(v) is int for v in values):
+                    return np.asarray(values, dtype=np.int64)  # OverflowError beyond int64
+                floats = np.asarray(values, dtype=np.float64)
+            if not integer:
+                return floats
+            exact = np.isfinite(floats) & (floats == np.floor(floats)) & (np.abs(floats) <= EXACT_FLOAT_INT)
+            return floats.astype(np.int64) if exact.all() else None
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def _number_problem(value, *, integer: bool, minimum: float | None) -> str | None:
+    if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
+        return f"expected a number, found {json.dumps(value)}"
+    number: int | float
+    if isinstance(value, int):
+        number = value
+    else:
+        text = str(value).strip()
+        try:
+            number = int(text)
+        except ValueError:
+            try:
+                number = float(text)
+            except ValueError:
+                return f"expected a number, found {value!r}"
+    if isinstance(number, float):
+        if not np.isfinite(number):
+            return f"expected a finite number, found {value!r}"
+        if integer and number != int(number):
+            return f"expected a whole number, found {value!r}"
+        if integer and abs(number) > EXACT_FLOAT_INT:
+            return f"{value!r} is too large to be an exact whole number (write it without a decimal point)"
+    if integer and not -INT64_MAX - 1 <= number <= INT64_MAX:
+        return f"{value!r} is out of range (at most {INT64_MAX})"
     if minimum is not None and number < minimum:
         return f"must be >= {minimum:g}, found {value!r}"
     return None
