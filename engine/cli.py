@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         parser.exit(2, f"pagesim {args.command}: error: {where}{exc.strerror or exc}\n")
     except MemoryError:
-        parser.exit(2, f"pagesim {args.command}: error: not enough memory (ask for less: fewer requests?)\n")
+        parser.exit(2, f"pagesim {args.command}: error: not enough memory for what was asked\n")
     except BrokenPipeError:  # `pagesim ... | head`
         return 0
 

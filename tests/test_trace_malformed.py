@@ -675,3 +675,31 @@ def test_burstgpt_rows_with_no_request_tokens_are_dropped_and_reported(tmp_path)
     assert any("1 request(s) with 0 request tokens" in m and "line 3" in m for m in messages)
     assert trace.prompt_len.tolist() == [12, 4]
     assert trace.metadata["failed_rows"] == 1 and trace.metadata["empty_prompt_rows"] == 1
+
+
+
+def test_blank_and_whitespace_lines_before_the_header(tmp_path, capsys):
+    # two blank lines, the header on line 3, rows from line 4: the bad row is line 5
+    path = write(tmp_path, "a.csv", "\n  \n" + AZURE_HEADER + azure_rows(3).replace(",101,", ",x,"))
+    both(capsys, path, line=5, words=("ContextTokens", "expected a number"))
+    path = write(tmp_path, "b.csv", "\n\nalpha,beta\n1,2\n")
+    both(capsys, path, line=3, words=("cannot tell",))  # the header's own line
+
+
+def test_a_used_column_named_twice_is_refused(tmp_path, capsys):
+    path = write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n"
+                 "2023-11-16 18:15:46.6805900,1,2,3\n")
+    both(capsys, path, line=1, words=("'ContextTokens' appears 2 times",))
+    ok = write(tmp_path, "b.csv", AZURE_HEADER.strip() + ",x,x\n" + "2023-11-16 18:15:46.6805900,1,2,a,b\n")
+    assert len(load_trace(ok)) == 1  # unused duplicates do not matter
+
+
+def test_gzip_is_recognised_by_content_not_name(tmp_path):
+    data = gzip.compress((AZURE_HEADER + azure_rows(4)).encode(), mtime=0)
+    (tmp_path / "trace.csv").write_bytes(data)
+    assert len(load_trace(tmp_path / "trace.csv")) == 4
+
+
+def test_a_float_arrival_too_large_for_float64_is_an_error_line(tmp_path, capsys):
+    path = write(tmp_path, "a.csv", "arrival_s,prompt_len,output_len\n0,10,10\n" + "9" * 400 + ",10,10\n")
+    both(capsys, path, line=3, words=("arrival_s", "finite"))

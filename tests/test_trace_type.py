@@ -73,7 +73,7 @@ def test_time_window_and_rate():
     with pytest.raises(ValueError, match="> 0"):
         trace.at_rate(0)
     no_arrivals = Trace(arrival_s=[0.0, 0.0], prompt_len=[1, 2], output_len=[1, 1], has_arrivals=False)
-    with pytest.raises(ValueError, match="span 0 s"):
+    with pytest.raises(ValueError, match="no arrival times to rescale"):
         no_arrivals.at_rate(3)
 
 
@@ -214,15 +214,19 @@ def test_spread_ties_keeps_batches_in_their_interval():
     "argv, message",
     [
         (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "5",
-          "-o", "/nonexistent/dir/x.jsonl"], "cannot write"),
+          "-o", "afile/x.jsonl"], "cannot write"),  # the parent is a file
         (["gen", "--workload", "kwon2023-alpaca", "--rate", "1", "--num-requests", "5", "--n", "4", "-o", "x"],
          "--n describes a custom workload"),
         (["gen", "--workload", "kwon2023-alpaca", "--rate", "1", "--num-requests", "5",
           "--arrival", "piecewise:1@1", "-o", "x"], "leave out --rate"),
         (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "5", "--turns", "3",
           "--think-time", "inf", "-o", "x"], "finite"),
-        (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "10**12", "-o", "x"],
-         "invalid int value"),
+        (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1e4", "--num-requests", "10", "--turns", "1000",
+          "-o", "x"], "the warm-up would draw about"),
+        (["gen", "--workload", "kwon2023-sharegpt", "--rate", "1", "--num-requests", "5", "--spread-ties", "-o", "x"],
+         "not for trace gen"),
+        (["gen", "--workload", "kwon2023-sharegpt", "--rate", "1", "--num-requests", "5", "--format", "azure",
+          "-o", "x"], "describe a --lengths FILE"),
         (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "1000000000",
           "-o", "x"], "must be in [1, 100,000,000]"),
         (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "5", "--warmup", "3",
@@ -231,9 +235,45 @@ def test_spread_ties_keeps_batches_in_their_interval():
 )
 def test_more_bad_flags_are_one_line(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
     with pytest.raises(SystemExit) as caught:
         main(["trace", *argv])
     assert caught.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert message in err[-1], err
-    assert not list(tmp_path.glob("*x*"))  # nothing half-written
+    assert message in err[-1] and len(err) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written, not even a temporary
+
+
+def test_rate_holds_when_the_context_limit_cuts_conversations(tmp_path, capsys):
+    """Fewer turns kept than mean_turns: conversations start more often, so requests still come at --rate."""
+    stats = _gen(tmp_path, capsys, "--prompt-len", 200, "--output-len", 300, "--turns", 20, "--think-time", 1,
+                 "--max-context", 2000, "--rate", 10, "--num-requests", 5000)
+    assert stats["turns"]["mean"] < 5  # the limit did cut conversations short
+    assert stats["rate_rps"] == pytest.approx(10, rel=0.08)
+
+
+def test_piecewise_schedule_is_not_shifted_by_the_conversation_warm_up(tmp_path, capsys):
+    _gen(tmp_path, capsys, "--prompt-len", 10, "--output-len", 10, "--turns", 2, "--think-time", 10,
+         "--arrival", "piecewise:300@0,100@20,1000@0.5", "--num-requests", 3000)
+    trace = load_trace(tmp_path / "g.jsonl")
+    counts = np.histogram(trace.arrival_s, bins=[0, 300, 400, 10_000])[0]
+    assert counts[0] == 0 and counts[1] > 1500  # nothing before 300 s, the burst in 300-400 s
+
+
+def test_drawn_arrivals_keep_the_process_start(tmp_path):
+    (tmp_path / "l.csv").write_text("num_prefill_tokens,num_decode_tokens\n" + "10,5\n" * 100)
+    from traces.generate.arrivals import Piecewise
+
+    trace = load_trace(tmp_path / "l.csv", arrivals=Piecewise(((300.0, 0.0), (100.0, 20.0))))
+    assert trace.arrival_s[0] >= 300  # not moved to 0
+
+
+def test_spread_ties_from_the_command_line(tmp_path, capsys):
+    rows = "".join(f"{t},10,5\n" for t in (0, 0, 0, 3, 3, 6))
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_len,output_len\n" + rows)
+    assert _stats(capsys, tmp_path / "t.csv")["distinct_arrival_times"] == 3
+    assert _stats(capsys, tmp_path / "t.csv", "--spread-ties")["distinct_arrival_times"] == 6
+    (tmp_path / "same.csv").write_text("arrival_s,prompt_len,output_len\n0,1,1\n0,1,1\n")
+    with pytest.raises(SystemExit):
+        main(["trace", "stats", str(tmp_path / "same.csv"), "--spread-ties"])
+    assert "no gap to spread" in capsys.readouterr().err

@@ -95,7 +95,10 @@ def _custom_spec(args: argparse.Namespace):
     if args.lengths:
         if args.prompt_len or args.output_len:
             raise ValueError("give --lengths or --prompt-len/--output-len, not both")
-        fields["pairs"] = LengthPairs.from_file(args.lengths)
+        from traces.loaders import ColumnMap
+
+        columns = ColumnMap.parse(args.columns) if args.columns else None
+        fields["pairs"] = LengthPairs.from_file(args.lengths, format=args.format, columns=columns)
     elif args.prompt_len and args.output_len:
         fields["prompt"], fields["output"] = parse_lengths(args.prompt_len), parse_lengths(args.output_len)
     else:
@@ -129,6 +132,14 @@ def run_gen(args: argparse.Namespace) -> int:
 
     if args.trace is not None:
         raise ValueError("trace gen writes a synthetic trace; use --workload NAME or a custom workload")
+    # flags about reading a trace file: only --format / --columns, and only for --lengths FILE
+    for name in ("time_unit", "burstgpt_model", "burstgpt_log_type", "spread_ties"):
+        if getattr(args, name):
+            raise ValueError(f"--{name.replace('_', '-')} is for reading a trace, not for trace gen")
+    if args.prefix_block_tokens:
+        raise ValueError("--prefix-block-tokens is for reading a trace; trace gen takes --identity-block-tokens")
+    if (args.format or args.columns) and not args.lengths:
+        raise ValueError("--format and --columns describe a --lengths FILE")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     with reported_warnings("trace", strict=args.strict):

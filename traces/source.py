@@ -108,6 +108,8 @@ def trace_from_args(args: argparse.Namespace):
                             ("--arrival", args.arrival)):
             if value is not None:
                 raise ValueError(f"{flag} does not apply to the {fmt} format (its columns and arrival times are fixed)")
+    if fmt == "lengths" and args.time_unit is not None:
+        raise ValueError("--time-unit is for an arrival column; a length-only file has none")
     time_unit = args.time_unit or "s"
     columns = ColumnMap.parse(args.columns, time_unit=time_unit) if args.columns else None
     # a process for files without arrival times (used only if the file has none)

@@ -205,8 +205,11 @@ class Trace:
         """The same arrival pattern compressed or stretched to ``target_rps`` requests per second."""
         rate = self.rate_rps
         if rate is None:
-            raise ValueError("this trace's arrivals span 0 s, so there is no rate to rescale "
-                             "(a length-only trace needs an arrival process)")
+            if not self.has_arrivals:
+                raise ValueError("this trace has no arrival times to rescale (a length-only trace "
+                                 "needs an arrival process: --arrival and --rate)")
+            raise ValueError("all of this trace's requests share one timestamp, so it has no rate to rescale "
+                             "(keep more requests, or --spread-ties for a trace logged in batches)")
         if not np.isfinite(target_rps) or target_rps <= 0:
             raise ValueError(f"target rate must be > 0 requests/s, got {target_rps}")
         return self.time_scaled(rate / target_rps)
@@ -219,10 +222,14 @@ class Trace:
         spreads every batch over ``[t, t_next)`` (the last over the median gap), keeping the row
         order and every timestamp's batch inside its own interval. Reproducible from ``seed``.
         """
+        if not self.has_arrivals:
+            raise ValueError("this trace has no arrival times to spread (give it an arrival process)")
         times = self.arrival_s
         stamps, counts = np.unique(times, return_counts=True)
         if len(stamps) == len(times):
             return self
+        if len(stamps) == 1:
+            raise ValueError("every request has the same timestamp: there is no gap to spread them over")
         gaps = np.diff(stamps)
         widths = np.r_[gaps, np.median(gaps) if gaps.size else 1.0]
         offsets = np.random.default_rng(seed).random(len(times)) * np.repeat(widths, counts)

@@ -14,7 +14,8 @@ times in seconds (the first at the first gap after 0, not at 0):
   segment gets no arrivals.
 
 Every process has ``scaled(factor)``, the same process at ``factor`` times the rate (how
-conversation starts are derived from a request rate). ``parse_arrivals("gamma:cv=4",
+conversation starts are derived from a request rate), and ``with_lead_in(seconds)``, the process
+begun earlier so a warm-up does not shift a time-varying schedule. ``parse_arrivals("gamma:cv=4",
 rate_rps=2.0)`` builds one from the CLI's ``--arrival`` and ``--rate``.
 """
 
@@ -47,6 +48,10 @@ class Poisson:
     def mean_rate_rps(self) -> float:
         return self.rate_rps
 
+    def with_lead_in(self, duration_s: float) -> Poisson:
+        """The process for a start ``duration_s`` earlier (a stationary process is unchanged)."""
+        return self
+
     def scaled(self, factor: float) -> Poisson:
         return Poisson(self.rate_rps * factor)
 
@@ -71,6 +76,10 @@ class Gamma:
     def mean_rate_rps(self) -> float:
         return self.rate_rps
 
+    def with_lead_in(self, duration_s: float) -> Gamma:
+        """The process for a start ``duration_s`` earlier (a stationary process is unchanged)."""
+        return self
+
     def scaled(self, factor: float) -> Gamma:
         return Gamma(self.rate_rps * factor, self.cv)
 
@@ -91,6 +100,10 @@ class Constant:
     @property
     def mean_rate_rps(self) -> float:
         return self.rate_rps
+
+    def with_lead_in(self, duration_s: float) -> Constant:
+        """The process for a start ``duration_s`` earlier (a stationary process is unchanged)."""
+        return self
 
     def scaled(self, factor: float) -> Constant:
         return Constant(self.rate_rps * factor)
@@ -123,6 +136,13 @@ class Piecewise:
 
     def describe(self) -> str:
         return "piecewise " + ", ".join(f"{d:g}s@{r:g}/s" for d, r in self.segments)
+
+    def with_lead_in(self, duration_s: float) -> Piecewise:
+        """The process started ``duration_s`` earlier at its first segment's rate, so that after
+        the lead-in its segments fall where they were (a warm-up before a trace's 0)."""
+        if duration_s <= 0:
+            return self
+        return Piecewise(((duration_s, self.segments[0][1]), *self.segments))
 
     def scaled(self, factor: float) -> Piecewise:
         return Piecewise(tuple((duration, rate * factor) for duration, rate in self.segments))

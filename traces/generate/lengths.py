@@ -4,9 +4,10 @@
 - ``LogNormal(mean, cv, low=1, high=None)``: a lognormal with that mean and coefficient of
   variation, rounded to whole tokens and clipped to ``[low, high]`` (clipping moves the mean a
   little; with ``high=None`` only the rare draws below ``low`` move);
-- ``TruncatedLogNormal(mean, cv, high)``: a lognormal of shape ``cv`` with draws outside
-  ``[1, high]`` redrawn, whose location is solved so that the *truncated* distribution has mean
-  ``mean`` (a hard length cap such as a benchmark's, without moving the mean);
+- ``TruncatedLogNormal(mean, cv, high)``: a lognormal of shape ``cv`` rounded to whole tokens,
+  with lengths outside ``[1, high]`` redrawn, whose location is solved so that the lengths drawn
+  have mean ``mean`` exactly in expectation (a hard cap such as a benchmark's, without moving the
+  mean);
 - ``Empirical(values)``: resampled with replacement from observed lengths;
 - ``LengthPairs(prompt, output)``: (prompt, output) *pairs* resampled together from a length
   file such as the ShareGPT table, keeping their correlation.
@@ -77,43 +78,48 @@ class LogNormal:
         return np.clip(values, self.low, self.high if self.high is not None else None)
 
 
-def _normal_cdf(x: float) -> float:
-    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-
 @dataclass(frozen=True)
 class TruncatedLogNormal:
-    mean: float  # of the truncated distribution
+    mean: float  # of the whole-token lengths drawn
     cv: float  # shape: the coefficient of variation of the lognormal before truncation
     high: int  # longest length kept
     mu: float = field(init=False, repr=False)
     _kept: float = field(init=False, repr=False)  # share of draws inside [1, high]
 
+    MAX_HIGH = 1 << 16  # the mean is solved over every length 1..high
+
     def __post_init__(self) -> None:
         if not (np.isfinite(self.cv) and self.cv > 0):
             raise ValueError(f"a lognormal length needs cv > 0, got {self.cv}")
-        if not (np.isfinite(self.mean) and 1 <= self.mean < self.high):
-            raise ValueError(f"a truncated lognormal needs 1 <= mean < high, got {self.mean} and {self.high}")
+        if not 2 <= self.high <= self.MAX_HIGH:
+            raise ValueError(f"a truncated lognormal needs 2 <= high <= {self.MAX_HIGH}, got {self.high}")
+        if not (np.isfinite(self.mean) and 1 < self.mean < self.high):
+            raise ValueError(f"a truncated lognormal needs 1 < mean < high, got {self.mean} and {self.high}")
         sigma = self.sigma
-        low_edge, high_edge = math.log(0.5), math.log(self.high + 0.5)  # what rounds into [1, high]
+        # a draw x becomes length k = rint(x); k in [1, high] is kept: edges at k +- 0.5
+        log_edges = np.log(np.arange(self.high + 1) + 0.5)
+        lengths = np.arange(1, self.high + 1)
 
-        def truncated_mean(mu: float) -> float:
-            kept = _normal_cdf((high_edge - mu) / sigma) - _normal_cdf((low_edge - mu) / sigma)
-            upper = _normal_cdf((high_edge - mu - sigma**2) / sigma) - _normal_cdf((low_edge - mu - sigma**2) / sigma)
-            return math.exp(mu + sigma**2 / 2) * upper / kept if kept > 0 else float("nan")
+        def stats(mu: float) -> tuple[float, float]:
+            cdf = 0.5 * (1.0 + _erf((log_edges - mu) / (sigma * math.sqrt(2.0))))
+            mass = np.diff(cdf)
+            kept = float(mass.sum())
+            return (float(lengths @ mass) / kept if kept > 0 else float("nan")), kept
 
-        lo, hi = low_edge - 10 * sigma, high_edge + 10 * sigma
-        for _ in range(200):  # bisection: the truncated mean grows with mu
+        lo, hi = math.log(0.5) - 10 * sigma, math.log(self.high + 0.5) + 10 * sigma
+        for _ in range(100):  # bisection: the mean of the kept lengths grows with mu
             mid = (lo + hi) / 2
-            if truncated_mean(mid) < self.mean:
+            mean, _ = stats(mid)
+            if not mean >= self.mean:
                 lo = mid
             else:
                 hi = mid
         mu = (lo + hi) / 2
+        mean, kept = stats(mu)
+        if not abs(mean / self.mean - 1) < 1e-6 or kept < 0.05:
+            raise ValueError(f"no lognormal of cv {self.cv} cut to [1, {self.high}] has mean {self.mean} "
+                             f"while keeping at least 5% of its draws")
         object.__setattr__(self, "mu", mu)
-        kept = _normal_cdf((high_edge - mu) / sigma) - _normal_cdf((low_edge - mu) / sigma)
-        if not abs(truncated_mean(mu) / self.mean - 1) < 1e-6 or kept < 1e-3:
-            raise ValueError(f"no lognormal of cv {self.cv} truncated to [1, {self.high}] has mean {self.mean}")
         object.__setattr__(self, "_kept", kept)
 
     @property
@@ -127,6 +133,9 @@ class TruncatedLogNormal:
             kept = draws[(draws >= 0.5) & (draws < self.high + 0.5)]
             out = np.concatenate([out, np.rint(kept).astype(np.int64)])
         return np.clip(out[:count], 1, self.high)
+
+
+_erf = np.vectorize(math.erf, otypes=[float])
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,14 +16,28 @@ The paper's parallel-sampling and beam-search runs used Alpaca with n or beam wi
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 
 from traces.generate.arrivals import parse_arrivals
 from traces.generate.lengths import TruncatedLogNormal
 from traces.generate.workload import Conversations, Sampling, SystemPrompts, WorkloadSpec
 
 MAX_TOKENS = 1024  # each of prompt and output (vLLM's benchmark: prompt <= 1024, total <= 2048)
-SHAREGPT = dict(prompt=TruncatedLogNormal(161.31, 1.0, MAX_TOKENS), output=TruncatedLogNormal(337.99, 1.0, MAX_TOKENS))
-ALPACA = dict(prompt=TruncatedLogNormal(19.31, 0.5, MAX_TOKENS), output=TruncatedLogNormal(58.45, 0.8, MAX_TOKENS))
+
+
+@cache
+def _sharegpt_lengths() -> tuple[TruncatedLogNormal, TruncatedLogNormal]:
+    return TruncatedLogNormal(161.31, 1.0, MAX_TOKENS), TruncatedLogNormal(337.99, 1.0, MAX_TOKENS)
+
+
+@cache
+def _alpaca_lengths() -> tuple[TruncatedLogNormal, TruncatedLogNormal]:
+    return TruncatedLogNormal(19.31, 0.5, MAX_TOKENS), TruncatedLogNormal(58.45, 0.8, MAX_TOKENS)
+
+
+def _lengths(which) -> dict:
+    prompt, output = which()
+    return {"prompt": prompt, "output": output}
 
 
 def _spec(name: str, arrivals, num_requests: int, seed: int, **fields) -> WorkloadSpec:
@@ -33,25 +47,25 @@ def _spec(name: str, arrivals, num_requests: int, seed: int, **fields) -> Worklo
 WORKLOADS: dict[str, tuple[str, Callable[..., WorkloadSpec]]] = {
     "kwon2023-sharegpt": (
         "PagedAttention paper, ShareGPT lengths: lognormal, cv 1, mean 161.31 in / 337.99 out, each <= 1024",
-        lambda r, k, s: _spec("kwon2023-sharegpt", r, k, s, **SHAREGPT)),
+        lambda r, k, s: _spec("kwon2023-sharegpt", r, k, s, **_lengths(_sharegpt_lengths))),
     "kwon2023-alpaca": (
         "PagedAttention paper, Alpaca lengths: lognormal, cv 0.5 / 0.8, mean 19.31 in / 58.45 out",
-        lambda r, k, s: _spec("kwon2023-alpaca", r, k, s, **ALPACA)),
+        lambda r, k, s: _spec("kwon2023-alpaca", r, k, s, **_lengths(_alpaca_lengths))),
     "kwon2023-alpaca-parallel": (
         "kwon2023-alpaca with parallel sampling n=4 on every request",
-        lambda r, k, s: _spec("kwon2023-alpaca-parallel", r, k, s, sampling=Sampling(n=4), **ALPACA)),
+        lambda r, k, s: _spec("kwon2023-alpaca-parallel", r, k, s, sampling=Sampling(n=4), **_lengths(_alpaca_lengths))),
     "kwon2023-alpaca-beam": (
         "kwon2023-alpaca with beam search, width 4, on every request",
-        lambda r, k, s: _spec("kwon2023-alpaca-beam", r, k, s, sampling=Sampling(beam_width=4), **ALPACA)),
+        lambda r, k, s: _spec("kwon2023-alpaca-beam", r, k, s, sampling=Sampling(beam_width=4), **_lengths(_alpaca_lengths))),
     "shared-system-prompt": (
         "ShareGPT lengths after one of 4 system prompts of 1,024 tokens (80% of requests)",
         lambda r, k, s: _spec("shared-system-prompt", r, k, s,
-                              system_prompts=SystemPrompts(count=4, tokens=1024, fraction=0.8), **SHAREGPT)),
+                              system_prompts=SystemPrompts(count=4, tokens=1024, fraction=0.8), **_lengths(_sharegpt_lengths))),
     "multi-turn-chat": (
         "ShareGPT-length turns in conversations of 4 turns on average, 30 s think time "
         "(conversations start at rate / 4)",
         lambda r, k, s: _spec("multi-turn-chat", r, k, s,
-                              conversations=Conversations(mean_turns=4.0, think_time_s=30.0), **SHAREGPT)),
+                              conversations=Conversations(mean_turns=4.0, think_time_s=30.0), **_lengths(_sharegpt_lengths))),
 }
 
 

@@ -8,9 +8,10 @@ spec and seed give the same trace, column for column):
   pairs resampled from a length file (``traces.generate.lengths``);
 - **shared system prompts**: ``count`` prompts of ``tokens`` tokens each; a ``fraction`` of
   requests starts with one of them, chosen uniformly, before its own tokens;
-- **multi-turn conversations**: the arrival process, slowed by ``mean_turns``, gives conversation
-  *starts* (so requests arrive at about the process's rate); each has a geometric number of
-  turns with mean ``mean_turns``; turn ``t``'s prompt is turn ``t-1``'s prompt
+- **multi-turn conversations**: the arrival process, slowed by the turns a conversation keeps
+  (``mean_turns``, fewer if the context limit ends conversations early), gives conversation
+  *starts*, so requests arrive at the process's rate; each has a geometric number of turns with
+  mean ``mean_turns``; turn ``t``'s prompt is turn ``t-1``'s prompt
   and output plus new user tokens, and it arrives an exponential think time (mean
   ``think_time_s``) after turn ``t-1`` arrived. NOTE: this is open loop, so a short think time
   can bring turn ``t`` before turn ``t-1``'s answer could exist (about 15% of ``multi-turn-chat``
@@ -141,11 +142,35 @@ def _conversations(spec: WorkloadSpec, rng: np.random.Generator, draw_system):
     Enough conversations are drawn that every one starting before the window's end is in it.
     """
     conv = spec.conversations
-    count = spec.num_requests
     warmup_s = conv.effective_warmup_s
-    # requests arrive at the process's rate: conversations start mean_turns times less often
-    start_process = spec.arrivals.scaled(1.0 / conv.mean_turns)
+    # Requests arrive at the process's rate: conversations start as many times less often as
+    # a conversation has turns. That is mean_turns unless the context limit ends conversations
+    # early; then the turns actually kept are measured on a draw and the draw is repeated.
+    kept_turns = conv.mean_turns
+    for attempt in range(4):
+        start_process = spec.arrivals.scaled(1.0 / kept_turns).with_lead_in(warmup_s)
+        drawn = _draw_conversations(spec, rng, draw_system, start_process, warmup_s)
+        measured = drawn[-1]
+        if abs(measured / kept_turns - 1) <= 0.02 or attempt == 3:
+            return drawn[:-1]
+        kept_turns = measured
+    raise AssertionError("unreachable")
+
+
+MAX_TURN_DRAWS = 50_000_000  # turns drawn for one trace (window and warm-up): ~2 GB of columns
+
+
+def _draw_conversations(spec: WorkloadSpec, rng, draw_system, start_process, warmup_s: float):
+    """One draw of conversations covering the warm-up and a full window; see ``_conversations``.
+    Returns the window's columns and the mean number of turns the conversations kept."""
+    conv = spec.conversations
+    count = spec.num_requests
     expected = count / conv.mean_turns + start_process.mean_rate_rps * warmup_s  # in window + warm-up
+    if expected * conv.mean_turns > max(MAX_TURN_DRAWS, 4 * count):
+        raise ValueError(
+            f"the warm-up would draw about {expected * conv.mean_turns:,.0f} turns "
+            f"({warmup_s:g} s of conversations starting at {start_process.mean_rate_rps:g}/s with "
+            f"{conv.mean_turns:g} turns each); give a shorter --warmup or --think-time")
     num_conversations = int(expected * 1.25) + 16
     while True:
         if num_conversations > 64 * expected + 4096:
@@ -153,7 +178,7 @@ def _conversations(spec: WorkloadSpec, rng: np.random.Generator, draw_system):
                              "(its rate after the warm-up) and the context limit")
         turns = rng.geometric(1.0 / conv.mean_turns, num_conversations)
         draws = int(turns.sum())
-        starts = start_process.times(num_conversations, rng) - warmup_s
+        starts = start_process.times(num_conversations, rng) - warmup_s  # the lead-in ends at 0
         which_system, system_tokens = draw_system(num_conversations)
         user, output = _lengths(spec, draws, rng)
         think = rng.exponential(conv.think_time_s, draws) if conv.think_time_s > 0 else np.zeros(draws)
@@ -175,8 +200,9 @@ def _conversations(spec: WorkloadSpec, rng: np.random.Generator, draw_system):
             if starts[-1] >= arrival[order[-1]]:  # no conversation missing from the window
                 break
         num_conversations *= 2
+    kept_turns = float(fits.sum()) / num_conversations
     return (conv_of[order], turn[order], arrival[order], prompt[order], output[order],
-            which_system[conv_of[order]])
+            which_system[conv_of[order]], kept_turns)
 
 
 def _segment_cumsum(values: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.ndarray:

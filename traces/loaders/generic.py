@@ -17,7 +17,7 @@ import numpy as np
 
 from traces.errors import TraceFormatError
 from traces.loaders.build import build_trace, csr
-from traces.loaders.text import INT64_MAX, PathArg, first_line, read_csv, read_jsonl, to_numbers
+from traces.loaders.text import INT64_MAX, PathArg, numbered_first_line, read_csv, read_jsonl, to_numbers
 from traces.trace import Trace
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -122,6 +122,7 @@ def _columns_to_trace(path, lines, values: dict[str, list], columns: ColumnMap, 
         raise TraceFormatError(path, "conversation_id and turn columns come together")
     if has_arrivals is None:
         has_arrivals = "arrival" in values or arrivals is not None
+    rebase = rebase and "arrival" in values  # drawn arrivals keep the process's own start
     return build_trace(path, lines, rebase=rebase, has_arrivals=has_arrivals, source=source, **data)
 
 
@@ -129,11 +130,12 @@ def load_csv(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None, 
              time_unit: str = "s", source_kind: str = "csv") -> Trace:
     """A CSV trace with a header; ``columns`` says which column is which (guessed if None)."""
     if columns is None:
-        header = [h.strip() for h in next(csv.reader([first_line(path)]))]
+        line, text = numbered_first_line(path)
+        header = [h.strip() for h in next(csv.reader([text]))]
         columns = ColumnMap.guess(header, time_unit=time_unit)
         if columns is None:
             raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths "
-                                   f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", 1)
+                                   f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", line)
     if columns.prefix_ids is not None:
         raise TraceFormatError(path, "prefix identities need JSONL (a list per row), not CSV")
     named = columns.used()
@@ -174,11 +176,12 @@ def load_lengths(path: PathArg, *, arrivals=None, seed: int = 0, columns: Column
     """A length-only CSV (e.g. ``num_prefill_tokens, num_decode_tokens``; columns recognised by
     ``ALIASES`` or mapped)."""
     if columns is None:
-        header = [h.strip() for h in next(csv.reader([first_line(path)]))]
+        line, text = numbered_first_line(path)
+        header = [h.strip() for h in next(csv.reader([text]))]
         columns = ColumnMap.guess(header)
         if columns is None:
             raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths "
-                                   f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", 1)
+                                   f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", line)
         columns = replace(columns, arrival=None)
     if columns.arrival is not None:
         raise ValueError("a length-only file has no arrival column; use --format csv for one that does")

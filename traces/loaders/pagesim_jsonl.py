@@ -58,12 +58,19 @@ def write_jsonl(trace: Trace, path: PathArg) -> Path:
                 out.write("{" + ", ".join(parts) + "}\n")
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
     return path
+
+
+def _remove(tmp: Path) -> None:
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:  # e.g. its folder is not a folder: nothing was written
+        pass
 
 
 def load_pagesim(path: PathArg) -> Trace:

@@ -60,14 +60,29 @@ def read_all(path: PathArg) -> str:
         raise TraceFormatError(path, f"not UTF-8 text (byte {exc.start})") from None
 
 
+def _leading_blank_lines(text: str) -> tuple[int, int]:
+    """Characters and lines of blank (or whitespace-only) lines before the first other line."""
+    position = lines = 0
+    while True:
+        end = text.find("\n", position)
+        if end == -1 or text[position:end].strip():
+            return position, lines
+        position, lines = end + 1, lines + 1
+
+
 def first_line(path: PathArg) -> str:
     """The first non-blank line (for format detection)."""
+    return numbered_first_line(path)[1]
+
+
+def numbered_first_line(path: PathArg) -> tuple[int, str]:
+    """The first non-blank line and its 1-based number."""
     handle = open_text(path)
     try:
         with handle:
-            for line in handle:
+            for number, line in enumerate(handle, start=1):
                 if line.strip():
-                    return line.strip("\r\n")
+                    return number, line.strip("\r\n")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise TraceFormatError(path, f"cannot read: {exc}") from None
     raise TraceFormatError(path, "empty file")
@@ -97,19 +112,17 @@ def read_csv(path: PathArg, wanted: list[str], optional: tuple[str, ...] = ()) -
     if not text.strip():
         raise TraceFormatError(path, "empty file")
     ends_with_newline = text.endswith(("\n", "\r"))
-    leading_blank = len(text) - len(text.lstrip("\r\n"))
-    skipped = max(text[:leading_blank].count("\n"), text[:leading_blank].count("\r"))  # blank lines
+    leading_blank, skipped = _leading_blank_lines(text)
     reader = csv.reader(io.StringIO(text[leading_blank:], newline=""))
     try:
         header = [name.strip() for name in next(reader)]
     except csv.Error as exc:
         raise TraceFormatError(path, f"cannot parse the header: {exc}", 1 + skipped) from None
     index = {name: k for k, name in enumerate(header)}
-    if len(index) != len(header):
-        repeated = sorted({name for name in header if header.count(name) > 1})
-        raise TraceFormatError(path, f"column name{'s' if len(repeated) > 1 else ''} "
-                               f"{', '.join(repeated)} appear{'' if len(repeated) > 1 else 's'} twice in the header",
-                               1 + skipped)
+    repeated = [name for name in (*wanted, *optional) if header.count(name) > 1]
+    if repeated:
+        raise TraceFormatError(path, f"column {repeated[0]!r} appears {header.count(repeated[0])} times in "
+                               "the header (which one holds the data?)", 1 + skipped)
     missing = [name for name in wanted if name not in index]
     if missing:
         raise TraceFormatError(
@@ -235,7 +248,7 @@ def to_numbers(
         problem = _number_problem(value, integer=integer, minimum=minimum)
         if problem:
             raise TraceFormatError(path, f"{column}: {problem}", int(line))
-    raise AssertionError("unreachable: a conversion failed but no value was bad")
+    raise TraceFormatError(path, f"{column}: cannot convert these values to numbers")  # not seen happen
 
 
 def _fast_numbers(values, *, integer: bool) -> np.ndarray | None:
@@ -278,6 +291,11 @@ def _number_problem(value, *, integer: bool, minimum: float | None) -> str | Non
                 number = float(text)
             except ValueError:
                 return f"expected a number, found {value!r}"
+    if not integer:
+        try:
+            number = float(number)
+        except OverflowError:
+            return f"expected a finite number, found {value!r}"
     if isinstance(number, float):
         if not np.isfinite(number):
             return f"expected a finite number, found {value!r}"
