@@ -63,7 +63,7 @@ WORKLOADS: dict[str, tuple[str, Callable[..., WorkloadSpec]]] = {
                               system_prompts=SystemPrompts(count=4, tokens=1024, fraction=0.8), **_lengths(_sharegpt_lengths))),
     "multi-turn-chat": (
         "ShareGPT-length turns in conversations of 4 turns on average, 30 s think time "
-        "(conversations start at rate / 4)",
+        "(--rate counts requests; conversations start about a quarter as often)",
         lambda r, k, s: _spec("multi-turn-chat", r, k, s,
                               conversations=Conversations(mean_turns=4.0, think_time_s=30.0), **_lengths(_sharegpt_lengths))),
 }
