@@ -39,12 +39,13 @@ def count_distinct(values: np.ndarray) -> int:
     return 1 + int(np.count_nonzero(ordered[1:] != ordered[:-1]))
 
 
-def prefix_reuse(trace: Trace) -> float | None:
-    """Fraction of identity references that repeat an earlier one (None without identities)."""
+def prefix_reuse(trace: Trace, *, distinct: int | None = None) -> float | None:
+    """Fraction of identity references that repeat an earlier one (None without identities);
+    ``distinct`` is the number of distinct identities, if already counted."""
     values = trace.prefix_id_values
     if values is None or values.size == 0:
         return None
-    return 1.0 - count_distinct(values) / values.size
+    return 1.0 - (count_distinct(values) if distinct is None else distinct) / values.size
 
 
 def chain_classes(trace: Trace) -> np.ndarray:
@@ -97,11 +98,12 @@ def trace_stats(trace: Trace, *, block_size: int | None = None) -> dict:
         "input_tokens": _summary(trace.prompt_len),
         "output_tokens": _summary(trace.output_len),
     }
-    reuse = prefix_reuse(trace)
+    distinct = None if trace.prefix_id_values is None else count_distinct(trace.prefix_id_values)
+    reuse = prefix_reuse(trace, distinct=distinct)
     if reuse is not None:
         stats["prefix_block_tokens"] = trace.prefix_block_tokens
         stats["prefix_reuse"] = round(reuse, 4)
-        stats["distinct_prefix_blocks"] = count_distinct(trace.prefix_id_values)
+        stats["distinct_prefix_blocks"] = distinct
         if block_size is not None:
             at = prefix_reuse_at(trace, block_size)
             stats[f"prefix_reuse_at_{block_size}"] = None if at is None else round(at, 4)

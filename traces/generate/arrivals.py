@@ -21,7 +21,7 @@ rate_rps=2.0)`` builds one from the CLI's ``--arrival`` and ``--rate``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,37 +32,41 @@ def _positive(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True)
-class Poisson:
+class _Stationary:
+    """What the processes with one constant rate share."""
+
     rate_rps: float
 
     def __post_init__(self) -> None:
         _positive("arrival rate (requests/s)", self.rate_rps)
 
+    @property
+    def mean_rate_rps(self) -> float:
+        return self.rate_rps
+
+    def with_lead_in(self, duration_s: float):
+        """The process for a start ``duration_s`` earlier (a stationary process is unchanged)."""
+        return self
+
+    def scaled(self, factor: float):
+        return replace(self, rate_rps=self.rate_rps * factor)
+
+
+@dataclass(frozen=True)
+class Poisson(_Stationary):
     def times(self, count: int, rng: np.random.Generator) -> np.ndarray:
         return np.cumsum(rng.exponential(1.0 / self.rate_rps, count))
 
     def describe(self) -> str:
         return f"Poisson {self.rate_rps:g}/s"
 
-    @property
-    def mean_rate_rps(self) -> float:
-        return self.rate_rps
-
-    def with_lead_in(self, duration_s: float) -> Poisson:
-        """The process for a start ``duration_s`` earlier (a stationary process is unchanged)."""
-        return self
-
-    def scaled(self, factor: float) -> Poisson:
-        return Poisson(self.rate_rps * factor)
-
 
 @dataclass(frozen=True)
-class Gamma:
-    rate_rps: float
+class Gamma(_Stationary):
     cv: float
 
     def __post_init__(self) -> None:
-        _positive("arrival rate (requests/s)", self.rate_rps)
+        super().__post_init__()
         _positive("coefficient of variation cv", self.cv)
 
     def times(self, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -72,41 +76,14 @@ class Gamma:
     def describe(self) -> str:
         return f"gamma {self.rate_rps:g}/s cv={self.cv:g}"
 
-    @property
-    def mean_rate_rps(self) -> float:
-        return self.rate_rps
-
-    def with_lead_in(self, duration_s: float) -> Gamma:
-        """The process for a start ``duration_s`` earlier (a stationary process is unchanged)."""
-        return self
-
-    def scaled(self, factor: float) -> Gamma:
-        return Gamma(self.rate_rps * factor, self.cv)
-
 
 @dataclass(frozen=True)
-class Constant:
-    rate_rps: float
-
-    def __post_init__(self) -> None:
-        _positive("arrival rate (requests/s)", self.rate_rps)
-
+class Constant(_Stationary):
     def times(self, count: int, rng: np.random.Generator) -> np.ndarray:
         return np.arange(1, count + 1) / self.rate_rps
 
     def describe(self) -> str:
         return f"constant {self.rate_rps:g}/s"
-
-    @property
-    def mean_rate_rps(self) -> float:
-        return self.rate_rps
-
-    def with_lead_in(self, duration_s: float) -> Constant:
-        """The process for a start ``duration_s`` earlier (a stationary process is unchanged)."""
-        return self
-
-    def scaled(self, factor: float) -> Constant:
-        return Constant(self.rate_rps * factor)
 
 
 @dataclass(frozen=True)

@@ -147,14 +147,13 @@ def _conversations(spec: WorkloadSpec, rng: np.random.Generator, draw_system):
     # a conversation has turns. That is mean_turns unless the context limit ends conversations
     # early; then the turns actually kept are measured on a draw and the draw is repeated.
     kept_turns = conv.mean_turns
-    for attempt in range(4):
+    for _ in range(4):
         start_process = spec.arrivals.scaled(1.0 / kept_turns).with_lead_in(warmup_s)
-        drawn = _draw_conversations(spec, rng, draw_system, start_process, warmup_s)
-        measured = drawn[-1]
-        if abs(measured / kept_turns - 1) <= 0.02 or attempt == 3:
-            return drawn[:-1]
+        *columns, measured = _draw_conversations(spec, rng, draw_system, start_process, warmup_s)
+        if abs(measured / kept_turns - 1) <= 0.02:
+            break
         kept_turns = measured
-    raise AssertionError("unreachable")
+    return columns
 
 
 MAX_TURN_DRAWS = 50_000_000  # turns drawn for one trace (window and warm-up): ~2 GB of columns

@@ -8,7 +8,6 @@ named, or detected from the first line (a JSON object's keys, a CSV header's nam
 
 from __future__ import annotations
 
-import csv
 import gc
 import json
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ from traces.loaders.burstgpt import load_burstgpt
 from traces.loaders.generic import ColumnMap, load_csv, load_jsonl, load_lengths
 from traces.loaders.mooncake import load_mooncake
 from traces.loaders.pagesim_jsonl import is_header, load_pagesim, write_jsonl
-from traces.loaders.text import PathArg, first_line
+from traces.loaders.text import PathArg, header_names, numbered_first_line
 from traces.trace import Trace
 
 FORMATS: dict[str, str] = {
@@ -42,12 +41,12 @@ BURSTGPT_COLUMNS = {"Timestamp", "Model", "Request tokens", "Response tokens", "
 
 def detect_format(path: PathArg) -> str:
     """The format of ``path`` judged from its first line."""
-    line = first_line(path)
+    number, line = numbered_first_line(path)
     if line.lstrip().startswith("{"):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError:
-            raise TraceFormatError(path, "line 1 looks like JSON but does not parse", 1) from None
+            raise TraceFormatError(path, "looks like JSON but does not parse", number) from None
         if not isinstance(obj, dict):
             return "jsonl"
         if is_header(obj):
@@ -55,7 +54,7 @@ def detect_format(path: PathArg) -> str:
         if "hash_ids" in obj and len(MOONCAKE_KEYS & obj.keys()) >= 3:
             return "mooncake"  # a missing key is then reported by name
         return "jsonl"
-    names = {name.strip() for name in next(csv.reader([line]))}
+    names = set(header_names(line))
     # most of a format's distinctive columns: that format (a missing one is then named)
     if len(AZURE_COLUMNS & names) >= 2:
         return "azure"

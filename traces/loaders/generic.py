@@ -10,14 +10,13 @@ first request. Without an explicit map, common column names are recognised (``AL
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from traces.errors import TraceFormatError
-from traces.loaders.build import build_trace, csr
-from traces.loaders.text import INT64_MAX, PathArg, numbered_first_line, read_csv, read_jsonl, to_numbers
+from traces.loaders.build import build_trace, check_identity_list, csr
+from traces.loaders.text import PathArg, csv_header, read_csv, read_jsonl, to_numbers
 from traces.trace import Trace
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -113,9 +112,7 @@ def _columns_to_trace(path, lines, values: dict[str, list], columns: ColumnMap, 
         if prefix_block_tokens < 1:
             raise TraceFormatError(path, "prefix identities need --prefix-block-tokens (tokens per identity)")
         for ids, line in zip(values["prefix_ids"], lines):
-            if not isinstance(ids, list) or not all(type(v) is int and 0 <= v <= INT64_MAX for v in ids):
-                raise TraceFormatError(path, f"{named['prefix_ids']}: expected a list of non-negative integers below 2**63",
-                                       int(line))
+            check_identity_list(path, ids, line, named["prefix_ids"])
         data["prefix_id_values"], data["prefix_id_offsets"] = csr(values["prefix_ids"])
         data["prefix_block_tokens"] = prefix_block_tokens
     if ("conversation_id" in values) != ("turn" in values):
@@ -126,16 +123,21 @@ def _columns_to_trace(path, lines, values: dict[str, list], columns: ColumnMap, 
     return build_trace(path, lines, rebase=rebase, has_arrivals=has_arrivals, source=source, **data)
 
 
+def _guess_csv_columns(path: PathArg, *, time_unit: str = "s") -> ColumnMap:
+    """The column map recognised from a CSV's header, or an error at the header's line."""
+    line, header = csv_header(path)
+    columns = ColumnMap.guess(header, time_unit=time_unit)
+    if columns is None:
+        raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths "
+                               f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", line)
+    return columns
+
+
 def load_csv(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None, seed: int = 0,
              time_unit: str = "s", source_kind: str = "csv") -> Trace:
     """A CSV trace with a header; ``columns`` says which column is which (guessed if None)."""
     if columns is None:
-        line, text = numbered_first_line(path)
-        header = [h.strip() for h in next(csv.reader([text]))]
-        columns = ColumnMap.guess(header, time_unit=time_unit)
-        if columns is None:
-            raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths "
-                                   f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", line)
+        columns = _guess_csv_columns(path, time_unit=time_unit)
     if columns.prefix_ids is not None:
         raise TraceFormatError(path, "prefix identities need JSONL (a list per row), not CSV")
     named = columns.used()
@@ -176,13 +178,7 @@ def load_lengths(path: PathArg, *, arrivals=None, seed: int = 0, columns: Column
     """A length-only CSV (e.g. ``num_prefill_tokens, num_decode_tokens``; columns recognised by
     ``ALIASES`` or mapped)."""
     if columns is None:
-        line, text = numbered_first_line(path)
-        header = [h.strip() for h in next(csv.reader([text]))]
-        columns = ColumnMap.guess(header)
-        if columns is None:
-            raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths "
-                                   f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", line)
-        columns = replace(columns, arrival=None)
+        columns = replace(_guess_csv_columns(path), arrival=None)
     if columns.arrival is not None:
         raise ValueError("a length-only file has no arrival column; use --format csv for one that does")
     return load_csv(path, columns, arrivals=arrivals, seed=seed, source_kind="lengths")

@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from traces.errors import TraceFormatError
-from traces.loaders.build import build_trace, csr
-from traces.loaders.text import INT64_MAX, PathArg, read_jsonl, to_numbers
+from traces.loaders.build import build_trace, check_identity_list, csr
+from traces.loaders.text import PathArg, read_jsonl, to_numbers
 from traces.trace import Trace
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -42,8 +42,7 @@ def load_mooncake(path: PathArg, *, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
         except KeyError as exc:
             raise TraceFormatError(path, f"missing key {exc.args[0]!r} (a Mooncake row has "
                                    f"{', '.join(KEYS)})", line) from None
-        if not isinstance(ids, list) or not all(type(v) is int and 0 <= v <= INT64_MAX for v in ids):
-            raise TraceFormatError(path, "hash_ids: expected a list of non-negative integers below 2**63", line)
+        check_identity_list(path, ids, line, "hash_ids")
         hash_ids.append(ids)
         lines.append(line)
     if not lines:

@@ -70,9 +70,15 @@ def _leading_blank_lines(text: str) -> tuple[int, int]:
         position, lines = end + 1, lines + 1
 
 
-def first_line(path: PathArg) -> str:
-    """The first non-blank line (for format detection)."""
-    return numbered_first_line(path)[1]
+def header_names(line: str) -> list[str]:
+    """The column names of a CSV header line (spaces stripped)."""
+    return [name.strip() for name in next(csv.reader([line]))]
+
+
+def csv_header(path: PathArg) -> tuple[int, list[str]]:
+    """A CSV's header line number and its column names."""
+    number, line = numbered_first_line(path)
+    return number, header_names(line)
 
 
 def numbered_first_line(path: PathArg) -> tuple[int, str]:
@@ -92,9 +98,7 @@ def numbered_first_line(path: PathArg) -> tuple[int, str]:
 class CsvColumns:
     """A CSV file's wanted columns as lists of strings, plus the line each row began on."""
 
-    def __init__(self, path: PathArg, header: list[str], columns: dict[str, tuple[str, ...]], lines):
-        self.path = path
-        self.header = header
+    def __init__(self, columns: dict[str, tuple[str, ...]], lines):
         self.columns = columns
         self.lines = np.asarray(lines, dtype=np.int64)
 
@@ -146,7 +150,7 @@ def read_csv(path: PathArg, wanted: list[str], optional: tuple[str, ...] = ()) -
     if not rows:
         raise TraceFormatError(path, "no requests (only a header)")
     columns = list(zip(*rows))
-    return CsvColumns(path, header, {name: columns[k] for name, k in zip(names, positions)}, lines)
+    return CsvColumns({name: columns[k] for name, k in zip(names, positions)}, lines)
 
 
 def _last_row_dropped(path: PathArg, row: list[str], width: int, line: int, ends_with_newline: bool) -> bool:
