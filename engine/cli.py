@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "presets": "engine.policy.presets_cli",
     "oracle": "engine.oracle.cli",
     "trace": "traces.cli",
+    "simulate": "sim.cli",
 }
 
 

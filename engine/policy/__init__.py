@@ -8,6 +8,7 @@ policy and execution) and the executor answers with ``Scheduler.update()``.
 from engine.policy.block_key import BlockKey
 from engine.policy.block_pool import BlockPool, NoFreeBlocksError
 from engine.policy.config import SchedulerConfig
+from engine.policy.contiguous_scheduler import ContiguousScheduler
 from engine.policy.eviction import EVICTION_POLICIES
 from engine.policy.kv_manager import KVCacheManager
 from engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput
@@ -24,6 +25,7 @@ __all__ = [
     "VICTIM_POLICIES",
     "BlockKey",
     "BlockPool",
+    "ContiguousScheduler",
     "CostPreemption",
     "DecisionLog",
     "KVCacheManager",

@@ -15,7 +15,9 @@ size. Generated tokens the executor did not name (a simulator reports counts, no
 contents unique to their sequence, so only the sequence itself can hit them (after preemption).
 
 Invariants: ``len(tokens) == prompt_len + len(output_token_ids)``;
-``num_computed_tokens <= len(tokens)``; a sequence stops at exactly ``max_tokens`` outputs.
+``num_computed_tokens <= len(tokens)``; a sequence stops at exactly ``max_tokens`` outputs, or
+at its own sample's length when parallel samples are given different ones (``sample_max_tokens``,
+how a simulator lets samples end at lengths drawn from the workload).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class Request:
     n: int = 1  # parallel samples sharing the prompt's blocks
     beam_width: int = 1
     priority: int = 0  # lower is more important (vLLM's convention)
+    # Parallel samples that end at different lengths: sample k stops after sample_max_tokens[k]
+    # outputs (one entry per sample; the longest is max_tokens). None: all stop at max_tokens.
+    sample_max_tokens: tuple[int, ...] | None = None
 
     # --- scheduler state (not user input) ---
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
@@ -88,6 +93,14 @@ class Request:
                 raise ValueError(f"request {self.request_id}: give token ids or prefix ids, not both")
             if self.prefix_block_tokens < 1:
                 raise ValueError(f"request {self.request_id}: prefix_block_tokens must be >= 1")
+        if self.sample_max_tokens is not None:
+            lens = self.sample_max_tokens = tuple(self.sample_max_tokens)
+            if self.n < 2 or len(lens) != self.n:
+                raise ValueError(f"request {self.request_id}: sample_max_tokens needs one length per sample of n > 1")
+            if min(lens) < 1 or max(lens) != self.max_tokens:
+                raise ValueError(
+                    f"request {self.request_id}: sample_max_tokens must be >= 1 with the longest equal to max_tokens"
+                )
         self.seqs = [Sequence(self, index=0)]
         self.live_seqs = list(self.seqs)
 
@@ -96,6 +109,11 @@ class Request:
     def num_samples(self) -> int:
         """Sequences this request runs once forked (``n`` or the beam width)."""
         return max(self.n, self.beam_width)
+
+    def max_tokens_of(self, seq: Sequence) -> int:
+        """Outputs after which ``seq`` stops (its sample's own length, or ``max_tokens``)."""
+        lens = self.sample_max_tokens
+        return self.max_tokens if lens is None else lens[seq.index]
 
     @property
     def max_running_seqs(self) -> int:

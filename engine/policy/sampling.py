@@ -75,7 +75,7 @@ class OutputProcessor:
     def _append(self, seq: Sequence, token: Token) -> None:
         seq.output_token_ids.append(token)
         request = seq.request
-        if seq.num_output_tokens >= request.max_tokens:
+        if seq.num_output_tokens >= request.max_tokens_of(seq):
             self._finish(seq, "length")
         elif seq.num_tokens >= self.max_model_len:
             self._finish(seq, "max_model_len")
@@ -94,6 +94,14 @@ class OutputProcessor:
             request.add_seq(child)
             self._append(child, _token(sampled, parent, k))
             children.append(child)
+        if request.sample_max_tokens is not None:
+            # Samples of their own lengths: the children share the parent's blocks before the
+            # parent appends, since the parent may stop here while they go on.
+            for child in children:
+                if not child.finished:
+                    self.kv.fork(parent, child)
+            self._append(parent, _token(sampled, parent, 0))
+            return
         self._append(parent, _token(sampled, parent, 0))
         # NOTE: a parent that finished here finished at max_tokens, and so did every child (same
         # length), so no finished parent's freed table is ever shared.

@@ -39,6 +39,7 @@ from engine.policy.request import Request, RequestStatus
 from engine.policy.sampling import BeamChoices, OutputProcessor, SampledTokens
 from engine.policy.steps import STEP_ORDERS, Step
 from engine.policy.swap_pool import SwapPool, SwapSpaceExhausted
+from engine.policy.usage import KvUsage
 
 
 class Scheduler:
@@ -281,6 +282,38 @@ class Scheduler:
         if self._last_record is not None and self._last_record["step"] == output.step:
             self._last_record["finished"] = sorted(r.request_id for r in finished)
         return finished
+
+    # --------------------------------------------------------------- usage
+    def kv_usage(self) -> KvUsage:
+        """The GPU cache's slots right now (O(running sequences)). A block shared by several
+        sequences counts once; only a table's last block can be partly filled."""
+        bs = self.block_size
+        pool = self.pool
+        unshared = 0
+        idle = 0
+        seen_partial: set[int] = set()
+        for request in self.running:
+            for seq in request.live_seqs:
+                table = seq.block_table
+                if not table:
+                    continue
+                unshared += len(table)
+                tail = len(table) * bs - seq.num_filled_tokens
+                if tail:
+                    last = table[-1]
+                    if pool.ref_counts[last] == 1:
+                        idle += tail
+                    elif last not in seen_partial:
+                        seen_partial.add(last)
+                        idle += tail
+        allocated = pool.num_used_blocks * bs
+        return KvUsage(
+            total_slots=pool.num_usable_blocks * bs,
+            allocated_slots=allocated,
+            used_slots=allocated - idle,
+            cached_slots=pool.num_cached_free_blocks * bs,
+            unshared_slots=unshared * bs,
+        )
 
     # ------------------------------------------------------------ checking
     def check(self) -> None:

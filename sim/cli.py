@@ -1,0 +1,182 @@
+"""``pagesim simulate``: replay a trace or a named workload through the policy on a modelled GPU.
+
+With no request source it runs the embedded default: 1,000 ``shared-system-prompt`` requests at
+6 requests/s on Llama 3 8B and one A100 40 GB. ``--json`` prints the summary as one JSON object
+(plus ``sim_wall_s``); ``--out DIR`` writes the summary, the run's settings, per-request and
+per-step CSV tables, the decision log (JSONL) and a Perfetto timeline (``sim.output``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_SOURCE = {"workload": "shared-system-prompt", "rate": 6.0, "num_requests": 1000}
+DEFAULT_GPU = "a100-40gb"
+
+
+def add_parser(subparsers) -> None:
+    from engine.model_presets import MODEL_PRESETS
+    from engine.policy.eviction import EVICTION_POLICIES
+    from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES
+    from engine.policy.presets import PRESETS
+    from sim.hardware import GPU_PRESETS
+    from sim.setup import ALLOCATORS
+    from traces.source import add_source_args
+
+    p = subparsers.add_parser(
+        "simulate", help="simulate serving a trace or workload: throughput, latency, memory",
+        description=__doc__.splitlines()[0],
+    )
+    add_source_args(p)
+    g = p.add_argument_group("deployment")
+    g.add_argument("--model", default="llama3-8b", help=f"preset ({', '.join(MODEL_PRESETS)}) or a config.json")
+    g.add_argument("--gpu", default=DEFAULT_GPU, choices=list(GPU_PRESETS), help=f"(default {DEFAULT_GPU})")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (default 1)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                   help="share of GPU memory for weights, activations and KV cache (default 0.9)")
+    g.add_argument("--num-gpu-blocks", type=int, metavar="N", help="KV-cache blocks (overrides the memory budget)")
+    g.add_argument("--kv-cache-gb", type=float, metavar="GIB", help="KV-cache GiB per GPU (overrides the budget)")
+    g.add_argument("--swap-space", type=float, default=4.0, metavar="GIB", help="CPU swap GiB per GPU (default 4)")
+    s = p.add_argument_group("policy")
+    s.add_argument("--policy", default="pagesim", choices=list(PRESETS), help="scheduler preset (default pagesim)")
+    s.add_argument("--allocator", default="paged", choices=list(ALLOCATORS),
+                   help="paged blocks, or a contiguous baseline reserving max / pow2 / oracle lengths")
+    s.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    s.add_argument("--eviction", choices=list(EVICTION_POLICIES), help="prefix-cache eviction policy")
+    s.add_argument("--preemption", choices=[m for m in PREEMPTION_MODES if m != "cost"], help="preemption mode")
+    s.add_argument("--victim", choices=list(VICTIM_POLICIES), help="preemption victim policy")
+    s.add_argument("--prefix-caching", choices=["on", "off"], help="(default: the preset's)")
+    s.add_argument("--chunked-prefill", choices=["on", "off"], help="(default: the preset's)")
+    s.add_argument("--max-model-len", type=int, metavar="L", help="default: the model's context length")
+    s.add_argument("--max-num-seqs", type=int, metavar="N", help="batch limit (default: the preset's)")
+    s.add_argument("--max-num-batched-tokens", type=int, metavar="T", help="token budget per step")
+    o = p.add_argument_group("simulation")
+    o.add_argument("--sample-lengths", choices=["drawn", "same"], default="drawn",
+                   help="parallel samples end at lengths drawn from the workload (default) or all at the trace's")
+    o.add_argument("--overlap-swaps", action="store_true", help="run swaps beside the step's compute")
+    o.add_argument("--slo-ttft", type=float, default=2.0, metavar="S", help="goodput SLO on TTFT (default 2 s)")
+    o.add_argument("--slo-tpot", type=float, default=0.1, metavar="S", help="goodput SLO on TPOT (default 0.1 s)")
+    o.add_argument("--cost-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="roofline parameter override, e.g. cpu_step_s=0.004 (repeatable)")
+    o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    o.add_argument("--out", metavar="DIR", help="write summary, tables, decision log and timeline here")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run_spec_from_args(args):
+    from sim.setup import RunSpec
+
+    overrides = {}
+    for flag, name in (("eviction", "eviction_policy"), ("preemption", "preemption_mode"),
+                       ("victim", "victim_policy"), ("max_num_seqs", "max_num_seqs"),
+                       ("max_num_batched_tokens", "max_num_batched_tokens")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[name] = value
+    for flag, name in (("prefix_caching", "enable_prefix_caching"), ("chunked_prefill", "enable_chunked_prefill")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[name] = value == "on"
+    return RunSpec(
+        model=args.model, gpu=args.gpu, tp=args.tp, policy=args.policy, allocator=args.allocator,
+        block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks, kv_cache_gb=args.kv_cache_gb,
+        gpu_memory_utilization=args.gpu_memory_utilization, swap_space_gb=args.swap_space,
+        max_model_len=args.max_model_len, overrides=overrides, cost_params=_cost_params(args.cost_param),
+        record_decisions=args.out is not None,
+    )
+
+
+def _cost_params(items: list[str]) -> dict[str, float]:
+    params = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            params[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ValueError(f"--cost-param expects NAME=NUMBER, got {item!r}")
+    return params
+
+
+def run(args: argparse.Namespace) -> int:
+    from sim.output import summary_table, write_json, write_tables, write_timeline
+    from sim.setup import build
+    from sim.simulator import SimOptions, Simulation
+    from traces.source import reported_warnings, trace_from_args
+
+    if args.trace is None and args.workload is None:
+        for key, value in DEFAULT_SOURCE.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    for flag in ("tp", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    with reported_warnings("simulate", strict=args.strict):
+        trace = trace_from_args(args)
+    built = build(run_spec_from_args(args))
+    options = SimOptions(seed=args.seed, sample_lengths=args.sample_lengths, overlap_swaps=args.overlap_swaps,
+                         slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot)
+    info = {"trace": f"{len(trace)} requests from {trace.source}", "deployment": built.describe(),
+            "options": {k: getattr(options, k) for k in options.__slots__}, "command": sys.argv[1:]}
+
+    out = Path(args.out) if args.out else None
+    decisions = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        decisions = open(out / "decisions.jsonl.tmp", "w", encoding="ascii")
+    progress = _progress(len(trace), disable=args.no_progress)
+    try:
+        sim = Simulation(trace, built.scheduler, built.cost_model, options,
+                         decision_sink=decisions.write if decisions else None,
+                         progress=progress.update if progress else None)
+        started = time.perf_counter()
+        result = sim.run()
+        wall_s = time.perf_counter() - started
+    finally:
+        if progress:
+            progress.close()
+        if decisions:
+            decisions.close()
+    summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
+    if out is not None:
+        (out / "decisions.jsonl.tmp").replace(out / "decisions.jsonl")
+        ids = [f"r{i}" for i in range(len(trace))]
+        write_json(out / "summary.json", result.summary)
+        write_json(out / "run_info.json", {**info, "sim_wall_s": wall_s, "versions": _versions()})
+        write_tables(out, result, ids)
+        write_timeline(out / "timeline.json", result, ids)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(summary_table(result.summary, info, wall_s))
+        if out is not None:
+            print(f"wrote {out}/: summary.json run_info.json requests.csv steps.csv decisions.jsonl timeline.json")
+    return 0
+
+
+def _progress(total: int, *, disable: bool):
+    if disable or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="simulating", mininterval=0.5, leave=False, file=sys.stderr)
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+    import platform
+
+    versions = {"python": platform.python_version()}
+    for name in ("pagesim", "simpy", "numpy"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    return versions

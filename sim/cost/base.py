@@ -1,0 +1,103 @@
+"""The cost-model interface: what one scheduler step asks of the hardware, and how long it takes.
+
+``StepWork`` condenses a ``SchedulerOutput`` into the quantities that decide a step's time:
+tokens through the linear layers, query-key pairs of prefill attention, K/V tokens read by decode
+attention, sampled sequences, copy-on-write and swapped blocks. It is built in one pass over the
+scheduled sequences, so a cost model is O(1) per step whatever the batch.
+
+A ``CostModel`` turns it into a ``StepCost``: seconds per term, reported separately so a user can
+see where time goes. ``swap`` is kept apart from the rest (``compute_s``) because the simulator
+decides whether it runs synchronously with the step (vLLM v0) or overlapped with it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from engine.policy.output import SchedulerOutput
+
+#: The terms every cost model reports, in display order.
+TERMS = ("linear", "prefill_attention", "decode_attention", "cache_write", "cow_copy", "tp_comm",
+         "sampling", "cpu_overhead", "swap")
+
+
+@dataclass(frozen=True, slots=True)
+class StepWork:
+    num_seqs: int = 0  # sequences computing tokens this step
+    num_tokens: int = 0  # tokens computed (prefill chunks + decodes)
+    num_prefill_seqs: int = 0
+    num_prefill_tokens: int = 0
+    prefill_attention_pairs: int = 0  # causal (query, key) pairs of the prefill chunks
+    prefill_context_tokens: int = 0  # cached K/V tokens the prefill chunks read
+    num_decode_seqs: int = 0
+    decode_context_tokens: int = 0  # K/V tokens read by decode attention (incl. the new token)
+    num_sampled: int = 0  # sequences that sample a token
+    num_cow_blocks: int = 0
+    num_swap_out_blocks: int = 0
+    num_swap_in_blocks: int = 0
+    block_size: int = 16
+
+    @classmethod
+    def from_output(cls, output: SchedulerOutput, block_size: int) -> StepWork:
+        num_tokens = prefill_seqs = prefill_tokens = pairs = prefill_ctx = 0
+        decode_seqs = decode_ctx = sampled = 0
+        for s in output.scheduled:
+            new = s.num_new_tokens
+            start = s.num_computed_tokens
+            num_tokens += new
+            if s.samples:
+                sampled += 1
+            if new == 1 and s.samples and start > 0:
+                decode_seqs += 1
+                decode_ctx += start + 1
+            else:
+                prefill_seqs += 1
+                prefill_tokens += new
+                prefill_ctx += start
+                pairs += new * start + new * (new + 1) // 2
+        return cls(
+            num_seqs=len(output.scheduled), num_tokens=num_tokens,
+            num_prefill_seqs=prefill_seqs, num_prefill_tokens=prefill_tokens,
+            prefill_attention_pairs=pairs, prefill_context_tokens=prefill_ctx,
+            num_decode_seqs=decode_seqs, decode_context_tokens=decode_ctx, num_sampled=sampled,
+            num_cow_blocks=len(output.blocks_to_copy),
+            num_swap_out_blocks=len(output.blocks_to_swap_out),
+            num_swap_in_blocks=len(output.blocks_to_swap_in),
+            block_size=block_size,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    terms: dict[str, float]  # seconds per term (TERMS), swap included
+
+    @property
+    def swap_s(self) -> float:
+        return self.terms.get("swap", 0.0)
+
+    @property
+    def compute_s(self) -> float:
+        """Everything but the swap transfers."""
+        return sum(v for k, v in self.terms.items() if k != "swap")
+
+    @property
+    def total_s(self) -> float:
+        """The step's time when swaps run synchronously with it."""
+        return sum(self.terms.values())
+
+
+class CostModel(ABC):
+    """Seconds a step takes on a deployment; ``describe()`` says what the model assumes."""
+
+    name: str = "cost model"
+
+    @abstractmethod
+    def step_cost(self, work: StepWork) -> StepCost: ...
+
+    def swap_seconds(self, num_blocks: int, block_size: int) -> float:
+        """Time to move ``num_blocks`` blocks over the host link (one direction)."""
+        return self.step_cost(StepWork(num_swap_out_blocks=num_blocks, block_size=block_size)).swap_s
+
+    def describe(self) -> dict:
+        return {"name": self.name}

@@ -1,0 +1,174 @@
+"""What a run measured: per request, per step, and the run's summary.
+
+Per request (numpy columns indexed by trace row): arrival, first scheduled (end of queueing),
+first token (end of the step whose sampling produced it), finish, output tokens (every returned
+sample's or beam's tokens), generation length (the longest sequence's outputs), preemptions, and
+status (pending, completed, rejected).
+
+Per step (columns appended as the run goes): start and duration, scheduled requests, sequences
+and tokens (prefill / decode), KV slots allocated / used / cached / total and what the allocated
+blocks would take unshared, swapped and copied blocks, preemptions, and each cost term.
+
+Summary definitions (all times in seconds):
+- ``duration_s``: first arrival to last completion; throughput = completed requests (or generated
+  tokens) / duration; goodput = completed requests meeting both SLOs / duration;
+- TTFT = first token - arrival; TPOT = (finish - first token) / (generation length - 1), over
+  requests generating at least two tokens; e2e = finish - arrival; normalized latency = mean over
+  requests of e2e / generation length (the PagedAttention paper's metric);
+- ``memory_utilization`` = used / allocated slots, time-averaged over steps holding any (the
+  share of reserved KV memory that holds a token); ``memory_used_fraction`` = used / all slots
+  of the cache, time-averaged (the paper's Fig. 2 splits the whole cache this way, so external
+  fragmentation and free memory count against it), ``memory_allocated_fraction`` likewise;
+- ``avg_batched_requests``: requests in a step's batch, time-averaged over busy time (Fig. 13);
+- ``sharing_saved`` = 1 - allocated / unshared slots, time-averaged (Fig. 15).
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from engine.policy.usage import KvUsage
+from sim.cost.base import TERMS, StepCost, StepWork
+
+PENDING, COMPLETED, REJECTED = 0, 1, 2
+
+STEP_COLUMNS = (
+    "step", "start_s", "duration_s", "num_requests", "num_seqs", "num_tokens", "prefill_tokens",
+    "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots",
+    "swap_out_blocks", "swap_in_blocks", "cow_blocks", "preempted",
+) + tuple(f"{t}_s" for t in TERMS)
+
+REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "generation_len", "n",
+                   "beam_width", "status", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s",
+                   "tpot_s", "e2e_s", "preemptions")
+
+
+class RequestMetrics:
+    def __init__(self, num_requests: int):
+        nan = np.full(num_requests, np.nan)
+        self.arrival_s = nan.copy()
+        self.first_scheduled_s = nan.copy()
+        self.first_token_s = nan.copy()
+        self.finish_s = nan.copy()
+        self.prompt_tokens = np.zeros(num_requests, np.int64)
+        self.output_tokens = np.zeros(num_requests, np.int64)
+        self.generation_len = np.zeros(num_requests, np.int64)
+        self.n = np.ones(num_requests, np.int64)
+        self.beam_width = np.ones(num_requests, np.int64)
+        self.preemptions = np.zeros(num_requests, np.int64)
+        self.status = np.zeros(num_requests, np.int8)
+        self.reject_reasons: dict[int, str] = {}
+
+    def ttft_s(self) -> np.ndarray:
+        return self.first_token_s - self.arrival_s
+
+    def e2e_s(self) -> np.ndarray:
+        return self.finish_s - self.arrival_s
+
+    def tpot_s(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = (self.finish_s - self.first_token_s) / (self.generation_len - 1)
+        tpot[self.generation_len < 2] = np.nan
+        return tpot
+
+
+class StepMetrics:
+    """Columns as compact arrays (8 bytes a value), so long runs stay lean."""
+
+    def __init__(self):
+        self.columns = {name: array("d") for name in STEP_COLUMNS}
+        self.term_totals_s = dict.fromkeys(TERMS, 0.0)
+        self._appenders = [self.columns[name].append for name in STEP_COLUMNS]
+
+    def __len__(self) -> int:
+        return len(self.columns["step"])
+
+    def record(self, step: int, start_s: float, duration_s: float, num_requests: int, work: StepWork,
+               usage: KvUsage, num_preempted: int, cost: StepCost) -> None:
+        terms = cost.terms
+        values = (
+            step, start_s, duration_s, num_requests, work.num_seqs, work.num_tokens, work.num_prefill_tokens,
+            work.num_decode_seqs, usage.allocated_slots, usage.used_slots, usage.cached_slots,
+            usage.total_slots, usage.unshared_slots, work.num_swap_out_blocks, work.num_swap_in_blocks,
+            work.num_cow_blocks, num_preempted,
+        ) + tuple(terms[t] for t in TERMS)
+        for append, value in zip(self._appenders, values):
+            append(value)
+        totals = self.term_totals_s
+        for t in TERMS:
+            totals[t] += terms[t]
+
+    def array(self, name: str) -> np.ndarray:
+        return np.frombuffer(self.columns[name], dtype=np.float64)
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": _r(values.mean()), "p50": _r(p50), "p90": _r(p90), "p99": _r(p99)}
+
+
+def _r(x: float) -> float:
+    """Round for reports: 6 significant digits keep summaries stable and readable."""
+    return float(f"{float(x):.6g}")
+
+
+def _time_avg(values: np.ndarray, weights: np.ndarray) -> float | None:
+    total = weights.sum()
+    return None if total <= 0 else _r((values * weights).sum() / total)
+
+
+def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo_ttft_s: float, slo_tpot_s: float,
+              preemptions: dict[str, int], prefix_hit_rate: float | None, num_evictions: int) -> dict:
+    done = requests.status == COMPLETED
+    completed = int(done.sum())
+    ttft, tpot, e2e = requests.ttft_s()[done], requests.tpot_s()[done], requests.e2e_s()[done]
+    start = float(np.nanmin(requests.arrival_s)) if len(requests.arrival_s) else 0.0
+    end = float(np.nanmax(requests.finish_s[done])) if completed else start
+    duration = end - start
+    tokens = int(requests.output_tokens[done].sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        normalized = e2e / requests.generation_len[done]
+    meets = (ttft <= slo_ttft_s) & (np.nan_to_num(tpot, nan=0.0) <= slo_tpot_s)
+    dur = steps.array("duration_s")
+    allocated = steps.array("allocated_slots")
+    held = allocated > 0
+    busy = float(dur.sum())
+
+    def per_s(x: float) -> float | None:
+        return _r(x / duration) if duration > 0 else None
+
+    return {
+        "requests_total": len(requests.status),
+        "requests_completed": completed,
+        "requests_rejected": int((requests.status == REJECTED).sum()),
+        "duration_s": _r(duration),
+        "throughput_rps": per_s(completed),
+        "throughput_tokens_s": per_s(tokens),
+        "goodput_rps": per_s(int(meets.sum())),
+        "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s, "attained": _r(meets.mean()) if completed else None},
+        "ttft_s": _stats(ttft),
+        "tpot_s": _stats(tpot),
+        "e2e_s": _stats(e2e),
+        "queueing_s": _stats((requests.first_scheduled_s - requests.arrival_s)[done]),
+        "normalized_latency_s_per_token": _r(normalized.mean()) if completed else None,
+        "generated_tokens": tokens,
+        "memory_utilization": _time_avg(steps.array("used_slots")[held] / allocated[held], dur[held]),
+        "memory_allocated_fraction": _time_avg(allocated / np.maximum(steps.array("total_slots"), 1), dur),
+        "memory_used_fraction": _time_avg(steps.array("used_slots") / np.maximum(steps.array("total_slots"), 1), dur),
+        "sharing_saved": _time_avg(1.0 - allocated[held] / steps.array("unshared_slots")[held], dur[held]),
+        "avg_batched_requests": _time_avg(steps.array("num_requests"), dur),
+        "preemptions": dict(preemptions),
+        "swapped_blocks": {"out": int(steps.array("swap_out_blocks").sum()),
+                           "in": int(steps.array("swap_in_blocks").sum())},
+        "cow_copies": int(steps.array("cow_blocks").sum()),
+        "prefix_hit_rate": None if prefix_hit_rate is None else _r(prefix_hit_rate),
+        "prefix_evictions": num_evictions,
+        "steps": len(steps),
+        "busy_s": _r(busy),
+        "time_by_term_s": {t: _r(v) for t, v in steps.term_totals_s.items()},
+    }

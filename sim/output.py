@@ -1,0 +1,142 @@
+"""What ``pagesim simulate --out DIR`` writes, and the readable summary it prints.
+
+- ``summary.json``: the run's metrics (deterministic: same inputs and seed, same bytes);
+- ``run_info.json``: what ran (deployment, scheduler settings, cost model, trace, versions) and
+  the wall-clock time, which is not deterministic and so kept out of the summary;
+- ``requests.csv`` and ``steps.csv``: the per-request and per-step tables (``sim.metrics``);
+- ``decisions.jsonl``: the scheduler's decision log, one record per step (streamed during the run);
+- ``timeline.json``: a Chrome / Perfetto trace (open in ui.perfetto.dev): one slice per step on
+  the replica's track with its batch, and each request as an async span, queued then running.
+
+Every file is written to a temporary name and renamed when complete, so an interrupted run
+never leaves a truncated file under the final name.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from sim.cost.base import TERMS
+from sim.metrics import COMPLETED, REJECTED, REQUEST_COLUMNS, STEP_COLUMNS
+
+_STATUS = {0: "pending", COMPLETED: "completed", REJECTED: "rejected"}
+
+
+def atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write(path, lambda f: (json.dump(obj, f, indent=2, sort_keys=True), f.write("\n")))
+
+
+def write_tables(out: Path, result, request_ids: list[str]) -> None:
+    m = result.requests
+    ttft, tpot, e2e = m.ttft_s(), m.tpot_s(), m.e2e_s()
+
+    def fmt(x) -> str:
+        return "" if x is None or (isinstance(x, float) and not np.isfinite(x)) else repr(float(x))
+
+    def write_requests(f):
+        w = csv.writer(f)
+        w.writerow(REQUEST_COLUMNS + ("reject_reason",))
+        for i, rid in enumerate(request_ids):
+            w.writerow([rid, fmt(m.arrival_s[i]), int(m.prompt_tokens[i]), int(m.output_tokens[i]),
+                        int(m.generation_len[i]), int(m.n[i]), int(m.beam_width[i]), _STATUS[int(m.status[i])],
+                        fmt(m.first_scheduled_s[i]), fmt(m.first_token_s[i]), fmt(m.finish_s[i]), fmt(ttft[i]),
+                        fmt(tpot[i]), fmt(e2e[i]), int(m.preemptions[i]), m.reject_reasons.get(i, "")])
+
+    def write_steps(f):
+        w = csv.writer(f)
+        w.writerow(STEP_COLUMNS)
+        cols = [result.steps.array(name) for name in STEP_COLUMNS]
+        ints = {name for name in STEP_COLUMNS if not name.endswith("_s")}
+        for row in zip(*cols):
+            w.writerow([int(v) if name in ints else repr(float(v)) for name, v in zip(STEP_COLUMNS, row)])
+
+    atomic_write(out / "requests.csv", write_requests)
+    atomic_write(out / "steps.csv", write_steps)
+
+
+def write_timeline(path: Path, result, request_ids: list[str], *, max_requests: int = 20_000) -> None:
+    """Chrome trace events (microseconds). Requests beyond ``max_requests`` are left out of the
+    request tracks (steps are all kept) so the file stays loadable."""
+    steps = result.steps
+    start, dur = steps.array("start_s"), steps.array("duration_s")
+    batch, tokens = steps.array("num_requests"), steps.array("num_tokens")
+    m = result.requests
+
+    def write(f):
+        f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+        f.write(json.dumps({"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "replica 0"}}))
+        f.write(",\n" + json.dumps({"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "requests"}}))
+        for i in range(len(start)):
+            f.write(",\n" + json.dumps({"ph": "X", "pid": 1, "tid": 1, "name": "step", "ts": round(start[i] * 1e6, 3),
+                                        "dur": round(dur[i] * 1e6, 3),
+                                        "args": {"requests": int(batch[i]), "tokens": int(tokens[i])}}))
+        for i, rid in enumerate(request_ids[:max_requests]):
+            if m.status[i] != COMPLETED:
+                continue
+            for name, t0, t1 in (("queued", m.arrival_s[i], m.first_scheduled_s[i]),
+                                 ("running", m.first_scheduled_s[i], m.finish_s[i])):
+                common = {"pid": 2, "tid": 1, "cat": "request", "id": i, "name": f"{rid} {name}"}
+                f.write(",\n" + json.dumps({**common, "ph": "b", "ts": round(t0 * 1e6, 3)}))
+                f.write(",\n" + json.dumps({**common, "ph": "e", "ts": round(t1 * 1e6, 3)}))
+        f.write("\n]}\n")
+
+    atomic_write(path, write)
+
+
+def summary_table(summary: dict, info: dict, wall_s: float) -> str:
+    """The readable summary ``pagesim simulate`` prints without ``--json``."""
+    s = summary
+
+    def num(x, fmt=".4g") -> str:
+        return "-" if x is None else format(x, fmt)
+
+    def pct(x) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    d = info["deployment"]
+    lines = [
+        f"{info['trace']}",
+        f"{d['model']} on {d['gpu']} x{d['tp']}, {d['allocator']} KV cache: {d['num_gpu_blocks']} blocks of "
+        f"{d['block_size']} tokens ({d['kv_cache_source']}), policy {d['policy']}",
+        "",
+        f"requests   {s['requests_completed']} completed, {s['requests_rejected']} rejected, over "
+        f"{num(s['duration_s'], '.1f')} s simulated",
+        f"throughput {num(s['throughput_rps'])} req/s, {num(s['throughput_tokens_s'])} tokens/s; goodput "
+        f"{num(s['goodput_rps'])} req/s (TTFT <= {s['slo']['ttft_s']} s and TPOT <= {s['slo']['tpot_s']} s: "
+        f"{pct(s['slo']['attained'])} of requests)",
+        "",
+        f"{'latency (s)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    for label, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("end-to-end", "e2e_s"), ("queueing", "queueing_s")):
+        row = s[key]
+        lines.append(f"{label:<14}" + "".join(f"{num(row[k]):>10}" for k in ("mean", "p50", "p90", "p99")))
+    lines += [
+        f"normalized latency {num(s['normalized_latency_s_per_token'])} s/token",
+        "",
+        f"memory     {pct(s['memory_utilization'])} of allocated slots hold tokens; "
+        f"{pct(s['memory_allocated_fraction'])} of the cache allocated on average; sharing saved "
+        f"{pct(s['sharing_saved'])}",
+        f"batch      {num(s['avg_batched_requests'])} requests on average over {s['steps']} steps",
+        f"preemption {s['preemptions']['swap']} swap, {s['preemptions']['recompute']} recompute; blocks swapped "
+        f"out {s['swapped_blocks']['out']}, in {s['swapped_blocks']['in']}; copy-on-write copies {s['cow_copies']}",
+        f"prefix     hit rate {pct(s['prefix_hit_rate'])} of admitted prompt tokens; {s['prefix_evictions']} evictions",
+    ]
+    busy = sum(s["time_by_term_s"].values()) or 1.0
+    parts = [f"{t.replace('_', ' ')} {100 * s['time_by_term_s'][t] / busy:.1f}%" for t in TERMS
+             if s["time_by_term_s"][t] > 0]
+    lines.append(f"step time  {', '.join(parts)}")
+    rate = s["requests_total"] / wall_s if wall_s > 0 else float("inf")
+    lines += ["", f"simulated in {wall_s:.2f} s wall ({rate:,.0f} requests per wall second)"]
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""One serving replica as a SimPy process: the step loop around the shared scheduler.
+
+Each iteration: ``schedule()``; condense the output into ``StepWork`` and ask the cost model how
+long it takes; hold the step for that long (swaps over the replica's host link, a SimPy resource:
+added to the step, as vLLM v0 did, or, with ``overlap_swaps``, run beside the compute so the
+step takes the longer of the two); then ``update()`` the scheduler with the step's completions
+(the simulator names no token ids; beam survivors come from the seeded ``BeamModel``). Requests
+arriving during a step are seen by the next ``schedule()``. With nothing unfinished the replica
+sleeps until ``submit`` wakes it.
+
+The scheduler is any object with the policy's interface (``Scheduler`` or the contiguous
+baseline); it is never told it is simulated.
+
+Invariant: a step that schedules nothing and moves nothing while requests are unfinished is a
+policy bug, not a wait: the replica raises rather than spin (rejection keeps unservable requests
+out, so with nothing running the scheduler can always admit something).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import simpy
+
+from engine.policy import Request
+from engine.policy.output import dump_record
+from sim.cost.base import CostModel, StepWork
+from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics
+from sim.workload import BeamModel
+
+
+class SimulationStalled(RuntimeError):
+    """The scheduler stopped making progress with requests unfinished."""
+
+
+class Replica:
+    def __init__(self, env: simpy.Environment, scheduler, cost_model: CostModel, *,
+                 requests: RequestMetrics, steps: StepMetrics, beam_model: BeamModel,
+                 overlap_swaps: bool = False, decision_sink: Callable[[str], object] | None = None,
+                 on_done: Callable[[int], object] | None = None):
+        self.env = env
+        self.scheduler = scheduler
+        self.cost_model = cost_model
+        self.link = simpy.Resource(env, capacity=1)  # the host (PCIe) link
+        self.requests = requests
+        self.steps = steps
+        self.beam_model = beam_model
+        self.overlap_swaps = overlap_swaps
+        self.decision_sink = decision_sink
+        self.on_done = on_done or (lambda count: None)
+        self.preemptions = {"swap": 0, "recompute": 0}
+        self._rows: dict[str, int] = {}  # unfinished request id -> trace row
+        self._awaiting_first_token: set[str] = set()
+        self._has_beams = False
+        self._wake: simpy.Event | None = None
+        self.process = env.process(self._run())
+
+    # ------------------------------------------------------------- arrivals
+    def submit(self, row: int, request: Request) -> None:
+        m = self.requests
+        m.arrival_s[row] = request.arrival_time_s
+        m.prompt_tokens[row] = request.prompt_len
+        m.n[row] = request.n
+        m.beam_width[row] = request.beam_width
+        if not self.scheduler.add_request(request):
+            m.status[row] = REJECTED
+            m.reject_reasons[row] = request.reject_reason or ""
+            self.on_done(1)
+            return
+        rid = request.request_id
+        self._rows[rid] = row
+        self._awaiting_first_token.add(rid)
+        self._has_beams |= request.beam_width > 1
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    # ------------------------------------------------------------ step loop
+    def _run(self):
+        env = self.env
+        sched = self.scheduler
+        block_size = sched.block_size
+        cost_model = self.cost_model
+        m = self.requests
+        rows = self._rows
+        awaiting = self._awaiting_first_token
+        log = sched.decision_log.records
+        while True:
+            if not sched.has_unfinished_requests:
+                self._wake = env.event()
+                yield self._wake
+                continue
+            out = sched.schedule()
+            work = StepWork.from_output(out, block_size)
+            if not out.scheduled and not out.blocks_to_swap_out and not out.blocks_to_swap_in:
+                raise SimulationStalled(
+                    f"step {out.step} at t={env.now:.6f}s scheduled nothing with {len(sched.waiting)} waiting, "
+                    f"{len(sched.running)} running and {len(sched.swapped)} swapped requests"
+                )
+            usage = sched.kv_usage()
+            cost = cost_model.step_cost(work)
+            start = env.now
+            for rid in out.new:
+                m.first_scheduled_s[rows[rid]] = start
+            for rid, mode in out.preempted:
+                m.preemptions[rows[rid]] += 1
+                self.preemptions[mode] += 1
+            yield from self._execute(cost)
+            end = env.now
+            for s in out.scheduled:
+                if s.samples and s.request_id in awaiting:
+                    awaiting.discard(s.request_id)
+                    m.first_token_s[rows[s.request_id]] = end
+            choices = self.beam_model.choices(out, sched.requests) if self._has_beams else None
+            finished = sched.update(out, None, choices)
+            for request in finished:
+                row = rows.pop(request.request_id)
+                m.finish_s[row] = end
+                m.status[row] = COMPLETED
+                lengths = [s.num_output_tokens for s in request.seqs if s.finish_reason != "pruned"]
+                m.output_tokens[row] = sum(lengths)
+                m.generation_len[row] = max(lengths)
+            if finished:
+                self.on_done(len(finished))
+            self.steps.record(out.step, start, end - start, len(out.num_scheduled_tokens), work, usage,
+                              len(out.preempted), cost)
+            if log:
+                if self.decision_sink is not None:
+                    for record in log:
+                        self.decision_sink(dump_record(record) + "\n")
+                log.clear()
+
+    def _execute(self, cost):
+        env = self.env
+        swap_s = cost.swap_s
+        if swap_s <= 0:
+            yield env.timeout(cost.total_s)
+        elif not self.overlap_swaps:  # vLLM v0: the step waits for its swaps, then computes
+            with self.link.request() as req:
+                yield req
+                yield env.timeout(swap_s)
+            yield env.timeout(cost.compute_s)
+        else:  # swaps beside the compute: the step ends when both have
+            transfer = env.process(self._transfer(swap_s))
+            yield env.timeout(cost.compute_s) & transfer
+
+    def _transfer(self, seconds: float):
+        with self.link.request() as req:
+            yield req
+            yield self.env.timeout(seconds)
+
+
+def arrival_process(env: simpy.Environment, arrival_s: list[float], make_request: Callable[[int], Request],
+                    replica: Replica):
+    """Submit trace rows at their arrival times; rows sharing a time are submitted together."""
+    num = len(arrival_s)
+    i = 0
+    while i < num:
+        t = arrival_s[i]
+        delay = t - env.now
+        if delay > 0 and not math.isclose(t, env.now, rel_tol=0.0, abs_tol=1e-12):
+            yield env.timeout(delay)
+        replica.submit(i, make_request(i))
+        i += 1
+        while i < num and arrival_s[i] <= t:
+            replica.submit(i, make_request(i))
+            i += 1
