@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> module that defines add_parser(subparsers) and whose parser sets ``func``.
@@ -19,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "oracle": "engine.oracle.cli",
     "trace": "traces.cli",
     "simulate": "sim.cli",
+    "reproduce": "sim.paper_cli",
 }
 
 
@@ -45,13 +47,17 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
         parser.exit(2, f"pagesim {args.command}: error: {exc}\n")
+    except BrokenPipeError:  # `pagesim ... | head`: the reader left; not an error
+        try:
+            sys.stdout = open(os.devnull, "w")  # so the interpreter's final flush does not complain
+        except OSError:
+            pass
+        return 0
     except OSError as exc:  # a file that cannot be read or written
         where = f"{exc.filename}: " if exc.filename else ""
         parser.exit(2, f"pagesim {args.command}: error: {where}{exc.strerror or exc}\n")
     except MemoryError:
         parser.exit(2, f"pagesim {args.command}: error: not enough memory for what was asked\n")
-    except BrokenPipeError:  # `pagesim ... | head`
-        return 0
 
 
 if __name__ == "__main__":

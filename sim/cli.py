@@ -105,7 +105,9 @@ def _cost_params(items: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
     from sim.output import summary_table, write_json, write_tables, write_timeline
+    from sim.replica import SimulationStalled
     from sim.setup import build
     from sim.simulator import SimOptions, Simulation
     from traces.source import reported_warnings, trace_from_args
@@ -137,7 +139,13 @@ def run(args: argparse.Namespace) -> int:
                          decision_sink=decisions.write if decisions else None,
                          progress=progress.update if progress else None)
         started = time.perf_counter()
-        result = sim.run()
+        try:
+            result = sim.run()
+        except VLLM_V0_ABORTS as exc:  # the vllm-v0 preset stops where vLLM 0.6.3 aborts
+            raise ValueError(f"the run stopped where vLLM 0.6.3 aborts: {exc} (more --swap-space, or "
+                             f"--preemption recompute, lets it go on)") from None
+        except SimulationStalled as exc:
+            raise ValueError(f"the scheduler stopped making progress: {exc}") from None
         wall_s = time.perf_counter() - started
     finally:
         if progress:

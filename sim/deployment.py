@@ -58,7 +58,7 @@ class Deployment:
 
     def activation_reserve_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
         m = self.model
-        widest = 2 * m.hidden_size + (m.q_size + 2 * m.kv_size) + 2 * m.intermediate_size // self.tp
+        widest = 2 * m.hidden_size + (m.q_size + 2 * m.kv_size + 2 * m.intermediate_size) // self.tp
         return (max_num_batched_tokens * widest * m.dtype_bytes
                 + max_num_seqs * m.vocab_size * 4 + UNSEEN_OVERHEAD_BYTES)
 

@@ -5,7 +5,8 @@ token slots: 983 blocks of 16), max sequence length 2048, Poisson arrivals of Sh
 Alpaca-like requests (``kwon2023-*`` workloads: the paper's length means, capped at 1,024 each).
 vLLM is pagesim's ``vllm-v0`` preset (the V0 scheduler that descends from the paper's: no prefix
 caching, whole prompts, swap for multi-sequence groups) with the 2023 default token budget of
-2,560; the Orca baselines are the contiguous scheduler reserving the maximum length, the next
+2,560 (beam search, which pagesim's v0 order does not model, runs the same settings under the
+v1 order); the Orca baselines are the contiguous scheduler reserving the maximum length, the next
 power of two, or the true length, first-fit in one address space.
 
 Figures: Fig. 2 (share of reserved KV memory holding tokens, ShareGPT at 2 req/s), Fig. 13
@@ -51,11 +52,16 @@ class PaperSetup:
     engine_overhead_per_seq_s: float = 0.0  # extra CPU time per scheduled sequence per step
     block_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
-    def spec(self, allocator: str, block_size: int = 16) -> RunSpec:
+    def spec(self, allocator: str, block_size: int = 16, *, beams: bool = False) -> RunSpec:
         cost = {"cpu_per_seq_s": 10e-6 + self.engine_overhead_per_seq_s} if self.engine_overhead_per_seq_s else {}
-        return RunSpec(model="opt-13b", gpu="a100-40gb", policy="vllm-v0", allocator=allocator,
-                       block_size=block_size, kv_cache_gb=12.0, max_model_len=2048,
-                       overrides={"max_num_batched_tokens": 2560, "max_num_seqs": 256}, cost_params=cost)
+        overrides = {"max_num_batched_tokens": 2560, "max_num_seqs": 256}
+        policy = "vllm-v0"
+        if beams:  # pagesim's v0 order does not model beam search: the same settings under the v1 order
+            policy = "pagesim"
+            overrides.update(enable_prefix_caching=False, enable_chunked_prefill=False, preemption_mode="vllm-v0")
+        return RunSpec(model="opt-13b", gpu="a100-40gb", policy=policy, allocator=allocator,
+                       block_size=block_size, kv_cache_gb=12.0, max_model_len=2048, overrides=overrides,
+                       cost_params=cost)
 
     def trace(self, workload: str, rate: float, sampling: Sampling | None = None):
         spec = workload_spec(workload, rate_rps=rate, num_requests=self.num_requests, seed=self.seed)
@@ -63,8 +69,8 @@ class PaperSetup:
             spec = replace(spec, sampling=sampling)
         return generate(spec)
 
-    def run(self, trace, allocator: str, block_size: int = 16) -> dict:
-        built = build(self.spec(allocator, block_size))
+    def run(self, trace, allocator: str, block_size: int = 16, *, beams: bool = False) -> dict:
+        built = build(self.spec(allocator, block_size, beams=beams))
         return Simulation(trace, built.scheduler, built.cost_model,
                           SimOptions(seed=self.seed, sample_lengths="same")).run().summary
 
@@ -97,7 +103,7 @@ def reproduce(setup: PaperSetup, figures: tuple[str, ...] = ("2", "13", "15", "1
         for kind, field_name in (("parallel n", "n"), ("beam width", "beam_width")):
             for k in (2, 4, 6):
                 t = setup.trace("kwon2023-alpaca", 10.0, Sampling(**{field_name: k}))
-                fig15[f"{kind}={k}"] = setup.run(t, "paged")["sharing_saved"]
+                fig15[f"{kind}={k}"] = setup.run(t, "paged", beams=field_name == "beam_width")["sharing_saved"]
                 log(f"  ran alpaca@10 {kind}={k}: saved {fig15[f'{kind}={k}']}")
         results["fig15_sharing_saved"] = fig15
     if "18b" in figures:

@@ -53,7 +53,13 @@ class Replica:
         self._rows: dict[str, int] = {}  # unfinished request id -> trace row
         self._awaiting_first_token: set[str] = set()
         self._has_beams = False
+        self._beam_choices = getattr(scheduler, "supports_beam_choices", True)
         self._wake: simpy.Event | None = None
+        # When the arrival process next submits (inf: never): a request arriving at the very
+        # instant a step ends is seen by the next schedule(), whatever order SimPy queued them in.
+        self.next_arrival_s = math.inf
+        # Contiguous baselines have no block tables: their attention pays no per-block overhead.
+        self._work_block_size = block_size_of(scheduler)
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------- arrivals
@@ -71,7 +77,7 @@ class Replica:
         rid = request.request_id
         self._rows[rid] = row
         self._awaiting_first_token.add(rid)
-        self._has_beams |= request.beam_width > 1
+        self._has_beams |= request.beam_width > 1 and self._beam_choices
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -79,7 +85,7 @@ class Replica:
     def _run(self):
         env = self.env
         sched = self.scheduler
-        block_size = sched.block_size
+        block_size = self._work_block_size
         cost_model = self.cost_model
         m = self.requests
         rows = self._rows
@@ -90,6 +96,8 @@ class Replica:
                 self._wake = env.event()
                 yield self._wake
                 continue
+            while self.next_arrival_s <= env.now:  # same-instant arrivals first
+                yield env.timeout(0)
             out = sched.schedule()
             work = StepWork.from_output(out, block_size)
             if not out.scheduled and not out.blocks_to_swap_out and not out.blocks_to_swap_in:
@@ -150,6 +158,11 @@ class Replica:
             yield self.env.timeout(seconds)
 
 
+def block_size_of(scheduler) -> int | None:
+    """The block size a step's work is costed at; ``None`` for a contiguous (block-less) cache."""
+    return scheduler.block_size if getattr(scheduler, "paged", True) else None
+
+
 def arrival_process(env: simpy.Environment, arrival_s: list[float], make_request: Callable[[int], Request],
                     replica: Replica):
     """Submit trace rows at their arrival times; rows sharing a time are submitted together."""
@@ -159,9 +172,11 @@ def arrival_process(env: simpy.Environment, arrival_s: list[float], make_request
         t = arrival_s[i]
         delay = t - env.now
         if delay > 0 and not math.isclose(t, env.now, rel_tol=0.0, abs_tol=1e-12):
+            replica.next_arrival_s = t
             yield env.timeout(delay)
         replica.submit(i, make_request(i))
         i += 1
         while i < num and arrival_s[i] <= t:
             replica.submit(i, make_request(i))
             i += 1
+    replica.next_arrival_s = math.inf

@@ -76,11 +76,12 @@ class Simulation:
         if sched.has_unfinished_requests:  # the event queue ran dry with work left: a policy bug
             raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished")
         admitted = sched.num_prompt_tokens_admitted
+        caches = getattr(sched, "paged", True) and sched.config.enable_prefix_caching
         summary = summarize(
             self.request_metrics, self.step_metrics,
             slo_ttft_s=self.options.slo_ttft_s, slo_tpot_s=self.options.slo_tpot_s,
             preemptions=self.replica.preemptions,
-            prefix_hit_rate=(sched.num_prefix_hit_tokens / admitted) if admitted else None,
+            prefix_hit_rate=(sched.num_prefix_hit_tokens / admitted) if admitted and caches else None,
             num_evictions=getattr(getattr(sched, "pool", None), "num_evictions", 0),
         )
         return SimResult(summary, self.request_metrics, self.step_metrics, sched, wall_s)

@@ -44,10 +44,16 @@ from engine.policy.config import SchedulerConfig
 from engine.policy.contiguous import ContiguousAllocator
 from engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.request import Request, RequestStatus, Sequence
-from engine.policy.sampling import BeamChoices, SampledTokens
+from engine.policy.sampling import BeamChoices, SampledTokens, sampled_token
 from engine.policy.usage import KvUsage
 
+
 class ContiguousScheduler:
+    #: Beams are never pruned here, so an executor must not pass ``beam_choices``.
+    supports_beam_choices = False
+    #: No block tables: one contiguous slab per sequence (a cost model charges no per-block cost).
+    paged = False
+
     def __init__(self, config: SchedulerConfig, *, reservation: str, capacity_slots: int | None = None):
         self.config = config
         self.block_size = config.block_size
@@ -272,11 +278,11 @@ class ContiguousScheduler:
                 for k in range(1, request.num_samples):
                     child = parent.fork(index=k)
                     request.add_seq(child)
-                    self._append(child, _token(sampled, parent, k))
-                self._append(parent, _token(sampled, parent, 0))
+                    self._append(child, sampled_token(sampled, parent, k))
+                self._append(parent, sampled_token(sampled, parent, 0))
             else:
                 for seq in seqs:
-                    self._append(seq, _token(sampled, seq, 0))
+                    self._append(seq, sampled_token(sampled, seq, 0))
             if not request.live_seqs:
                 request.status = RequestStatus.FINISHED
                 finished.append(request)
@@ -339,14 +345,3 @@ class ContiguousScheduler:
         counts_requests = self.config.seq_limit_counts == "requests"
         assert (len(self.running) if counts_requests else self.num_running_seqs) <= self.config.max_num_seqs
 
-
-def _token(sampled: SampledTokens, seq: Sequence, sample_index: int) -> int | None:
-    """The executor's token for ``seq`` (sampling.py's convention)."""
-    if sampled is None:
-        return None
-    if callable(sampled):
-        return sampled(seq, sample_index)
-    value = sampled.get(seq.seq_id)
-    if isinstance(value, (list, tuple)):
-        return value[sample_index]
-    return value

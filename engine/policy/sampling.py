@@ -66,7 +66,7 @@ class OutputProcessor:
                 self._fork_samples(request, seqs[0], sampled)
             else:
                 for seq in seqs:
-                    self._append(seq, _token(sampled, seq, 0))
+                    self._append(seq, sampled_token(sampled, seq, 0))
             if not request.live_seqs:
                 request.status = RequestStatus.FINISHED
                 finished.append(request)
@@ -92,7 +92,7 @@ class OutputProcessor:
         for k in range(1, request.n):
             child = parent.fork(index=len(request.seqs))
             request.add_seq(child)
-            self._append(child, _token(sampled, parent, k))
+            self._append(child, sampled_token(sampled, parent, k))
             children.append(child)
         if request.sample_max_tokens is not None:
             # Samples of their own lengths: the children share the parent's blocks before the
@@ -100,9 +100,9 @@ class OutputProcessor:
             for child in children:
                 if not child.finished:
                     self.kv.fork(parent, child)
-            self._append(parent, _token(sampled, parent, 0))
+            self._append(parent, sampled_token(sampled, parent, 0))
             return
-        self._append(parent, _token(sampled, parent, 0))
+        self._append(parent, sampled_token(sampled, parent, 0))
         # NOTE: a parent that finished here finished at max_tokens, and so did every child (same
         # length), so no finished parent's freed table is ever shared.
         for child in children:
@@ -121,9 +121,9 @@ class OutputProcessor:
         width = request.beam_width
         if choices is None:  # no model choices: every beam continues itself (like parallel samples)
             if not request.forked:
-                choices = [(seqs[0].index, _token(sampled, seqs[0], k)) for k in range(width)]
+                choices = [(seqs[0].index, sampled_token(sampled, seqs[0], k)) for k in range(width)]
             else:
-                choices = [(s.index, _token(sampled, s, 0)) for s in seqs]
+                choices = [(s.index, sampled_token(sampled, s, 0)) for s in seqs]
         if len(choices) != width:
             raise ValueError(
                 f"request {request.request_id!r}: {len(choices)} beam choices for beam width {width}"
@@ -156,7 +156,8 @@ class OutputProcessor:
             self._append(alive[index], token)
 
 
-def _token(sampled: SampledTokens, seq: Sequence, sample_index: int) -> Token:
+def sampled_token(sampled: SampledTokens, seq: Sequence, sample_index: int) -> Token:
+    """The executor's token for sample ``sample_index`` of ``seq`` (``None`` if it names none)."""
     if sampled is None:
         return None
     if callable(sampled):

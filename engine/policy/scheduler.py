@@ -43,6 +43,9 @@ from engine.policy.usage import KvUsage
 
 
 class Scheduler:
+    #: KV memory in blocks reached through block tables (the contiguous baseline says False).
+    paged = True
+
     def __init__(self, config: SchedulerConfig, *, hash_fn: HashFn = default_hash):
         self.config = config
         self.block_size = config.block_size

@@ -36,10 +36,10 @@ class StepWork:
     num_cow_blocks: int = 0
     num_swap_out_blocks: int = 0
     num_swap_in_blocks: int = 0
-    block_size: int = 16
+    block_size: int | None = 16  # None: a contiguous cache (no blocks)
 
     @classmethod
-    def from_output(cls, output: SchedulerOutput, block_size: int) -> StepWork:
+    def from_output(cls, output: SchedulerOutput, block_size: int | None) -> StepWork:
         num_tokens = prefill_seqs = prefill_tokens = pairs = prefill_ctx = 0
         decode_seqs = decode_ctx = sampled = 0
         for s in output.scheduled:

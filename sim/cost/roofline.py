@@ -9,8 +9,8 @@ Per step, on one GPU of a ``tp``-way replica (each GPU does ``1/tp`` of the work
 - ``prefill_attention``: 4 FLOPs per head dimension per causal (query, key) pair (QK^T and PV),
   at ``attention_efficiency`` of peak, or reading the cached context's K/V if that is longer.
 - ``decode_attention``: memory-bound: the K/V of every token each decoding sequence attends to,
-  read at ``mem_efficiency`` of bandwidth, times ``1 + block_overhead_tokens / block_size``: a
-  paged kernel pays a fixed cost per block (a table lookup, a short, less coalesced read), so
+  read at ``mem_efficiency`` of bandwidth, times ``1 + block_overhead_tokens / block_size``
+  (1 for a contiguous cache, which has no blocks): a paged kernel pays a fixed cost per block (a table lookup, a short, less coalesced read), so
   small blocks cost more. With the default 4 tokens, a 16-token block costs 1.25x a contiguous
   read, in line with the 20-26% that the PagedAttention paper (Kwon et al., SOSP 2023, §7.1,
   Fig. 18a) measured for its kernel over FasterTransformer's, and 1-token blocks 5x.
@@ -31,6 +31,7 @@ what-if changes only the ``StepWork`` it is given.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from sim.cost.base import TERMS, CostModel, StepCost, StepWork
@@ -53,8 +54,8 @@ class RooflineParams:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"roofline parameter {f.name} must be a number >= 0, got {value!r}")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+                raise ValueError(f"roofline parameter {f.name} must be a finite number >= 0, got {value!r}")
         for name in ("mfu", "attention_efficiency", "mem_efficiency", "pcie_efficiency", "interconnect_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"roofline parameter {name} must be in (0, 1], got {getattr(self, name)!r}")
@@ -97,7 +98,7 @@ class RooflineCostModel(CostModel):
     def step_cost(self, work: StepWork) -> StepCost:
         p = self.params
         bw = self._bw
-        block_bytes = work.block_size * self._kv_token_bytes
+        block_bytes = (work.block_size or 0) * self._kv_token_bytes
         terms = dict.fromkeys(TERMS, 0.0)
         if work.num_tokens:
             flops = 2 * (work.num_tokens * self._linear_weights + work.num_sampled * self._lm_head_weights)
@@ -115,7 +116,7 @@ class RooflineCostModel(CostModel):
                 work.prefill_context_tokens * self._kv_token_bytes / bw,
             )
         if work.decode_context_tokens:
-            overhead = 1.0 + p.block_overhead_tokens / work.block_size
+            overhead = 1.0 + p.block_overhead_tokens / work.block_size if work.block_size else 1.0
             terms["decode_attention"] = work.decode_context_tokens * self._kv_token_bytes / bw * overhead
         if work.num_cow_blocks:
             terms["cow_copy"] = 2 * work.num_cow_blocks * block_bytes / bw
