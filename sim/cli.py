@@ -1,4 +1,4 @@
-"""``pagesim simulate``: replay a trace or a named workload through the policy on a modelled GPU.
+"""pagesim simulate: replay a trace or a named workload through the serving policy on a modelled GPU.
 
 With no request source it runs the embedded default: 1,000 ``shared-system-prompt`` requests at
 6 requests/s on Llama 3 8B and one A100 40 GB. ``--json`` prints the summary as one JSON object
@@ -45,6 +45,8 @@ def add_parser(subparsers) -> None:
     s.add_argument("--policy", default="pagesim", choices=list(PRESETS), help="scheduler preset (default pagesim)")
     s.add_argument("--allocator", default="paged", choices=list(ALLOCATORS),
                    help="paged blocks, or a contiguous baseline reserving max / pow2 / oracle lengths")
+    s.add_argument("--placement", choices=["buddy", "first-fit"], default="buddy",
+                   help="contiguous baselines: where slabs go (default buddy, as the PagedAttention paper assumed)")
     s.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
     s.add_argument("--eviction", choices=list(EVICTION_POLICIES), help="prefix-cache eviction policy")
     s.add_argument("--preemption", choices=[m for m in PREEMPTION_MODES if m != "cost"], help="preemption mode")
@@ -84,6 +86,7 @@ def run_spec_from_args(args):
             overrides[name] = value == "on"
     return RunSpec(
         model=args.model, gpu=args.gpu, tp=args.tp, policy=args.policy, allocator=args.allocator,
+        placement=args.placement,
         block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks, kv_cache_gb=args.kv_cache_gb,
         gpu_memory_utilization=args.gpu_memory_utilization, swap_space_gb=args.swap_space,
         max_model_len=args.max_model_len, overrides=overrides, cost_params=_cost_params(args.cost_param),

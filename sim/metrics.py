@@ -19,7 +19,10 @@ Summary definitions (all times in seconds):
   share of reserved KV memory that holds a token); ``memory_used_fraction`` = used / all slots
   of the cache, time-averaged (the paper's Fig. 2 splits the whole cache this way, so external
   fragmentation and free memory count against it), ``memory_allocated_fraction`` likewise;
-- ``avg_batched_requests``: requests in a step's batch, time-averaged over busy time (Fig. 13);
+- ``avg_batched_requests``: requests computing tokens in a step, time-averaged over busy time;
+  ``avg_running_requests``: requests admitted and holding KV memory (the running set a step
+  draws its batch from; under vLLM v0 a prompt-only step pauses the others without evicting
+  them), likewise (the paper's Fig. 13 "batched requests");
 - ``sharing_saved`` = 1 - allocated / unshared slots, time-averaged (Fig. 15).
 """
 
@@ -35,7 +38,7 @@ from sim.cost.base import TERMS, StepCost, StepWork
 PENDING, COMPLETED, REJECTED = 0, 1, 2
 
 STEP_COLUMNS = (
-    "step", "start_s", "duration_s", "num_requests", "num_seqs", "num_tokens", "prefill_tokens",
+    "step", "start_s", "duration_s", "num_requests", "num_running", "num_seqs", "num_tokens", "prefill_tokens",
     "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots",
     "swap_out_blocks", "swap_in_blocks", "cow_blocks", "preempted",
 ) + tuple(f"{t}_s" for t in TERMS)
@@ -85,11 +88,11 @@ class StepMetrics:
     def __len__(self) -> int:
         return len(self.columns["step"])
 
-    def record(self, step: int, start_s: float, duration_s: float, num_requests: int, work: StepWork,
-               usage: KvUsage, num_preempted: int, cost: StepCost) -> None:
+    def record(self, step: int, start_s: float, duration_s: float, num_requests: int, num_running: int,
+               work: StepWork, usage: KvUsage, num_preempted: int, cost: StepCost) -> None:
         terms = cost.terms
         values = (
-            step, start_s, duration_s, num_requests, work.num_seqs, work.num_tokens, work.num_prefill_tokens,
+            step, start_s, duration_s, num_requests, num_running, work.num_seqs, work.num_tokens, work.num_prefill_tokens,
             work.num_decode_seqs, usage.allocated_slots, usage.used_slots, usage.cached_slots,
             usage.total_slots, usage.unshared_slots, work.num_swap_out_blocks, work.num_swap_in_blocks,
             work.num_cow_blocks, num_preempted,
@@ -162,6 +165,7 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo_ttft_s: float
         "memory_used_fraction": _time_avg(steps.array("used_slots") / np.maximum(steps.array("total_slots"), 1), dur),
         "sharing_saved": _time_avg(1.0 - allocated[held] / steps.array("unshared_slots")[held], dur[held]),
         "avg_batched_requests": _time_avg(steps.array("num_requests"), dur),
+        "avg_running_requests": _time_avg(steps.array("num_running"), dur),
         "preemptions": dict(preemptions),
         "swapped_blocks": {"out": int(steps.array("swap_out_blocks").sum()),
                            "in": int(steps.array("swap_in_blocks").sum())},

@@ -55,12 +55,18 @@ def write_tables(out: Path, result, request_ids: list[str]) -> None:
                         fmt(tpot[i]), fmt(e2e[i]), int(m.preemptions[i]), m.reject_reasons.get(i, "")])
 
     def write_steps(f):
+        steps = result.steps
+        derived = {  # spelled out for readers of the table
+            "free_slots": steps.array("total_slots") - steps.array("allocated_slots") - steps.array("cached_slots"),
+            "internal_fragmentation_slots": steps.array("allocated_slots") - steps.array("used_slots"),
+        }
+        names = STEP_COLUMNS + tuple(derived)
         w = csv.writer(f)
-        w.writerow(STEP_COLUMNS)
-        cols = [result.steps.array(name) for name in STEP_COLUMNS]
-        ints = {name for name in STEP_COLUMNS if not name.endswith("_s")}
+        w.writerow(names)
+        cols = [steps.array(name) for name in STEP_COLUMNS] + list(derived.values())
+        ints = {name for name in names if not name.endswith("_s")}
         for row in zip(*cols):
-            w.writerow([int(v) if name in ints else repr(float(v)) for name, v in zip(STEP_COLUMNS, row)])
+            w.writerow([int(v) if name in ints else repr(float(v)) for name, v in zip(names, row)])
 
     atomic_write(out / "requests.csv", write_requests)
     atomic_write(out / "steps.csv", write_steps)
@@ -128,7 +134,8 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
         f"memory     {pct(s['memory_utilization'])} of allocated slots hold tokens; "
         f"{pct(s['memory_allocated_fraction'])} of the cache allocated on average; sharing saved "
         f"{pct(s['sharing_saved'])}",
-        f"batch      {num(s['avg_batched_requests'])} requests on average over {s['steps']} steps",
+        f"batch      {num(s['avg_batched_requests'])} requests computing per step, {num(s['avg_running_requests'])} "
+        f"running, on average over {s['steps']} steps",
         f"preemption {s['preemptions']['swap']} swap, {s['preemptions']['recompute']} recompute; blocks swapped "
         f"out {s['swapped_blocks']['out']}, in {s['swapped_blocks']['in']}; copy-on-write copies {s['cow_copies']}",
         f"prefix     hit rate {pct(s['prefix_hit_rate'])} of admitted prompt tokens; {s['prefix_evictions']} evictions",

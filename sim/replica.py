@@ -11,9 +11,11 @@ sleeps until ``submit`` wakes it.
 The scheduler is any object with the policy's interface (``Scheduler`` or the contiguous
 baseline); it is never told it is simulated.
 
-Invariant: a step that schedules nothing and moves nothing while requests are unfinished is a
-policy bug, not a wait: the replica raises rather than spin (rejection keeps unservable requests
-out, so with nothing running the scheduler can always admit something).
+Invariant: a step that schedules, moves and preempts nothing while requests are unfinished is
+a policy bug, not a wait: the replica raises rather than spin (rejection keeps unservable
+requests out, so with nothing running the scheduler can always admit something). A step that
+only preempts (vLLM v0 does this when the last running request cannot grow) costs the engine's
+per-step overhead and lets the next step admit.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from engine.policy.output import dump_record
 from sim.cost.base import CostModel, StepWork
 from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics
 from sim.workload import BeamModel
+
+
+#: Consecutive steps that schedule nothing (only preemptions) before the run is declared stalled.
+MAX_IDLE_STEPS = 1000
 
 
 class SimulationStalled(RuntimeError):
@@ -91,6 +97,7 @@ class Replica:
         rows = self._rows
         awaiting = self._awaiting_first_token
         log = sched.decision_log.records
+        idle_steps = 0
         while True:
             if not sched.has_unfinished_requests:
                 self._wake = env.event()
@@ -100,12 +107,17 @@ class Replica:
                 yield env.timeout(0)
             out = sched.schedule()
             work = StepWork.from_output(out, block_size)
-            if not out.scheduled and not out.blocks_to_swap_out and not out.blocks_to_swap_in:
+            if out.scheduled or out.blocks_to_swap_out or out.blocks_to_swap_in:
+                idle_steps = 0
+            else:  # a step that only preempts (freeing blocks for the next) is progress; a few, not many
+                idle_steps += 1
+            if idle_steps > MAX_IDLE_STEPS or (idle_steps and not out.preempted):
                 raise SimulationStalled(
                     f"step {out.step} at t={env.now:.6f}s scheduled nothing with {len(sched.waiting)} waiting, "
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped requests"
                 )
             usage = sched.kv_usage()
+            num_running = len(sched.running)
             cost = cost_model.step_cost(work)
             start = env.now
             for rid in out.new:
@@ -115,6 +127,8 @@ class Replica:
                 self.preemptions[mode] += 1
             yield from self._execute(cost)
             end = env.now
+            if not math.isfinite(end):
+                raise ValueError(f"simulated time overflowed at step {out.step} (step cost {cost.terms})")
             for s in out.scheduled:
                 if s.samples and s.request_id in awaiting:
                     awaiting.discard(s.request_id)
@@ -130,8 +144,8 @@ class Replica:
                 m.generation_len[row] = max(lengths)
             if finished:
                 self.on_done(len(finished))
-            self.steps.record(out.step, start, end - start, len(out.num_scheduled_tokens), work, usage,
-                              len(out.preempted), cost)
+            self.steps.record(out.step, start, end - start, len(out.num_scheduled_tokens), num_running, work,
+                              usage, len(out.preempted), cost)
             if log:
                 if self.decision_sink is not None:
                     for record in log:

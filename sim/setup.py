@@ -12,18 +12,22 @@ Swap space is ``swap_space_gb`` GiB per GPU (vLLM's default: 4), in blocks of th
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.model_presets import ModelPreset, get_model_preset
 from engine.policy import Scheduler, make_config
-from engine.policy.contiguous import RESERVATION_MODES
+from engine.policy.contiguous import PLACEMENTS, RESERVATION_MODES
 from engine.policy.contiguous_scheduler import ContiguousScheduler
 from sim.cost.roofline import RooflineCostModel, RooflineParams
 from sim.deployment import GiB, Deployment
 from sim.hardware import get_gpu_preset
 
 ALLOCATORS = ("paged", *RESERVATION_MODES)
+#: Settings that mean nothing to a contiguous baseline (no blocks to cache, evict or preempt).
+PAGED_ONLY = {"eviction_policy": "--eviction", "preemption_mode": "--preemption", "victim_policy": "--victim",
+              "enable_prefix_caching": "--prefix-caching"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class RunSpec:
     tp: int = 1
     policy: str = "pagesim"
     allocator: str = "paged"
+    placement: str = "buddy"  # contiguous baselines: "buddy" (the paper's assumption) or "first-fit"
     block_size: int = 16
     num_gpu_blocks: int | None = None
     kv_cache_gb: float | None = None
@@ -46,14 +51,21 @@ class RunSpec:
     record_decisions: bool = False
 
     def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")
         if self.num_gpu_blocks is not None and self.kv_cache_gb is not None:
             raise ValueError("give --num-gpu-blocks or --kv-cache-gb, not both")
-        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
-            raise ValueError(f"--kv-cache-gb must be positive, got {self.kv_cache_gb}")
-        if not self.swap_space_gb >= 0:
-            raise ValueError(f"--swap-space must be >= 0 GiB, got {self.swap_space_gb}")
+        if self.kv_cache_gb is not None and not 0 < self.kv_cache_gb < math.inf:
+            raise ValueError(f"--kv-cache-gb must be a positive number of GiB, got {self.kv_cache_gb}")
+        if not 0 <= self.swap_space_gb < math.inf:
+            raise ValueError(f"--swap-space must be a finite number of GiB >= 0, got {self.swap_space_gb}")
+        if self.allocator != "paged":
+            paged_only = sorted(set(self.overrides) & set(PAGED_ONLY))
+            if paged_only:
+                raise ValueError(f"{', '.join(PAGED_ONLY[k] for k in paged_only)} applies to the paged allocator only, not to the "
+                                 f"contiguous {self.allocator!r} baseline")
 
 
 @dataclass
@@ -70,6 +82,7 @@ class Built:
         return {
             "model": self.model.name, "gpu": self.deployment.gpu.name, "tp": self.deployment.tp,
             "policy": self.spec.policy, "allocator": self.spec.allocator,
+            **({"placement": self.spec.placement} if self.spec.allocator != "paged" else {}),
             "block_size": cfg.block_size, "num_gpu_blocks": cfg.num_gpu_blocks, "num_cpu_blocks": cfg.num_cpu_blocks,
             "kv_cache_slots": self.scheduler.kv_usage().total_slots, "kv_cache_source": self.kv_cache_source,
             "scheduler": {k: v for k, v in asdict(cfg).items() if k != "extra"},
@@ -81,9 +94,12 @@ def build(spec: RunSpec) -> Built:
     model = get_model_preset(spec.model)
     deployment = Deployment(model, get_gpu_preset(spec.gpu), spec.tp)
     max_model_len = spec.max_model_len or model.max_position_embeddings
+    if max_model_len > model.max_position_embeddings:
+        raise ValueError(f"--max-model-len {max_model_len} exceeds {model.name}'s context length "
+                         f"({model.max_position_embeddings} tokens)")
+    base = dict(block_size=spec.block_size, max_model_len=max_model_len, **_fit_budget(spec, max_model_len))
     # A first config only to learn the batch limits the activation reserve depends on.
-    probe = make_config(spec.policy, block_size=spec.block_size, max_model_len=max_model_len,
-                        **_fit_budget(spec, max_model_len))
+    probe = make_config(spec.policy, **{**base, **{k: v for k, v in spec.overrides.items() if k != "num_cpu_blocks"}})
     if spec.num_gpu_blocks is not None:
         num_blocks = spec.num_gpu_blocks
         source = f"{num_blocks} blocks (given)"
@@ -98,15 +114,14 @@ def build(spec: RunSpec) -> Built:
                       f"activations = {kv_bytes / GiB:.2f} GiB per GPU")
         num_blocks = deployment.num_blocks(kv_bytes, spec.block_size) + probe.reserve_null_block
     num_cpu_blocks = int(spec.swap_space_gb * GiB) // deployment.block_bytes_per_gpu(spec.block_size)
-    settings = dict(block_size=spec.block_size, num_gpu_blocks=num_blocks, max_model_len=max_model_len,
-                    record_decisions=spec.record_decisions, **_fit_budget(spec, max_model_len))
+    settings = dict(base, num_gpu_blocks=num_blocks, record_decisions=spec.record_decisions)
     if "num_cpu_blocks" not in spec.overrides:
         settings["num_cpu_blocks"] = num_cpu_blocks
     config = make_config(spec.policy, **{**settings, **spec.overrides})
     if spec.allocator == "paged":
         scheduler = Scheduler(config)
     else:
-        scheduler = ContiguousScheduler(config, reservation=spec.allocator)
+        scheduler = ContiguousScheduler(config, reservation=spec.allocator, placement=spec.placement)
     params = RooflineParams().with_overrides(spec.cost_params)
     return Built(spec, model, deployment, scheduler, RooflineCostModel(deployment, params), source)
 

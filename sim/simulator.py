@@ -12,6 +12,7 @@ same trace, configuration and seed give the same decisions and the same summary,
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,8 +36,10 @@ class SimOptions:
     slo_tpot_s: float = 0.1  # and time per output token at most this
 
     def __post_init__(self) -> None:
-        if self.slo_ttft_s <= 0 or self.slo_tpot_s <= 0:
-            raise ValueError("SLOs must be positive seconds")
+        if not (0 < self.slo_ttft_s < math.inf and 0 < self.slo_tpot_s < math.inf):
+            raise ValueError(f"SLOs must be positive, finite seconds (got TTFT {self.slo_ttft_s}, TPOT {self.slo_tpot_s})")
+        if not 0.0 <= self.beam_stay_prob <= 1.0:
+            raise ValueError(f"beam stay probability must be in [0, 1], got {self.beam_stay_prob}")
 
 
 @dataclass

@@ -67,11 +67,12 @@ def test_external_fragmentation_is_real():
     [
         ("max", 5, 3, 1000),
         ("max", 1000, 0, 1000),
-        ("pow2", 1, 0, 1),
-        ("pow2", 5, 3, 8),
-        ("pow2", 5, 4, 16),
-        ("pow2", 300, 212, 512),
-        ("pow2", 600, 0, 1000),  # 1024 capped at max_model_len
+        ("pow2", 1, 0, 1),  # the prompt plus the output rounded up to a power of two (paper §6.1)
+        ("pow2", 5, 3, 9),
+        ("pow2", 5, 4, 9),
+        ("pow2", 5, 25, 37),  # "if the true output length is 25, it reserves 32 positions"
+        ("pow2", 300, 212, 556),
+        ("pow2", 600, 300, 1000),  # 600 + 512 capped at max_model_len
         ("oracle", 5, 4, 9),
         ("oracle", 700, 300, 1000),
     ],

@@ -51,19 +51,19 @@ def max_concurrent(outputs) -> int:
 # ------------------------------------------------------------------ reservation modes
 
 
-@pytest.mark.parametrize(("reservation", "concurrent", "slab"), [("max", 2, 32), ("pow2", 4, 16), ("oracle", 5, 12)])
+@pytest.mark.parametrize(("reservation", "concurrent", "slab"), [("max", 2, 32), ("pow2", 5, 12), ("oracle", 7, 9)])
 def test_reservation_mode_decides_the_batch(reservation, concurrent, slab):
-    # prompt 8 + output 4 = 12 tokens: Max reserves 32, Pow2 16, Oracle 12 of 64 slots
+    # prompt 4 + output 5: Max reserves 32, Pow2 4 + 8 = 12 (the output rounded up), Oracle 9 of 64 slots
     sched = make(reservation)
-    for i in range(6):
-        assert sched.add_request(Request(f"r{i}", prompt_len=8, max_tokens=4))
+    for i in range(8):
+        assert sched.add_request(Request(f"r{i}", prompt_len=4, max_tokens=5))
     outputs = run_to_end(sched)
     assert max_concurrent(outputs) == concurrent
     first = sched.decision_log[0]
     assert first["new"] == {f"r{i}": 0 for i in range(concurrent)}
     assert first["slabs"] == {f"r{i}": [[i * slab, slab]] for i in range(concurrent)}
     assert first["block_ids"] == {f"r{i}": {"0": []} for i in range(concurrent)}
-    assert sched.num_finished_requests == 6 and not sched.requests
+    assert sched.num_finished_requests == 8 and not sched.requests
     assert sched.allocator.num_reserved_slots == 0
 
 

@@ -4,12 +4,14 @@ Before paging, a serving system gave each request one contiguous slab of KV-cach
 sized at admission because the output length is unknown until the request ends:
 
 - ``"max"``    reserves ``max_model_len`` slots (Orca (Max));
-- ``"pow2"``   reserves the next power of two >= prompt + output, capped at ``max_model_len``
-  (Orca (Pow2): a 2x over-reservation at worst);
+- ``"pow2"``   reserves the prompt plus the next power of two >= the output, capped at
+  ``max_model_len`` (Orca (Pow2): "if the true output length is 25, it reserves 32 positions for
+  outputs", §6.1: at most a 2x over-reservation of the output);
 - ``"oracle"`` reserves exactly prompt + output (Orca (Oracle): knows the output length).
 
-Slabs are placed first-fit in ONE linear address space of ``capacity_slots`` slots, so the waste is
-measured, not assumed: *internal* fragmentation is reserved slots not (yet) holding a token — the
+Slabs are placed in ONE linear address space of ``capacity_slots`` slots, first-fit (the
+default) or by buddy allocation (``placement="buddy"``, ``buddy.py``: each slab rounded up to a
+power of two, as the paper assumed Orca did), so the waste is measured, not assumed: *internal* fragmentation is reserved slots not (yet) holding a token — the
 part reserved for future output included — and *external* fragmentation is free slots that lie
 outside the largest hole, i.e. free memory that a large request still cannot use.
 
@@ -26,7 +28,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from engine.policy.buddy import BuddySpace
+
 RESERVATION_MODES = ("max", "pow2", "oracle")
+PLACEMENTS = ("first-fit", "buddy")
 
 
 @dataclass(slots=True)
@@ -41,7 +46,8 @@ class _Slab:
 class ContiguousAllocator:
     """First-fit allocator of contiguous token-slot slabs in one linear address space."""
 
-    def __init__(self, capacity_slots: int, reservation: str, max_model_len: int) -> None:
+    def __init__(self, capacity_slots: int, reservation: str, max_model_len: int, *,
+                 placement: str = "first-fit") -> None:
         for arg_name, value in (
             ("capacity_slots", capacity_slots),
             ("max_model_len", max_model_len),
@@ -52,8 +58,12 @@ class ContiguousAllocator:
             raise ValueError(
                 f"reservation must be one of {', '.join(RESERVATION_MODES)}, got {reservation!r}"
             )
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
         self.capacity_slots = capacity_slots
         self.reservation = reservation
+        self.placement = placement
+        self._buddy = BuddySpace(capacity_slots) if placement == "buddy" else None
         self.max_model_len = max_model_len
         # Free holes as two parallel lists sorted by start; bisect finds a freed slab's neighbours.
         self._hole_starts: list[int] = [0]
@@ -79,12 +89,13 @@ class ContiguousAllocator:
         if self.reservation == "max":
             return self.max_model_len
         if self.reservation == "pow2":
-            return min(1 << (total_tokens - 1).bit_length(), self.max_model_len)
+            output_slots = 1 << (output_len - 1).bit_length() if output_len else 0
+            return min(prompt_len + output_slots, self.max_model_len)
         return total_tokens
 
     def _checked_reservation_slots(self, prompt_len: int, output_len: int) -> int:
         num_slots = self.reservation_slots(prompt_len, output_len)
-        if num_slots > self.capacity_slots:
+        if num_slots > self.capacity_slots or (self._buddy is not None and not self._buddy.fits_ever(num_slots)):
             raise ValueError(
                 f"a {self.reservation!r} reservation of {num_slots} slots can never fit in "
                 f"capacity_slots={self.capacity_slots}"
@@ -96,6 +107,8 @@ class ContiguousAllocator:
     def can_allocate(self, prompt_len: int, output_len: int) -> bool:
         """True when some hole is large enough now; ValueError when the request can never fit."""
         num_slots = self._checked_reservation_slots(prompt_len, output_len)
+        if self._buddy is not None:
+            return self._buddy.can_allocate(num_slots)
         return self._first_fit_index(num_slots) is not None
 
     def allocate(self, request_id: object, prompt_len: int, output_len: int) -> int | None:
@@ -107,6 +120,15 @@ class ContiguousAllocator:
         if request_id in self._slabs:
             raise ValueError(f"request {request_id!r} already holds a reservation")
         num_slots = self._checked_reservation_slots(prompt_len, output_len)
+        if self._buddy is not None:  # the slab is the whole power-of-two block
+            block = self._buddy.allocate(num_slots)
+            if block is None:
+                return None
+            start_slot, block_slots = block
+            self._slabs[request_id] = _Slab(start_slot, block_slots, prompt_len)
+            self._num_reserved_slots += block_slots
+            self._num_written_slots += prompt_len
+            return start_slot
         hole_index = self._first_fit_index(num_slots)
         if hole_index is None:
             return None
@@ -144,6 +166,9 @@ class ContiguousAllocator:
         self._num_reserved_slots -= slab.num_reserved_slots
         self._num_written_slots -= slab.num_written_slots
         start_slot, num_slots = slab.start_slot, slab.num_reserved_slots
+        if self._buddy is not None:
+            self._buddy.free(start_slot, num_slots)
+            return
         index = bisect.bisect_left(self._hole_starts, start_slot)
         end_slot = start_slot + num_slots
         merges_prev = (
@@ -177,7 +202,9 @@ class ContiguousAllocator:
 
     @property
     def holes(self) -> list[tuple[int, int]]:
-        """Free holes as (start_slot, num_slots), sorted by start."""
+        """Free holes as (start_slot, num_slots), sorted by start (buddy: the free blocks)."""
+        if self._buddy is not None:
+            return self._buddy.holes()
         return list(zip(self._hole_starts, self._hole_sizes))
 
     @property
@@ -195,6 +222,8 @@ class ContiguousAllocator:
 
     @property
     def largest_hole_slots(self) -> int:
+        if self._buddy is not None:
+            return self._buddy.largest_free_slots
         return max(self._hole_sizes, default=0)
 
     @property
@@ -216,6 +245,11 @@ class ContiguousAllocator:
 
     def check(self) -> None:
         """Assert the module's invariants (O(holes + requests); for tests and debugging)."""
+        if self._buddy is not None:
+            self._buddy.check([(slab.start_slot, slab.num_reserved_slots) for slab in self._slabs.values()])
+            assert self._buddy.num_free_slots == self.num_free_slots
+            self._check_accounting()
+            return
         assert len(self._hole_starts) == len(self._hole_sizes)
         previous_end = None
         for start, size in zip(self._hole_starts, self._hole_sizes):
@@ -234,10 +268,13 @@ class ContiguousAllocator:
             assert start == cursor, f"gap or overlap at slot {cursor} (next starts at {start})"
             cursor = start + size
         assert cursor == self.capacity_slots
+        self._check_accounting()
+        assert self._num_reserved_slots + sum(self._hole_sizes) == self.capacity_slots
+
+    def _check_accounting(self) -> None:
         assert self._num_reserved_slots == sum(s.num_reserved_slots for s in self._slabs.values())
         assert self._num_written_slots == sum(s.num_written_slots for s in self._slabs.values())
         assert all(0 <= s.num_written_slots <= s.num_reserved_slots for s in self._slabs.values())
-        assert self._num_reserved_slots + sum(self._hole_sizes) == self.capacity_slots
 
     # ---- helpers ------------------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ the simulator drives either one unchanged. Each step (iteration-level scheduling
 1. the running requests in admission order: sequence 0 continues its prompt with a chunk, each
    decoding sequence computes one token; a request that does not fit what is left of the token
    budget (``max_num_batched_tokens``) skips this step;
-2. admissions from the head of ``waiting`` while its slabs fit now (first fit), ``max_num_seqs``
+2. admissions from the head of ``waiting`` while its slabs fit now (first fit, or buddy allocation
+   with ``placement="buddy"``), ``max_num_seqs``
    allows and budget remains (a first chunk with chunked prefill, else the whole prompt). The
    first request that does not fit stops admission (head-of-line blocking).
 
@@ -54,12 +55,13 @@ class ContiguousScheduler:
     #: No block tables: one contiguous slab per sequence (a cost model charges no per-block cost).
     paged = False
 
-    def __init__(self, config: SchedulerConfig, *, reservation: str, capacity_slots: int | None = None):
+    def __init__(self, config: SchedulerConfig, *, reservation: str, capacity_slots: int | None = None,
+                 placement: str = "first-fit"):
         self.config = config
         self.block_size = config.block_size
         if capacity_slots is None:
             capacity_slots = config.num_usable_gpu_blocks * config.block_size
-        self.allocator = ContiguousAllocator(capacity_slots, reservation, config.max_model_len)
+        self.allocator = ContiguousAllocator(capacity_slots, reservation, config.max_model_len, placement=placement)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()  # always empty: nothing is ever swapped
@@ -237,7 +239,7 @@ class ContiguousScheduler:
         return sum(r.max_running_seqs for r in self.running)
 
     def _allocate(self, request: Request) -> list[list[int]] | None:
-        """Place all of the request's slabs first fit, or none of them."""
+        """Place all of the request's slabs, or none of them."""
         rid = request.request_id
         placed: list[list[int]] = []
         for k, size in enumerate(self.slab_sizes(request)):

@@ -22,7 +22,8 @@ Per step, on one GPU of a ``tp``-way replica (each GPU does ``1/tp`` of the work
 - ``cpu_overhead``: the engine's own per-step time (scheduling, input preparation, launch) as a
   fixed part plus a part per scheduled sequence.
 - ``swap``: blocks over the host link at ``pcie_efficiency`` of its bandwidth (each GPU moves
-  its own share over its own link).
+  its own share over its own link; the link is full duplex, so a step's swap-outs and swap-ins
+  overlap and the larger of the two sets the time).
 
 The efficiencies are stated defaults, not fits; issue "Calibration" replaces this model with one
 measured on the real kernels. Nothing here depends on the scheduler, so a block-size or policy
@@ -105,11 +106,11 @@ class RooflineCostModel(CostModel):
             weight_bytes = (self._linear_weights + (self._lm_head_weights if work.num_sampled else 0)) * self._dtype
             terms["linear"] = max(flops / (self._flops * p.mfu), weight_bytes / bw)
             terms["cache_write"] = work.num_tokens * self._kv_token_bytes / bw
-            terms["cpu_overhead"] = p.cpu_step_s + p.cpu_per_seq_s * work.num_seqs
             if self._tp > 1:
                 allreduce_bytes = work.num_tokens * self._hidden_bytes_per_token
                 per_layer = 2 * (2 * (self._tp - 1) / self._tp * allreduce_bytes / self._link + p.allreduce_latency_s)
                 terms["tp_comm"] = self._num_layers * per_layer
+        terms["cpu_overhead"] = p.cpu_step_s + p.cpu_per_seq_s * work.num_seqs  # every step pays it
         if work.prefill_attention_pairs:
             terms["prefill_attention"] = max(
                 work.prefill_attention_pairs * self._attn_flops_per_pair / (self._flops * p.attention_efficiency),
@@ -123,7 +124,8 @@ class RooflineCostModel(CostModel):
         if work.num_sampled:
             terms["sampling"] = p.sampling_fixed_s + 2 * work.num_sampled * self._vocab * 4 / bw
         if work.num_swap_out_blocks or work.num_swap_in_blocks:
-            terms["swap"] = (work.num_swap_out_blocks + work.num_swap_in_blocks) * block_bytes / self._pcie
+            # PCIe is full duplex: swap-outs and swap-ins of one step move side by side
+            terms["swap"] = max(work.num_swap_out_blocks, work.num_swap_in_blocks) * block_bytes / self._pcie
         return StepCost(terms)
 
     def describe(self) -> dict:
