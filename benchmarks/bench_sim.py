@@ -97,7 +97,13 @@ def run_in_process(case: dict) -> dict:
     queue = ctx.Queue()
     proc = ctx.Process(target=_run_case, args=(case, queue))
     proc.start()
-    result = queue.get()
+    while True:  # a child that dies must not leave us waiting forever
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Exception:
+            if not proc.is_alive():
+                raise RuntimeError(f"benchmark case {case} died with exit code {proc.exitcode}") from None
     proc.join()
     return result
 

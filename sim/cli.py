@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         ids = [f"r{i}" for i in range(len(trace))]
         write_json(out / "summary.json", result.summary)
         write_json(out / "run_info.json", {**info, "sim_wall_s": wall_s, "versions": _versions()})
-        write_tables(out, result, ids)
+        write_tables(out, result, ids, block_bytes=built.deployment.block_bytes_per_gpu(args.block_size))
         write_timeline(out / "timeline.json", result, ids)
     if args.json:
         print(json.dumps(summary, sort_keys=True))

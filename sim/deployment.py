@@ -39,6 +39,11 @@ class Deployment:
                 f"{self.model.name} has {self.model.num_attention_heads} attention heads, "
                 f"not divisible by tensor-parallel degree {self.tp}"
             )
+        kv = self.model.num_kv_heads
+        if (kv >= self.tp and kv % self.tp) or (kv < self.tp and self.tp % kv):
+            # vLLM splits KV heads evenly, or replicates them when there are fewer than GPUs
+            raise ValueError(f"{self.model.name} has {kv} KV heads, which tensor-parallel degree {self.tp} "
+                             f"can neither split evenly nor replicate evenly")
 
     @property
     def kv_heads_per_gpu(self) -> int:

@@ -38,27 +38,33 @@ def write_json(path: Path, obj) -> None:
     atomic_write(path, lambda f: (json.dump(obj, f, indent=2, sort_keys=True), f.write("\n")))
 
 
-def write_tables(out: Path, result, request_ids: list[str]) -> None:
+def write_tables(out: Path, result, request_ids: list[str], *, block_bytes: int = 0) -> None:
+    """``block_bytes``: bytes of one KV block per GPU, to state swap traffic in bytes."""
     m = result.requests
     ttft, tpot, e2e = m.ttft_s(), m.tpot_s(), m.e2e_s()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        normalized = e2e / m.generation_len
 
     def fmt(x) -> str:
         return "" if x is None or (isinstance(x, float) and not np.isfinite(x)) else repr(float(x))
 
     def write_requests(f):
         w = csv.writer(f)
-        w.writerow(REQUEST_COLUMNS + ("reject_reason",))
+        w.writerow(REQUEST_COLUMNS + ("normalized_latency_s_per_token", "reject_reason"))
         for i, rid in enumerate(request_ids):
             w.writerow([rid, fmt(m.arrival_s[i]), int(m.prompt_tokens[i]), int(m.output_tokens[i]),
                         int(m.generation_len[i]), int(m.n[i]), int(m.beam_width[i]), _STATUS[int(m.status[i])],
                         fmt(m.first_scheduled_s[i]), fmt(m.first_token_s[i]), fmt(m.finish_s[i]), fmt(ttft[i]),
-                        fmt(tpot[i]), fmt(e2e[i]), int(m.preemptions[i]), m.reject_reasons.get(i, "")])
+                        fmt(tpot[i]), fmt(e2e[i]), int(m.preemptions[i]), fmt(normalized[i]),
+                        m.reject_reasons.get(i, "")])
 
     def write_steps(f):
         steps = result.steps
         derived = {  # spelled out for readers of the table
             "free_slots": steps.array("total_slots") - steps.array("allocated_slots") - steps.array("cached_slots"),
             "internal_fragmentation_slots": steps.array("allocated_slots") - steps.array("used_slots"),
+            "swap_out_bytes": steps.array("swap_out_blocks") * block_bytes,
+            "swap_in_bytes": steps.array("swap_in_blocks") * block_bytes,
         }
         names = STEP_COLUMNS + tuple(derived)
         w = csv.writer(f)
