@@ -31,7 +31,10 @@ ms; Alpaca: 132.44 / 30 / 58.45 = 76 ms). The roofline prices a decode step of t
 sequences at their mean context (prompt + half the output) lower; the two differences fit an
 engine overhead of a fixed part per step plus a part per running sequence (two points, two
 unknowns: about 5 ms + 0.32 ms per sequence, the cost of a Python engine without CUDA graphs),
-which ``derived_engine_overhead`` computes and the reproduction adds to every step. This fits
+which ``derived_engine_overhead`` computes and the reproduction adds to every step. The
+derivation counts every step as a decode step of the whole running set; at Alpaca's 30 req/s
+vLLM v0 also runs prompt-only steps (they pause the decodes), so it overstates the decode step
+there and the simulated engine ends up slower than the paper's at that load. This fits
 the engine's *speed* to vLLM's two Fig. 13 values, so those two are a consistency check rather
 than a prediction (the running set still comes out of memory and scheduling, not the fit); the
 Orca baselines and Fig. 2, 15 and 18b are predictions. ``--engine-overhead-ms 0,0`` shows the
