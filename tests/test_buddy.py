@@ -86,3 +86,28 @@ def test_buddy_space_tiles_the_capacity_under_any_sequence(capacity, ops):
     for block in held:
         space.free(*block)
     assert space.num_free_slots == capacity and len(space.holes()) == bin(capacity).count("1")
+
+
+def test_a_request_buddy_placement_can_never_hold_is_rejected_not_stalled():
+    from engine.policy import ContiguousScheduler, Request, make_config
+
+    # 7,008 slots = arenas 4,096 + 2,048 + 512 + 256 + 64 + 32: a 6,000-slot Max slab fits the
+    # capacity but no buddy block
+    config = make_config("pagesim", num_gpu_blocks=438, block_size=16, max_model_len=6000)
+    sched = ContiguousScheduler(config, reservation="max", placement="buddy")
+    request = Request("r0", prompt_len=10, max_tokens=5)
+    assert not sched.add_request(request) and "cannot all be placed in 7008" in request.reject_reason
+    # eight oracle slabs of 1,025 slots each take a 2,048-slot block: 16,384 > 15,728
+    config = make_config("pagesim", num_gpu_blocks=983, block_size=16, max_model_len=2048)
+    sched = ContiguousScheduler(config, reservation="oracle", placement="buddy")
+    request = Request("r1", prompt_len=1000, max_tokens=25, n=8)
+    assert not sched.add_request(request) and "16384 slots" in request.reject_reason
+    assert sched.add_request(Request("r2", prompt_len=1000, max_tokens=25, n=7))
+
+
+def test_writes_stop_at_the_requested_reservation_not_the_buddy_block():
+    allocator = ContiguousAllocator(1024, "oracle", max_model_len=1024, placement="buddy")
+    allocator.allocate("a", 100, 29)  # 129 requested, a 256-slot block
+    allocator.append_tokens("a", 29)
+    with pytest.raises(ValueError, match="past its reservation of 129 slots"):
+        allocator.append_tokens("a", 1)

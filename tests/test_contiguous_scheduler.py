@@ -256,7 +256,7 @@ def test_rejections_have_reasons():
     assert not sched.add_request(wide) and "cannot decode within max_num_batched_tokens 2" in wide.reject_reason
     huge = Request("huge", prompt_len=4, max_tokens=1, n=3)
     assert not make("max").add_request(huge)
-    assert "need 96 slots but the capacity is 64" in huge.reject_reason
+    assert "need 96 slots (first-fit placement) and cannot all be placed in 64" in huge.reject_reason
     assert all(r.status is RequestStatus.REJECTED for r in (long, wide, huge))
     assert sched.num_rejected_requests == 2
     out = sched.schedule()
@@ -414,3 +414,23 @@ def test_random_workloads_finish_within_limits(reqs, reservation, capacity, chun
         expected_scheduled += request.prompt_len + sum(s.num_output_tokens - 1 for s in request.seqs)
     assert total_scheduled == expected_scheduled
     assert sorted(finished_ids) == sorted(r.request_id for _, r in all_requests if r.status is RequestStatus.FINISHED)
+
+
+def test_under_the_v0_step_order_prompts_get_steps_of_their_own():
+    from engine.policy import make_config
+
+    cfg = make_config("vllm-v0", block_size=16, num_gpu_blocks=4, max_model_len=32, max_num_batched_tokens=2048)
+    sched = ContiguousScheduler(cfg, reservation="oracle")
+    sched.add_request(Request("r0", prompt_len=4, max_tokens=3))
+    orders = [step(sched)[0].num_scheduled_tokens]  # r0's prompt
+    orders.append(step(sched)[0].num_scheduled_tokens)  # r0 decodes
+    sched.add_request(Request("r1", prompt_len=5, max_tokens=2))
+    orders.append(step(sched)[0].num_scheduled_tokens)  # r1's prompt alone: r0 pauses
+    orders.append(step(sched)[0].num_scheduled_tokens)  # both decode
+    assert [dict(o) for o in orders] == [{"r0": 4}, {"r0": 1}, {"r1": 5}, {"r0": 1, "r1": 1}]
+    # the clean order mixes them: r0 decodes in the step that admits r1
+    sched = make("oracle")
+    sched.add_request(Request("r0", prompt_len=4, max_tokens=3))
+    step(sched), step(sched)
+    sched.add_request(Request("r1", prompt_len=5, max_tokens=2))
+    assert dict(step(sched)[0].num_scheduled_tokens) == {"r0": 1, "r1": 5}

@@ -18,9 +18,12 @@ outside the largest hole, i.e. free memory that a large request still cannot use
 Accounting: ``allocate`` counts the prompt as written (the prefill that the admission triggers
 writes the whole prompt's KV); ``append_tokens`` adds generated tokens, never past the reservation.
 
-Invariants (``check()``): holes are sorted by start, disjoint, non-empty and coalesced (no two
-holes touch); every reservation lies outside every hole; reserved + free == capacity; each request
-has written <= reserved slots. Allocate and free are O(number of holes).
+Invariants (``check()``): holes are sorted by start, disjoint and non-empty, and under first fit
+coalesced (no two touch; buddy blocks merge only with their buddy, see ``buddy.py``); slabs and
+holes tile the address space; reserved + free == capacity; each request has written <=
+requested <= reserved slots. First fit is O(number of holes) per operation. Under buddy
+placement the arena split of a capacity that is not a power of two counts as external
+fragmentation even when the cache is empty (no request larger than the largest arena fits).
 """
 
 from __future__ import annotations
@@ -36,15 +39,18 @@ PLACEMENTS = ("first-fit", "buddy")
 
 @dataclass(slots=True)
 class _Slab:
-    """One request's contiguous reservation [start_slot, start_slot + num_reserved_slots)."""
+    """One request's contiguous reservation [start_slot, start_slot + num_reserved_slots). Under
+    buddy placement the reserved block can exceed what the request asked for (``num_requested_slots``),
+    and tokens are written only up to the latter."""
 
     start_slot: int
     num_reserved_slots: int
     num_written_slots: int
+    num_requested_slots: int
 
 
 class ContiguousAllocator:
-    """First-fit allocator of contiguous token-slot slabs in one linear address space."""
+    """Allocator of contiguous token-slot slabs in one linear address space (first fit or buddy)."""
 
     def __init__(self, capacity_slots: int, reservation: str, max_model_len: int, *,
                  placement: str = "first-fit") -> None:
@@ -112,7 +118,8 @@ class ContiguousAllocator:
         return self._first_fit_index(num_slots) is not None
 
     def allocate(self, request_id: object, prompt_len: int, output_len: int) -> int | None:
-        """Reserve a slab first-fit and return its start slot, or None when no hole is big enough.
+        """Reserve a slab (first fit, or a buddy block) and return its start slot, or None when
+        no hole is big enough.
 
         Raises ValueError for a duplicate request id or a request that could never fit
         (reservation > capacity, or prompt + output > max_model_len).
@@ -125,7 +132,7 @@ class ContiguousAllocator:
             if block is None:
                 return None
             start_slot, block_slots = block
-            self._slabs[request_id] = _Slab(start_slot, block_slots, prompt_len)
+            self._slabs[request_id] = _Slab(start_slot, block_slots, prompt_len, num_slots)
             self._num_reserved_slots += block_slots
             self._num_written_slots += prompt_len
             return start_slot
@@ -140,7 +147,7 @@ class ContiguousAllocator:
         else:  # keep the tail of the hole; it stays in sorted position
             self._hole_starts[hole_index] = start_slot + num_slots
             self._hole_sizes[hole_index] = remaining_slots
-        self._slabs[request_id] = _Slab(start_slot, num_slots, prompt_len)
+        self._slabs[request_id] = _Slab(start_slot, num_slots, prompt_len, num_slots)
         self._num_reserved_slots += num_slots
         self._num_written_slots += prompt_len
         return start_slot
@@ -150,11 +157,11 @@ class ContiguousAllocator:
         slab = self._slab(request_id)
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
-        if slab.num_written_slots + num_tokens > slab.num_reserved_slots:
+        if slab.num_written_slots + num_tokens > slab.num_requested_slots:
             raise ValueError(
                 f"request {request_id!r}: writing {num_tokens} more tokens would make "
                 f"{slab.num_written_slots + num_tokens}, past its reservation of "
-                f"{slab.num_reserved_slots} slots"
+                f"{slab.num_requested_slots} slots"
             )
         slab.num_written_slots += num_tokens
         self._num_written_slots += num_tokens
@@ -189,6 +196,21 @@ class ContiguousAllocator:
             self._hole_sizes.insert(index, num_slots)
 
     # ---- queries ------------------------------------------------------------------------------
+
+    def placed_slots(self, num_slots: int) -> int:
+        """Slots a reservation of ``num_slots`` occupies once placed (buddy: a power of two)."""
+        return num_slots if self._buddy is None else self._buddy.block_slots(num_slots)
+
+    def could_ever_place(self, sizes: list[int]) -> bool:
+        """Whether reservations of these sizes fit together in an empty address space."""
+        if self._buddy is None:
+            return sum(sizes) <= self.capacity_slots
+        trial = BuddySpace(self.capacity_slots)
+        return all(trial.allocate(size) is not None for size in sorted(sizes, reverse=True))
+
+    def reserved_slots(self, request_id: object) -> int:
+        """Slots the request's slab occupies (its block, under buddy placement)."""
+        return self._slab(request_id).num_reserved_slots
 
     def start_slot(self, request_id: object) -> int:
         """First slot of the request's slab."""

@@ -13,6 +13,10 @@ the simulator drives either one unchanged. Each step (iteration-level scheduling
    allows and budget remains (a first chunk with chunked prefill, else the whole prompt). The
    first request that does not fit stops admission (head-of-line blocking).
 
+Under the ``vllm-v0`` step order without chunked prefill the two passes swap and exclude each
+other, as in that order: admissions first, and the running requests decode only in a step that
+admitted no prompt (prompt-only steps), so a baseline compared with vLLM v0 batches as it does.
+
 Differences from the paged scheduler:
 
 - memory is reserved per *sequence*, for its whole life, at admission: ``num_samples`` slabs
@@ -122,10 +126,11 @@ class ContiguousScheduler:
             return f"{samples} samples exceed max_num_seqs {cfg.max_num_seqs}"
         if not cfg.enable_chunked_prefill and prompt > budget:  # (config validation makes it moot)
             return f"prompt of {prompt} tokens exceeds max_num_batched_tokens {budget} without chunked prefill"
-        need = sum(self.slab_sizes(request))
-        if need > capacity:
-            mode = self.allocator.reservation
-            return f"its {samples} {mode!r} reservation(s) need {need} slots but the capacity is {capacity}"
+        sizes = self.slab_sizes(request)
+        if not self.allocator.could_ever_place(sizes):
+            mode, placed = self.allocator.reservation, sum(self.allocator.placed_slots(n) for n in sizes)
+            return (f"its {samples} {mode!r} reservation(s) need {placed} slots ({self.allocator.placement} placement) "
+                    f"and cannot all be placed in {capacity}")
         return None
 
     def abort_request(self, request_id: str) -> None:
@@ -155,29 +160,14 @@ class ContiguousScheduler:
         new: dict[str, int] = {}
         slabs: dict[str, list[list[int]]] = {}
 
-        for request in self.running:
-            plan = self._running_plan(request, budget)
-            if plan:
-                budget -= self._run(request, plan, scheduled, tokens)
-
-        while self.waiting and budget > 0 and self._batch_has_room(self.waiting[0]):
-            request = self.waiting[0]
-            prompt = request.prompt_len
-            chunk = min(prompt, budget) if cfg.enable_chunked_prefill else prompt
-            if chunk > budget:
-                break
-            placed = self._allocate(request)
-            if placed is None:
-                break  # head-of-line blocking: FCFS admits no one past the head
-            self.waiting.popleft()
-            self.running.append(request)
-            self._num_admissions += 1
-            request.admitted_seq_no = self._num_admissions
-            request.status = RequestStatus.RUNNING
-            new[request.request_id] = 0
-            slabs[request.request_id] = placed
-            self.num_prompt_tokens_admitted += prompt
-            budget -= self._run(request, [(request.seqs[0], chunk)], scheduled, tokens)
+        # vLLM v0 without chunked prefill runs prompt-only steps: a baseline compared with it
+        # batches the same way (prompts first; decodes only in a step that admitted none).
+        prompt_steps = cfg.step_order == "vllm-v0" and not cfg.enable_chunked_prefill
+        if not prompt_steps:
+            budget = self._schedule_running(budget, scheduled, tokens)
+        budget = self._admit_waiting(budget, scheduled, tokens, new, slabs)
+        if prompt_steps and not new:
+            budget = self._schedule_running(budget, scheduled, tokens)
 
         output = SchedulerOutput(
             step=step,
@@ -197,6 +187,37 @@ class ContiguousScheduler:
             self._last_record = record
             self.decision_log.append(record)
         return output
+
+    def _schedule_running(self, budget: int, scheduled: list, tokens: dict) -> int:
+        """The running requests in admission order, each if it fits what is left of the budget."""
+        for request in self.running:
+            plan = self._running_plan(request, budget)
+            if plan:
+                budget -= self._run(request, plan, scheduled, tokens)
+        return budget
+
+    def _admit_waiting(self, budget: int, scheduled: list, tokens: dict, new: dict, slabs: dict) -> int:
+        """Admit from the head of ``waiting`` while its slabs, the batch limit and the budget allow."""
+        cfg = self.config
+        while self.waiting and budget > 0 and self._batch_has_room(self.waiting[0]):
+            request = self.waiting[0]
+            prompt = request.prompt_len
+            chunk = min(prompt, budget) if cfg.enable_chunked_prefill else prompt
+            if chunk > budget:
+                break
+            placed = self._allocate(request)
+            if placed is None:
+                break  # head-of-line blocking: FCFS admits no one past the head
+            self.waiting.popleft()
+            self.running.append(request)
+            self._num_admissions += 1
+            request.admitted_seq_no = self._num_admissions
+            request.status = RequestStatus.RUNNING
+            new[request.request_id] = 0
+            slabs[request.request_id] = placed
+            self.num_prompt_tokens_admitted += prompt
+            budget -= self._run(request, [(request.seqs[0], chunk)], scheduled, tokens)
+        return budget
 
     def _running_plan(self, request: Request, budget: int) -> list[tuple[Sequence, int]]:
         """This step's (sequence, tokens) for a running request; empty if it does not fit."""
@@ -242,13 +263,13 @@ class ContiguousScheduler:
         """Place all of the request's slabs, or none of them."""
         rid = request.request_id
         placed: list[list[int]] = []
-        for k, size in enumerate(self.slab_sizes(request)):
+        for k, _ in enumerate(self.slab_sizes(request)):
             start = self.allocator.allocate((rid, k), request.prompt_len, self.output_len(request, k))
             if start is None:
                 for j in reversed(range(k)):  # freeing restores the exact holes
                     self.allocator.free((rid, j))
                 return None
-            placed.append([start, size])
+            placed.append([start, self.allocator.reserved_slots((rid, k))])
         return placed
 
     def _held_keys(self, request: Request) -> list[tuple[str, int]]:
