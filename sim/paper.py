@@ -194,6 +194,9 @@ def format_results(results: dict) -> str:
 
     lines = [f"PagedAttention paper reproduction: OPT-13B, A100 40 GB, 12 GiB KV cache, "
              f"{results['setup']['num_requests']} requests per run, seed {results['setup']['seed']}"]
+    if results["setup"]["num_requests"] < 1000:
+        lines.append("(fewer than 1,000 requests per run: the averages still carry the ramp-up from an empty "
+                     "system and understate loaded figures; compare a run of 2,000)")
     how = ("derived from the paper's vLLM at ShareGPT 2 req/s by Little's law" if results["setup"]["engine_overhead_derived"]
            else "given")
     lines.append(f"Step times: roofline + {results['setup']['engine_overhead_s'] * 1e3:.2f} ms of engine overhead "
