@@ -50,6 +50,7 @@ from engine.policy.contiguous import ContiguousAllocator
 from engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import BeamChoices, SampledTokens, sampled_token
+from engine.policy.scheduler import retire_finished
 from engine.policy.usage import KvUsage
 
 
@@ -309,14 +310,7 @@ class ContiguousScheduler:
             if not request.live_seqs:
                 request.status = RequestStatus.FINISHED
                 finished.append(request)
-        if finished:
-            done = {id(r) for r in finished}
-            self.running = [r for r in self.running if id(r) not in done]
-            for request in finished:
-                del self.requests[request.request_id]
-            self.num_finished_requests += len(finished)
-        if self._last_record is not None and self._last_record["step"] == output.step:
-            self._last_record["finished"] = sorted(r.request_id for r in finished)
+        retire_finished(self, output, finished)
         return finished
 
     def _append(self, seq: Sequence, token: int | None) -> None:

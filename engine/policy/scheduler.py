@@ -276,14 +276,7 @@ class Scheduler:
         """Apply one executed step (see ``OutputProcessor``). Returns the requests that finished,
         in scheduling order; their blocks are released."""
         finished = self.output_processor.process(output, self.requests, sampled, beam_choices)
-        if finished:
-            done = {id(r) for r in finished}
-            self.running = [r for r in self.running if id(r) not in done]
-            for request in finished:
-                del self.requests[request.request_id]
-            self.num_finished_requests += len(finished)
-        if self._last_record is not None and self._last_record["step"] == output.step:
-            self._last_record["finished"] = sorted(r.request_id for r in finished)
+        retire_finished(self, output, finished)
         return finished
 
     # --------------------------------------------------------------- usage
@@ -335,3 +328,15 @@ class Scheduler:
         assert len(self.running) + len(self.waiting) + len(self.swapped) == len(self.requests)
 
 
+def retire_finished(scheduler, output: SchedulerOutput, finished: list[Request]) -> None:
+    """What any scheduler does with the requests a step finished: off ``running`` and out of the
+    unfinished map, counted, and listed in the step's decision record."""
+    if finished:
+        done = {id(r) for r in finished}
+        scheduler.running = [r for r in scheduler.running if id(r) not in done]
+        for request in finished:
+            del scheduler.requests[request.request_id]
+        scheduler.num_finished_requests += len(finished)
+    record = scheduler._last_record
+    if record is not None and record["step"] == output.step:
+        record["finished"] = sorted(r.request_id for r in finished)
