@@ -29,6 +29,7 @@ Summary definitions (all times in seconds):
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 
 import numpy as np
 
@@ -149,6 +150,7 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo_ttft_s: float
         "requests_total": len(requests.status),
         "requests_completed": completed,
         "requests_rejected": int((requests.status == REJECTED).sum()),
+        "rejection_reasons": dict(Counter(requests.reject_reasons.values()).most_common(3)),
         "duration_s": _r(duration),
         "throughput_rps": per_s(completed),
         "throughput_tokens_s": per_s(tokens),

@@ -125,6 +125,7 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
         "",
         f"requests   {s['requests_completed']} completed, {s['requests_rejected']} rejected, over "
         f"{num(s['duration_s'], '.1f')} s simulated",
+        *(f"           rejected x{count}: {reason}" for reason, count in s["rejection_reasons"].items()),
         f"throughput {num(s['throughput_rps'])} req/s, {num(s['throughput_tokens_s'])} tokens/s; goodput "
         f"{num(s['goodput_rps'])} req/s (TTFT <= {s['slo']['ttft_s']} s and TPOT <= {s['slo']['tpot_s']} s: "
         f"{pct(s['slo']['attained'])} of requests)",
