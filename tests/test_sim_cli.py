@@ -275,3 +275,11 @@ def test_azure_conversation_trace(capsys):
     check_summary(summary, 200)
     assert summary["requests_total"] == 200
     assert summary["requests_completed"] > 0
+
+
+def test_rejections_are_explained_in_the_summary(capsys):
+    summary = simulate_json(capsys, "--workload", "kwon2023-alpaca-beam", "--rate", "4", "--num-requests", "6",
+                            "--policy", "vllm-v0", "--no-progress")
+    assert summary["requests_rejected"] == 6 and summary["requests_completed"] == 0
+    assert summary["rejection_reasons"] == {
+        "beam search is not modelled under the vllm-v0 step order (use n for parallel samples)": 6}
