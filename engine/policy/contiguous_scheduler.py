@@ -49,7 +49,7 @@ from engine.policy.config import SchedulerConfig
 from engine.policy.contiguous import ContiguousAllocator
 from engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.request import Request, RequestStatus, Sequence
-from engine.policy.sampling import BeamChoices, SampledTokens, sampled_token
+from engine.policy.sampling import BeamChoices, SampledTokens, finish_reason, sampled_token
 from engine.policy.scheduler import retire_finished
 from engine.policy.usage import KvUsage
 
@@ -264,7 +264,7 @@ class ContiguousScheduler:
         """Place all of the request's slabs, or none of them."""
         rid = request.request_id
         placed: list[list[int]] = []
-        for k, _ in enumerate(self.slab_sizes(request)):
+        for k in range(request.num_samples):
             start = self.allocator.allocate((rid, k), request.prompt_len, self.output_len(request, k))
             if start is None:
                 for j in reversed(range(k)):  # freeing restores the exact holes
@@ -318,14 +318,10 @@ class ContiguousScheduler:
         key = (request.request_id, seq.index)
         seq.output_token_ids.append(token)
         self.allocator.append_tokens(key, 1)
-        if seq.num_output_tokens >= request.max_tokens_of(seq):
-            reason = "length"
-        elif seq.num_tokens >= self.config.max_model_len:
-            reason = "max_model_len"
-        else:
-            return
-        self.allocator.free(key)
-        request.retire_seq(seq, reason)
+        reason = finish_reason(seq, self.config.max_model_len)
+        if reason is not None:
+            self.allocator.free(key)
+            request.retire_seq(seq, reason)
 
     # --------------------------------------------------------------- usage
     def kv_usage(self) -> KvUsage:

@@ -74,11 +74,9 @@ class OutputProcessor:
 
     def _append(self, seq: Sequence, token: Token) -> None:
         seq.output_token_ids.append(token)
-        request = seq.request
-        if seq.num_output_tokens >= request.max_tokens_of(seq):
-            self._finish(seq, "length")
-        elif seq.num_tokens >= self.max_model_len:
-            self._finish(seq, "max_model_len")
+        reason = finish_reason(seq, self.max_model_len)
+        if reason is not None:
+            self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.kv.free(seq)
@@ -94,20 +92,12 @@ class OutputProcessor:
             request.add_seq(child)
             self._append(child, sampled_token(sampled, parent, k))
             children.append(child)
-        if request.sample_max_tokens is not None:
-            # Samples of their own lengths: the children share the parent's blocks before the
-            # parent appends, since the parent may stop here while they go on.
-            for child in children:
-                if not child.finished:
-                    self.kv.fork(parent, child)
-            self._append(parent, sampled_token(sampled, parent, 0))
-            return
-        self._append(parent, sampled_token(sampled, parent, 0))
-        # NOTE: a parent that finished here finished at max_tokens, and so did every child (same
-        # length), so no finished parent's freed table is ever shared.
+        # NOTE: the children share the parent's blocks before the parent appends: with samples of
+        # their own lengths (``sample_max_tokens``) the parent may stop here while they go on.
         for child in children:
             if not child.finished:
                 self.kv.fork(parent, child)
+        self._append(parent, sampled_token(sampled, parent, 0))
 
     def _apply_beam(
         self,
@@ -154,6 +144,16 @@ class OutputProcessor:
             self._append(child, token)
         for index, token in first_choice.items():
             self._append(alive[index], token)
+
+
+def finish_reason(seq: Sequence, max_model_len: int) -> str | None:
+    """Why ``seq`` stops after its latest token: ``"length"`` at its output length (EOS ignored),
+    ``"max_model_len"`` at the model's limit (vLLM v1's rule), else ``None``."""
+    if seq.num_output_tokens >= seq.request.max_tokens_of(seq):
+        return "length"
+    if seq.num_tokens >= max_model_len:
+        return "max_model_len"
+    return None
 
 
 def sampled_token(sampled: SampledTokens, seq: Sequence, sample_index: int) -> Token:
