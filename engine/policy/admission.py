@@ -49,9 +49,9 @@ def peak_blocks(request: Request, block_size: int, max_model_len: int) -> int:
     return shared + samples * (per_seq - shared)
 
 
-def rejection_reason(request: Request, config: SchedulerConfig, num_usable_blocks: int) -> str | None:
-    """Why the request can never be served, or ``None`` if it can."""
-    bs = config.block_size
+def limits_reason(request: Request, config: SchedulerConfig) -> str | None:
+    """Why the request breaks a limit any scheduler has (model length, token budget, batch size),
+    whatever its memory is, or ``None``."""
     if request.prompt_len >= config.max_model_len:
         return (
             f"prompt of {request.prompt_len} tokens leaves no room for output within "
@@ -62,6 +62,16 @@ def rejection_reason(request: Request, config: SchedulerConfig, num_usable_block
         return f"{samples} samples cannot decode within max_num_batched_tokens {config.max_num_batched_tokens}"
     if config.seq_limit_counts == "sequences" and samples > config.max_num_seqs:
         return f"{samples} samples exceed max_num_seqs {config.max_num_seqs}"
+    return None
+
+
+def rejection_reason(request: Request, config: SchedulerConfig, num_usable_blocks: int) -> str | None:
+    """Why the request can never be served, or ``None`` if it can."""
+    reason = limits_reason(request, config)
+    if reason is not None:
+        return reason
+    bs = config.block_size
+    samples = request.num_samples
     room = admission_room(config, num_usable_blocks)
     prompt_blocks = cdiv(request.prompt_len, bs)
     if prompt_blocks > room:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from engine.policy.admission import limits_reason
 from engine.policy.config import SchedulerConfig
 from engine.policy.contiguous import ContiguousAllocator
 from engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput, frozen_map
@@ -117,14 +118,11 @@ class ContiguousScheduler:
 
     def rejection_reason(self, request: Request) -> str | None:
         """Why the request can never run here, or ``None`` if it will be admitted eventually."""
+        reason = limits_reason(request, self.config)
+        if reason is not None:
+            return reason
         cfg, prompt, samples = self.config, request.prompt_len, request.num_samples
         budget, capacity = cfg.max_num_batched_tokens, self.allocator.capacity_slots
-        if prompt >= cfg.max_model_len:
-            return f"prompt of {prompt} tokens leaves no room for output within max_model_len {cfg.max_model_len}"
-        if samples > budget:
-            return f"{samples} samples cannot decode within max_num_batched_tokens {budget}"
-        if cfg.seq_limit_counts == "sequences" and samples > cfg.max_num_seqs:
-            return f"{samples} samples exceed max_num_seqs {cfg.max_num_seqs}"
         if not cfg.enable_chunked_prefill and prompt > budget:  # (config validation makes it moot)
             return f"prompt of {prompt} tokens exceeds max_num_batched_tokens {budget} without chunked prefill"
         sizes = self.slab_sizes(request)
