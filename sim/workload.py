@@ -20,6 +20,7 @@ Requests are built lazily, one at arrival, so a trace of millions of rows costs 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -49,12 +50,7 @@ class RequestFactory:
         if n > 1 and self.sample_lengths == "drawn":
             drawn = self._output_len[self._rng.integers(0, len(self._output_len), size=n - 1)]
             lens = (request.max_tokens, *(int(x) for x in drawn))
-            request = Request(
-                request_id=request.request_id, prompt_len=request.prompt_len, max_tokens=max(lens),
-                arrival_time_s=request.arrival_time_s, prefix_block_ids=request.prefix_block_ids,
-                prefix_block_tokens=request.prefix_block_tokens, n=n, priority=request.priority,
-                sample_max_tokens=lens,
-            )
+            request = replace(request, max_tokens=max(lens), sample_max_tokens=lens)
         return request
 
 
