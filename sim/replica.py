@@ -158,9 +158,7 @@ class Replica:
         if swap_s <= 0:
             yield env.timeout(cost.total_s)
         elif not self.overlap_swaps:  # vLLM v0: the step waits for its swaps, then computes
-            with self.link.request() as req:
-                yield req
-                yield env.timeout(swap_s)
+            yield from self._transfer(swap_s)
             yield env.timeout(cost.compute_s)
         else:  # swaps beside the compute: the step ends when both have
             transfer = env.process(self._transfer(swap_s))
