@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from sim.cost.base import StepWork
 from sim.cost.roofline import RooflineCostModel, RooflineParams
@@ -114,7 +115,7 @@ class PaperSetup:
                        block_size=block_size, kv_cache_gb=12.0, max_model_len=2048, overrides=overrides,
                        cost_params=cost)
 
-    @property
+    @cached_property  # derived once per setup, not once per run
     def overhead_s(self) -> float:
         if self.engine_overhead_s is None:
             return derived_engine_overhead(build(replace(self, engine_overhead_s=0.0).spec("paged")).cost_model)
