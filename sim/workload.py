@@ -41,9 +41,6 @@ class RequestFactory:
         self._n = trace.n
         self._output_len = trace.output_len
 
-    def __len__(self) -> int:
-        return len(self.trace)
-
     def make(self, i: int) -> Request:
         request = self.trace.request(i)
         n = int(self._n[i])
