@@ -11,7 +11,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 from hypothesis import HealthCheck, settings
+
+# Triton kernels run on CPU tensors only in Triton's interpreter, which is chosen when a kernel is
+# defined: set it before any test imports kernels.triton_* (a CUDA machine runs them compiled).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
     "default",
