@@ -43,6 +43,46 @@ PROGRAMS_PER_SM = 4
 
 
 @triton.jit
+def _attend_tile(
+    q,  # [ROWS, HEAD_DIM_PAD] query rows (float32 when DOT_F32)
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]; v_cache has the same strides
+    v_cache_ptr,
+    table_row,  # this sequence's block-table row
+    tokens,  # [BLOCK_N] token positions of the tile
+    token_mask,  # [BLOCK_N] positions that exist: only these are loaded
+    visible,  # [ROWS, BLOCK_N] (row, token) pairs whose scores count
+    kv_head, d, d_mask, stride_b, stride_t, stride_h, scale_log2,
+    m_i,  # [ROWS] running max (base 2)
+    l_i,  # [ROWS] running sum
+    acc,  # [ROWS, HEAD_DIM_PAD] unnormalised output
+    BLOCK_SIZE: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """One tile of online softmax: load K/V through the block table, fold the tile into (m, l, acc)."""
+    block_ids = tl.load(table_row + tokens // BLOCK_SIZE, mask=token_mask, other=0).to(tl.int64)
+    offsets = block_ids[:, None] * stride_b + (tokens % BLOCK_SIZE)[:, None] * stride_t + kv_head * stride_h + d[None, :]
+    kv_mask = token_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0)
+    if DOT_F32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(visible, s * scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT_F32:
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,  # [num_seqs, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -56,8 +96,7 @@ def _decode_kernel(
     tokens_per_split,  # multiple of BLOCK_N
     num_splits,  # a run-time value, so a new split count compiles nothing
     stride_qs, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_vb, stride_vt, stride_vh,
+    stride_kb, stride_kt, stride_kh,  # value_cache has the same strides (same shape, contiguous)
     stride_bs,
     stride_os, stride_oh,
     BLOCK_SIZE: tl.constexpr,
@@ -99,38 +138,11 @@ def _decode_kernel(
     for tile in range(start, end, BLOCK_N):
         tokens = tile + tl.arange(0, BLOCK_N)
         token_mask = tokens < end
-        block_ids = tl.load(table_row + tokens // BLOCK_SIZE, mask=token_mask, other=0).to(tl.int64)
-        offsets = tokens % BLOCK_SIZE
-        kv_mask = token_mask[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_cache_ptr + block_ids[:, None] * stride_kb + offsets[:, None] * stride_kt
-            + kv_head * stride_kh + d[None, :],
-            mask=kv_mask,
-            other=0.0,
+        m_i, l_i, acc = _attend_tile(
+            q, k_cache_ptr, v_cache_ptr, table_row, tokens, token_mask, token_mask[None, :],
+            kv_head, d, d_mask, stride_kb, stride_kt, stride_kh, scale_log2, m_i, l_i, acc,
+            BLOCK_SIZE, DOT_F32,
         )
-        v = tl.load(
-            v_cache_ptr + block_ids[:, None] * stride_vb + offsets[:, None] * stride_vt
-            + kv_head * stride_vh + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(token_mask[None, :], s * scale_log2, float("-inf"))  # [GROUP_PAD, BLOCK_N]
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if not SPLIT:
@@ -182,8 +194,7 @@ def _prefill_kernel(
     out_ptr,  # [num_tokens, num_heads, head_dim]
     scale_log2,
     stride_qt, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_vb, stride_vt, stride_vh,
+    stride_kb, stride_kt, stride_kh,  # value_cache has the same strides (same shape, contiguous)
     stride_bs,
     stride_ot, stride_oh,
     BLOCK_SIZE: tl.constexpr,
@@ -229,40 +240,13 @@ def _prefill_kernel(
     for tile in range(0, kv_end, BLOCK_N):
         tokens = tile + tl.arange(0, BLOCK_N)
         token_mask = tokens < kv_end
-        block_ids = tl.load(table_row + tokens // BLOCK_SIZE, mask=token_mask, other=0).to(tl.int64)
-        offsets = tokens % BLOCK_SIZE
-        kv_mask = token_mask[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_cache_ptr + block_ids[:, None] * stride_kb + offsets[:, None] * stride_kt
-            + kv_head * stride_kh + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        v = tl.load(
-            v_cache_ptr + block_ids[:, None] * stride_vb + offsets[:, None] * stride_vt
-            + kv_head * stride_vh + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
         visible = token_mask[None, :] & (tokens[None, :] <= positions[:, None])
-        s = tl.where(visible, s * scale_log2, float("-inf"))
-
-        # Every row sees token 0 in the first tile, so m_new is finite from then on.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        # Every row sees token 0 in the first tile, so its running max is finite from then on.
+        m_i, l_i, acc = _attend_tile(
+            q, k_cache_ptr, v_cache_ptr, table_row, tokens, token_mask, visible,
+            kv_head, d, d_mask, stride_kb, stride_kt, stride_kh, scale_log2, m_i, l_i, acc,
+            BLOCK_SIZE, DOT_F32,
+        )
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
@@ -337,7 +321,6 @@ def decode_attention(
         scale * LOG2E, tokens_per_split, num_splits,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
@@ -374,7 +357,6 @@ def prefill_attention(
         scale * LOG2E,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
