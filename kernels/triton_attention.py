@@ -261,6 +261,25 @@ def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+def decode_tile(head_dim_pad: int, dtype: torch.dtype) -> int:
+    """Tokens per decode tile: 64, halved for wide heads and again for float32 (registers; see below)."""
+    tile = 64 if head_dim_pad <= 128 else 32
+    return tile // 2 if dtype == torch.float32 and head_dim_pad > 128 else tile
+
+
+def prefill_tile(head_dim_pad: int, dtype: torch.dtype) -> int:
+    """Query and key tile of prefill: 64 x 64 for 16-bit operands up to head dim 128, halved for
+    wider heads, halved again for float32.
+
+    Chosen from ``python -m kernels.offline_compile`` on sm_90: float32 operands at 64 x 64 (and
+    at 32 x 32 for head dim 256, or float32 decode of head dim 256 at 32 tokens) spill registers;
+    these sizes do not.
+    """
+    if dtype == torch.float32:
+        return 32 if head_dim_pad <= 128 else 16
+    return 64 if head_dim_pad <= 128 else 32
+
+
 def interpreting() -> bool:
     """Whether these kernels were built for Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
     return type(_decode_kernel).__name__ == "InterpretedFunction"
@@ -308,7 +327,7 @@ def decode_attention(
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, query.device)
     head_dim_pad = _pad(head_dim)
-    block_n = 64 if head_dim_pad <= 128 else 32
+    block_n = decode_tile(head_dim_pad, query.dtype)
     tokens_per_split = triton.cdiv(triton.cdiv(max_context_len, num_splits), block_n) * block_n
     group = num_heads // num_kv_heads
     if num_splits > 1:
@@ -350,7 +369,7 @@ def prefill_attention(
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     head_dim_pad = _pad(head_dim)
-    block_m = block_n = 64 if head_dim_pad <= 128 else 32
+    block_m = block_n = prefill_tile(head_dim_pad, query.dtype)
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
     _prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,

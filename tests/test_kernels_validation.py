@@ -54,6 +54,7 @@ DECODE_CASES = {
     "block id past cache": (dict(block_tables=torch.tensor([[0, 1], [2, 10]], dtype=torch.int32)), "block id 10 within a sequence's length; the cache has 10 blocks"),
     "negative block id": (dict(block_tables=torch.tensor([[0, -1], [2, 3]], dtype=torch.int32)), "block id -1"),
     "table rows": (dict(block_tables=torch.tensor([[0, 1]], dtype=torch.int32)), r"block_tables.shape\[0\] must equal the number of sequences \(2\)"),
+    "cache on another device": (dict(key_cache=torch.empty(10, 16, 2, 64, device="meta"), value_cache=torch.empty(10, 16, 2, 64, device="meta")), "key_cache is on meta but query is on cpu; all must be on one device"),
     "nan scale": (dict(scale=float("nan")), "scale must be a finite positive number"),
     "negative scale": (dict(scale=-1.0), "scale must be a finite positive number"),
 }
