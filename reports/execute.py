@@ -1,0 +1,126 @@
+"""Running a study: its missing runs on an executor, each result stored the moment it arrives.
+
+Executors yield records in completion order; the driver appends each to ``results.jsonl`` at once
+(``ResultsStore``), so an interrupted study resumes where it stopped, and a run that failed is a
+record with its error (the study goes on; a rerun does not retry it).
+
+- ``local``: a process pool of ``workers`` processes (default: the CPUs), or in-process for one.
+- ``ray``: one Ray task per run; ``ray.init(address=...)`` joins a cluster (``auto``, or
+  ``ray://host:10001``), and with no address starts a local instance of ``workers`` CPUs. Each
+  node needs pagesim installed in the same version; the same configs give the same records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reports.runner import run_one
+from reports.spec import RunConfig, StudySpec, run_id
+from reports.store import ResultsStore
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass
+class StudyOutcome:
+    out_dir: Path
+    total: int
+    reused: int  # found in results.jsonl from an earlier invocation
+    ran: int
+    failed: int  # of all runs, this invocation's and earlier ones
+
+
+def run_local(configs: list[RunConfig], workers: int, address: str | None = None) -> Iterator[dict[str, Any]]:
+    if address is not None:
+        raise ValueError("--address is for the ray executor")
+    if workers == 1 or len(configs) <= 1:
+        for config in configs:
+            yield run_one(config)
+        return
+    pool = ProcessPoolExecutor(max_workers=workers)
+    try:
+        futures = [pool.submit(run_one, c) for c in configs]
+        for future in as_completed(futures):
+            yield future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run_ray(configs: list[RunConfig], workers: int, address: str | None = None) -> Iterator[dict[str, Any]]:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("the ray executor needs Ray: pip install 'ray>=2.9' (or pagesim[ray])") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        kwargs = {"num_cpus": workers} if address is None else {}
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, **kwargs)
+    try:
+        remote = ray.remote(num_cpus=1)(run_one)
+        pending = [remote.remote(c) for c in configs]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(ready[0])
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+RUNNERS = {"local": run_local, "ray": run_ray}
+
+
+def run_study(spec: StudySpec, out_dir: str | Path, *, executor: str = "local", workers: int | None = None,
+              address: str | None = None, progress: bool = True) -> StudyOutcome:
+    if executor not in RUNNERS:
+        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = spec.runs()
+    _write_study(out, spec, runs)
+    store = ResultsStore(out / "results.jsonl")
+    done = store.load()
+    todo = [c for c in runs if run_id(c) not in done]
+    bar = _bar(len(runs), len(runs) - len(todo), spec.name, progress)
+    ran = 0
+    try:
+        for record in RUNNERS[executor](todo, workers, address):
+            store.append(record)
+            ran += 1
+            if bar is not None:
+                bar.update(1)
+            if record["status"] != "ok":
+                print(f"run {record['id']} failed: {record['error']}", file=sys.stderr)
+    finally:
+        if bar is not None:
+            bar.close()
+    records = store.load()
+    failed = sum(1 for r in records.values() if r["status"] != "ok")
+    return StudyOutcome(out, len(runs), len(runs) - len(todo), ran, failed)
+
+
+def _write_study(out: Path, spec: StudySpec, runs: list[RunConfig]) -> None:
+    """``study.json``: the spec as run and its run ids, for the report (rewritten on each invocation)."""
+    doc = {"name": spec.name, "description": spec.description, "paper": spec.paper, "source": spec.source,
+           "base": spec.base, "grids": spec.grids, "axes": spec.axes(), "run_ids": [run_id(c) for c in runs]}
+    tmp = out / "study.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    tmp.replace(out / "study.json")
+
+
+def _bar(total: int, initial: int, name: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="run", desc=f"study {name}", file=sys.stderr,
+                disable=not sys.stderr.isatty() and "PAGESIM_PROGRESS" not in os.environ)

@@ -1,0 +1,231 @@
+"""A study: one workload and deployment, and the grid of settings to simulate it under.
+
+A study spec is a TOML document::
+
+    name = "my-study"
+    [source]                  # --workload or --trace, as in `pagesim simulate`
+    workload = "shared-system-prompt"
+    rate = 6.0
+    num_requests = 400
+    [base]                    # settings every run starts from
+    model = "llama3-8b"
+    gpu = "a100-40gb"
+    kv_cache_gb = 2.0
+    [[grid]]                  # a cartesian product over these axes ...
+    block_size = [8, 16, 32]
+    preemption = ["recompute", "swap"]
+    [[grid]]                  # ... and another, for another page of the report
+    allocator = ["max", "pow2", "oracle"]
+
+Each ``[[grid]]`` table is a cartesian product of its axes over the ``[base]`` settings; the study
+is the union of its grids, with runs that coincide counted once. A run is a flat ``RunConfig``
+dict (source + settings); its id is a hash of that dict, so the same run keeps its id across
+invocations (which is what lets a study resume). ``overrides`` (``KEY=VALUE`` with a dotted key into
+the document, the value in TOML syntax or a bare string) change the document before validation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int, "arrival": str, "format": str,
+               "seed": int}
+# Settings a run has (base or grid axis) and their defaults; None = the preset's / the deployment's.
+SETTINGS: dict[str, Any] = {
+    "model": "llama3-8b", "gpu": "a100-40gb", "tp": 1, "policy": "pagesim", "allocator": "paged",
+    "block_size": 16, "eviction": None, "preemption": None, "victim": None, "kv_cache_gb": None,
+    "num_gpu_blocks": None, "swap_space_gb": 4.0, "rate_scale": 1.0, "seed": 0, "replicas": 1,
+    "router": "round-robin", "max_num_seqs": None, "prefix_caching": None,
+}
+SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
+                 "eviction": str, "preemption": str, "victim": str, "kv_cache_gb": float, "num_gpu_blocks": int,
+                 "swap_space_gb": float, "rate_scale": float, "seed": int, "replicas": int, "router": str,
+                 "max_num_seqs": int, "prefix_caching": bool}
+TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper"}
+
+
+class SpecError(ValueError):
+    """A study spec that cannot run; the message names the key."""
+
+
+RunConfig = dict[str, Any]
+
+
+def run_id(config: RunConfig) -> str:
+    """Stable id of a run: the first 16 hex digits of SHA-256 over its canonical JSON."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class StudySpec:
+    name: str
+    source: dict[str, Any]
+    base: dict[str, Any]
+    grids: list[dict[str, list]]
+    description: str = ""
+    paper: str | None = None  # a paper whose figures the report prints beside ours ("kwon2023")
+    document: dict = field(default_factory=dict)  # the validated document, for the report's cover
+
+    def axes(self) -> dict[str, list]:
+        """Every axis any grid varies, with the values it takes (in first-seen order)."""
+        out: dict[str, list] = {}
+        for grid in self.grids:
+            for key, values in grid.items():
+                seen = out.setdefault(key, [])
+                seen.extend(v for v in values if v not in seen)
+        return out
+
+    def runs(self) -> list[RunConfig]:
+        configs: dict[str, RunConfig] = {}
+        for grid in self.grids or [{}]:
+            keys = list(grid)
+            for values in itertools.product(*(grid[k] for k in keys)):
+                config = {"source": self.source, **self.base, **dict(zip(keys, values))}
+                configs.setdefault(run_id(config), config)
+        return list(configs.values())
+
+
+def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> StudySpec:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read study spec {path}: {exc.strerror or exc}") from None
+    return parse_spec(text, overrides, origin=str(path))
+
+
+def parse_spec(text: str, overrides: Iterable[str] = (), *, origin: str = "spec") -> StudySpec:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{origin}: not valid TOML: {exc}") from None
+    for item in overrides:
+        apply_override(doc, item)
+    return validate(doc, origin)
+
+
+def apply_override(doc: dict, item: str) -> None:
+    """``a.b=VALUE``: set a key of the document; VALUE is TOML (``[8, 16]``, ``2.5``) or a bare string."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise SpecError(f"--set expects KEY=VALUE (e.g. source.num_requests=200), got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    parts = key.strip().split(".")
+    node: Any = doc
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise SpecError(f"--set {key}: {'.'.join(parts[:i])} has no entry {part}")
+            node = node[int(part)]
+        else:
+            node = node.setdefault(part, {})
+        if not isinstance(node, (dict, list)):
+            raise SpecError(f"--set {key}: {'.'.join(parts[: i + 1])} is not a table")
+    if isinstance(node, list):
+        raise SpecError(f"--set {key}: name a key inside a grid entry (e.g. grid.0.block_size)")
+    node[parts[-1]] = value
+
+
+def validate(doc: dict, origin: str = "spec") -> StudySpec:
+    unknown = set(doc) - TOP_KEYS
+    if unknown:
+        raise SpecError(f"{origin}: unknown top-level key(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(TOP_KEYS))})")
+    name = doc.get("name", "study")
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"{origin}: name must be a non-empty string")
+    if "profile" in doc:
+        raise SpecError(f"{origin}: profile: calibrated cost profiles are not available yet (the calibration "
+                        "issue); runs use the roofline cost model")
+    source = _source(doc.get("source"), origin)
+    base = {k: v for k, v in SETTINGS.items()}
+    base.update(_settings(doc.get("base", {}), f"{origin}: base", scalar=True))
+    grids_doc = doc.get("grid", [])
+    if isinstance(grids_doc, dict):
+        grids_doc = [grids_doc]
+    if not isinstance(grids_doc, list):
+        raise SpecError(f"{origin}: grid must be a table or an array of tables ([[grid]])")
+    grids = [_settings(g, f"{origin}: grid[{i}]", scalar=False) for i, g in enumerate(grids_doc)]
+    spec = StudySpec(name, source, base, grids, description=str(doc.get("description", "")),
+                     paper=doc.get("paper"), document=doc)
+    for config in spec.runs():
+        _check_run(config, origin)
+    return spec
+
+
+def _source(value: Any, origin: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SpecError(f"{origin}: a [source] table is required (workload = NAME or trace = PATH)")
+    unknown = set(value) - set(SOURCE_KEYS)
+    if unknown:
+        raise SpecError(f"{origin}: source: unknown key(s) {', '.join(sorted(unknown))} (allowed: {', '.join(SOURCE_KEYS)})")
+    if ("workload" in value) == ("trace" in value):
+        raise SpecError(f"{origin}: source: give workload = NAME or trace = PATH (one of them)")
+    out = {}
+    for key, val in value.items():
+        out[key] = _typed(val, SOURCE_KEYS[key], f"{origin}: source.{key}")
+    if "workload" in out and "num_requests" not in out:
+        raise SpecError(f"{origin}: source: workload {out['workload']!r} needs num_requests")
+    if "num_requests" in out and out["num_requests"] < 1:
+        raise SpecError(f"{origin}: source.num_requests must be >= 1")
+    if "rate" in out and not 0 < out["rate"] < math.inf:
+        raise SpecError(f"{origin}: source.rate must be a positive number of requests/s")
+    return out
+
+
+def _settings(table: Any, where: str, *, scalar: bool) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise SpecError(f"{where} must be a table")
+    unknown = set(table) - set(SETTINGS)
+    if unknown:
+        raise SpecError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))} (settings: {', '.join(SETTINGS)})")
+    out = {}
+    for key, value in table.items():
+        if scalar:
+            out[key] = _typed(value, SETTING_TYPES[key], f"{where}.{key}")
+            continue
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise SpecError(f"{where}.{key}: an axis needs at least one value")
+        out[key] = [_typed(v, SETTING_TYPES[key], f"{where}.{key}") for v in values]
+    return out
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise SpecError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _check_run(config: RunConfig, origin: str) -> None:
+    """What can be refused before anything runs (the rest fails per run, recorded with its error)."""
+    from engine.model_presets import MODEL_PRESETS
+    from sim.hardware import GPU_PRESETS
+    from sim.setup import ALLOCATORS
+
+    if config["replicas"] != 1:
+        raise SpecError(f"{origin}: replicas = {config['replicas']}: several replicas behind a router need the "
+                        "cluster simulator (the scale issue), which is not built yet; use replicas = 1")
+    for key, allowed in (("gpu", GPU_PRESETS), ("allocator", ALLOCATORS)):
+        if config[key] not in allowed:
+            raise SpecError(f"{origin}: {key} = {config[key]!r} is not one of {', '.join(allowed)}")
+    if config["model"] not in MODEL_PRESETS and not Path(config["model"]).exists():
+        raise SpecError(f"{origin}: model = {config['model']!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
+                        "nor a config.json")
+    for key in ("block_size", "tp"):
+        if config[key] < 1:
+            raise SpecError(f"{origin}: {key} must be >= 1, got {config[key]}")
+    if config["rate_scale"] <= 0 or not math.isfinite(config["rate_scale"]):
+        raise SpecError(f"{origin}: rate_scale must be a positive number, got {config['rate_scale']}")
