@@ -21,6 +21,9 @@ SUBCOMMANDS: dict[str, str] = {
     "trace": "traces.cli",
     "simulate": "sim.cli",
     "reproduce": "sim.paper_cli",
+    "study": "reports.cli",
+    "report": "reports.cli",
+    "demo": "reports.cli",
 }
 
 
@@ -35,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for module_name in SUBCOMMANDS.values():
+    for module_name in dict.fromkeys(SUBCOMMANDS.values()):  # a module may define several
         importlib.import_module(module_name).add_parser(subparsers)
     return parser
 

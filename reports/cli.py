@@ -1,0 +1,108 @@
+"""``pagesim study``, ``pagesim report`` and ``pagesim demo``.
+
+- ``study SPEC -o DIR``: run a study (a TOML spec, or a preset name) into DIR; rerunning resumes.
+- ``report DIR -o report.pdf``: the PDF of a study folder.
+- ``demo``: the ``demo`` preset into ``out/demo-study``, then ``out/report.pdf``; prints the path and
+  the headline findings.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("study", help="run a what-if study (a grid of simulations); resumable",
+                              description=__doc__.splitlines()[2].strip("- "))
+    p.add_argument("spec", help="a study spec (TOML) or a preset: demo")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="study folder (results.jsonl, study.json)")
+    _execution_args(p)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change the spec, e.g. source.num_requests=200 or grid.0.block_size=[8,16] (repeatable)")
+    p.add_argument("--report", metavar="PDF", help="also write the report here when the study is done")
+    p.set_defaults(func=run_study_cmd)
+
+    r = subparsers.add_parser("report", help="write a study's PDF report", description="The PDF report of a study folder.")
+    r.add_argument("study_dir", metavar="DIR")
+    r.add_argument("-o", "--out", required=True, metavar="PDF")
+    r.set_defaults(func=run_report_cmd)
+
+    d = subparsers.add_parser("demo", help="a small study on an embedded workload, and its PDF report",
+                              description="Run the demo study and write its report (out/report.pdf).")
+    d.add_argument("-o", "--out", default="out", metavar="DIR", help="output folder (default out/)")
+    _execution_args(d)
+    d.set_defaults(func=run_demo_cmd, executor="local", address=None)
+
+
+def _execution_args(p) -> None:
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: a process pool (default); ray: one Ray task per run")
+    p.add_argument("--address", help="Ray cluster address (ray executor; default: start a local Ray)")
+    p.add_argument("--workers", type=int, metavar="N", help="parallel runs (default: the CPUs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _load(spec_arg: str, overrides: list[str]):
+    from reports.presets import PRESETS
+    from reports.spec import load_spec, parse_spec
+
+    if spec_arg in PRESETS and not Path(spec_arg).exists():
+        return parse_spec(PRESETS[spec_arg], overrides, origin=f"preset {spec_arg}")
+    if not Path(spec_arg).exists():
+        raise ValueError(f"{spec_arg}: no such spec file, and not a preset ({', '.join(PRESETS)})")
+    return load_spec(spec_arg, overrides)
+
+
+def _run(spec, out: Path, args) -> object:
+    from reports.execute import run_study
+
+    started = time.perf_counter()
+    outcome = run_study(spec, out, executor=args.executor, workers=args.workers, address=args.address,
+                        progress=not args.no_progress)
+    print(f"study {spec.name}: {outcome.total} runs ({outcome.reused} from before, {outcome.ran} now, "
+          f"{outcome.failed} failed) in {time.perf_counter() - started:.0f} s -> {out}/results.jsonl")
+    return outcome
+
+
+def run_study_cmd(args) -> int:
+    spec = _load(args.spec, args.set)
+    out = Path(args.out)
+    _run(spec, out, args)
+    if args.report:
+        from reports.pdf import build_report
+
+        pages = build_report(out, args.report)
+        print(f"wrote {args.report} ({len(pages)} pages)")
+    else:
+        print(f"report: pagesim report {out} -o {out}/report.pdf")
+    return 0
+
+
+def run_report_cmd(args) -> int:
+    from reports.pdf import build_report
+
+    pages = build_report(args.study_dir, args.out)
+    print(f"wrote {args.out} ({len(pages)} pages: {', '.join(pages)})")
+    return 0
+
+
+def run_demo_cmd(args) -> int:
+    from reports.pdf import build_report
+    from reports.presets import DEMO
+    from reports.results import findings, load_study
+    from reports.spec import parse_spec
+
+    out = Path(args.out)
+    spec = parse_spec(DEMO, origin="preset demo")
+    print(f"pagesim demo: {len(spec.runs())} simulations of {spec.source['num_requests']} requests "
+          f"({spec.source['workload']}, Llama 3 8B on A100 40 GB), block size x eviction x preemption, "
+          "load, memory baselines, cache size", file=sys.stderr)
+    _run(spec, out / "demo-study", args)
+    pdf = out / "report.pdf"
+    pages = build_report(out / "demo-study", pdf)
+    print(f"\nwrote {pdf} ({len(pages)} pages)\n\nFindings:")
+    for line in findings(load_study(out / "demo-study")):
+        print(f"- {line}")
+    return 0
