@@ -1,0 +1,158 @@
+"""Studies: spec validation, resume after a kill, failing runs recorded, Ray = local, the PDF report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reports.execute import run_study
+from reports.spec import SpecError, parse_spec, run_id
+from reports.store import ResultsStore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL = """
+name = "small"
+[source]
+workload = "shared-system-prompt"
+rate = 6.0
+num_requests = 30
+[base]
+kv_cache_gb = 1.0
+[[grid]]
+block_size = [8, 16]
+preemption = ["recompute", "swap"]
+[[grid]]
+allocator = ["paged", "max"]
+[[grid]]
+kv_cache_gb = [0.5, 1.0]
+eviction = ["lru", "fifo"]
+[[grid]]
+rate_scale = [0.5, 1.0]
+block_size = [8, 16]
+"""
+
+
+def test_grid_is_a_union_of_products_with_shared_runs_once():
+    spec = parse_spec(SMALL)
+    runs = spec.runs()
+    assert len({run_id(c) for c in runs}) == len(runs)
+    # 4 (block size x preemption) + 2 (allocators) + 4 (cache size x eviction) + 3 (rate x block size,
+    # whose rate 1.0 / block size 16 run is the base run the allocator grid already has)
+    assert len(runs) == 4 + 2 + 4 + 3
+    assert {c["block_size"] for c in runs} == {8, 16}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name = 'x'", r"a \[source\] table is required"),
+        ("[source]\nworkload = 'shared-system-prompt'", "needs num_requests"),
+        ("[source]\nworkload = 'w'\ntrace = 't'\nnum_requests = 1", "one of them"),
+        ("[source]\nworkload = 'shared-system-prompt'\nnum_requests = 5\n[base]\nblock_sise = 8", "unknown setting"),
+        ("[source]\nworkload = 'shared-system-prompt'\nnum_requests = 5\n[[grid]]\nblock_size = ['a']", "expected int"),
+        ("[source]\nworkload = 'shared-system-prompt'\nnum_requests = 5\n[[grid]]\nreplicas = [1, 4]", "cluster simulator"),
+        ("[source]\nworkload = 'shared-system-prompt'\nnum_requests = 5\n[base]\ngpu = 'tpu'", "gpu = 'tpu' is not one of"),
+        ("[source]\nworkload = 'shared-system-prompt'\nnum_requests = 5\nprofile = 'p.json'", "unknown key"),
+        ("name = ", "not valid TOML"),
+    ],
+)
+def test_bad_specs_are_refused_with_the_key(text, message):
+    with pytest.raises(SpecError, match=message):
+        parse_spec(text)
+
+
+def test_overrides_change_the_document():
+    spec = parse_spec(SMALL, ["source.num_requests=12", "grid.0.block_size=[32]", "base.gpu=h100-sxm"])
+    assert spec.source["num_requests"] == 12 and spec.base["gpu"] == "h100-sxm"
+    assert spec.grids[0]["block_size"] == [32]
+    with pytest.raises(SpecError, match="KEY=VALUE"):
+        parse_spec(SMALL, ["block_size"])
+    with pytest.raises(SpecError, match="has no entry 9"):
+        parse_spec(SMALL, ["grid.9.block_size=[8]"])
+
+
+def test_a_failing_run_is_recorded_and_the_study_completes(tmp_path):
+    spec = parse_spec(SMALL.split("[[grid]]")[0] + "[[grid]]\nmax_num_seqs = [0, 4]\n")
+    outcome = run_study(spec, tmp_path, workers=1, progress=False)
+    records = ResultsStore(tmp_path / "results.jsonl").load()
+    assert outcome.total == 2 and outcome.failed == 1 and len(records) == 2
+    bad = next(r for r in records.values() if r["config"]["max_num_seqs"] == 0)
+    good = next(r for r in records.values() if r["config"]["max_num_seqs"] == 4)
+    assert bad["status"] == "error" and "max_num_seqs" in bad["error"] and "Traceback" in bad["traceback"]
+    assert good["status"] == "ok" and good["summary"]["requests_completed"] == 30
+
+
+def test_torn_last_line_is_dropped_and_repaired(tmp_path):
+    store = ResultsStore(tmp_path / "r.jsonl")
+    store.append({"id": "a", "status": "ok"})
+    with open(store.path, "a") as fh:
+        fh.write('{"id": "b", "stat')  # killed mid-write
+    assert list(store.load()) == ["a"]
+    assert store.path.read_text().endswith("}\n")
+    store.append({"id": "b", "status": "ok", "x": float("nan")})
+    assert list(store.load()) == ["a", "b"] and store.load()["b"]["x"] is None
+    with open(store.path, "a") as fh:
+        fh.write("garbage\n" + json.dumps({"id": "c"}) + "\n")
+    with pytest.raises(ValueError, match="line 3 is not JSON"):
+        store.load()
+
+
+def test_killed_study_resumes_and_every_run_appears_once(tmp_path):
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(SMALL.replace("num_requests = 30", "num_requests = 60"))
+    out = tmp_path / "study"
+    cmd = [sys.executable, "-m", "engine.cli", "study", str(spec_path), "-o", str(out), "--workers", "1", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = out / "results.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if results.exists() and results.read_text().count("\n") >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the study finished before it could be interrupted"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = ResultsStore(results).load()
+    total = len(parse_spec(spec_path.read_text()).runs())
+    assert 3 <= len(before) < total
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"{total} runs ({len(before)} from before, {total - len(before)} now" in done.stdout
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    ids = [line["id"] for line in lines]
+    assert len(ids) == len(set(ids)) == total
+    assert all(before[i] == next(line for line in lines if line["id"] == i) for i in before)  # kept, not redone
+
+
+def test_ray_executor_gives_the_local_results(tmp_path):
+    pytest.importorskip("ray")
+    spec = parse_spec(SMALL, ["source.num_requests=20"])
+    spec.grids = spec.grids[:1]
+    run_study(spec, tmp_path / "local", workers=2, progress=False)
+    run_study(spec, tmp_path / "ray", executor="ray", workers=2, progress=False)
+    local = ResultsStore(tmp_path / "local" / "results.jsonl").load()
+    remote = ResultsStore(tmp_path / "ray" / "results.jsonl").load()
+    assert set(local) == set(remote) and len(local) == 4
+    for rid in local:
+        for key in ("status", "config", "summary", "series", "deployment"):
+            assert local[rid][key] == remote[rid][key], (rid, key)
+
+
+def test_study_cli_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[source]\nworkload = 'shared-system-prompt'\n")
+    for args, message in (([str(bad)], "needs num_requests"), (["nope"], "not a preset (demo)")):
+        out = subprocess.run([sys.executable, "-m", "engine.cli", "study", *args, "-o", str(tmp_path / "o")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(tmp_path), "-o", str(tmp_path / "r.pdf")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "not a study folder" in out.stderr
