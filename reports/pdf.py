@@ -57,8 +57,8 @@ def cover(study: Study, omitted: list[tuple[str, str]]):
         f"source          {what}",
         f"deployment      {base['model']} on {base['gpu']} (tp {base['tp']}), policy {base['policy']}, "
         f"KV cache {base['kv_cache_gb'] or 'from the memory budget'} GiB, swap {base['swap_space_gb']:g} GiB",
-        f"base settings   " + ", ".join(f"{k}={v}" for k, v in base.items()
-                                        if k not in ("model", "gpu", "tp", "policy", "kv_cache_gb", "swap_space_gb")),
+        "base settings   " + ", ".join(f"{k}={v}" for k, v in base.items() if v is not None
+                                        and k not in ("model", "gpu", "tp", "policy", "kv_cache_gb", "swap_space_gb")),
         "grid axes       " + ("; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in axes.items()) or "none"),
         f"runs            {len(meta['run_ids'])} in the study: {len(study.ok)} completed, {len(study.failed)} failed, "
         f"{len(meta['run_ids']) - len(study.records)} not run yet",
@@ -118,9 +118,9 @@ def build_report(study_dir: str | Path, out_pdf: str | Path) -> list[str]:
         (figures.append((title, fig)) if fig is not None else omitted.append((title, why)))
     pages = [("Cover", cover(study, omitted)), ("Summary", summary_page(study)), *figures]
     if study.meta.get("paper"):
-        from reports.paper_pages import paper_page
+        from reports.paper_pages import paper_pages
 
-        pages.append(("Paper comparison", paper_page(study)))
+        pages += paper_pages(study)
     if study.failed:
         pages.append(("Failed runs", failures_page(study)))
     out = Path(out_pdf)

@@ -44,3 +44,90 @@ eviction = ["lru", "fifo", "lfu", "radix-leaf"]
 """
 
 PRESETS = {"demo": DEMO}
+
+KWON2023 = """
+name = "kwon2023"
+paper = "kwon2023"
+description = "The PagedAttention paper's evaluation setup (Kwon et al., SOSP 2023, section 6): OPT-13B on one A100 40 GB with 12 GiB of KV cache, vLLM (pagesim's vllm-v0 preset) against the Orca baselines on ShareGPT- and Alpaca-like requests; memory (Fig. 2), batching (Fig. 13), sharing (Fig. 15), block size (Fig. 18b) and swap vs recompute (Fig. 19). Step times are the roofline plus the 2023 engine's per-step overhead derived in sim/paper.py."
+
+[source]
+workload = "kwon2023-sharegpt"
+rate = 2.0
+num_requests = 1000
+seed = 0
+
+[base]
+model = "opt-13b"
+gpu = "a100-40gb"
+policy = "vllm-v0"
+kv_cache_gb = 12.0
+max_model_len = 2048
+max_num_batched_tokens = 2560
+max_num_seqs = 256
+engine_overhead_ms = "kwon2023"
+sample_lengths = "same"
+
+[[grid]]  # Fig. 2 and 13: ShareGPT at 2 req/s
+allocator = ["max", "pow2", "oracle", "paged"]
+
+[[grid]]  # Fig. 13: Alpaca at 30 req/s
+allocator = ["max", "pow2", "oracle", "paged"]
+workload = "kwon2023-alpaca"
+rate = 30.0
+
+[[grid]]  # Fig. 18b: block size, ShareGPT
+block_size = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+[[grid]]  # Fig. 18b: block size, Alpaca
+block_size = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+workload = "kwon2023-alpaca"
+rate = 30.0
+
+[[grid]]  # Fig. 19: swap vs recompute (ShareGPT at 3 req/s, so that requests are preempted)
+preemption = ["swap", "recompute"]
+block_size = [8, 16, 32, 64, 128, 256]
+rate = 3.0
+
+# Fig. 15: parallel sampling and beam search on Alpaca, at 20/k requests/s (no preemption)
+[[grid]]
+workload = "kwon2023-alpaca"
+n = 2
+rate = 10.0
+sample_lengths = "drawn"
+[[grid]]
+workload = "kwon2023-alpaca"
+n = 4
+rate = 5.0
+sample_lengths = "drawn"
+[[grid]]
+workload = "kwon2023-alpaca"
+n = 6
+rate = 3.3333333333333335
+sample_lengths = "drawn"
+[[grid]]  # beam search: the v0 order does not model it; the same settings under the v1 order
+workload = "kwon2023-alpaca"
+beam_width = [2]
+rate = 10.0
+policy = "pagesim"
+prefix_caching = false
+chunked_prefill = false
+preemption = "vllm-v0"
+[[grid]]
+workload = "kwon2023-alpaca"
+beam_width = [4]
+rate = 5.0
+policy = "pagesim"
+prefix_caching = false
+chunked_prefill = false
+preemption = "vllm-v0"
+[[grid]]
+workload = "kwon2023-alpaca"
+beam_width = [6]
+rate = 3.3333333333333335
+policy = "pagesim"
+prefix_caching = false
+chunked_prefill = false
+preemption = "vllm-v0"
+"""
+
+PRESETS["kwon2023"] = KWON2023

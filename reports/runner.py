@@ -12,14 +12,17 @@ the paged-only settings of the run's config are not passed to them.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 import traceback
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
 
 from reports.spec import RunConfig, run_id
+from sim.cost.roofline import RooflineParams
 
 QUANTILES = np.linspace(0.0, 1.0, 101)
 MEMORY_POINTS = 400
@@ -40,20 +43,31 @@ def run_one(config: RunConfig) -> dict[str, Any]:
     return record
 
 
-def build_trace(source: dict, rate_scale: float, seed: int):
+def build_trace(config: RunConfig):
+    """The run's requests: the study's source, with the run's workload, rate, rate scale and sampling."""
+    from traces.generate import generate, workload_spec
+    from traces.generate.workload import Sampling
     from traces.source import trace_from_args
 
+    source, scale = config["source"], config["rate_scale"]
+    workload = config["workload"] or source.get("workload")
+    rate = config["rate"] if config["rate"] is not None else source.get("rate")
+    seed = source.get("seed", config["seed"])
+    if workload is not None:
+        spec = workload_spec(workload, rate_rps=None if rate is None else rate * scale,
+                             num_requests=source["num_requests"], seed=seed, arrival=source.get("arrival"))
+        if config["n"] > 1 or config["beam_width"] > 1:
+            spec = replace(spec, sampling=Sampling(n=config["n"], beam_width=config["beam_width"]))
+        return generate(spec)
+    if config["n"] > 1 or config["beam_width"] > 1:
+        raise ValueError("n / beam_width apply to a generated workload, not to a trace")
     args = argparse.Namespace(
-        trace=source.get("trace"), workload=source.get("workload"), num_requests=source.get("num_requests"),
-        rate=source.get("rate"), seed=source.get("seed", seed), arrival=source.get("arrival"),
-        format=source.get("format"), columns=None, time_unit=None, burstgpt_model=None, burstgpt_log_type=None,
-        prefix_block_tokens=None, spread_ties=False,
+        trace=source["trace"], workload=None, num_requests=source.get("num_requests"), rate=rate, seed=seed,
+        arrival=source.get("arrival"), format=source.get("format"), columns=None, time_unit=None,
+        burstgpt_model=None, burstgpt_log_type=None, prefix_block_tokens=None, spread_ties=False,
     )
-    if args.workload is not None and args.rate is not None:
-        args.rate = args.rate * rate_scale
-        return trace_from_args(args)
     trace = trace_from_args(args)
-    return trace if rate_scale == 1.0 else trace.time_scaled(1.0 / rate_scale)
+    return trace if scale == 1.0 else trace.time_scaled(1.0 / scale)
 
 
 def _run_spec(config: RunConfig):
@@ -62,22 +76,44 @@ def _run_spec(config: RunConfig):
     overrides = {}
     for key, setting in (("eviction", "eviction_policy"), ("preemption", "preemption_mode"),
                          ("victim", "victim_policy"), ("prefix_caching", "enable_prefix_caching"),
-                         ("max_num_seqs", "max_num_seqs")):
+                         ("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens"),
+                         ("chunked_prefill", "enable_chunked_prefill")):
         if config.get(key) is not None and (config["allocator"] == "paged" or key not in PAGED_ONLY):
             overrides[setting] = config[key]
-    return RunSpec(model=config["model"], gpu=config["gpu"], tp=config["tp"], policy=config["policy"],
-                   allocator=config["allocator"], block_size=config["block_size"],
+    spec = RunSpec(model=config["model"], gpu=config["gpu"], tp=config["tp"], policy=config["policy"],
+                   allocator=config["allocator"], placement=config["placement"], block_size=config["block_size"],
                    num_gpu_blocks=config["num_gpu_blocks"], kv_cache_gb=config["kv_cache_gb"],
-                   swap_space_gb=config["swap_space_gb"], overrides=overrides)
+                   swap_space_gb=config["swap_space_gb"], max_model_len=config["max_model_len"],
+                   overrides=overrides)
+    overhead_s = _engine_overhead_s(config["engine_overhead_ms"], spec)
+    if overhead_s:
+        spec = replace(spec, cost_params={"cpu_step_s": RooflineParams().cpu_step_s + overhead_s})
+    return spec
+
+
+def _engine_overhead_s(value: float | str, spec) -> float:
+    """Extra engine seconds per step: given in ms, or derived as the paper reproduction does."""
+    if value == "kwon2023":
+        return _kwon2023_overhead_s()
+    return float(value) / 1e3
+
+
+@functools.lru_cache(maxsize=1)
+def _kwon2023_overhead_s() -> float:
+    """Derived from the paper's own vLLM operating point (``sim/paper.py``), once per process."""
+    from sim.paper import PaperSetup
+
+    return PaperSetup().overhead_s
 
 
 def _simulate(config: RunConfig) -> dict[str, Any]:
     from sim.setup import build
     from sim.simulator import SimOptions, Simulation
 
-    trace = build_trace(config["source"], config["rate_scale"], config["seed"])
+    trace = build_trace(config)
     built = build(_run_spec(config))
-    result = Simulation(trace, built.scheduler, built.cost_model, SimOptions(seed=config["seed"])).run()
+    options = SimOptions(seed=config["seed"], sample_lengths=config["sample_lengths"])
+    result = Simulation(trace, built.scheduler, built.cost_model, options).run()
     return {
         "summary": result.summary,
         "deployment": {"kv_cache_slots": built.scheduler.kv_usage().total_slots,

@@ -44,11 +44,17 @@ SETTINGS: dict[str, Any] = {
     "block_size": 16, "eviction": None, "preemption": None, "victim": None, "kv_cache_gb": None,
     "num_gpu_blocks": None, "swap_space_gb": 4.0, "rate_scale": 1.0, "seed": 0, "replicas": 1,
     "router": "round-robin", "max_num_seqs": None, "prefix_caching": None,
+    # per-run source and paper-setup settings (None: the source's / the preset's)
+    "workload": None, "rate": None, "n": 1, "beam_width": 1, "sample_lengths": "drawn",
+    "placement": "buddy", "max_model_len": None, "max_num_batched_tokens": None, "chunked_prefill": None,
+    "engine_overhead_ms": 0.0,
 }
 SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
                  "eviction": str, "preemption": str, "victim": str, "kv_cache_gb": float, "num_gpu_blocks": int,
                  "swap_space_gb": float, "rate_scale": float, "seed": int, "replicas": int, "router": str,
-                 "max_num_seqs": int, "prefix_caching": bool}
+                 "max_num_seqs": int, "prefix_caching": bool, "workload": str, "rate": float, "n": int,
+                 "beam_width": int, "sample_lengths": str, "placement": str, "max_model_len": int,
+                 "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str)}
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper"}
 
 
@@ -201,11 +207,12 @@ def _settings(table: Any, where: str, *, scalar: bool) -> dict[str, Any]:
     return out
 
 
-def _typed(value: Any, kind: type, where: str) -> Any:
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+def _typed(value: Any, kind: type | tuple, where: str) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise SpecError(f"{where}: expected {kind.__name__}, got {value!r}")
+    if not isinstance(value, kinds) or (int in kinds and isinstance(value, bool)):
+        raise SpecError(f"{where}: expected {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
     return value
 
 
@@ -229,3 +236,15 @@ def _check_run(config: RunConfig, origin: str) -> None:
             raise SpecError(f"{origin}: {key} must be >= 1, got {config[key]}")
     if config["rate_scale"] <= 0 or not math.isfinite(config["rate_scale"]):
         raise SpecError(f"{origin}: rate_scale must be a positive number, got {config['rate_scale']}")
+    if config["rate"] is not None and not 0 < config["rate"] < math.inf:
+        raise SpecError(f"{origin}: rate must be a positive number of requests/s, got {config['rate']}")
+    if config["workload"] is not None and "workload" not in config["source"]:
+        raise SpecError(f"{origin}: a workload setting replaces [source] workload; this study reads a trace")
+    if config["n"] > 1 and config["beam_width"] > 1:
+        raise SpecError(f"{origin}: n and beam_width cannot both be > 1 in one run")
+    if config["sample_lengths"] not in ("drawn", "same"):
+        raise SpecError(f"{origin}: sample_lengths must be 'drawn' or 'same', got {config['sample_lengths']!r}")
+    overhead = config["engine_overhead_ms"]
+    if isinstance(overhead, str) and overhead != "kwon2023":
+        raise SpecError(f"{origin}: engine_overhead_ms is milliseconds per step, or 'kwon2023' (derived from the "
+                        f"PagedAttention paper's vLLM), got {overhead!r}")

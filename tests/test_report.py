@@ -71,3 +71,24 @@ def test_pages_without_data_are_left_out_and_named(tmp_path):
     titles = build_report(tmp_path, pdf)
     assert "Preemption: swap vs recompute" not in titles and "Block-size sensitivity" in titles
     assert "pages left out" in _texts(pdf)[0] and "needs a preemption axis" in _texts(pdf)[0]
+
+
+def test_kwon2023_preset_prints_the_papers_numbers_beside_ours(tmp_path):
+    from reports.presets import KWON2023
+
+    spec = parse_spec(KWON2023, ["source.num_requests=40", "grid.2.block_size=[8, 16]", "grid.3.block_size=[16]",
+                                 "grid.4.block_size=[16, 64]"])
+    run_study(spec, tmp_path, workers=2, progress=False)
+    study = load_study(tmp_path)
+    assert not study.failed, [r["error"] for r in study.failed]
+    pdf = tmp_path / "kwon.pdf"
+    titles = build_report(tmp_path, pdf)
+    assert titles[-2:] == ["Paper comparison", "Paper comparison: block size and preemption"]
+    text = _texts(pdf)[-2]
+    for expected in ("PagedAttention (Kwon et al., SOSP 2023)", "Fig. 2 memory holding tokens", "20.4%", "96.3%",
+                     "Fig. 13 batched requests, Alpaca @ 30 req/s", "132.44", "parallel n=6", "beam width=4", "53.1%"):
+        assert expected in text, expected
+    from reports.paper_pages import comparison_rows
+
+    rows = comparison_rows(study)
+    assert len(rows) == 4 + 8 + 6 and all(row[3] != "-" for row in rows), rows
