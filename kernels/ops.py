@@ -78,7 +78,9 @@ def paged_decode_attention(
 
     ``max_context_len`` (the largest of ``context_lens``) spares a device synchronisation when the
     caller knows it; ``num_splits`` forces the flash-decoding split count (Triton; default chosen
-    from the grid size and context length).
+    from the grid size and context length; at most 64 and one per 64-token tile). On CUDA, values
+    are trusted (no device synchronisation): a ``max_context_len`` below a sequence's length
+    shortens only the splits before the last, never the sequence.
     """
     fn = "paged_decode_attention"
     check_attention(fn, query, key_cache, value_cache, block_tables, context_lens, scale, seq_lens_name="context_lens")
@@ -122,6 +124,10 @@ def paged_prefill_attention(
     )
     check_prefill_layout(fn, query, query_start_loc, seq_lens)
     _check_positive_int(fn, "max_query_len", max_query_len)
+    if max_query_len is not None and query_start_loc.device.type == "cpu" and seq_lens.numel():
+        longest = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        if max_query_len < longest:
+            raise KernelArgumentError(f"{fn}: max_query_len={max_query_len} is below the longest chunk ({longest})")
     if resolve_backend(fn, backend, query.device) == "torch":
         return reference.prefill_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale)
     return _triton_module("triton_attention").prefill_attention(

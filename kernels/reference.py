@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+SCORE_BYTES = 256 * 2**20  # prefill: float32 scores held at once, per sequence
+
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """``[..., n]`` block ids -> ``[..., n * block_size, num_kv_heads, head_dim]`` in float32."""
@@ -19,12 +21,24 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 
 def decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale) -> torch.Tensor:
-    num_seqs, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    group = num_heads // num_kv_heads
+    """One batched gather padded to the longest context, or per sequence when padding would more than
+    double the tokens gathered (one long context among short ones)."""
+    num_seqs = query.shape[0]
     if num_seqs == 0:
         return torch.empty_like(query)
     lens = context_lens.long()
+    if num_seqs > 1 and int(lens.max()) * num_seqs > 2 * int(lens.sum()):
+        return torch.cat([
+            _decode_batch(query[i : i + 1], key_cache, value_cache, block_tables[i : i + 1], lens[i : i + 1], scale)
+            for i in range(num_seqs)
+        ])
+    return _decode_batch(query, key_cache, value_cache, block_tables, lens, scale)
+
+
+def _decode_batch(query, key_cache, value_cache, block_tables, lens, scale) -> torch.Tensor:
+    num_seqs, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    group = num_heads // num_kv_heads
     max_blocks = int((lens.max() + block_size - 1) // block_size)
     block_valid = torch.arange(max_blocks, device=lens.device) < ((lens + block_size - 1) // block_size)[:, None]
     ids = torch.where(block_valid, block_tables[:, :max_blocks].long(), 0)
@@ -53,14 +67,17 @@ def prefill_attention(query, key_cache, value_cache, block_tables, query_start_l
         ids = block_tables[i, : (seq_len + block_size - 1) // block_size].long()
         keys = _gather(key_cache, ids)[:seq_len]  # [seq_len, kv_heads, head_dim]
         values = _gather(value_cache, ids)[:seq_len]
-        q = query[q_start:q_end].float().view(q_len, num_kv_heads, group, head_dim)
-        scores = torch.einsum("qkgd,tkd->kgqt", q, keys) * scale
-        positions = torch.arange(seq_len - q_len, seq_len, device=query.device)
-        causal = torch.arange(seq_len, device=query.device)[None, :] <= positions[:, None]  # [q, t]
-        scores = scores.masked_fill(~causal, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("kgqt,tkd->qkgd", probs, values)
-        out[q_start:q_end] = o.reshape(q_len, num_heads, head_dim).to(query.dtype)
+        # Queries in chunks, so the float32 score matrix stays near SCORE_BYTES whatever the prompt.
+        chunk = max(1, SCORE_BYTES // (4 * num_heads * seq_len))
+        for c0 in range(0, q_len, chunk):
+            c1 = min(q_len, c0 + chunk)
+            q = query[q_start + c0 : q_start + c1].float().view(c1 - c0, num_kv_heads, group, head_dim)
+            scores = torch.einsum("qkgd,tkd->kgqt", q, keys) * scale
+            positions = torch.arange(seq_len - q_len + c0, seq_len - q_len + c1, device=query.device)
+            causal = torch.arange(seq_len, device=query.device)[None, :] <= positions[:, None]  # [q, t]
+            probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+            o = torch.einsum("kgqt,tkd->qkgd", probs, values)
+            out[q_start + c0 : q_start + c1] = o.reshape(c1 - c0, num_heads, head_dim).to(query.dtype)
     return out
 
 

@@ -114,7 +114,8 @@ def _decode_kernel(
 
     context_len = tl.load(context_lens_ptr + seq)
     start = split * tokens_per_split
-    end = tl.minimum(context_len, start + tokens_per_split)
+    # The last split runs to the sequence's end, whatever the caller said the longest context was.
+    end = tl.where(split == num_splits - 1, context_len, tl.minimum(context_len, start + tokens_per_split))
 
     g = tl.arange(0, GROUP_PAD)
     head_mask = g < GROUP
@@ -123,7 +124,7 @@ def _decode_kernel(
     d_mask = d < HEAD_DIM
 
     q = tl.load(
-        q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :],
+        q_ptr + seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + d[None, :],
         mask=head_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
@@ -147,7 +148,7 @@ def _decode_kernel(
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if not SPLIT:
         tl.store(
-            out_ptr + seq * stride_os + heads[:, None] * stride_oh + d[None, :],
+            out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + d[None, :],
             out.to(out_ptr.dtype.element_ty),
             mask=head_mask[:, None] & d_mask[None, :],
         )
@@ -176,11 +177,14 @@ def _combine_splits_kernel(
     s_mask = s < num_splits
     d = tl.arange(0, HEAD_DIM_PAD)
     lse = tl.load(part_lse_ptr + row0 + s, mask=s_mask, other=float("-inf"))
-    weights = tl.exp2(lse - tl.max(lse, 0))  # split 0 always holds token 0, so the max is finite
-    weights = weights / tl.sum(weights, 0)
+    top = tl.max(lse, 0)  # finite unless the sequence is empty (context 0, a padded batch slot)
+    weights = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))
+    total = tl.sum(weights, 0)
+    weights = weights / tl.where(total > 0, total, 1.0)  # an empty sequence gets zeros, as unsplit
     parts = tl.load(part_out_ptr + (row0 + s)[:, None] * HEAD_DIM_PAD + d[None, :], mask=s_mask[:, None], other=0.0)
     out = tl.sum(parts * weights[:, None], 0)
-    tl.store(out_ptr + seq * stride_os + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    tl.store(out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + d, out.to(out_ptr.dtype.element_ty),
+             mask=d < HEAD_DIM)
 
 
 @triton.jit
@@ -324,10 +328,11 @@ def decode_attention(
         return out
     if max_context_len is None:
         max_context_len = int(context_lens.max())
-    if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, query.device)
     head_dim_pad = _pad(head_dim)
     block_n = decode_tile(head_dim_pad, query.dtype)
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, query.device)
+    num_splits = max(1, min(num_splits, MAX_SPLITS, triton.cdiv(max_context_len, block_n)))
     tokens_per_split = triton.cdiv(triton.cdiv(max_context_len, num_splits), block_n) * block_n
     group = num_heads // num_kv_heads
     if num_splits > 1:

@@ -80,6 +80,7 @@ def check_caches(c: _Checker, key_cache: object, value_cache: object, *, key="ke
         raise c.fail(f"{value} has shape {tuple(v.shape)} but {key} has {tuple(k.shape)}; they must match")
     c.contiguous(key, k)
     c.contiguous(value, v)
+    c.same_device({key: k, value: v})
     num_blocks, block_size, _, head_dim = k.shape
     if num_blocks < 1:
         raise c.fail(f"{key} has no blocks")
@@ -121,6 +122,7 @@ def check_attention(
     c.last_dim_contiguous("block_tables", bt)
     lens = c.tensor(seq_lens_name, seq_lens, ndim=1)
     c.dtype(seq_lens_name, lens, (torch.int32,))
+    c.contiguous(seq_lens_name, lens)
     n = q.shape[0] if num_seqs is None else num_seqs
     c.dim_equals("block_tables", bt, 0, n, "the number of sequences")
     c.dim_equals(seq_lens_name, lens, 0, n, "the number of sequences")
@@ -153,6 +155,7 @@ def check_prefill_layout(fn: str, query: torch.Tensor, query_start_loc: object, 
     c = _Checker(fn)
     qsl = c.tensor("query_start_loc", query_start_loc, ndim=1)
     c.dtype("query_start_loc", qsl, (torch.int32,))
+    c.contiguous("query_start_loc", qsl)
     c.dim_equals("query_start_loc", qsl, 0, seq_lens.shape[0] + 1, "the number of sequences + 1")
     c.same_device({"query": query, "query_start_loc": qsl})
     if qsl.device.type != "cpu":
@@ -184,6 +187,7 @@ def check_write(fn: str, key, value, key_cache, value_cache, slot_mapping) -> No
     c.last_dim_contiguous("value", v)
     slots = c.tensor("slot_mapping", slot_mapping, ndim=1)
     c.dtype("slot_mapping", slots, INDEX_DTYPES)
+    c.contiguous("slot_mapping", slots)
     c.dim_equals("slot_mapping", slots, 0, k.shape[0], "the number of tokens")
     c.same_device({"key": k, "value": v, "key_cache": kc, "value_cache": value_cache, "slot_mapping": slots})
     if slots.device.type == "cpu" and slots.numel():

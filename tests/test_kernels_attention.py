@@ -112,7 +112,7 @@ def test_prefill_torch_matches_reference(shape, q_lens):
 
 
 @settings(max_examples=scaled_examples(12))
-@given(shape=attention_shapes(max_seqs=2, max_len=150, max_kv_heads=1), q_lens=_q_lens(80))
+@given(shape=attention_shapes(max_seqs=2, max_len=150, max_kv_heads=2), q_lens=_q_lens(80))
 def test_prefill_triton_matches_reference(shape, q_lens):
     _prefill_check(shape, q_lens, "triton")
 
@@ -173,7 +173,7 @@ def test_gpu_kernels_match_reference(dtype):
     cuda = [t.cuda() for t in (query, paged.key_cache, paged.value_cache, paged.block_tables, paged.lengths)]
     for splits in (None, 1, 8):
         out = paged_decode_attention(*cuda, 128**-0.5, num_splits=splits).cpu()
-        assert_matches(out, ref, dtype)
+        assert_matches(out, ref, dtype, gpu=True)
     q_lens = [1, 7, 8, 1, 483, 1]
     starts = [0]
     for q in q_lens:
@@ -182,7 +182,7 @@ def test_gpu_kernels_match_reference(dtype):
     out = paged_prefill_attention(
         pre_q.cuda(), *cuda[1:4], torch.tensor(starts, dtype=torch.int32).cuda(), cuda[4], 128**-0.5
     ).cpu()
-    assert_matches(out, reference_attention(pre_q, paged, starts, 128**-0.5), dtype)
+    assert_matches(out, reference_attention(pre_q, paged, starts, 128**-0.5), dtype, gpu=True)
 
 
 @pytest.mark.gpu
@@ -200,5 +200,78 @@ def test_gpu_cache_beyond_int32_elements():
         big[top[0].long().cuda()] = src[small.block_tables[0, :3].long()].cuda()
     query = torch.randn(1, 32, head_dim, generator=gen).to(torch.bfloat16)
     ref = reference_decode(query, small, 0.1)
-    out = paged_decode_attention(query.cuda(), key_cache, value_cache, top.cuda(), small.lengths.cuda(), 0.1).cpu()
-    assert_matches(out, ref, torch.bfloat16)
+    for splits in (1, 2):
+        out = paged_decode_attention(query.cuda(), key_cache, value_cache, top.cuda(), small.lengths.cuda(), 0.1,
+                                     num_splits=splits).cpu()
+        assert_matches(out, ref, torch.bfloat16, gpu=True)
+
+
+def test_torch_prefill_in_query_chunks(monkeypatch):
+    """The torch backend bounds its score matrix by splitting long chunks of queries: same answer."""
+    from kernels import reference
+
+    gen = torch.Generator().manual_seed(13)
+    paged = build_paged([90, 40], block_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float32, gen=gen)
+    starts = [0, 70, 110]
+    query = torch.randn(110, 8, 64, generator=gen)
+    args = (query, paged.key_cache, paged.value_cache, paged.block_tables, torch.tensor(starts, dtype=torch.int32),
+            paged.lengths, 0.125)
+    whole = paged_prefill_attention(*args, backend="torch")
+    monkeypatch.setattr(reference, "SCORE_BYTES", 4 * 8 * 90 * 7)  # 7 query rows at a time
+    chunked = paged_prefill_attention(*args, backend="torch")
+    torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=1e-6)
+    assert_matches(chunked, reference_attention(query, paged, starts, 0.125), torch.float32)
+
+
+LARGE_CACHE_SCRIPT = r"""
+import torch
+from kernels import copy_blocks, paged_decode_attention, paged_prefill_attention, write_kv_cache
+from tests.kernels_support import assert_matches, build_paged, reference_attention, reference_decode
+
+# A float16 cache past 2**31 elements, allocated lazily (torch.empty touches no page): only the blocks
+# written below take memory. Sequences live in the highest blocks, so a 32-bit offset would wrap.
+bs, kvh, d = 16, 8, 128
+num_blocks = 2**31 // (bs * kvh * d) + 1024
+gen = torch.Generator().manual_seed(21)
+small = build_paged([40, 17], block_size=bs, num_kv_heads=kvh, head_dim=d, dtype=torch.float16, gen=gen, num_blocks=8)
+kc = torch.empty(num_blocks, bs, kvh, d, dtype=torch.float16)
+vc = torch.empty(num_blocks, bs, kvh, d, dtype=torch.float16)
+top = torch.tensor([[num_blocks - 1, num_blocks - 2, num_blocks - 3], [num_blocks - 4, num_blocks - 5, 0]],
+                   dtype=torch.int32)
+for big, src in ((kc, small.key_cache), (vc, small.value_cache)):
+    for seq, n in ((0, 3), (1, 2)):
+        big[top[seq, :n].long()] = src[small.block_tables[seq, :n].long()]
+query = torch.randn(2, 32, d, generator=gen).half()
+ref = reference_decode(query, small, 0.1)
+for backend in ("triton", "torch"):
+    for splits in (None, 2):
+        out = paged_decode_attention(query, kc, vc, top, small.lengths, 0.1, backend=backend, num_splits=splits)
+        assert_matches(out, ref, torch.float16)
+    starts = [0, 5, 22]
+    pq = torch.randn(22, 32, d, generator=gen).half()
+    out = paged_prefill_attention(pq, kc, vc, top, torch.tensor(starts, dtype=torch.int32), small.lengths, 0.1,
+                                  backend=backend)
+    assert_matches(out, reference_attention(pq, small, starts, 0.1), torch.float16)
+    k = torch.randn(2, kvh, d, generator=gen).half()
+    slots = torch.tensor([(num_blocks - 6) * bs + 3, (num_blocks - 8) * bs + 15])  # blocks no sequence uses
+    write_kv_cache(k, k, kc, vc, slots, backend=backend)
+    assert torch.equal(kc[num_blocks - 6, 3], k[0]) and torch.equal(vc[num_blocks - 8, 15], k[1])
+    copy_blocks([kc], [vc], torch.tensor([[num_blocks - 1, num_blocks - 7]]), backend=backend)
+    assert torch.equal(kc[num_blocks - 7], kc[num_blocks - 1]) and torch.equal(vc[num_blocks - 7], vc[num_blocks - 1])
+print("ok")
+"""
+
+
+def test_caches_past_int32_elements_on_cpu():
+    """Every kernel, both backends, on a cache of more than 2**31 elements (in a subprocess: a wrong
+    offset there is a crash, not a failed assertion)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", LARGE_CACHE_SCRIPT], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (out.returncode, out.stderr[-3000:])

@@ -55,6 +55,7 @@ DECODE_CASES = {
     "negative block id": (dict(block_tables=torch.tensor([[0, -1], [2, 3]], dtype=torch.int32)), "block id -1"),
     "table rows": (dict(block_tables=torch.tensor([[0, 1]], dtype=torch.int32)), r"block_tables.shape\[0\] must equal the number of sequences \(2\)"),
     "cache on another device": (dict(key_cache=torch.empty(10, 16, 2, 64, device="meta"), value_cache=torch.empty(10, 16, 2, 64, device="meta")), "key_cache is on meta but query is on cpu; all must be on one device"),
+    "strided context_lens": (dict(context_lens=torch.tensor([[20, 0], [32, 0]], dtype=torch.int32)[:, 0]), "context_lens must be contiguous"),
     "nan scale": (dict(scale=float("nan")), "scale must be a finite positive number"),
     "negative scale": (dict(scale=-1.0), "scale must be a finite positive number"),
 }
@@ -99,10 +100,14 @@ def test_prefill_refuses(backend):
         (torch.tensor([1, 2, 5], dtype=torch.int32), "query_start_loc must start at 0 and end at query.shape"),
         (torch.tensor([0, 4, 5], dtype=torch.int32), "sequence 0 has 4 query tokens but seq_lens"),
         (torch.tensor([0, 3, 5]), "query_start_loc must be one of int32"),
+        (torch.tensor([[0, 9], [3, 9], [5, 9]], dtype=torch.int32)[:, 0], "query_start_loc must be contiguous"),
     ]
     for starts, message in cases:
         with pytest.raises(KernelArgumentError, match=message):
             paged_prefill_attention(*base, starts, lens, 0.125, backend=backend)
+    with pytest.raises(KernelArgumentError, match=r"max_query_len=1 is below the longest chunk \(3\)"):
+        paged_prefill_attention(*base, torch.tensor([0, 2, 5], dtype=torch.int32), lens, 0.125, backend=backend,
+                                max_query_len=1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -114,6 +119,7 @@ def test_write_refuses(backend):
         (dict(slot_mapping=torch.tensor([0, -2, 3])), "slot -2 is outside"),
         (dict(slot_mapping=torch.tensor([5, 1, 5])), "slot_mapping names a slot twice"),
         (dict(slot_mapping=torch.tensor([0.0, 1.0, 2.0])), "slot_mapping must be one of int32, int64"),
+        (dict(slot_mapping=torch.tensor([[0, 9], [1, 9], [2, 9]])[:, 0]), "slot_mapping must be contiguous"),
         (dict(key=kv.half()), "key has dtype torch.float16 but key_cache has torch.float32"),
         (dict(key=torch.randn(3, 4, 64), value=torch.randn(3, 4, 64)), r"key.shape\[1\] must equal num_kv_heads of key_cache \(2\)"),
     ]
@@ -134,6 +140,8 @@ def test_copy_refuses(backend):
         ([caches[0], torch.zeros(8, 8, 1, 64)], [caches[1], torch.zeros(8, 8, 1, 64)], torch.tensor([[0, 1]]), r"key_caches\[1\] differs from key_caches\[0\]"),
         ([], [], torch.tensor([[0, 1]]), "need one key and one value cache per layer"),
         ([caches[0]], [caches[1]], torch.tensor([0, 1]), "block_mapping must have 2 dimensions"),
+        ([caches[0]], [torch.empty(8, 16, 1, 64, device="meta")], torch.tensor([[0, 1]]),
+         r"value_caches\[0\] is on meta but key_caches\[0\] is on cpu"),
     ]
     for keys, values, mapping, message in cases:
         with pytest.raises(KernelArgumentError, match=message):
