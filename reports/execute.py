@@ -104,7 +104,8 @@ def run_study(spec: StudySpec, out_dir: str | Path, *, executor: str = "local", 
         if bar is not None:
             bar.close()
     records = store.load()
-    failed = sum(1 for r in records.values() if r["status"] != "ok")
+    current = {run_id(c) for c in runs}  # the file may also hold runs of an earlier version of the spec
+    failed = sum(1 for i, r in records.items() if i in current and r["status"] != "ok")
     return StudyOutcome(out, len(runs), len(runs) - len(todo), ran, failed)
 
 
