@@ -88,46 +88,13 @@ preemption = ["swap", "recompute"]
 block_size = [8, 16, 32, 64, 128, 256]
 rate = 3.0
 
-# Fig. 15: parallel sampling and beam search on Alpaca, at 20/k requests/s (no preemption)
-[[grid]]
-workload = "kwon2023-alpaca"
-n = 2
-rate = 10.0
-sample_lengths = "drawn"
-[[grid]]
-workload = "kwon2023-alpaca"
-n = 4
-rate = 5.0
-sample_lengths = "drawn"
-[[grid]]
-workload = "kwon2023-alpaca"
-n = 6
-rate = 3.3333333333333335
-sample_lengths = "drawn"
-[[grid]]  # beam search: the v0 order does not model it; the same settings under the v1 order
-workload = "kwon2023-alpaca"
-beam_width = [2]
-rate = 10.0
-policy = "pagesim"
-prefix_caching = false
-chunked_prefill = false
-preemption = "vllm-v0"
-[[grid]]
-workload = "kwon2023-alpaca"
-beam_width = [4]
-rate = 5.0
-policy = "pagesim"
-prefix_caching = false
-chunked_prefill = false
-preemption = "vllm-v0"
-[[grid]]
-workload = "kwon2023-alpaca"
-beam_width = [6]
-rate = 3.3333333333333335
-policy = "pagesim"
-prefix_caching = false
-chunked_prefill = false
-preemption = "vllm-v0"
 """
+
+# Fig. 15: parallel sampling and beam search on Alpaca at 20/k requests/s (no preemption). Beam search
+# is not modelled by the v0 order: the same settings under the v1 order.
+_BEAM_POLICY = 'policy = "pagesim"\nprefix_caching = false\nchunked_prefill = false\npreemption = "vllm-v0"\n'
+for _field, _extra in (("n", 'sample_lengths = "drawn"\n'), ("beam_width", _BEAM_POLICY)):
+    for _k in (2, 4, 6):
+        KWON2023 += f'\n[[grid]]\nworkload = "kwon2023-alpaca"\n{_field} = {_k}\nrate = {20.0 / _k!r}\n{_extra}'
 
 PRESETS["kwon2023"] = KWON2023
