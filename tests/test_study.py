@@ -148,7 +148,7 @@ def test_ray_executor_gives_the_local_results(tmp_path):
 def test_study_cli_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[source]\nworkload = 'shared-system-prompt'\n")
-    for args, message in (([str(bad)], "needs num_requests"), (["nope"], "not a preset (demo)")):
+    for args, message in (([str(bad)], "needs num_requests"), (["nope"], "not a preset (demo, kwon2023)")):
         out = subprocess.run([sys.executable, "-m", "engine.cli", "study", *args, "-o", str(tmp_path / "o")],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
