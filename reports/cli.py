@@ -16,7 +16,7 @@ from pathlib import Path
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("study", help="run a what-if study (a grid of simulations); resumable",
                               description=__doc__.splitlines()[2].strip("- "))
-    p.add_argument("spec", help="a study spec (TOML) or a preset: demo")
+    p.add_argument("spec", help="a study spec (TOML) or a preset: demo, kwon2023")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="study folder (results.jsonl, study.json)")
     _execution_args(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -59,8 +59,16 @@ def _run(spec, out: Path, args) -> object:
     from reports.execute import run_study
 
     started = time.perf_counter()
-    outcome = run_study(spec, out, executor=args.executor, workers=args.workers, address=args.address,
-                        progress=not args.no_progress)
+    try:
+        outcome = run_study(spec, out, executor=args.executor, workers=args.workers, address=args.address,
+                            progress=not args.no_progress)
+    except KeyboardInterrupt:
+        from reports.store import ResultsStore
+
+        kept = ResultsStore(out / "results.jsonl").load(repair=False)
+        print(f"\ninterrupted: {len(kept)} run records kept in {out}/results.jsonl; the same command resumes",
+              file=sys.stderr)
+        raise SystemExit(130) from None
     print(f"study {spec.name}: {outcome.total} runs ({outcome.reused} from before, {outcome.ran} now, "
           f"{outcome.failed} failed) in {time.perf_counter() - started:.0f} s -> {out}/results.jsonl")
     return outcome
@@ -69,7 +77,7 @@ def _run(spec, out: Path, args) -> object:
 def run_study_cmd(args) -> int:
     spec = _load(args.spec, args.set)
     out = Path(args.out)
-    _run(spec, out, args)
+    outcome = _run(spec, out, args)
     if args.report:
         from reports.pdf import build_report
 
@@ -77,7 +85,7 @@ def run_study_cmd(args) -> int:
         print(f"wrote {args.report} ({len(pages)} pages)")
     else:
         print(f"report: pagesim report {out} -o {out}/report.pdf")
-    return 0
+    return 1 if outcome.failed else 0  # scripts can tell; the failures are in results.jsonl and the report
 
 
 def run_report_cmd(args) -> int:

@@ -1,8 +1,9 @@
 """Running a study: its missing runs on an executor, each result stored the moment it arrives.
 
 Executors yield records in completion order; the driver appends each to ``results.jsonl`` at once
-(``ResultsStore``), so an interrupted study resumes where it stopped, and a run that failed is a
-record with its error (the study goes on; a rerun does not retry it).
+(``ResultsStore``), so an interrupted study resumes where it stopped. A run that failed is a record
+with its error (the study goes on); the next invocation retries it. One study at a time writes a
+folder (a lock on ``DIR/.lock``).
 
 - ``local``: a process pool of ``workers`` processes (default: the CPUs), or in-process for one.
 - ``ray``: one Ray task per run; ``ray.init(address=...)`` joins a cluster (``auto``, or
@@ -12,6 +13,8 @@ record with its error (the study goes on; a rerun does not retry it).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sys
@@ -32,9 +35,9 @@ EXECUTORS = ("local", "ray")
 class StudyOutcome:
     out_dir: Path
     total: int
-    reused: int  # found in results.jsonl from an earlier invocation
-    ran: int
-    failed: int  # of all runs, this invocation's and earlier ones
+    reused: int  # completed by an earlier invocation
+    ran: int  # this invocation (failed ones of earlier invocations included: they are retried)
+    failed: int  # of this spec's runs, as they stand now
 
 
 def run_local(configs: list[RunConfig], workers: int, address: str | None = None) -> Iterator[dict[str, Any]]:
@@ -49,8 +52,12 @@ def run_local(configs: list[RunConfig], workers: int, address: str | None = None
         futures = [pool.submit(run_one, c) for c in configs]
         for future in as_completed(futures):
             yield future.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:  # interrupted (Ctrl-C, or the consumer stopped): leave no worker behind
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def run_ray(configs: list[RunConfig], workers: int, address: str | None = None) -> Iterator[dict[str, Any]]:
@@ -80,16 +87,34 @@ def run_study(spec: StudySpec, out_dir: str | Path, *, executor: str = "local", 
               address: str | None = None, progress: bool = True) -> StudyOutcome:
     if executor not in RUNNERS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    workers = workers or os.cpu_count() or 1
+    if workers is None:
+        workers = os.cpu_count() or 1
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        return _run_locked(spec, out, executor, workers, address, progress)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path):
+    """One study writes a folder at a time: a second one would run every run twice."""
+    with open(out / ".lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"another pagesim study is writing {out}; wait for it, or use another folder") from None
+        yield
+
+
+def _run_locked(spec: StudySpec, out: Path, executor: str, workers: int, address: str | None,
+                progress: bool) -> StudyOutcome:
     runs = spec.runs()
     _write_study(out, spec, runs)
     store = ResultsStore(out / "results.jsonl")
-    done = store.load()
-    todo = [c for c in runs if run_id(c) not in done]
+    done = {i for i, r in store.load().items() if r["status"] == "ok"}
+    todo = [c for c in runs if run_id(c) not in done]  # failed runs are retried
     bar = _bar(len(runs), len(runs) - len(todo), spec.name, progress)
     ran = 0
     try:

@@ -75,10 +75,12 @@ def throughput_vs_rate(study: Study):
     runs = study.slice("block_size", "rate_scale")
     if not (study.varies("rate_scale") and len({r["config"]["rate_scale"] for r in runs}) > 1):
         return None
-    base_rate = study.meta["source"].get("rate")
-    xlabel = "request rate (requests/s)" if base_rate else "request-rate scale (x the trace's rate)"
+    source_rate = study.meta["source"].get("rate")
+    known = source_rate is not None or all(r["config"].get("rate") is not None for r in runs)
+    xlabel = "request rate (requests/s)" if known else "request-rate scale (x the trace's rate)"
     for r in runs:
-        r["config"]["_rate"] = r["config"]["rate_scale"] * (base_rate or 1.0)
+        rate = r["config"].get("rate") if r["config"].get("rate") is not None else source_rate
+        r["config"]["_rate"] = r["config"]["rate_scale"] * (rate if known and rate is not None else 1.0)
     fig, (a, b) = new_page("Throughput and latency vs load",
                            "As requests arrive faster, throughput rises until the KV cache or compute saturates, "
                            "and normalized latency (end-to-end time per output token) climbs; one line per "
@@ -198,8 +200,9 @@ def block_size_page(study: Study):
         ("memory_utilization", "KV memory utilization (%)", 100.0),
         ("prefix_hit_rate", "prefix hit rate (%)", 100.0),
     )):
-        ys = [(metric(r, key) or 0.0) * scale for r in runs]
-        ax.plot(xs, ys, marker="o", label="paged (base settings)")
+        pts = [(x, metric(r, key)) for x, r in zip(xs, runs)]
+        pts = [(x, y * scale) for x, y in pts if y is not None]  # a metric a run lacks is not a zero
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="paged (base settings)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set(xlabel="block size (tokens)", ylabel=label, title=label.split(" (")[0])

@@ -80,8 +80,9 @@ def cover(study: Study, omitted: list[tuple[str, str]]):
 def summary_page(study: Study):
     rows = best_settings(study)
     fig, (ax,) = new_page("Summary: the best setting per metric",
-                          "For each metric, the run of this study that did best and the settings that distinguish it; "
-                          "below, what the study found, in words.", ncols=1)
+                          "For each metric, the best run among those at the base load, workload, cache size, "
+                          "allocator and seed (so they differ in policy only), and the settings that distinguish it "
+                          "from the base; below, what the study found, in words.", ncols=1)
     ax.axis("off")
     if rows:
         cells = [[r["metric"], f"{r['value']:,.4g} {r['unit']}", "higher" if r["better"] == "max" else "lower",

@@ -15,6 +15,8 @@ from typing import Any
 
 from reports.store import ResultsStore
 
+NEGLIGIBLE = 0.01  # a relative difference (or share-points) below this is reported as no difference
+
 # metric key in the summary (dotted), label, unit, better ("max" | "min")
 METRICS = (
     ("throughput_tokens_s", "throughput", "tokens/s", "max"),
@@ -68,8 +70,12 @@ def load_study(out_dir: str | Path) -> Study:
     meta_path = out / "study.json"
     if not meta_path.exists():
         raise ValueError(f"{out} is not a study folder (no study.json; run `pagesim study SPEC -o {out}` first)")
-    meta = json.loads(meta_path.read_text())
-    records = ResultsStore(out / "results.jsonl").load()
+    try:
+        meta = json.loads(meta_path.read_text())
+        meta["run_ids"], meta["base"], meta["axes"], meta["source"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{meta_path}: not a study description ({exc}); rerun the study to rewrite it") from None
+    records = ResultsStore(out / "results.jsonl").load(repair=False)
     ordered = [records[i] for i in meta["run_ids"] if i in records]
     return Study(out, meta, ordered)
 
@@ -91,10 +97,22 @@ def describe_config(config: dict[str, Any], base: dict[str, Any]) -> str:
     return ", ".join(diff) or "base settings"
 
 
+# Not policy choices: load, workload, resources, baselines and seeds. The summary ranks only runs that
+# have these at the base, so "best" never means "less traffic" or "a bigger GPU".
+CONTEXT_KEYS = ("rate_scale", "rate", "workload", "n", "beam_width", "seed", "kv_cache_gb", "num_gpu_blocks",
+                "gpu", "tp", "model", "allocator", "swap_space_gb", "replicas", "sample_lengths")
+
+
+def comparable(study: Study) -> list[dict[str, Any]]:
+    """OK runs at the base load, workload, resources, allocator and seed: they differ in policy only."""
+    base = study.base
+    return [r for r in study.ok if all(r["config"].get(k) == base.get(k) for k in CONTEXT_KEYS)]
+
+
 def best_settings(study: Study) -> list[dict[str, Any]]:
     rows = []
     for key, label, unit, better in METRICS:
-        scored = [(metric(r, key), r) for r in study.ok]
+        scored = [(metric(r, key), r) for r in comparable(study)]
         scored = [(v, r) for v, r in scored if v is not None]
         if not scored:
             continue
@@ -120,9 +138,18 @@ def findings(study: Study) -> list[str]:
     if len(by_bs) > 1:
         best = max(by_bs, key=by_bs.get)
         worst = min(by_bs, key=by_bs.get)
-        lines.append(f"Block size {best} gives the highest throughput ({by_bs[best]:,.0f} tokens/s), "
-                     f"{by_bs[best] / by_bs[worst] - 1:.1%} above block size {worst}.")
+        gain = by_bs[best] / by_bs[worst] - 1
+        if gain < NEGLIGIBLE:
+            lines.append(f"Block size hardly matters here: throughput within {gain:.1%} across "
+                         f"{', '.join(map(str, sorted(by_bs)))}.")
+        else:
+            lines.append(f"Block size {best} gives the highest throughput ({by_bs[best]:,.0f} tokens/s), "
+                         f"{gain:.1%} above block size {worst}.")
     modes = study.slice("preemption", "block_size")
+    # compare modes over the block sizes every mode has
+    sizes = set.intersection(*({r["config"]["block_size"] for r in modes if r["config"]["preemption"] == m}
+                               for m in {r["config"]["preemption"] for r in modes})) if modes else set()
+    modes = [r for r in modes if r["config"]["block_size"] in sizes]
     thr = _mean_by(modes, "preemption", "throughput_tokens_s")
     ttft = _mean_by(modes, "preemption", "ttft_s.p99")
     if len(thr) > 1:
@@ -135,8 +162,14 @@ def findings(study: Study) -> list[str]:
     hits = _mean_by(study.slice("eviction", "kv_cache_gb"), "eviction", "prefix_hit_rate")
     if len(hits) > 1:
         best = max(hits, key=hits.get)
-        lines.append(f"Eviction policy {best} keeps the most prefix hits ({hits[best]:.1%} mean over cache sizes; "
-                     + ", ".join(f"{k} {v:.1%}" for k, v in sorted(hits.items()) if k != best) + ").")
+        spread = hits[best] - min(hits.values())
+        others = ", ".join(f"{k} {v:.1%}" for k, v in sorted(hits.items()) if k != best)
+        if spread < NEGLIGIBLE:
+            lines.append(f"Eviction policies barely differ here: prefix hit rates within {spread:.1%} points "
+                         f"({best} {hits[best]:.1%}, {others}; mean over cache sizes).")
+        else:
+            lines.append(f"Eviction policy {best} keeps the most prefix hits ({hits[best]:.1%} mean over cache "
+                         f"sizes; {others}).")
     alloc = _mean_by(study.slice("allocator"), "allocator", "memory_utilization")
     if "paged" in alloc and len(alloc) > 1:
         others = ", ".join(f"Orca {k} {v:.0%}" for k, v in alloc.items() if k != "paged")

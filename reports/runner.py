@@ -39,8 +39,19 @@ def run_one(config: RunConfig) -> dict[str, Any]:
         record.update(status="error", error=f"{type(exc).__name__}: {exc}",
                       traceback=traceback.format_exc(limit=6)[-4000:])
     record["wall_s"] = round(time.perf_counter() - started, 3)
+    record["pagesim_version"] = _version()
     record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return record
+
+
+@functools.lru_cache(maxsize=1)
+def _version() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("pagesim")
+    except md.PackageNotFoundError:
+        return "unknown"
 
 
 def build_trace(config: RunConfig):

@@ -56,6 +56,8 @@ SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator"
                  "beam_width": int, "sample_lengths": str, "placement": str, "max_model_len": int,
                  "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str)}
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper"}
+PAPERS = ("kwon2023",)
+ROUTERS = ("round-robin",)  # more with the cluster simulator (the scale issue)
 
 
 class SpecError(ValueError):
@@ -162,8 +164,11 @@ def validate(doc: dict, origin: str = "spec") -> StudySpec:
     if not isinstance(grids_doc, list):
         raise SpecError(f"{origin}: grid must be a table or an array of tables ([[grid]])")
     grids = [_settings(g, f"{origin}: grid[{i}]", scalar=False) for i, g in enumerate(grids_doc)]
+    paper = doc.get("paper")
+    if paper is not None and paper not in PAPERS:
+        raise SpecError(f"{origin}: paper = {paper!r}: the report compares with {', '.join(PAPERS)} only")
     spec = StudySpec(name, source, base, grids, description=str(doc.get("description", "")),
-                     paper=doc.get("paper"), document=doc)
+                     paper=paper, document=doc)
     for config in spec.runs():
         _check_run(config, origin)
     return spec
@@ -186,6 +191,13 @@ def _source(value: Any, origin: str) -> dict[str, Any]:
         raise SpecError(f"{origin}: source.num_requests must be >= 1")
     if "rate" in out and not 0 < out["rate"] < math.inf:
         raise SpecError(f"{origin}: source.rate must be a positive number of requests/s")
+    if "trace" in out:
+        path = Path(out["trace"])
+        if not path.is_file():
+            raise SpecError(f"{origin}: source.trace: no such file {path}")
+        # The file's identity is part of every run's id: an edited trace is not served stale results.
+        stat = path.stat()
+        out["trace_identity"] = f"{stat.st_size}:{stat.st_mtime_ns}"
     return out
 
 
@@ -219,15 +231,32 @@ def _typed(value: Any, kind: type | tuple, where: str) -> Any:
 def _check_run(config: RunConfig, origin: str) -> None:
     """What can be refused before anything runs (the rest fails per run, recorded with its error)."""
     from engine.model_presets import MODEL_PRESETS
+    from engine.policy import EVICTION_POLICIES, PREEMPTION_MODES, VICTIM_POLICIES
+    from engine.policy.contiguous import PLACEMENTS
+    from engine.policy.presets import PRESETS
     from sim.hardware import GPU_PRESETS
     from sim.setup import ALLOCATORS
+    from traces.generate.presets import WORKLOADS
 
     if config["replicas"] != 1:
         raise SpecError(f"{origin}: replicas = {config['replicas']}: several replicas behind a router need the "
                         "cluster simulator (the scale issue), which is not built yet; use replicas = 1")
-    for key, allowed in (("gpu", GPU_PRESETS), ("allocator", ALLOCATORS)):
-        if config[key] not in allowed:
+    for key, allowed in (("gpu", GPU_PRESETS), ("allocator", ALLOCATORS), ("policy", PRESETS),
+                         ("eviction", EVICTION_POLICIES), ("preemption", PREEMPTION_MODES),
+                         ("victim", VICTIM_POLICIES), ("placement", PLACEMENTS), ("router", ROUTERS),
+                         ("workload", WORKLOADS)):
+        if config[key] is not None and config[key] not in allowed:
             raise SpecError(f"{origin}: {key} = {config[key]!r} is not one of {', '.join(allowed)}")
+    if "workload" in config["source"] and config["source"]["workload"] not in WORKLOADS:
+        raise SpecError(f"{origin}: source.workload = {config['source']['workload']!r} is not one of "
+                        f"{', '.join(WORKLOADS)}")
+    for key in ("kv_cache_gb", "swap_space_gb"):
+        value = config[key]
+        if value is not None and not (0 <= value < math.inf and (value > 0 or key == "swap_space_gb")):
+            raise SpecError(f"{origin}: {key} must be a positive, finite number of GiB, got {value}")
+    for key in ("num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "n", "beam_width"):
+        if config[key] is not None and config[key] < 1:
+            raise SpecError(f"{origin}: {key} must be >= 1, got {config[key]}")
     if config["model"] not in MODEL_PRESETS and not Path(config["model"]).exists():
         raise SpecError(f"{origin}: model = {config['model']!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
                         "nor a config.json")

@@ -2,9 +2,10 @@
 
 Invariants: a record is written as one line by one ``write`` and flushed to disk (``fsync``) before
 the next run's record, so a study killed at any moment loses at most the runs in flight; a line cut
-short by the kill (no final newline, or not JSON) is dropped on the next load and the file is
-truncated back to its last whole line before anything is appended. Every run id appears at most
-once: ``load`` keeps the first record of an id, and the study never reruns an id it has.
+short by the kill (no final newline, or not JSON) is dropped on the next load and, when the study
+loads it to append, the file is truncated back to its last whole line first. A study reruns only
+failed runs, so an id has at most one successful record; ``load`` returns the last record of each
+id (a retried failure's newest attempt).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ class ResultsStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
-    def load(self) -> dict[str, dict[str, Any]]:
-        """Records by run id, in file order; repairs a torn last line."""
+    def load(self, *, repair: bool = True) -> dict[str, dict[str, Any]]:
+        """The last record of each run id, in first-seen order; ``repair`` truncates a torn last line
+        (a study about to append does; a report reading a running study does not)."""
         if not self.path.exists():
             return {}
         data = self.path.read_bytes()
@@ -42,9 +44,9 @@ class ResultsStore:
                 break
             if not isinstance(record, dict) or "id" not in record:
                 raise ValueError(f"{self.path}: line {_line_no(data, pos)} is not a run record")
-            records.setdefault(record["id"], record)
+            records[record["id"]] = record
             pos = good_end = end + 1
-        if good_end < len(data):
+        if repair and good_end < len(data):
             with self.path.open("r+b") as fh:
                 fh.truncate(good_end)
         return records

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -61,6 +62,10 @@ def test_grid_is_a_union_of_products_with_shared_runs_once():
         ("[source]\nworkload = 'shared-system-prompt'\nnum_requests = 5\n[base]\ngpu = 'tpu'", "gpu = 'tpu' is not one of"),
         ("[source]\nworkload = 'shared-system-prompt'\nnum_requests = 5\nprofile = 'p.json'", "unknown key"),
         ("name = ", "not valid TOML"),
+        ("[source]\nworkload = 'shared-system-prompt'\nnum_requests = 5\n[[grid]]\npreemption = ['swp']", "preemption = 'swp' is not one of"),
+        ("[source]\nworkload = 'nope'\nnum_requests = 5", "source.workload = 'nope' is not one of"),
+        ("[source]\ntrace = '/nonexistent.csv'", "no such file"),
+        ("paper = 'x'\n[source]\nworkload = 'shared-system-prompt'\nnum_requests = 5", "compares with kwon2023 only"),
     ],
 )
 def test_bad_specs_are_refused_with_the_key(text, message):
@@ -78,15 +83,35 @@ def test_overrides_change_the_document():
         parse_spec(SMALL, ["grid.9.block_size=[8]"])
 
 
+FAILING = "[[grid]]\nmax_model_len = [100000, 4096]\n"  # past Llama 3 8B's context: fails when built
+
+
 def test_a_failing_run_is_recorded_and_the_study_completes(tmp_path):
-    spec = parse_spec(SMALL.split("[[grid]]")[0] + "[[grid]]\nmax_num_seqs = [0, 4]\n")
+    spec = parse_spec(SMALL.split("[[grid]]")[0] + FAILING)
     outcome = run_study(spec, tmp_path, workers=1, progress=False)
     records = ResultsStore(tmp_path / "results.jsonl").load()
     assert outcome.total == 2 and outcome.failed == 1 and len(records) == 2
-    bad = next(r for r in records.values() if r["config"]["max_num_seqs"] == 0)
-    good = next(r for r in records.values() if r["config"]["max_num_seqs"] == 4)
-    assert bad["status"] == "error" and "max_num_seqs" in bad["error"] and "Traceback" in bad["traceback"]
+    bad = next(r for r in records.values() if r["config"]["max_model_len"] == 100000)
+    good = next(r for r in records.values() if r["config"]["max_model_len"] == 4096)
+    assert bad["status"] == "error" and "exceeds llama3-8b's context length" in bad["error"]
+    assert "Traceback" in bad["traceback"] and bad["pagesim_version"]
     assert good["status"] == "ok" and good["summary"]["requests_completed"] == 30
+    # the next invocation retries the failure (and only it); the newest attempt is the record
+    again = run_study(spec, tmp_path, workers=1, progress=False)
+    assert (again.reused, again.ran, again.failed) == (1, 1, 1)
+    assert len(ResultsStore(tmp_path / "results.jsonl").load()) == 2
+
+
+def test_one_study_writes_a_folder_at_a_time(tmp_path):
+    import fcntl
+
+    spec = parse_spec(SMALL.split("[[grid]]")[0])
+    with open(tmp_path / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        with pytest.raises(ValueError, match="another pagesim study is writing"):
+            run_study(spec, tmp_path, workers=1, progress=False)
+    with pytest.raises(ValueError, match="--workers must be >= 1, got 0"):
+        run_study(spec, tmp_path, workers=0, progress=False)
 
 
 def test_torn_last_line_is_dropped_and_repaired(tmp_path):
@@ -155,3 +180,35 @@ def test_study_cli_errors_are_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(tmp_path), "-o", str(tmp_path / "r.pdf")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "not a study folder" in out.stderr
+    failing = tmp_path / "failing.toml"
+    failing.write_text(SMALL.split("[[grid]]")[0] + FAILING)
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "study", str(failing), "-o", str(tmp_path / "f"),
+                          "--workers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "2 runs (0 from before, 2 now, 1 failed)" in out.stdout, out.stderr
+
+
+def test_ctrl_c_on_a_process_pool_keeps_finished_runs_and_leaves_no_worker(tmp_path):
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(SMALL.replace("num_requests = 30", "num_requests = 60"))
+    out = tmp_path / "study"
+    cmd = [sys.executable, "-m", "engine.cli", "study", str(spec_path), "-o", str(out), "--workers", "2", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, as a terminal's Ctrl-C reaches
+    results = out / "results.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if results.exists() and results.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the study finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted:" in err and "the same command resumes" in err, err[-2000:]
+    assert "Traceback" not in err
+    time.sleep(0.5)
+    leftover = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert not leftover, f"workers left running: {leftover}"
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ids = [json.loads(line)["id"] for line in results.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == len(parse_spec(spec_path.read_text()).runs())
