@@ -107,10 +107,10 @@ def run_demo_cmd(args) -> int:
     print(f"pagesim demo: {len(spec.runs())} simulations of {spec.source['num_requests']} requests "
           f"({spec.source['workload']}, Llama 3 8B on A100 40 GB), block size x eviction x preemption, "
           "load, memory baselines, cache size", file=sys.stderr)
-    _run(spec, out / "demo-study", args)
+    outcome = _run(spec, out / "demo-study", args)
     pdf = out / "report.pdf"
     pages = build_report(out / "demo-study", pdf)
     print(f"\nwrote {pdf} ({len(pages)} pages)\n\nFindings:")
     for line in findings(load_study(out / "demo-study")):
         print(f"- {line}")
-    return 0
+    return 1 if outcome.failed else 0
