@@ -192,8 +192,10 @@ def test_ctrl_c_on_a_process_pool_keeps_finished_runs_and_leaves_no_worker(tmp_p
     spec_path.write_text(SMALL.replace("num_requests = 30", "num_requests = 60"))
     out = tmp_path / "study"
     cmd = [sys.executable, "-m", "engine.cli", "study", str(spec_path), "-o", str(out), "--workers", "2", "--no-progress"]
+    # Its own process group, as a terminal's Ctrl-C reaches; SIGINT at its default even where this test
+    # runs as a background job (which starts with SIGINT ignored, and Python keeps it so).
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group, as a terminal's Ctrl-C reaches
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     results = out / "results.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
