@@ -26,8 +26,10 @@ from sim.cost.roofline import RooflineParams
 
 QUANTILES = np.linspace(0.0, 1.0, 101)
 MEMORY_POINTS = 400
-PAGED_ONLY = {"eviction": "eviction_policy", "preemption": "preemption_mode", "victim": "victim_policy",
-              "prefix_caching": "enable_prefix_caching"}
+# study setting -> scheduler config field
+SCHEDULER_SETTINGS = {"eviction": "eviction_policy", "preemption": "preemption_mode", "victim": "victim_policy",
+                      "prefix_caching": "enable_prefix_caching", "max_num_seqs": "max_num_seqs",
+                      "max_num_batched_tokens": "max_num_batched_tokens", "chunked_prefill": "enable_chunked_prefill"}
 
 
 def run_one(config: RunConfig) -> dict[str, Any]:
@@ -82,14 +84,11 @@ def build_trace(config: RunConfig):
 
 
 def _run_spec(config: RunConfig):
-    from sim.setup import RunSpec
+    from sim.setup import PAGED_ONLY, RunSpec
 
     overrides = {}
-    for key, setting in (("eviction", "eviction_policy"), ("preemption", "preemption_mode"),
-                         ("victim", "victim_policy"), ("prefix_caching", "enable_prefix_caching"),
-                         ("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens"),
-                         ("chunked_prefill", "enable_chunked_prefill")):
-        if config.get(key) is not None and (config["allocator"] == "paged" or key not in PAGED_ONLY):
+    for key, setting in SCHEDULER_SETTINGS.items():
+        if config.get(key) is not None and (config["allocator"] == "paged" or setting not in PAGED_ONLY):
             overrides[setting] = config[key]
     spec = RunSpec(model=config["model"], gpu=config["gpu"], tp=config["tp"], policy=config["policy"],
                    allocator=config["allocator"], placement=config["placement"], block_size=config["block_size"],
