@@ -19,6 +19,7 @@ import torch
 
 from kernels import reference
 from kernels.validate import (
+    TRITON_DTYPES,
     KernelArgumentError,
     check_attention,
     check_copy,
@@ -57,6 +58,18 @@ def resolve_backend(fn: str, backend: str, device: torch.device) -> str:
     return "triton"
 
 
+def _triton_for(fn: str, backend: str, t: torch.Tensor) -> bool:
+    """Whether the call runs on Triton; float64 (a torch-backend dtype) is refused there."""
+    if resolve_backend(fn, backend, t.device) == "torch":
+        return False
+    if t.dtype not in TRITON_DTYPES:
+        raise KernelArgumentError(
+            f"{fn}: {str(t.dtype).removeprefix('torch.')} runs on the torch backend only "
+            "(the Triton kernels take float32, float16 or bfloat16)"
+        )
+    return True
+
+
 def _check_positive_int(fn: str, name: str, value) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise KernelArgumentError(f"{fn}: {name} must be a positive int or None, got {value!r}")
@@ -91,7 +104,7 @@ def paged_decode_attention(
             raise KernelArgumentError(
                 f"{fn}: max_context_len={max_context_len} is below the longest context ({int(context_lens.max())})"
             )
-    if resolve_backend(fn, backend, query.device) == "torch":
+    if not _triton_for(fn, backend, query):
         return reference.decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
     return _triton_module("triton_attention").decode_attention(
         query, key_cache, value_cache, block_tables, context_lens, scale,
@@ -128,7 +141,7 @@ def paged_prefill_attention(
         longest = int((query_start_loc[1:] - query_start_loc[:-1]).max())
         if max_query_len < longest:
             raise KernelArgumentError(f"{fn}: max_query_len={max_query_len} is below the longest chunk ({longest})")
-    if resolve_backend(fn, backend, query.device) == "torch":
+    if not _triton_for(fn, backend, query):
         return reference.prefill_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale)
     return _triton_module("triton_attention").prefill_attention(
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, max_query_len=max_query_len
@@ -147,7 +160,7 @@ def write_kv_cache(
     """Write each token's K/V into its slot (in place)."""
     fn = "write_kv_cache"
     check_write(fn, key, value, key_cache, value_cache, slot_mapping)
-    if resolve_backend(fn, backend, key.device) == "torch":
+    if not _triton_for(fn, backend, key_cache):
         reference.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     else:
         _triton_module("triton_cache").write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
@@ -163,7 +176,7 @@ def copy_blocks(
     """One step's copy-on-write copies, for every layer, in one launch (in place)."""
     fn = "copy_blocks"
     check_copy(fn, key_caches, value_caches, block_mapping)
-    if resolve_backend(fn, backend, key_caches[0].device) == "torch":
+    if not _triton_for(fn, backend, key_caches[0]):
         reference.copy_blocks(key_caches, value_caches, block_mapping)
     else:
         _triton_module("triton_cache").copy_blocks(key_caches, value_caches, block_mapping)

@@ -2,7 +2,7 @@
 
 This is the fast path on CPU and the readable statement of what each kernel computes. Attention
 gathers each sequence's K/V through its block table, computes in float32 and returns the query's
-dtype. Positions past a sequence's length are masked before the softmax and their values zeroed,
+dtype (float64 inputs stay float64). Positions past a sequence's length are masked before the softmax and their values zeroed,
 so whatever unused or freed blocks hold (NaN in the engine's validation mode) cannot reach the
 output. Arguments are checked by the public functions in ``kernels.ops``, not here.
 """
@@ -14,10 +14,15 @@ import torch
 SCORE_BYTES = 256 * 2**20  # prefill: float32 scores held at once, per sequence
 
 
+def _acc(t: torch.Tensor) -> torch.dtype:
+    """The dtype attention is computed in: float32, or float64 for float64 inputs."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """``[..., n]`` block ids -> ``[..., n * block_size, num_kv_heads, head_dim]`` in float32."""
+    """``[..., n]`` block ids -> ``[..., n * block_size, num_kv_heads, head_dim]`` in ``_acc``."""
     blocks = cache[block_ids]  # [..., n, block_size, kv_heads, head_dim]
-    return blocks.flatten(-4, -3).float()
+    return blocks.flatten(-4, -3).to(_acc(cache))
 
 
 def decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale) -> torch.Tensor:
@@ -45,7 +50,7 @@ def _decode_batch(query, key_cache, value_cache, block_tables, lens, scale) -> t
     keys = _gather(key_cache, ids)  # [seqs, tokens, kv_heads, head_dim]
     token_valid = torch.arange(keys.shape[1], device=lens.device) < lens[:, None]  # [seqs, tokens]
     values = torch.where(token_valid[:, :, None, None], _gather(value_cache, ids), 0.0)
-    q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
+    q = query.to(_acc(query)).view(num_seqs, num_kv_heads, group, head_dim)
     scores = torch.einsum("skgd,stkd->skgt", q, keys) * scale
     scores = scores.masked_fill(~token_valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
@@ -71,7 +76,7 @@ def prefill_attention(query, key_cache, value_cache, block_tables, query_start_l
         chunk = max(1, SCORE_BYTES // (4 * num_heads * seq_len))
         for c0 in range(0, q_len, chunk):
             c1 = min(q_len, c0 + chunk)
-            q = query[q_start + c0 : q_start + c1].float().view(c1 - c0, num_kv_heads, group, head_dim)
+            q = query[q_start + c0 : q_start + c1].to(_acc(query)).view(c1 - c0, num_kv_heads, group, head_dim)
             scores = torch.einsum("qkgd,tkd->kgqt", q, keys) * scale
             positions = torch.arange(seq_len - q_len + c0, seq_len - q_len + c1, device=query.device)
             causal = torch.arange(seq_len, device=query.device)[None, :] <= positions[:, None]  # [q, t]

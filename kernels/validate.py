@@ -14,7 +14,9 @@ import math
 
 import torch
 
-ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# float64 runs on the torch backend only: the engine's exact reference checks on CPU use it.
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ATTENTION_DTYPES = (*TRITON_DTYPES, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_HEAD_DIM = 256
 MAX_BLOCK_SIZE = 1024

@@ -39,7 +39,7 @@ def decode_args(**over):
 DECODE_CASES = {
     "block_tables int64": (dict(block_tables=torch.tensor([[0, 1], [2, 3]])), "block_tables must be one of int32, got int64"),
     "context_lens int64": (dict(context_lens=torch.tensor([20, 32])), "context_lens must be one of int32"),
-    "float64 query": (dict(query=torch.randn(2, 8, 64, dtype=torch.float64)), "query must be one of float32, float16, bfloat16"),
+    "integer query": (dict(query=torch.ones(2, 8, 64, dtype=torch.int32)), "query must be one of float32, float16, bfloat16, float64"),
     "query 2-D": (dict(query=torch.randn(2, 512)), "query must have 3 dimensions"),
     "query not a tensor": (dict(query=[[1.0]]), "query must be a torch.Tensor, got list"),
     "cache dtype differs": (dict(key_cache=torch.randn(10, 16, 2, 64).half(), value_cache=torch.randn(10, 16, 2, 64).half()), "key_cache has dtype torch.float16 but query has torch.float32"),
@@ -146,6 +146,18 @@ def test_copy_refuses(backend):
     for keys, values, mapping, message in cases:
         with pytest.raises(KernelArgumentError, match=message):
             copy_blocks(keys, values, mapping, backend=backend)
+
+
+def test_float64_is_for_the_torch_backend_only():
+    """float64 (the engine's exact reference checks) runs on torch; Triton says so."""
+    single_args = decode_args()
+    args = {k: (v.double() if k in ("query", "key_cache", "value_cache") else v) for k, v in single_args.items()}
+    with pytest.raises(KernelArgumentError, match="paged_decode_attention: float64 runs on the torch backend only"):
+        paged_decode_attention(**args, backend="triton")
+    out = paged_decode_attention(**args, backend="torch")
+    assert out.dtype == torch.float64
+    single = paged_decode_attention(**single_args, backend="torch")
+    torch.testing.assert_close(out.float(), single, rtol=1e-5, atol=1e-5)
 
 
 def test_swap_refuses():
