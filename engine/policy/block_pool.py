@@ -22,13 +22,17 @@ Allocation order (vLLM's, which the oracle logs pin down):
 
 Blocks are ints (their ids); per-block state lives in flat lists indexed by id, which keeps the hot
 path (allocate + free) to a few list operations. Block 0 can be reserved as vLLM v1's null block.
+
+``on_release`` (default ``None``) is called with a block id whenever the pool stops caring what
+the block holds: it went back to the free list, or its cached content was evicted. The engine's
+validation mode fills such blocks with NaN; the policy itself never looks at contents.
 """
 
 from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from engine.policy.block_key import BlockKey
 from engine.policy.eviction import EvictionPolicy, make_eviction_policy
@@ -62,6 +66,7 @@ class BlockPool:
         self.cache = PrefixCacheIndex()
         self.eviction: EvictionPolicy = make_eviction_policy(eviction_policy, self)
         self.num_evictions = 0
+        self.on_release: Callable[[int], None] | None = None
 
     # ----------------------------------------------------------------- counts
     @property
@@ -104,6 +109,8 @@ class BlockPool:
         assert key is not None and self.ref_counts[block_id] == 0
         self._drop_key(block_id, key)
         self.num_evictions += 1
+        if self.on_release is not None:
+            self.on_release(block_id)
         return block_id
 
     def _drop_key(self, block_id: int, key: BlockKey) -> None:
@@ -127,6 +134,8 @@ class BlockPool:
             self.release_tick[block_id] = self._tick
             if self.keys[block_id] is None:
                 self._free.appendleft(block_id)
+                if self.on_release is not None:
+                    self.on_release(block_id)
             else:
                 self.eviction.add(block_id)
 
@@ -147,6 +156,9 @@ class BlockPool:
                     self.eviction.add(block_id)
         # extendleft reverses, so the walk's first block ends up at the very front.
         self._free.extendleft(reversed(unkeyed_in_walk_order))
+        if self.on_release is not None:
+            for block_id in unkeyed_in_walk_order:
+                self.on_release(block_id)
 
     # --------------------------------------------------------- prefix cache
     def lookup(self, key: BlockKey) -> int | None:
@@ -184,7 +196,11 @@ class BlockPool:
     def free_block_order(self) -> list[int]:
         """Every block an allocation could take, in the order it would take them: found by
         allocating them all from a copy of the pool (O(num_blocks); for tests and reports)."""
-        clone = copy.deepcopy(self)
+        hook, self.on_release = self.on_release, None  # not the engine's: nothing else to copy
+        try:
+            clone = copy.deepcopy(self)
+        finally:
+            self.on_release = hook
         return [clone.allocate() for _ in range(clone.num_free_blocks)]
 
     def check(self) -> None:

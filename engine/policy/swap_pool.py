@@ -5,12 +5,14 @@ sequences can go out once and be shared on the CPU too), and a LIFO free list li
 allocator (ids ``0 .. num_cpu_blocks-1``, taken from the front, returned to the front).
 
 Invariants: ``num_free_blocks + num_used_blocks == num_blocks``; a block on the free list has
-count 0; every count equals the number of swapped-out tables holding the block.
+count 0; every count equals the number of swapped-out tables holding the block. ``on_release``
+(default ``None``) is called with a block id when its count reaches 0 (see ``BlockPool``).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 
 class SwapSpaceExhausted(RuntimeError):
@@ -24,6 +26,7 @@ class SwapPool:
         self.num_blocks = num_blocks
         self.ref_counts: list[int] = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
+        self.on_release: Callable[[int], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -50,6 +53,8 @@ class SwapPool:
         self.ref_counts[block_id] = count
         if count == 0:
             self._free.appendleft(block_id)
+            if self.on_release is not None:
+                self.on_release(block_id)
 
     def check(self) -> None:
         free = set(self._free)
