@@ -20,9 +20,7 @@ DEFAULT_GPU = "a100-40gb"
 
 def add_parser(subparsers) -> None:
     from engine.model_presets import MODEL_PRESETS
-    from engine.policy.eviction import EVICTION_POLICIES
-    from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES
-    from engine.policy.presets import PRESETS
+    from engine.policy.cli_args import add_policy_args
     from sim.hardware import GPU_PRESETS
     from sim.setup import ALLOCATORS
     from traces.source import add_source_args
@@ -41,21 +39,11 @@ def add_parser(subparsers) -> None:
     g.add_argument("--num-gpu-blocks", type=int, metavar="N", help="KV-cache blocks (overrides the memory budget)")
     g.add_argument("--kv-cache-gb", type=float, metavar="GIB", help="KV-cache GiB per GPU (overrides the budget)")
     g.add_argument("--swap-space", type=float, default=4.0, metavar="GIB", help="CPU swap GiB per GPU (default 4)")
-    s = p.add_argument_group("policy")
-    s.add_argument("--policy", default="pagesim", choices=list(PRESETS), help="scheduler preset (default pagesim)")
+    s = add_policy_args(p)
     s.add_argument("--allocator", default="paged", choices=list(ALLOCATORS),
                    help="paged blocks, or a contiguous baseline reserving max / pow2 / oracle lengths")
     s.add_argument("--placement", choices=["buddy", "first-fit"], default="buddy",
                    help="contiguous baselines: where slabs go (default buddy, as the PagedAttention paper assumed)")
-    s.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
-    s.add_argument("--eviction", choices=list(EVICTION_POLICIES), help="prefix-cache eviction policy")
-    s.add_argument("--preemption", choices=[m for m in PREEMPTION_MODES if m != "cost"], help="preemption mode")
-    s.add_argument("--victim", choices=list(VICTIM_POLICIES), help="preemption victim policy")
-    s.add_argument("--prefix-caching", choices=["on", "off"], help="(default: the preset's)")
-    s.add_argument("--chunked-prefill", choices=["on", "off"], help="(default: the preset's)")
-    s.add_argument("--max-model-len", type=int, metavar="L", help="default: the model's context length")
-    s.add_argument("--max-num-seqs", type=int, metavar="N", help="batch limit (default: the preset's)")
-    s.add_argument("--max-num-batched-tokens", type=int, metavar="T", help="token budget per step")
     o = p.add_argument_group("simulation")
     o.add_argument("--sample-lengths", choices=["drawn", "same"], default="drawn",
                    help="parallel samples end at lengths drawn from the workload (default) or all at the trace's")
@@ -71,19 +59,10 @@ def add_parser(subparsers) -> None:
 
 
 def run_spec_from_args(args):
+    from engine.policy.cli_args import policy_overrides
     from sim.setup import RunSpec
 
-    overrides = {}
-    for flag, name in (("eviction", "eviction_policy"), ("preemption", "preemption_mode"),
-                       ("victim", "victim_policy"), ("max_num_seqs", "max_num_seqs"),
-                       ("max_num_batched_tokens", "max_num_batched_tokens")):
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[name] = value
-    for flag, name in (("prefix_caching", "enable_prefix_caching"), ("chunked_prefill", "enable_chunked_prefill")):
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[name] = value == "on"
+    overrides = policy_overrides(args)
     return RunSpec(
         model=args.model, gpu=args.gpu, tp=args.tp, policy=args.policy, allocator=args.allocator,
         placement=args.placement,
@@ -119,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         for key, value in DEFAULT_SOURCE.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
-    for flag in ("tp", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks"):
+    for flag in ("tp", "num_gpu_blocks"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")

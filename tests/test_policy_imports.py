@@ -31,6 +31,8 @@ POLICY_MODULES = [
     "engine.policy.buddy",
     "engine.policy.usage",
     "engine.policy.capacity",
+    "engine.policy.cli_args",
+    "engine.runtime.cli",
     "engine.model_presets",
     "engine.cli",
 ]
