@@ -29,7 +29,7 @@ from typing import Any
 _MLP_KINDS = ("swiglu", "gelu")
 
 # Hugging Face dtype names -> bytes per element.
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass(slots=True, frozen=True)
@@ -150,8 +150,13 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         _opt("opt-13b", 40, 5120, 40, 40, 128, 20480, 50272, 2048),
         _opt("opt-66b", 64, 9216, 72, 72, 128, 36864, 50272, 2048),
         _opt("opt-175b", 96, 12288, 96, 96, 128, 49152, 50272, 2048),
-        # A toy Llama-shaped model for tests and the CPU engine.
-        _llama("tiny", 2, 64, 4, 2, 16, 128, 256, 512),
+        # Llama-shaped models for the real engine (random weights from a seed): ``tiny`` for tests
+        # and the CPU engine (its 512-token vocabulary is the smallest that trace pseudo-tokens
+        # allow), ``small`` for quick CPU timing, and two of a few hundred million parameters.
+        _llama("tiny", 2, 64, 4, 2, 16, 128, 512, 512),
+        _llama("small", 4, 256, 8, 4, 32, 704, 4096, 2048),
+        _llama("llama-125m", 12, 768, 12, 4, 64, 2048, 32000, 2048),
+        _llama("llama-350m", 24, 1024, 16, 8, 64, 2816, 32000, 2048),
     )
 }
 

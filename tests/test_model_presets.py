@@ -20,7 +20,10 @@ PUBLIC_SHAPES = {
     "opt-13b": (40, 5120, 40, 40, 128, 20480, 50272, 2048, "gelu"),
     "opt-66b": (64, 9216, 72, 72, 128, 36864, 50272, 2048, "gelu"),
     "opt-175b": (96, 12288, 96, 96, 128, 49152, 50272, 2048, "gelu"),
-    "tiny": (2, 64, 4, 2, 16, 128, 256, 512, "swiglu"),
+    "tiny": (2, 64, 4, 2, 16, 128, 512, 512, "swiglu"),
+    "small": (4, 256, 8, 4, 32, 704, 4096, 2048, "swiglu"),
+    "llama-125m": (12, 768, 12, 4, 64, 2048, 32000, 2048, "swiglu"),
+    "llama-350m": (24, 1024, 16, 8, 64, 2816, 32000, 2048, "swiglu"),
 }
 
 
@@ -64,9 +67,9 @@ def test_num_params_matches_published_counts(name, num_params):
 
 
 def test_num_params_by_hand_for_tiny():
-    # embed 256*64 + untied head 256*64; per layer q,o 64*64, k,v 64*32, mlp 3*64*128, 2 norms of 64
+    # embed 512*64 + untied head 512*64; per layer q,o 64*64, k,v 64*32, mlp 3*64*128, 2 norms of 64
     per_layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
-    assert MODEL_PRESETS["tiny"].num_params == 2 * 256 * 64 + 2 * per_layer + 64
+    assert MODEL_PRESETS["tiny"].num_params == 2 * 512 * 64 + 2 * per_layer + 64
 
 
 def test_tying_the_lm_head_removes_one_embedding_matrix():
