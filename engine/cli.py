@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "oracle": "engine.oracle.cli",
     "trace": "traces.cli",
     "simulate": "sim.cli",
+    "run": "engine.runtime.cli",
     "reproduce": "sim.paper_cli",
     "study": "reports.cli",
     "report": "reports.cli",

@@ -1,0 +1,22 @@
+"""The engine's model (execution side, torch): a Llama decoder with pluggable attention.
+
+``config`` (shapes and hyper-parameters), ``llama`` (the network), ``weights`` (random init,
+Hugging Face folders), ``dense`` (the no-paging reference the engine is checked against).
+"""
+
+from engine.model.config import LlamaConfig, ModelConfigError
+from engine.model.dense import DenseSequence, logits_of
+from engine.model.llama import LlamaForCausalLM
+from engine.model.weights import load_model, load_pretrained, random_model, save_pretrained
+
+__all__ = [
+    "DenseSequence",
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    "ModelConfigError",
+    "load_model",
+    "load_pretrained",
+    "logits_of",
+    "random_model",
+    "save_pretrained",
+]

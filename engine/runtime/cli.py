@@ -1,0 +1,379 @@
+"""pagesim run: serve a trace or workload on the real engine (a Llama model on paged KV tensors).
+
+The scheduler and block manager are the simulator's; here their decisions are carried out on
+tensors. A named workload without ``--rate`` is served offline (every request at t=0, as
+``vllm bench throughput`` does); a trace keeps its arrival times, on the wall clock.
+``--check-reference`` turns on validation mode (freed blocks filled with NaN) and then generates
+every request again alone with no paging, reporting whether all tokens match. ``--json`` prints
+one JSON object; ``--out DIR`` writes the summary, per-request and per-step tables, the outputs
+and the decision log (the simulator's format).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+DTYPES = ("auto", "float64", "float32", "float16", "bfloat16")
+CPU_KV_CACHE_GB = 1.0  # default KV cache on CPU, where no memory-utilization rule applies
+SWAP_SPACE_GB = 4.0  # vLLM's default swap space
+
+
+def add_parser(subparsers) -> None:
+    from engine.policy.cli_args import add_policy_args
+    from traces.source import add_source_args
+
+    p = subparsers.add_parser("run", help="serve a trace or workload on the real engine (paged KV tensors)",
+                              description=__doc__.splitlines()[0])
+    add_source_args(p)
+    g = p.add_argument_group("model and device")
+    g.add_argument("--model", default="tiny", help="preset (tiny, small, llama-125m, llama-350m, ...; random weights "
+                   "from --model-seed) or a Hugging Face Llama folder (default tiny)")
+    g.add_argument("--model-seed", type=int, default=0, metavar="S", help="seed of random weights (default 0)")
+    g.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="auto: float64 on CPU with the torch backend (exact reference checks), float32 with Triton "
+                        "on CPU, bfloat16 on CUDA")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: cuda if available)")
+    g.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto",
+                   help="attention kernels: triton on CUDA and torch on CPU by default; triton on CPU needs "
+                        "TRITON_INTERPRET=1 (slow)")
+    k = p.add_argument_group("KV cache")
+    k.add_argument("--num-gpu-blocks", type=int, metavar="N", help="KV-cache blocks (overrides the memory budget)")
+    k.add_argument("--kv-cache-gb", type=float, metavar="GIB",
+                   help=f"KV-cache GiB (default on CPU: {CPU_KV_CACHE_GB:g})")
+    k.add_argument("--gpu-memory-utilization", type=float, metavar="F",
+                   help="CUDA: size the cache as vLLM does, memory x F - weights - activations (default 0.9)")
+    k.add_argument("--swap-space", type=float, metavar="GIB",
+                   help=f"CPU swap GiB (default {SWAP_SPACE_GB:g}, as vLLM, but no more blocks than the GPU cache)")
+    k.add_argument("--num-cpu-blocks", type=int, metavar="N", help="CPU swap blocks (overrides --swap-space)")
+    add_policy_args(p)
+    s = p.add_argument_group("sampling")
+    s.add_argument("--n", type=int, metavar="K", help="parallel samples per request (overrides the trace)")
+    s.add_argument("--beam-width", type=int, metavar="W", help="beam search width (overrides the trace)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
+    s.add_argument("--sampling-seed", type=int, default=0, metavar="S", help="seed of the sampling noise (default 0)")
+    o = p.add_argument_group("run")
+    o.add_argument("--offline", action="store_true", help="release every request at t=0 (whatever the trace says)")
+    o.add_argument("--check-reference", action="store_true",
+                   help="validation mode, then rerun every request alone with no paging and compare all tokens")
+    o.add_argument("--validate", action="store_true", help="validation mode only: freed blocks are filled with NaN")
+    o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    o.add_argument("--out", metavar="DIR", help="write summary, tables, outputs and the decision log here")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from traces.source import reported_warnings, trace_from_args
+
+    offline = args.offline
+    if args.workload is not None and args.rate is None and args.arrival is None:
+        args.rate, offline = 1.0, True  # offline: the arrival times are replaced by 0 below
+    with reported_warnings("run", strict=args.strict):
+        trace = trace_from_args(args)
+    import torch
+
+    from engine.model import LlamaConfig, ModelConfigError, load_model
+    from engine.model.weights import DTYPES as TORCH_DTYPES
+
+    device = _device(args.device, torch)
+    config = _model_config(args.model, LlamaConfig, ModelConfigError)
+    dtype = _dtype(args.dtype, device, args.backend, TORCH_DTYPES)
+    sched_config = _scheduler_config(args, config, dtype, device)
+    requests = _requests(trace, args, config, sched_config, offline)
+    params = _sampling(args)
+    model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
+    if args.num_gpu_blocks is None and args.kv_cache_gb is None and device.type == "cuda":
+        sched_config = _fit_cuda_cache(model, sched_config, args)
+    return _serve(args, model, sched_config, requests, params, offline)
+
+
+def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
+    import copy
+
+    from engine.runtime import Engine
+    from engine.runtime.engine import EngineStalled
+    from engine.runtime.reference import check_outputs
+
+    validate = args.check_reference or args.validate
+    engine = Engine(model, sched_config, backend=args.backend, validate=validate, sampling=params)
+    served = [copy.deepcopy(r) for r in requests]  # the originals stay unscheduled for the reference
+    progress = _progress(len(served), "serving", args.no_progress)
+    started = time.perf_counter()
+    try:
+        if offline:
+            engine.run_lockstep(served, on_finish=progress.update if progress else None)
+        else:
+            engine.run(served, on_finish=progress.update if progress else None)
+    except EngineStalled as exc:
+        raise ValueError(f"the scheduler stopped making progress: {exc}") from None
+    finally:
+        if progress:
+            progress.close()
+    wall_s = time.perf_counter() - started
+    rejected = [r for r in engine.records.values() if r.status == "rejected"]
+    if rejected:
+        print(f"pagesim run: warning: {len(rejected)} request(s) rejected, e.g. {rejected[0].request_id}: "
+              f"{rejected[0].reject_reason}", file=sys.stderr)
+    report = None
+    reference_wall_s = None
+    if args.check_reference:
+        outputs = {rid: r.outputs for rid, r in engine.records.items() if r.status == "completed"}
+        progress = _progress(len(outputs), "reference", args.no_progress)
+        t0 = time.perf_counter()
+        report = check_outputs(model, requests, outputs, lambda r: params, progress=progress.update if progress else None)
+        reference_wall_s = time.perf_counter() - t0
+        if progress:
+            progress.close()
+    summary = _summary(engine, wall_s, report, reference_wall_s, args, offline)
+    if args.out:
+        _write_out(Path(args.out), engine, summary)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        _print_summary(summary)
+    return 0 if report is None or report.match else 1
+
+
+# ------------------------------------------------------------------ setup
+def _device(choice: str, torch):
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return torch.device(choice)
+
+
+def _model_config(spec: str, LlamaConfig, ModelConfigError):
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return LlamaConfig.from_hf(path)
+    return LlamaConfig.named(spec)
+
+
+def _dtype(choice: str, device, backend: str, TORCH_DTYPES):
+    if choice != "auto":
+        return TORCH_DTYPES[choice]
+    if device.type == "cuda":
+        return TORCH_DTYPES["bfloat16"]
+    return TORCH_DTYPES["float32" if backend == "triton" else "float64"]
+
+
+def _scheduler_config(args, config, dtype, device):
+    from engine.policy import make_config
+    from engine.policy.cli_args import policy_overrides
+    from engine.runtime.kv_cache import GiB, blocks_for_budget
+
+    overrides = policy_overrides(args)
+    max_model_len = args.max_model_len or config.max_position_embeddings
+    if max_model_len > config.max_position_embeddings:
+        raise ValueError(f"--max-model-len {max_model_len} exceeds {config.name}'s context "
+                         f"({config.max_position_embeddings} tokens)")
+    block_size = args.block_size
+    if args.num_gpu_blocks is not None and args.kv_cache_gb is not None:
+        raise ValueError("give --num-gpu-blocks or --kv-cache-gb, not both")
+    if args.num_gpu_blocks is not None:
+        if args.num_gpu_blocks < 1:
+            raise ValueError(f"--num-gpu-blocks must be >= 1, got {args.num_gpu_blocks}")
+        num_gpu_blocks = args.num_gpu_blocks
+    else:
+        gib = args.kv_cache_gb if args.kv_cache_gb is not None else CPU_KV_CACHE_GB
+        if not 0 < gib < float("inf"):
+            raise ValueError(f"--kv-cache-gb must be a positive number of GiB, got {gib}")
+        num_gpu_blocks = blocks_for_budget(int(gib * GiB), config, block_size, dtype)  # CUDA: refitted later
+        if num_gpu_blocks < 1:
+            raise ValueError(f"{gib:g} GiB holds no block of {block_size} tokens of {config.name}")
+    if args.num_cpu_blocks is not None:
+        if args.num_cpu_blocks < 0:
+            raise ValueError(f"--num-cpu-blocks must be >= 0, got {args.num_cpu_blocks}")
+        num_cpu_blocks = args.num_cpu_blocks
+    else:
+        gib = SWAP_SPACE_GB if args.swap_space is None else args.swap_space
+        if not 0 <= gib < float("inf"):
+            raise ValueError(f"--swap-space must be a finite number of GiB >= 0, got {gib}")
+        num_cpu_blocks = blocks_for_budget(int(gib * GiB), config, block_size, dtype)
+        if args.swap_space is None:
+            num_cpu_blocks = min(num_cpu_blocks, num_gpu_blocks)
+    if args.gpu_memory_utilization is not None and device.type != "cuda":
+        raise ValueError("--gpu-memory-utilization sizes a CUDA cache; on CPU give --kv-cache-gb or --num-gpu-blocks")
+    return make_config(args.policy, block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
+                       max_model_len=max_model_len, **overrides)
+
+
+def _fit_cuda_cache(model, sched_config, args):
+    from engine.runtime.kv_cache import blocks_for_budget, profile_kv_budget
+
+    budget = profile_kv_budget(model, gpu_memory_utilization=args.gpu_memory_utilization or 0.9,
+                               max_num_batched_tokens=sched_config.max_num_batched_tokens)
+    blocks = blocks_for_budget(budget, model.config, sched_config.block_size, model.dtype)
+    overrides = {"num_gpu_blocks": blocks}
+    if args.num_cpu_blocks is None and args.swap_space is None:
+        overrides["num_cpu_blocks"] = min(sched_config.num_cpu_blocks, blocks)
+    return sched_config.with_overrides(**overrides)
+
+
+def _requests(trace, args, config, sched_config, offline: bool):
+    import numpy as np
+
+    from engine.policy.admission import rejection_reason
+
+    for flag in ("n", "beam_width"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.n is not None and args.beam_width is not None and args.n > 1 and args.beam_width > 1:
+        raise ValueError("give --n or --beam-width, not both")
+    if args.n is not None:
+        trace = replace(trace, n=np.full(len(trace), args.n), beam_width=np.ones(len(trace), dtype=np.int64))
+    if args.beam_width is not None:
+        trace = replace(trace, beam_width=np.full(len(trace), args.beam_width), n=np.ones(len(trace), dtype=np.int64))
+    if offline:
+        trace = replace(trace, arrival_s=np.zeros(len(trace)))
+    limit = sched_config.max_model_len
+    too_long = np.flatnonzero(trace.prompt_len + trace.output_len > limit)
+    if len(too_long):
+        i = int(too_long[0])
+        raise ValueError(f"{len(too_long)} of {len(trace)} requests are longer than the context of {limit} tokens "
+                         f"(e.g. r{i}: {int(trace.prompt_len[i])} prompt + {int(trace.output_len[i])} output tokens); "
+                         f"a larger model context, or --num-requests / a trace without them")
+    requests = [trace.request(i, vocab_size=config.vocab_size) for i in range(len(trace))]
+    reasons = [rejection_reason(r, sched_config, sched_config.num_usable_gpu_blocks) for r in requests]
+    if all(reasons):
+        raise ValueError(f"the KV cache ({sched_config.num_gpu_blocks} blocks of {sched_config.block_size} tokens) "
+                         f"is too small for any of the {len(requests)} requests; e.g. {requests[0].request_id} "
+                         f"{reasons[0]}")
+    return requests
+
+
+def _sampling(args):
+    from engine.runtime import SamplingParams
+
+    if args.sampling_seed < 0:
+        raise ValueError(f"--sampling-seed must be >= 0, got {args.sampling_seed}")
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.sampling_seed)
+    except ValueError as exc:
+        raise ValueError(f"--temperature / --top-p: {exc}") from None
+    if (args.beam_width or 1) > 1 and not params.greedy:
+        raise ValueError("beam search is deterministic: leave --temperature at 0 with --beam-width")
+    return params
+
+
+# ---------------------------------------------------------------- output
+def _summary(engine, wall_s, report, reference_wall_s, args, offline) -> dict:
+    import numpy as np
+
+    records = list(engine.records.values())
+    done = [r for r in records if r.status == "completed"]
+    stats = engine.stats
+    sched = engine.scheduler
+
+    def stats_of(values) -> dict:
+        v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+        if not len(v):
+            return {"mean": None, "p50": None, "p99": None}
+        return {"mean": round(float(v.mean()), 6), "p50": round(float(np.percentile(v, 50)), 6),
+                "p99": round(float(np.percentile(v, 99)), 6)}
+
+    ttft = [r.first_token_s - r.arrival_s for r in done]
+    e2e = [r.finish_s - r.arrival_s for r in done]
+    tpot = []
+    for r in done:
+        longest = max((len(t) for t in r.outputs.values()), default=0)
+        if longest > 1:
+            tpot.append((r.finish_s - r.first_token_s) / (longest - 1))
+    admitted = sched.num_prompt_tokens_admitted
+    summary = {
+        "requests": len(records), "requests_completed": len(done),
+        "requests_rejected": sum(r.status == "rejected" for r in records),
+        "tokens_generated": stats.tokens_generated, "prompt_tokens": sum(r.prompt_tokens for r in done),
+        "steps": len(engine.steps),
+        "preemptions": dict(stats.preemptions), "cow_copies": stats.cow_copies,
+        "swapped_blocks": stats.swap_out_blocks + stats.swap_in_blocks,
+        "swap_out_blocks": stats.swap_out_blocks, "swap_in_blocks": stats.swap_in_blocks,
+        "prefix_hit_tokens": sched.num_prefix_hit_tokens,
+        "prefix_hit_rate": round(sched.num_prefix_hit_tokens / admitted, 6) if admitted else None,
+        "outputs_match_reference": None if report is None else report.match,
+        "wall_s": round(wall_s, 4),
+        "throughput_tokens_per_s": round(stats.tokens_generated / wall_s, 3) if wall_s > 0 else None,
+        "requests_per_s": round(len(done) / wall_s, 4) if wall_s > 0 else None,
+        "mean_step_s": round(float(np.mean([s.duration_s for s in engine.steps])), 6) if engine.steps else None,
+        "ttft_s": stats_of(ttft), "tpot_s": stats_of(tpot), "e2e_s": stats_of(e2e),
+        "arrivals": "offline (all at t=0)" if offline else "trace times on the wall clock",
+        "validation_mode": engine.validate,
+        "model": engine.model.config.name, "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "device": str(engine.model.device), "backend": engine.backend,
+        "block_size": engine.config.block_size, "num_gpu_blocks": engine.config.num_gpu_blocks,
+        "num_cpu_blocks": engine.config.num_cpu_blocks, "policy": args.policy,
+        "preemption_mode": engine.config.preemption_mode if isinstance(engine.config.preemption_mode, str) else "custom",
+    }
+    if report is not None:
+        summary.update(report.to_dict())
+        summary["reference_wall_s"] = round(reference_wall_s, 4)
+    return summary
+
+
+def _print_summary(summary: dict) -> None:
+    match = summary["outputs_match_reference"]
+    lines = [
+        f"model {summary['model']} ({summary['dtype']}, {summary['device']}, {summary['backend']} kernels), "
+        f"{summary['num_gpu_blocks']} GPU + {summary['num_cpu_blocks']} CPU blocks of {summary['block_size']} tokens",
+        f"requests     {summary['requests_completed']} completed, {summary['requests_rejected']} rejected "
+        f"({summary['arrivals']})",
+        f"tokens       {summary['tokens_generated']} generated in {summary['steps']} steps, {summary['wall_s']:.3f} s "
+        f"({summary['throughput_tokens_per_s']} tokens/s)",
+        f"preemptions  {summary['preemptions']['swap']} swap, {summary['preemptions']['recompute']} recompute; "
+        f"{summary['swapped_blocks']} blocks swapped, {summary['cow_copies']} copy-on-write copies, "
+        f"{summary['prefix_hit_tokens']} prefix-hit tokens",
+        f"latency      TTFT p50 {summary['ttft_s']['p50']} s, TPOT p50 {summary['tpot_s']['p50']} s, "
+        f"end-to-end p50 {summary['e2e_s']['p50']} s",
+    ]
+    if match is not None:
+        verdict = "all tokens match" if match else "MISMATCH"
+        lines.append(f"reference    {verdict} ({summary['reference_checked_requests']} requests, "
+                     f"{summary['reference_checked_tokens']} tokens, validation mode on)")
+        lines += [f"  {m}" for m in summary["reference_mismatches"]]
+    print("\n".join(lines))
+
+
+def _write_out(out: Path, engine, summary: dict) -> None:
+    from engine.policy.output import dump_record
+
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "decisions.jsonl.tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        for record in engine.scheduler.decision_log:
+            f.write(dump_record(record) + "\n")
+    tmp.replace(out / "decisions.jsonl")
+    with open(out / "requests.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        cols = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "beam_width", "status",
+                "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "reject_reason"]
+        w.writerow(cols)
+        for r in engine.records.values():
+            w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in cols])
+    with open(out / "steps.csv", "w", newline="", encoding="utf-8") as f:
+        rows = [asdict(s) for s in engine.steps]
+        w = csv.writer(f)
+        w.writerow(list(rows[0]) if rows else [])
+        for row in rows:
+            w.writerow(list(row.values()))
+    with open(out / "outputs.jsonl", "w", encoding="utf-8") as f:
+        for r in engine.records.values():
+            f.write(json.dumps({"request_id": r.request_id, "status": r.status,
+                                "outputs": {str(k): v for k, v in r.outputs.items()}}) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _progress(total: int, desc: str, disable: bool):
+    if disable or not sys.stderr.isatty() or total == 0:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc=desc, mininterval=0.5, leave=False, file=sys.stderr)

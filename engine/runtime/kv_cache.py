@@ -1,0 +1,152 @@
+"""The paged KV cache on a device, and the CPU swap space, as tensors the kernels read.
+
+Per layer one key and one value tensor of shape ``[num_blocks, block_size, num_kv_heads,
+head_dim]`` (the kernels' layout); the swap space has the same layout with its own block count,
+in pinned host memory when the cache is on CUDA. Block ids are the policy's: GPU block ``b`` of
+every layer is ``key_caches[layer][b]``, CPU block ``c`` is ``cpu_key_caches[layer][c]``.
+
+Sizing (``blocks_for_budget``): a byte budget divided by one block's bytes across all layers, keys
+and values. On CUDA the budget is vLLM's ``gpu_memory_utilization`` rule (``total memory x
+utilization`` less what the model and a profiling forward pass took, ``profile_kv_budget``); on
+either device it can be given in GiB, or the block count directly.
+
+Validation mode (``poison=True``): the caches start as NaN and every block the policy releases is
+refilled with NaN (``poison_gpu`` / ``poison_cpu``), so a kernel that reads memory the policy no
+longer owns turns the output into NaN instead of plausible tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from engine.model.config import LlamaConfig
+from kernels import copy_blocks, swap_blocks
+
+GiB = 1 << 30
+
+
+def block_bytes(config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, keys and values."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
+
+
+def blocks_for_budget(budget_bytes: int, config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
+    return max(0, int(budget_bytes) // block_bytes(config, block_size, dtype))
+
+
+class PagedKVCache:
+    def __init__(self, config: LlamaConfig, *, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device | str, poison: bool = False, backend: str = "auto"):
+        if num_gpu_blocks < 1:
+            raise ValueError(f"the KV cache needs at least one block, got {num_gpu_blocks}")
+        self.config = config
+        self.block_size = block_size
+        self.num_gpu_blocks = num_gpu_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.poison = poison
+        self.backend = backend
+        shape = (block_size, config.num_kv_heads, config.head_dim)
+        fill = float("nan") if poison else 0.0
+
+        def tensors(num_blocks: int, device: torch.device, pin: bool) -> list[torch.Tensor]:
+            out = []
+            for _ in range(config.num_layers):
+                t = torch.full((num_blocks, *shape), fill, dtype=dtype, device=device)
+                out.append(t.pin_memory() if pin else t)
+            return out
+
+        self.key_caches = tensors(num_gpu_blocks, self.device, False)
+        self.value_caches = tensors(num_gpu_blocks, self.device, False)
+        pin = self.device.type == "cuda"
+        cpu = torch.device("cpu")
+        self.cpu_key_caches = tensors(num_cpu_blocks, cpu, pin) if num_cpu_blocks else []
+        self.cpu_value_caches = tensors(num_cpu_blocks, cpu, pin) if num_cpu_blocks else []
+
+    @property
+    def bytes_per_block(self) -> int:
+        return block_bytes(self.config, self.block_size, self.dtype)
+
+    # ---------------------------------------------------------- block moves
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """``(gpu, cpu)`` pairs: GPU blocks to the swap space."""
+        if pairs:
+            mapping = torch.tensor(pairs, dtype=torch.int64)
+            swap_blocks(self._gpu_tensors(), self._cpu_tensors(), mapping)
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """``(cpu, gpu)`` pairs: swapped blocks back into the GPU cache."""
+        if pairs:
+            mapping = torch.tensor(pairs, dtype=torch.int64)
+            swap_blocks(self._cpu_tensors(), self._gpu_tensors(), mapping)
+
+    def copy(self, pairs: list[tuple[int, int]]) -> None:
+        """``(src, dst)`` copy-on-write pairs, every layer in one call."""
+        if pairs:
+            mapping = torch.tensor(pairs, dtype=torch.int64, device=self.device)
+            copy_blocks(self.key_caches, self.value_caches, mapping, backend=self.backend)
+
+    def poison_gpu(self, block_ids: Iterable[int]) -> None:
+        self._fill_nan(self.key_caches + self.value_caches, block_ids)
+
+    def poison_cpu(self, block_ids: Iterable[int]) -> None:
+        self._fill_nan(self.cpu_key_caches + self.cpu_value_caches, block_ids)
+
+    def _fill_nan(self, caches: list[torch.Tensor], block_ids: Iterable[int]) -> None:
+        ids = sorted(set(block_ids))
+        if not ids or not caches:
+            return
+        index = torch.tensor(ids, dtype=torch.int64, device=caches[0].device)
+        for cache in caches:
+            cache.index_fill_(0, index, float("nan"))
+
+    def _gpu_tensors(self) -> list[torch.Tensor]:
+        return self.key_caches + self.value_caches
+
+    def _cpu_tensors(self) -> list[torch.Tensor]:
+        return self.cpu_key_caches + self.cpu_value_caches
+
+    def describe(self) -> dict:
+        return {
+            "num_gpu_blocks": self.num_gpu_blocks, "num_cpu_blocks": self.num_cpu_blocks,
+            "block_size": self.block_size, "dtype": str(self.dtype).removeprefix("torch."),
+            "bytes_per_block": self.bytes_per_block,
+            "gpu_cache_gib": round(self.num_gpu_blocks * self.bytes_per_block / GiB, 4),
+            "cpu_swap_gib": round(self.num_cpu_blocks * self.bytes_per_block / GiB, 4),
+            "device": str(self.device), "validation_mode": self.poison,
+        }
+
+
+def profile_kv_budget(model, *, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
+    """vLLM's rule on CUDA: bytes for the KV cache = total memory x utilization - the peak that
+    the weights and one forward pass of ``max_num_batched_tokens`` tokens took (measured)."""
+    from engine.model.dense import causal_attention
+
+    device = model.device
+    if device.type != "cuda":
+        raise ValueError("--gpu-memory-utilization sizes a CUDA cache; on CPU give --kv-cache-gb or --num-gpu-blocks")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    tokens = min(max_num_batched_tokens, model.config.max_position_embeddings)
+    ids = torch.zeros(tokens, dtype=torch.long, device=device)
+    positions = torch.arange(tokens, device=device)
+
+    def attend(layer, q, k, v):  # causal attention of one long prompt: what a prefill step allocates
+        return causal_attention(q[-1:], k, v).expand_as(q)
+
+    with torch.inference_mode():
+        model.logits(model.hidden_states(ids, positions, attend))
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = int(total * gpu_memory_utilization) - peak
+    if budget <= 0:
+        raise ValueError(f"the model and its activations take {peak / GiB:.2f} GiB, more than "
+                         f"{gpu_memory_utilization:.0%} of the GPU's {total / GiB:.1f} GiB")
+    return budget

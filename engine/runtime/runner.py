@@ -1,0 +1,97 @@
+"""Carrying out one ``SchedulerOutput`` on tensors, exactly and in order.
+
+1. **swap out** ``blocks_to_swap_out`` (GPU -> CPU);
+2. in validation mode, **poison** the GPU blocks the policy released while scheduling (they were
+   read by step 1 if they were swapped out; whoever got them next writes them from step 3 on);
+3. **swap in** ``blocks_to_swap_in`` (CPU -> GPU), then poison the CPU blocks released;
+4. **copy-on-write** ``blocks_to_copy``;
+5. the **forward pass** over the step's tokens (K/V written into their slots, paged prefill and
+   decode attention), returning the logits of the sequences that sample.
+
+A CPU block that is both the destination of this step's swap-out and the source of its swap-in
+would make the order above wrong; the policy never does that, and the runner refuses it rather
+than corrupt memory. Blocks released by ``Scheduler.update`` are poisoned before the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.model.llama import LlamaForCausalLM
+from engine.policy import SchedulerOutput
+from engine.runtime.attention import PagedAttention
+from engine.runtime.batch import StepBatch, TokensOf, build_batch
+from engine.runtime.kv_cache import PagedKVCache
+
+
+class ExecutionError(RuntimeError):
+    """A scheduler output the runner cannot carry out faithfully, or (validation mode) output that
+    read memory the policy had released."""
+
+
+class Releases:
+    """Blocks the policy released and the cache has not yet poisoned (fed by the pools' hooks)."""
+
+    def __init__(self) -> None:
+        self.gpu: list[int] = []
+        self.cpu: list[int] = []
+
+    # The pools hold ``gpu.append`` / ``cpu.append``: the lists are emptied in place, never replaced.
+    def take_gpu(self) -> list[int]:
+        out = list(self.gpu)
+        self.gpu.clear()
+        return out
+
+    def take_cpu(self) -> list[int]:
+        out = list(self.cpu)
+        self.cpu.clear()
+        return out
+
+
+@dataclass(slots=True)
+class StepLogits:
+    batch: StepBatch | None
+    logits: torch.Tensor | None  # [S, vocab] for batch.sample_seqs
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache, *, backend: str, releases: Releases | None = None):
+        self.model = model
+        self.cache = cache
+        self.backend = backend
+        self.releases = releases  # set in validation mode
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput, tokens_of: TokensOf) -> StepLogits:
+        cache = self.cache
+        swap_out, swap_in = list(output.blocks_to_swap_out), list(output.blocks_to_swap_in)
+        clash = {cpu for _, cpu in swap_out} & {cpu for cpu, _ in swap_in}
+        if clash:
+            raise ExecutionError(f"step {output.step}: CPU block(s) {sorted(clash)} are both swapped out to and "
+                                 f"swapped in from in one step")
+        cache.swap_out(swap_out)
+        if self.releases is not None:
+            cache.poison_gpu(self.releases.take_gpu())
+        cache.swap_in(swap_in)
+        if self.releases is not None:
+            cache.poison_cpu(self.releases.take_cpu())
+        cache.copy(list(output.blocks_to_copy))
+        batch = build_batch(output, tokens_of, cache.device)
+        if batch is None:
+            return StepLogits(None, None)
+        attention = PagedAttention(cache, batch, backend=self.backend)
+        hidden = self.model.hidden_states(batch.input_ids, batch.positions, attention)
+        logits = self.model.logits(hidden[batch.sample_rows]) if batch.sample_seqs else None
+        if self.releases is not None and logits is not None and not bool(torch.isfinite(logits).all()):
+            bad = [s.seq_id for s, ok in zip(batch.sample_seqs, torch.isfinite(logits).all(dim=1).tolist()) if not ok]
+            raise ExecutionError(f"step {output.step}: logits of {', '.join(bad[:5])} are not finite: attention "
+                                 f"read KV memory the policy had released (validation mode)")
+        return StepLogits(batch, logits)
+
+    def poison_released(self) -> None:
+        """Poison what ``Scheduler.update`` released (finished and pruned sequences)."""
+        if self.releases is not None:
+            self.cache.poison_gpu(self.releases.take_gpu())
+            self.cache.poison_cpu(self.releases.take_cpu())
