@@ -67,12 +67,15 @@ class LlamaConfig:
             raise ModelConfigError(f"{path}: no config.json (a model folder holds config.json and *.safetensors)")
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelConfigError(f"cannot read model config {path}: {exc}") from None
+        model_type = raw.get("model_type") if isinstance(raw, dict) else None
+        if model_type != "llama":
+            raise ModelConfigError(f"{path}: model_type is {model_type!r}; the engine runs Llama models ('llama')")
+        try:
             preset = preset_from_hf_config(path)
         except ValueError as exc:
             raise ModelConfigError(str(exc)) from None
-        model_type = raw.get("model_type")
-        if model_type != "llama":
-            raise ModelConfigError(f"{path}: model_type is {model_type!r}; the engine runs Llama models ('llama')")
         refused = {
             "hidden_act": (raw.get("hidden_act", "silu") != "silu", "only SiLU (SwiGLU) is supported"),
             "attention_bias": (bool(raw.get("attention_bias", False)), "attention biases are not supported"),

@@ -112,11 +112,12 @@ def _materialise(config: LlamaConfig, state: dict[str, torch.Tensor], dtype: tor
             raise ModelConfigError(f"{source}: tensor {name} has shape {tuple(state[name].shape)} but config.json "
                                    f"implies {shape}")
     model = model.to_empty(device=device).to(dtype)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(state[name].to(device=device, dtype=dtype))
-    if config.tie_word_embeddings:
+    if config.tie_word_embeddings:  # to_empty gives each module its own tensor: tie them again
         model.lm_head.weight = model.model.embed_tokens.weight
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name in expected:
+            params[name].copy_(state[name].to(device=device, dtype=dtype))
     return model.eval().requires_grad_(False)
 
 
