@@ -16,14 +16,16 @@ TINY = LlamaConfig.named("tiny")
 
 
 @cache
-def tiny_model(dtype: torch.dtype = torch.float64, seed: int = 0):
-    return random_model(TINY, seed=seed, dtype=dtype)
+def tiny_model(dtype: torch.dtype = torch.float64, seed: int = 0, device: str = "cpu"):
+    return random_model(TINY, seed=seed, dtype=dtype, device=device)
 
 
-def make_engine(*, dtype=torch.float64, backend="torch", validate=True, sampling=None, policy="pagesim", **settings) -> Engine:
+def make_engine(*, dtype=torch.float64, backend="torch", validate=True, sampling=None, policy="pagesim",
+                device="cpu", **settings) -> Engine:
     settings.setdefault("max_model_len", TINY.max_position_embeddings)
     config = make_config(policy, **settings)
-    return Engine(tiny_model(dtype), config, backend=backend, validate=validate, sampling=sampling or SamplingParams())
+    return Engine(tiny_model(dtype, device=device), config, backend=backend, validate=validate,
+                  sampling=sampling or SamplingParams())
 
 
 def request(rid: str, prompt: list[int], max_tokens: int, **kw) -> Request:

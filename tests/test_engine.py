@@ -141,9 +141,10 @@ def test_triton_backend_in_the_interpreter_matches_the_reference():
             pytest.skip("needs TRITON_INTERPRET=1 on CPU")
     prompts = [prompt_of(i, n) for i, n in enumerate([9, 14, 6])]
     reqs = [request("a", prompts[0], 6), request("b", prompts[1], 5, n=2), request("c", prompts[2], 7)]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     engine = make_engine(dtype=torch.float32, backend="triton", block_size=4, num_gpu_blocks=10, num_cpu_blocks=12,
-                         preemption_mode="swap", sampling=SamplingParams(temperature=0.7, seed=1))
-    assert engine.backend == "triton"
+                         preemption_mode="swap", sampling=SamplingParams(temperature=0.7, seed=1), device=device)
+    assert engine.backend == "triton" and engine.cache.device.type == device
     report = serve(engine, reqs)
     assert engine.stats.preemptions["swap"] > 0 and engine.stats.cow_copies > 0
     assert report.match, report.to_dict()
