@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"pagesim {args.command}: error: {where}{exc.strerror or exc}\n")
     except MemoryError:
         parser.exit(2, f"pagesim {args.command}: error: not enough memory for what was asked\n")
+    except KeyboardInterrupt:  # Ctrl-C: no traceback; 128 + SIGINT, as shells report it
+        print(f"pagesim {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

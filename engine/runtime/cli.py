@@ -106,6 +106,7 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
     served = [copy.deepcopy(r) for r in requests]  # the originals stay unscheduled for the reference
     progress = _progress(len(served), "serving", args.no_progress)
     started = time.perf_counter()
+    interrupted = False
     try:
         if offline:
             engine.run_lockstep(served, on_finish=progress.update if progress else None)
@@ -113,6 +114,9 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
             engine.run(served, on_finish=progress.update if progress else None)
     except EngineStalled as exc:
         raise ValueError(f"the scheduler stopped making progress: {exc}") from None
+    except KeyboardInterrupt:  # keep what finished: summary and --out of the requests completed so far
+        interrupted = True
+        print("pagesim run: interrupted; reporting the requests completed so far", file=sys.stderr)
     finally:
         if progress:
             progress.close()
@@ -123,7 +127,7 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
               f"{rejected[0].reject_reason}", file=sys.stderr)
     report = None
     reference_wall_s = None
-    if args.check_reference:
+    if args.check_reference and not interrupted:
         outputs = {rid: r.outputs for rid, r in engine.records.items() if r.status == "completed"}
         progress = _progress(len(outputs), "reference", args.no_progress)
         t0 = time.perf_counter()
@@ -132,12 +136,15 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
         if progress:
             progress.close()
     summary = _summary(engine, wall_s, report, reference_wall_s, args, offline)
+    summary["interrupted"] = interrupted
     if args.out:
         _write_out(Path(args.out), engine, summary)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
         _print_summary(summary)
+    if interrupted:
+        return 130
     return 0 if report is None or report.match else 1
 
 
