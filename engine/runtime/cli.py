@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
     import copy
 
+    from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
     from engine.runtime import Engine
     from engine.runtime.engine import EngineStalled
     from engine.runtime.reference import check_outputs
@@ -114,6 +115,9 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
             engine.run(served, on_finish=progress.update if progress else None)
     except EngineStalled as exc:
         raise ValueError(f"the scheduler stopped making progress: {exc}") from None
+    except VLLM_V0_ABORTS as exc:  # the vllm-v0 preset stops where vLLM 0.6.3 aborts (as simulate does)
+        raise ValueError(f"the run stopped where vLLM 0.6.3 aborts: {exc} (more --swap-space, or "
+                         f"--preemption recompute, lets it go on)") from None
     except KeyboardInterrupt:  # keep what finished: summary and --out of the requests completed so far
         interrupted = True
         print("pagesim run: interrupted; reporting the requests completed so far", file=sys.stderr)
