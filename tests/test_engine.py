@@ -4,6 +4,8 @@ validation mode; validation mode catches an executor that skips a copy; bad requ
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -148,3 +150,44 @@ def test_triton_backend_in_the_interpreter_matches_the_reference():
     report = serve(engine, reqs)
     assert engine.stats.preemptions["swap"] > 0 and engine.stats.cow_copies > 0
     assert report.match, report.to_dict()
+
+
+def test_abort_between_steps_frees_blocks_without_corrupting_others():
+    """An aborted swapped-out request's CPU blocks are reused by the next swap-out: they are
+    poisoned before that step, not after its swap-out wrote them."""
+    engine = make_engine(block_size=4, num_gpu_blocks=30, num_cpu_blocks=64, preemption_mode="swap")
+    reqs = [request(f"r{i}", prompt_of(50 + i, 20), 40) for i in range(8)]
+    for r in reqs:
+        engine.add_request(copy.deepcopy(r))
+    aborted = None
+    while engine.has_unfinished_requests:
+        engine.step()
+        if aborted is None and engine.scheduler.next_step >= 5 and engine.scheduler.swapped:
+            aborted = engine.scheduler.swapped[-1].request_id
+            engine.abort_request(aborted)
+    assert aborted is not None and engine.records[aborted].status == "aborted"
+    outputs = {rid: r.outputs for rid, r in engine.records.items() if r.status == "completed"}
+    from engine.runtime.reference import check_outputs
+
+    report = check_outputs(engine.model, [r for r in reqs if r.request_id != aborted], outputs, lambda r: engine.sampling)
+    assert report.match and report.checked_requests == 7, report.to_dict()
+    assert engine.scheduler.pool.num_used_blocks == 0 and engine.scheduler.swap_pool.num_used_blocks == 0
+
+
+def test_a_request_rejected_while_scheduling_is_recorded_as_rejected():
+    """Swapping a request back in can need more blocks than exist when shared blocks come back once
+    per sequence; the policy rejects it mid-run and the engine's record says why."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(3):  # the third draw of this generator hits the case (found by a fuzzer)
+        reqs = [request(f"r{i}", [rng.randrange(512) for _ in range(rng.randint(20, 60))], rng.randint(5, 30),
+                        n=rng.choice([2, 4])) for i in range(6)]
+        blocks = rng.randint(40, 70)
+    engine = make_engine(block_size=4, num_gpu_blocks=blocks, num_cpu_blocks=400, preemption_mode="swap",
+                         preserve_sharing_on_swap=False, sampling=SamplingParams(temperature=1.0))
+    report = serve(engine, reqs)
+    rejected = {rid: r.reject_reason for rid, r in engine.records.items() if r.status == "rejected"}
+    assert rejected and all("swapping it back in needs" in reason for reason in rejected.values())
+    assert all(r.status in ("completed", "rejected") for r in engine.records.values())
+    assert report.match and report.checked_requests == 6 - len(rejected)

@@ -59,7 +59,7 @@ class RequestRecord:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
-    status: str = "waiting"  # waiting | completed | rejected
+    status: str = "waiting"  # waiting | completed | rejected | aborted
     reject_reason: str = ""
     preemptions: int = 0
     output_tokens: int = 0  # over all returned samples / beams
@@ -176,13 +176,33 @@ class Engine:
         return _SeqTokens(request.prompt_token_ids, request.seqs[index].output_token_ids)
 
     # ---------------------------------------------------------------- step
+    def abort_request(self, request_id: str) -> None:
+        """Drop an unfinished request (its blocks go back to the policy; its record says so)."""
+        if request_id not in self._requests:
+            raise ValueError(f"request {request_id!r} is not unfinished in this engine")
+        self.scheduler.abort_request(request_id)
+        self.records[request_id].status = "aborted"
+        self._forget(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+        self._params.pop(request_id, None)
+        self._beam_scores.pop(request_id, None)
+
     def step(self) -> list[Request]:
         """Schedule, execute and update once; returns the requests that finished."""
         sched = self.scheduler
+        # Blocks released between steps (an abort) are poisoned now, before this step can reuse them.
+        self.runner.poison_released()
         out = sched.schedule()
         start = self.now()
         for rid in out.new:
             self.records[rid].first_scheduled_s = start
+        for rid, reason in out.rejected.items():  # unservable after all (found at the head of a queue)
+            record = self.records[rid]
+            if record.status != "rejected":
+                record.status, record.reject_reason = "rejected", reason
+                self._forget(rid)
         result = self.runner.execute(out, self._tokens_of)
         sampled, choices, beam_scores = self._sample(out, result)
         finished = sched.update(out, sampled, choices)
@@ -265,9 +285,7 @@ class Engine:
             record.outputs = {s.index: [int(t) for t in s.output_token_ids] for s in request.seqs if s.finish_reason != "pruned"}
             record.output_tokens = sum(len(t) for t in record.outputs.values())
             stats.tokens_generated += record.output_tokens
-            del self._requests[request.request_id]
-            self._params.pop(request.request_id, None)
-            self._beam_scores.pop(request.request_id, None)
+            self._forget(request.request_id)
         self.steps.append(StepRecord(
             step=out.step, start_s=start, duration_s=end - start, num_requests=len(out.num_scheduled_tokens),
             num_tokens=out.total_num_scheduled_tokens,
