@@ -222,7 +222,8 @@ def preset_from_hf_config(path: str | Path) -> ModelPreset:
         num_layers=required("num_hidden_layers"),
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
-        num_kv_heads=config.get("num_key_value_heads") or num_attention_heads,
+        # absent (or null): multi-head attention, as transformers reads it; 0 stays 0 and is refused
+        num_kv_heads=num_attention_heads if config.get("num_key_value_heads") is None else config["num_key_value_heads"],
         head_dim=head_dim,
         intermediate_size=required("ffn_dim") if is_opt else required("intermediate_size"),
         vocab_size=required("vocab_size"),

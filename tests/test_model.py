@@ -161,6 +161,7 @@ def _write_folder(tmp_path, mutate_config=None, drop=None):
     (lambda c: c.update(rope_scaling={"rope_type": "llama3", "factor": 8.0}), None, "RoPE scaling is not supported"),
     (lambda c: c.pop("hidden_size"), None, "missing key 'hidden_size'"),
     (lambda c: c.update(num_key_value_heads=3), None, "must be a multiple of num_kv_heads"),
+    (lambda c: c.update(num_key_value_heads=0), None, "num_kv_heads must be a positive int"),
 ])
 def test_bad_model_folders_are_refused_by_name(tmp_path, mutate, drop, message):
     folder = _write_folder(tmp_path, mutate, drop)
@@ -177,4 +178,27 @@ def test_folder_without_weights_or_config(tmp_path):
         load_pretrained(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ModelConfigError, match="not a readable safetensors file"):
+        load_pretrained(tmp_path)
+
+
+def test_a_folder_saved_by_transformers_loads_with_its_rope_base(tmp_path):
+    """transformers >= 5 writes rope_parameters instead of rope_theta; a non-default base must be read."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                      rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path)
+    ours = load_pretrained(tmp_path, dtype=torch.float32)
+    assert ours.config.rope_theta == 500000.0 and ours.config.tie_word_embeddings
+    tokens = list(range(3, 300))
+    with torch.no_grad():
+        expected = hf(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(logits_of(ours, tokens), expected, rtol=1e-4, atol=1e-5)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}
+    raw.pop("rope_scaling", None)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelConfigError, match="RoPE scaling is not supported"):
         load_pretrained(tmp_path)

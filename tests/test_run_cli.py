@@ -76,11 +76,19 @@ def error_of(capsys, *argv) -> str:
     (["--n", "0"], "--n must be >= 1"),
     (["--temperature", "-1"], "temperature must be a finite number >= 0"),
     (["--top-p", "0"], r"top_p must be in \(0, 1\]"),
-    (["--beam-width", "2", "--temperature", "1"], "beam search is deterministic"),
+    (["--beam-width", "2", "--temperature", "1"], "beam search, which is deterministic"),
     (["--model", "no-such-model"], "unknown model preset 'no-such-model'"),
     (["--max-model-len", "4096"], "exceeds tiny's context"),
     (["--block-size", "0"], "--block-size must be >= 1"),
     (["--dtype", "float64", "--backend", "triton"], "the triton backend takes float32, float16 or bfloat16"),
+    (["--model", "./no/such/folder"], "--model ./no/such/folder: no such folder"),
+    (["--num-gpu-blocks", "24", "--gpu-memory-utilization", "0.5"], "give one of --num-gpu-blocks, --gpu-memory-utilization"),
+    (["--kv-cache-gb", "1e308"], "--kv-cache-gb must be a positive number of GiB below"),
+    (["--swap-space", "inf"], "--swap-space must be a number of GiB in"),
+    (["--num-gpu-blocks", "4000000000"], r"the KV cache and swap space needs [\d.]+ GiB but [\d.]+ GiB is available in RAM"),
+    (["--workload", "kwon2023-alpaca-beam", "--temperature", "1"], "beam search, which is deterministic"),
+    (["--policy", "vllm-v0", "--beam-width", "3", "--num-gpu-blocks", "24", "--block-size", "8"],
+     "too small for any of the 16 requests"),
 ])
 def test_bad_input_is_one_error_line(capsys, extra, message):
     import re

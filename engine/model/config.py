@@ -76,18 +76,22 @@ class LlamaConfig:
             preset = preset_from_hf_config(path)
         except ValueError as exc:
             raise ModelConfigError(str(exc)) from None
+        # transformers >= 5 writes RoPE settings as rope_parameters {rope_theta, rope_type, ...};
+        # earlier versions as top-level rope_theta and rope_scaling.
+        rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
         refused = {
             "hidden_act": (raw.get("hidden_act", "silu") != "silu", "only SiLU (SwiGLU) is supported"),
             "attention_bias": (bool(raw.get("attention_bias", False)), "attention biases are not supported"),
             "mlp_bias": (bool(raw.get("mlp_bias", False)), "MLP biases are not supported"),
             "rope_scaling": (_rope_scaled(raw.get("rope_scaling")), "RoPE scaling is not supported"),
+            "rope_parameters": (_rope_scaled(rope or None), "RoPE scaling is not supported"),
         }
         for key, (bad, why) in refused.items():
             if bad:
                 raise ModelConfigError(f"{path}: {key}={raw.get(key)!r}: {why}")
         try:
             eps = float(raw.get("rms_norm_eps", 1e-6))
-            theta = float(raw.get("rope_theta", 10000.0))
+            theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
         except (TypeError, ValueError):
             raise ModelConfigError(f"{path}: rms_norm_eps and rope_theta must be numbers") from None
         if not (eps > 0 and theta > 0):
@@ -124,5 +128,5 @@ class LlamaConfig:
 def _rope_scaled(value: Any) -> bool:
     if value is None:
         return False
-    kind = value.get("rope_type", value.get("type")) if isinstance(value, dict) else value
+    kind = value.get("rope_type", value.get("type", "default")) if isinstance(value, dict) else value
     return kind != "default"

@@ -88,7 +88,8 @@ def load_pretrained(folder: str | Path, *, dtype: torch.dtype | None = None,
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # tied: the embedding is the head
     if dtype is None:
-        declared = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("torch_dtype", "float32")
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        declared = raw.get("torch_dtype", raw.get("dtype", "float32"))  # transformers >= 4.56 says "dtype"
         dtype = DTYPES.get(declared, torch.float32)
     return _materialise(config, state, dtype, device, source=str(folder))
 

@@ -22,6 +22,7 @@ from pathlib import Path
 DTYPES = ("auto", "float64", "float32", "float16", "bfloat16")
 CPU_KV_CACHE_GB = 1.0  # default KV cache on CPU, where no memory-utilization rule applies
 SWAP_SPACE_GB = 4.0  # vLLM's default swap space
+MAX_GIB = 2.0**32  # larger sizes are typos, and overflow a byte count
 
 
 def add_parser(subparsers) -> None:
@@ -37,7 +38,7 @@ def add_parser(subparsers) -> None:
     g.add_argument("--model-seed", type=int, default=0, metavar="S", help="seed of random weights (default 0)")
     g.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="auto: float64 on CPU with the torch backend (exact reference checks), float32 with Triton "
-                        "on CPU, bfloat16 on CUDA")
+                        "on CPU, bfloat16 on CUDA (float32 with --check-reference)")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: cuda if available)")
     g.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto",
                    help="attention kernels: triton on CUDA and torch on CPU by default; triton on CPU needs "
@@ -84,13 +85,15 @@ def run(args: argparse.Namespace) -> int:
 
     device = _device(args.device, torch)
     config = _model_config(args.model, LlamaConfig, ModelConfigError)
-    dtype = _dtype(args.dtype, device, args.backend, TORCH_DTYPES)
+    dtype = _dtype(args.dtype, device, args.backend, TORCH_DTYPES, args.check_reference)
     sched_config = _scheduler_config(args, config, dtype, device)
+    _check_memory(config, dtype, device, sched_config)
     requests = _requests(trace, args, config, sched_config, offline)
     params = _sampling(args)
     model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
     if args.num_gpu_blocks is None and args.kv_cache_gb is None and device.type == "cuda":
         sched_config = _fit_cuda_cache(model, sched_config, args)
+        _check_memory(config, dtype, device, sched_config)
     return _serve(args, model, sched_config, requests, params, offline)
 
 
@@ -103,7 +106,10 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
     from engine.runtime.reference import check_outputs
 
     validate = args.check_reference or args.validate
-    engine = Engine(model, sched_config, backend=args.backend, validate=validate, sampling=params)
+    try:
+        engine = Engine(model, sched_config, backend=args.backend, validate=validate, sampling=params)
+    except (RuntimeError, MemoryError) as exc:  # an allocation the check above could not foresee
+        raise ValueError(f"cannot allocate the KV cache: {str(exc).splitlines()[0]}") from None
     served = [copy.deepcopy(r) for r in requests]  # the originals stay unscheduled for the reference
     progress = _progress(len(served), "serving", args.no_progress)
     started = time.perf_counter()
@@ -165,14 +171,16 @@ def _model_config(spec: str, LlamaConfig, ModelConfigError):
     path = Path(spec).expanduser()
     if path.is_dir():
         return LlamaConfig.from_hf(path)
+    if "/" in spec or spec.startswith(("~", ".")):
+        raise ModelConfigError(f"--model {spec}: no such folder")
     return LlamaConfig.named(spec)
 
 
-def _dtype(choice: str, device, backend: str, TORCH_DTYPES):
+def _dtype(choice: str, device, backend: str, TORCH_DTYPES, check_reference: bool):
     if choice != "auto":
         return TORCH_DTYPES[choice]
-    if device.type == "cuda":
-        return TORCH_DTYPES["bfloat16"]
+    if device.type == "cuda":  # a token-exact reference check in bfloat16 would flip near-ties
+        return TORCH_DTYPES["float32" if check_reference else "bfloat16"]
     return TORCH_DTYPES["float32" if backend == "triton" else "float64"]
 
 
@@ -187,16 +195,18 @@ def _scheduler_config(args, config, dtype, device):
         raise ValueError(f"--max-model-len {max_model_len} exceeds {config.name}'s context "
                          f"({config.max_position_embeddings} tokens)")
     block_size = args.block_size
-    if args.num_gpu_blocks is not None and args.kv_cache_gb is not None:
-        raise ValueError("give --num-gpu-blocks or --kv-cache-gb, not both")
+    given = [f for f, v in (("--num-gpu-blocks", args.num_gpu_blocks), ("--kv-cache-gb", args.kv_cache_gb),
+                            ("--gpu-memory-utilization", args.gpu_memory_utilization)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one of {', '.join(given)}, not several: each sizes the KV cache")
     if args.num_gpu_blocks is not None:
         if args.num_gpu_blocks < 1:
             raise ValueError(f"--num-gpu-blocks must be >= 1, got {args.num_gpu_blocks}")
         num_gpu_blocks = args.num_gpu_blocks
     else:
         gib = args.kv_cache_gb if args.kv_cache_gb is not None else CPU_KV_CACHE_GB
-        if not 0 < gib < float("inf"):
-            raise ValueError(f"--kv-cache-gb must be a positive number of GiB, got {gib}")
+        if not 0 < gib < MAX_GIB:
+            raise ValueError(f"--kv-cache-gb must be a positive number of GiB below {MAX_GIB:g}, got {gib}")
         num_gpu_blocks = blocks_for_budget(int(gib * GiB), config, block_size, dtype)  # CUDA: refitted later
         if num_gpu_blocks < 1:
             raise ValueError(f"{gib:g} GiB holds no block of {block_size} tokens of {config.name}")
@@ -206,8 +216,8 @@ def _scheduler_config(args, config, dtype, device):
         num_cpu_blocks = args.num_cpu_blocks
     else:
         gib = SWAP_SPACE_GB if args.swap_space is None else args.swap_space
-        if not 0 <= gib < float("inf"):
-            raise ValueError(f"--swap-space must be a finite number of GiB >= 0, got {gib}")
+        if not 0 <= gib < MAX_GIB:
+            raise ValueError(f"--swap-space must be a number of GiB in [0, {MAX_GIB:g}), got {gib}")
         num_cpu_blocks = blocks_for_budget(int(gib * GiB), config, block_size, dtype)
         if args.swap_space is None:
             num_cpu_blocks = min(num_cpu_blocks, num_gpu_blocks)
@@ -215,6 +225,37 @@ def _scheduler_config(args, config, dtype, device):
         raise ValueError("--gpu-memory-utilization sizes a CUDA cache; on CPU give --kv-cache-gb or --num-gpu-blocks")
     return make_config(args.policy, block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
                        max_model_len=max_model_len, **overrides)
+
+
+def _check_memory(model_config, dtype, device, config) -> None:
+    """Refuse a cache or swap space larger than the memory that is free, before allocating it."""
+    import torch
+
+    from engine.runtime.kv_cache import GiB, block_bytes
+
+    per_block = block_bytes(model_config, config.block_size, dtype)
+    gpu, cpu = config.num_gpu_blocks * per_block, config.num_cpu_blocks * per_block
+    host_free = _host_available_bytes()
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        checks = [("KV cache", gpu, free, "free on the GPU"), ("swap space", cpu, host_free, "available in RAM")]
+    else:
+        checks = [("KV cache and swap space", gpu + cpu, host_free, "available in RAM")]
+    for what, need, have, where in checks:
+        if have is not None and need > have:
+            raise ValueError(f"the {what} needs {need / GiB:.2f} GiB but {have / GiB:.2f} GiB is {where} "
+                             f"(fewer --num-gpu-blocks / --num-cpu-blocks, or a smaller --kv-cache-gb / --swap-space)")
+
+
+def _host_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _fit_cuda_cache(model, sched_config, args):
@@ -232,6 +273,7 @@ def _fit_cuda_cache(model, sched_config, args):
 def _requests(trace, args, config, sched_config, offline: bool):
     import numpy as np
 
+    from engine.policy import Scheduler
     from engine.policy.admission import rejection_reason
 
     for flag in ("n", "beam_width"):
@@ -253,8 +295,12 @@ def _requests(trace, args, config, sched_config, offline: bool):
         raise ValueError(f"{len(too_long)} of {len(trace)} requests are longer than the context of {limit} tokens "
                          f"(e.g. r{i}: {int(trace.prompt_len[i])} prompt + {int(trace.output_len[i])} output tokens); "
                          f"a larger model context, or --num-requests / a trace without them")
+    if args.temperature > 0 and bool((trace.beam_width > 1).any()):
+        raise ValueError("the requests use beam search, which is deterministic: leave --temperature at 0")
     requests = [trace.request(i, vocab_size=config.vocab_size) for i in range(len(trace))]
-    reasons = [rejection_reason(r, sched_config, sched_config.num_usable_gpu_blocks) for r in requests]
+    probe = Scheduler(sched_config)  # what add_request would say, without a model
+    reasons = [rejection_reason(r, sched_config, sched_config.num_usable_gpu_blocks)
+               or probe.step_order.rejection_reason(r) for r in requests]
     if all(reasons):
         raise ValueError(f"the KV cache ({sched_config.num_gpu_blocks} blocks of {sched_config.block_size} tokens) "
                          f"is too small for any of the {len(requests)} requests; e.g. {requests[0].request_id} "
@@ -271,8 +317,6 @@ def _sampling(args):
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.sampling_seed)
     except ValueError as exc:
         raise ValueError(f"--temperature / --top-p: {exc}") from None
-    if (args.beam_width or 1) > 1 and not params.greedy:
-        raise ValueError("beam search is deterministic: leave --temperature at 0 with --beam-width")
     return params
 
 
