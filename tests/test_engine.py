@@ -191,3 +191,15 @@ def test_a_request_rejected_while_scheduling_is_recorded_as_rejected():
     assert rejected and all("swapping it back in needs" in reason for reason in rejected.values())
     assert all(r.status in ("completed", "rejected") for r in engine.records.values())
     assert report.match and report.checked_requests == 6 - len(rejected)
+
+
+def test_run_takes_a_trace_on_the_wall_clock():
+    from traces.generate import generate, workload_spec
+
+    trace = generate(workload_spec("kwon2023-alpaca", rate_rps=200.0, num_requests=5, seed=2))
+    engine = make_engine(block_size=8, num_gpu_blocks=200)
+    engine.run(trace)
+    assert [r.status for r in engine.records.values()] == ["completed"] * 5
+    for i, record in enumerate(engine.records.values()):
+        assert record.arrival_s == pytest.approx(float(trace.arrival_s[i]))
+        assert record.first_scheduled_s >= record.arrival_s

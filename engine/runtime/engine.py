@@ -34,6 +34,7 @@ from engine.policy import Request, Scheduler, SchedulerConfig, SchedulerOutput
 from engine.runtime.kv_cache import PagedKVCache
 from engine.runtime.runner import ExecutionError, ModelRunner, Releases, StepLogits
 from engine.runtime.sampler import SamplingParams, assign_beam_indices, beam_candidates, sample_token
+from traces.trace import Trace
 
 #: Steps in a row that schedule nothing (only preempt) before the engine declares a stall.
 MAX_IDLE_STEPS = 1000
@@ -304,8 +305,11 @@ class Engine:
                                 f"{len(sched.running)} running and {len(sched.swapped)} swapped requests")
 
     # ----------------------------------------------------------------- runs
-    def run(self, requests: Iterable[Request], sampling: SamplingParams | None = None, *, on_finish=None) -> None:
-        """Serve ``requests`` against the wall clock, each released at its ``arrival_time_s``."""
+    def run(self, requests: Iterable[Request] | Trace, sampling: SamplingParams | None = None, *, on_finish=None) -> None:
+        """Serve ``requests`` (or every row of a ``Trace``, with pseudo-token prompts) against the wall
+        clock, each released at its ``arrival_time_s``."""
+        if isinstance(requests, Trace):
+            requests = requests.requests(vocab_size=self.model.config.vocab_size)
         pending = sorted(requests, key=lambda r: r.arrival_time_s)
         self._t0 = self._clock()
         i = 0
