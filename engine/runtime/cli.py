@@ -414,7 +414,11 @@ def _write_out(out: Path, engine, summary: dict) -> None:
         for r in engine.records.values():
             w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in cols])
     with open(out / "steps.csv", "w", newline="", encoding="utf-8") as f:
-        rows = [asdict(s) for s in engine.steps]
+        rows = []
+        for s in engine.steps:
+            row = asdict(s)
+            row.update(zip(("schedule_s", "execute_s", "sample_s", "update_s"), row.pop("phases")))
+            rows.append(row)
         w = csv.writer(f)
         w.writerow(list(rows[0]) if rows else [])
         for row in rows:

@@ -69,6 +69,9 @@ class RequestRecord:
 
 @dataclass(slots=True)
 class StepRecord:
+    """One step on the engine's clock: ``duration_s`` runs from before ``schedule()`` to after
+    ``update()``; ``phases`` splits it into (schedule, execute, sample, update) seconds."""
+
     step: int
     start_s: float
     duration_s: float
@@ -81,6 +84,7 @@ class StepRecord:
     swap_in_blocks: int
     cow_copies: int
     preempted: int
+    phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass
@@ -193,10 +197,12 @@ class Engine:
     def step(self) -> list[Request]:
         """Schedule, execute and update once; returns the requests that finished."""
         sched = self.scheduler
+        cuda = self.model.device.type == "cuda"
         # Blocks released between steps (an abort) are poisoned now, before this step can reuse them.
         self.runner.poison_released()
-        out = sched.schedule()
         start = self.now()
+        out = sched.schedule()
+        scheduled = self.now()
         for rid in out.new:
             self.records[rid].first_scheduled_s = start
         for rid, reason in out.rejected.items():  # unservable after all (found at the head of a queue)
@@ -205,16 +211,21 @@ class Engine:
                 record.status, record.reject_reason = "rejected", reason
                 self._forget(rid)
         result = self.runner.execute(out, self._tokens_of)
+        if cuda:  # so the phases below are device time, not launch time
+            torch.cuda.synchronize(self.model.device)
+        executed = self.now()
         sampled, choices, beam_scores = self._sample(out, result)
+        sampled_at = self.now()
         finished = sched.update(out, sampled, choices)
         for rid, scores in beam_scores.items():
             self._check_beams(rid, scores, choices[rid])
         self.runner.poison_released()
-        if self.model.device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(self.model.device)
         end = self.now()
         num_sampled = sum(len(v) if isinstance(v, list) else 1 for v in sampled.values())
         self._account(out, result, finished, start, end, num_sampled + sum(map(len, choices.values())))
+        self.steps[-1].phases = (scheduled - start, executed - scheduled, sampled_at - executed, end - sampled_at)
         return finished
 
     def _sample(self, out: SchedulerOutput, result: StepLogits):
