@@ -72,7 +72,7 @@ def error_of(capsys, *argv) -> str:
 
 @pytest.mark.parametrize("extra,message", [
     (["--num-gpu-blocks", "0"], "--num-gpu-blocks must be >= 1"),
-    (["--num-gpu-blocks", "1"], r"KV cache \(1 blocks of 16 tokens\) is too small for any of the 16 requests"),
+    (["--num-gpu-blocks", "1"], "none of the 16 requests can be served with 1 KV blocks of 16 tokens"),
     (["--n", "0"], "--n must be >= 1"),
     (["--temperature", "-1"], "temperature must be a finite number >= 0"),
     (["--top-p", "0"], r"top_p must be in \(0, 1\]"),
@@ -88,13 +88,28 @@ def error_of(capsys, *argv) -> str:
     (["--num-gpu-blocks", "4000000000"], r"the KV cache and swap space needs [\d.]+ GiB but [\d.]+ GiB is available in RAM"),
     (["--workload", "kwon2023-alpaca-beam", "--temperature", "1"], "beam search, which is deterministic"),
     (["--policy", "vllm-v0", "--beam-width", "3", "--num-gpu-blocks", "24", "--block-size", "8"],
-     "too small for any of the 16 requests"),
+     "none of the 16 requests can be served"),
 ])
 def test_bad_input_is_one_error_line(capsys, extra, message):
     import re
 
     err = error_of(capsys, "run", "--workload", "kwon2023-alpaca", "--num-requests", "16", "--no-progress", *extra)
     assert re.search(message, err), err
+
+
+def test_out_must_be_a_folder_before_anything_runs(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    err = error_of(capsys, "run", "--workload", "kwon2023-alpaca", "--num-requests", "2", "--out", str(afile))
+    assert "exists and is not a folder" in err
+
+
+def test_n_one_keeps_the_traces_beams(capsys):
+    summary = run_json(capsys, "--preemption", "recompute", "--n", "3", "--beam-width", "1", "--num-requests", "4")
+    assert summary["requests_completed"] + summary["requests_rejected"] == 4
+    assert summary["tokens_generated"] > 0
+    three = run_json(capsys, "--preemption", "recompute", "--n", "3", "--num-requests", "4")
+    assert summary["tokens_generated"] == three["tokens_generated"]
 
 
 def test_requests_longer_than_the_context(capsys):

@@ -23,6 +23,7 @@ DTYPES = ("auto", "float64", "float32", "float16", "bfloat16")
 CPU_KV_CACHE_GB = 1.0  # default KV cache on CPU, where no memory-utilization rule applies
 SWAP_SPACE_GB = 4.0  # vLLM's default swap space
 MAX_GIB = 2.0**32  # larger sizes are typos, and overflow a byte count
+LONG_WAIT_S = 600.0  # a trace whose last arrival is later than this is worth a word before waiting
 
 
 def add_parser(subparsers) -> None:
@@ -83,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
     from engine.model import LlamaConfig, ModelConfigError, load_model
     from engine.model.weights import DTYPES as TORCH_DTYPES
 
+    if args.out:  # before any work: a run's results must have somewhere to go
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
     device = _device(args.device, torch)
     config = _model_config(args.model, LlamaConfig, ModelConfigError)
     dtype = _dtype(args.dtype, device, args.backend, TORCH_DTYPES, args.check_reference)
@@ -90,16 +96,21 @@ def run(args: argparse.Namespace) -> int:
     _check_memory(config, dtype, device, sched_config)
     requests = _requests(trace, args, config, sched_config, offline)
     params = _sampling(args)
+    fit_on_device = args.num_gpu_blocks is None and args.kv_cache_gb is None and device.type == "cuda"
+    if not fit_on_device:  # the cache size is known now: refuse a hopeless run before loading the model
+        _check_servable(requests, sched_config)
     model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
-    if args.num_gpu_blocks is None and args.kv_cache_gb is None and device.type == "cuda":
+    if fit_on_device:
         sched_config = _fit_cuda_cache(model, sched_config, args)
         _check_memory(config, dtype, device, sched_config)
+        _check_servable(requests, sched_config)
     return _serve(args, model, sched_config, requests, params, offline)
 
 
 def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
     import copy
 
+    from engine.policy import SwapSpaceExhausted
     from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
     from engine.runtime import Engine
     from engine.runtime.engine import EngineStalled
@@ -122,8 +133,9 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
     except EngineStalled as exc:
         raise ValueError(f"the scheduler stopped making progress: {exc}") from None
     except VLLM_V0_ABORTS as exc:  # the vllm-v0 preset stops where vLLM 0.6.3 aborts (as simulate does)
-        raise ValueError(f"the run stopped where vLLM 0.6.3 aborts: {exc} (more --swap-space, or "
-                         f"--preemption recompute, lets it go on)") from None
+        hint = ("more --swap-space, or --preemption recompute, lets it go on" if isinstance(exc, SwapSpaceExhausted)
+                else "the error says which preemption mode lets it go on")
+        raise ValueError(f"the run stopped where vLLM 0.6.3 aborts: {exc} ({hint})") from None
     except KeyboardInterrupt:  # keep what finished: summary and --out of the requests completed so far
         interrupted = True
         print("pagesim run: interrupted; reporting the requests completed so far", file=sys.stderr)
@@ -273,19 +285,18 @@ def _fit_cuda_cache(model, sched_config, args):
 def _requests(trace, args, config, sched_config, offline: bool):
     import numpy as np
 
-    from engine.policy import Scheduler
-    from engine.policy.admission import rejection_reason
-
     for flag in ("n", "beam_width"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.n is not None and args.beam_width is not None and args.n > 1 and args.beam_width > 1:
         raise ValueError("give --n or --beam-width, not both")
-    if args.n is not None:
-        trace = replace(trace, n=np.full(len(trace), args.n), beam_width=np.ones(len(trace), dtype=np.int64))
+    ones = np.ones(len(trace), dtype=np.int64)
+    if args.n is not None:  # n > 1 replaces the trace's beams; n = 1 leaves them
+        trace = replace(trace, n=np.full(len(trace), args.n), **({"beam_width": ones} if args.n > 1 else {}))
     if args.beam_width is not None:
-        trace = replace(trace, beam_width=np.full(len(trace), args.beam_width), n=np.ones(len(trace), dtype=np.int64))
+        trace = replace(trace, beam_width=np.full(len(trace), args.beam_width),
+                        **({"n": ones} if args.beam_width > 1 else {}))
     if offline:
         trace = replace(trace, arrival_s=np.zeros(len(trace)))
     limit = sched_config.max_model_len
@@ -297,15 +308,28 @@ def _requests(trace, args, config, sched_config, offline: bool):
                          f"a larger model context, or --num-requests / a trace without them")
     if args.temperature > 0 and bool((trace.beam_width > 1).any()):
         raise ValueError("the requests use beam search, which is deterministic: leave --temperature at 0")
-    requests = [trace.request(i, vocab_size=config.vocab_size) for i in range(len(trace))]
+    if not offline and len(trace) and float(trace.arrival_s.max()) > LONG_WAIT_S:
+        print(f"pagesim run: warning: the last request arrives {float(trace.arrival_s.max()):.0f} s into the run, "
+              f"on the wall clock (--offline, or --rate R, serves it sooner)", file=sys.stderr)
+    return [trace.request(i, vocab_size=config.vocab_size) for i in range(len(trace))]
+
+
+def _check_servable(requests, sched_config) -> None:
+    """Refuse a run in which the policy would reject every request (its own reasons, up front)."""
+    from engine.policy import Scheduler
+    from engine.policy.admission import rejection_reason
+
     probe = Scheduler(sched_config)  # what add_request would say, without a model
-    reasons = [rejection_reason(r, sched_config, sched_config.num_usable_gpu_blocks)
-               or probe.step_order.rejection_reason(r) for r in requests]
-    if all(reasons):
-        raise ValueError(f"the KV cache ({sched_config.num_gpu_blocks} blocks of {sched_config.block_size} tokens) "
-                         f"is too small for any of the {len(requests)} requests; e.g. {requests[0].request_id} "
-                         f"{reasons[0]}")
-    return requests
+    first = None
+    for r in requests:
+        reason = (rejection_reason(r, sched_config, sched_config.num_usable_gpu_blocks)
+                  or probe.step_order.rejection_reason(r))
+        if reason is None:
+            return
+        first = first or (r.request_id, reason)
+    raise ValueError(f"none of the {len(requests)} requests can be served with {sched_config.num_gpu_blocks} KV blocks "
+                     f"of {sched_config.block_size} tokens and the {sched_config.step_order} step order; "
+                     f"e.g. {first[0]}: {first[1]}")
 
 
 def _sampling(args):

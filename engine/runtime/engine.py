@@ -330,8 +330,8 @@ class Engine:
                 self.add_request(pending[i], sampling, arrival_s=pending[i].arrival_time_s)
                 i += 1
             if not self.has_unfinished_requests:
-                if i < len(pending):
-                    time.sleep(max(0.0, pending[i].arrival_time_s - self.now()))
+                if i < len(pending):  # in short naps: a far-off arrival must not overflow sleep()
+                    time.sleep(min(1.0, max(0.0, pending[i].arrival_time_s - self.now())))
                 continue
             finished = self.step()
             if on_finish is not None and finished:
