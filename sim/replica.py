@@ -12,10 +12,9 @@ The scheduler is any object with the policy's interface (``Scheduler`` or the co
 baseline); it is never told it is simulated.
 
 Invariant: a step that schedules, moves and preempts nothing while requests are unfinished is
-a policy bug, not a wait: the replica raises rather than spin (rejection keeps unservable
-requests out, so with nothing running the scheduler can always admit something). A step that
-only preempts (vLLM v0 does this when the last running request cannot grow) costs the engine's
-per-step overhead and lets the next step admit.
+a policy bug, not a wait: the replica raises rather than spin (``engine.policy.progress`` says
+when). A step that only preempts (vLLM v0 does this when the last running request cannot grow)
+costs the engine's per-step overhead and lets the next step admit.
 """
 
 from __future__ import annotations
@@ -27,13 +26,10 @@ import simpy
 
 from engine.policy import Request
 from engine.policy.output import dump_record
+from engine.policy.progress import ProgressWatch
 from sim.cost.base import CostModel, StepWork
 from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics
 from sim.workload import BeamModel
-
-
-#: Consecutive steps that schedule nothing (only preemptions) before the run is declared stalled.
-MAX_IDLE_STEPS = 1000
 
 
 class SimulationStalled(RuntimeError):
@@ -97,7 +93,7 @@ class Replica:
         rows = self._rows
         awaiting = self._awaiting_first_token
         log = sched.decision_log.records
-        idle_steps = 0
+        progress = ProgressWatch()
         while True:
             if not sched.has_unfinished_requests:
                 self._wake = env.event()
@@ -107,11 +103,7 @@ class Replica:
                 yield env.timeout(0)
             out = sched.schedule()
             work = StepWork.from_output(out, block_size)
-            if out.scheduled or out.blocks_to_swap_out or out.blocks_to_swap_in:
-                idle_steps = 0
-            else:  # a step that only preempts (freeing blocks for the next) is progress; a few, not many
-                idle_steps += 1
-            if idle_steps > MAX_IDLE_STEPS or (idle_steps and not out.preempted):
+            if progress.stalled(out):
                 raise SimulationStalled(
                     f"step {out.step} at t={env.now:.6f}s scheduled nothing with {len(sched.waiting)} waiting, "
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped requests"

@@ -7,7 +7,7 @@ Hugging Face folders), ``dense`` (the no-paging reference the engine is checked 
 from engine.model.config import LlamaConfig, ModelConfigError
 from engine.model.dense import DenseSequence, logits_of
 from engine.model.llama import LlamaForCausalLM
-from engine.model.weights import load_model, load_pretrained, random_model, save_pretrained
+from engine.model.weights import load_model, load_pretrained, model_config, random_model, save_pretrained
 
 __all__ = [
     "DenseSequence",
@@ -17,6 +17,7 @@ __all__ = [
     "load_model",
     "load_pretrained",
     "logits_of",
+    "model_config",
     "random_model",
     "save_pretrained",
 ]

@@ -122,18 +122,20 @@ def _materialise(config: LlamaConfig, state: dict[str, torch.Tensor], dtype: tor
     return model.eval().requires_grad_(False)
 
 
+def model_config(spec: str) -> LlamaConfig:
+    """The config ``spec`` names: a Hugging Face folder's, or a preset's (without loading weights)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return LlamaConfig.from_hf(path)
+    if "/" in spec or spec.startswith(("~", ".")):
+        raise ModelConfigError(f"--model {spec}: no such folder")
+    return LlamaConfig.named(spec)
+
+
 def load_model(spec: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> LlamaForCausalLM:
     """``spec`` is a preset name (random weights from ``seed``) or a Hugging Face folder."""
     path = Path(spec).expanduser()
     if path.is_dir():
         return load_pretrained(path, dtype=dtype, device=device)
-    if spec.strip().lower() in _preset_names():
-        return random_model(LlamaConfig.named(spec), seed=seed, dtype=dtype, device=device)
-    raise ModelConfigError(f"--model {spec!r}: not a preset ({', '.join(_preset_names())}) and not a folder")
-
-
-def _preset_names() -> list[str]:
-    from engine.model_presets import MODEL_PRESETS
-
-    return [name for name, p in MODEL_PRESETS.items() if p.mlp == "swiglu" and not p.qkv_bias]
+    return random_model(model_config(spec), seed=seed, dtype=dtype, device=device)

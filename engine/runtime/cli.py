@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
         trace = trace_from_args(args)
     import torch
 
-    from engine.model import LlamaConfig, ModelConfigError, load_model
-    from engine.model.weights import DTYPES as TORCH_DTYPES
+    from engine.model import load_model
+    from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
 
     if args.out:  # before any work: a run's results must have somewhere to go
         out = Path(args.out)
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--out {out}: exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
     device = _device(args.device, torch)
-    config = _model_config(args.model, LlamaConfig, ModelConfigError)
+    config = model_config(args.model)
     dtype = _dtype(args.dtype, device, args.backend, TORCH_DTYPES, args.check_reference)
     sched_config = _scheduler_config(args, config, dtype, device)
     _check_memory(config, dtype, device, sched_config)
@@ -177,15 +177,6 @@ def _device(choice: str, torch):
     if choice == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
     return torch.device(choice)
-
-
-def _model_config(spec: str, LlamaConfig, ModelConfigError):
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return LlamaConfig.from_hf(path)
-    if "/" in spec or spec.startswith(("~", ".")):
-        raise ModelConfigError(f"--model {spec}: no such folder")
-    return LlamaConfig.named(spec)
 
 
 def _dtype(choice: str, device, backend: str, TORCH_DTYPES, check_reference: bool):

@@ -31,14 +31,11 @@ import torch
 
 from engine.model.llama import LlamaForCausalLM
 from engine.policy import Request, Scheduler, SchedulerConfig, SchedulerOutput
+from engine.policy.progress import ProgressWatch
 from engine.runtime.kv_cache import PagedKVCache
 from engine.runtime.runner import ExecutionError, ModelRunner, Releases, StepLogits
 from engine.runtime.sampler import SamplingParams, assign_beam_indices, beam_candidates, sample_token
 from traces.trace import Trace
-
-#: Steps in a row that schedule nothing (only preempt) before the engine declares a stall.
-MAX_IDLE_STEPS = 1000
-
 
 class RequestTooLong(ValueError):
     """A request longer than the model's context (or than ``max_model_len``)."""
@@ -84,7 +81,7 @@ class StepRecord:
     swap_in_blocks: int
     cow_copies: int
     preempted: int
-    phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    phases: tuple[float, float, float, float]
 
 
 @dataclass
@@ -145,7 +142,7 @@ class Engine:
         self._beam_scores: dict[str, dict[int, float]] = {}
         self._clock = time.perf_counter
         self._t0 = self._clock()
-        self._idle_steps = 0
+        self._progress = ProgressWatch()
 
     # ------------------------------------------------------------ requests
     def now(self) -> float:
@@ -224,8 +221,8 @@ class Engine:
             torch.cuda.synchronize(self.model.device)
         end = self.now()
         num_sampled = sum(len(v) if isinstance(v, list) else 1 for v in sampled.values())
-        self._account(out, result, finished, start, end, num_sampled + sum(map(len, choices.values())))
-        self.steps[-1].phases = (scheduled - start, executed - scheduled, sampled_at - executed, end - sampled_at)
+        phases = (scheduled - start, executed - scheduled, sampled_at - executed, end - sampled_at)
+        self._account(out, result, finished, start, end, num_sampled + sum(map(len, choices.values())), phases)
         return finished
 
     def _sample(self, out: SchedulerOutput, result: StepLogits):
@@ -276,7 +273,7 @@ class Engine:
                 raise ExecutionError(f"request {rid}: beam {idx} does not hold the token the engine chose for it")
 
     def _account(self, out: SchedulerOutput, result: StepLogits, finished: list[Request], start: float, end: float,
-                 num_sampled: int) -> None:
+                 num_sampled: int, phases: tuple[float, float, float, float]) -> None:
         stats = self.stats
         for rid, mode in out.preempted:
             stats.preemptions[mode] += 1
@@ -305,12 +302,9 @@ class Engine:
             num_decode_seqs=len(batch.decode.seq_lens) if batch is not None and batch.decode is not None else 0,
             num_sampled=num_sampled, swap_out_blocks=len(out.blocks_to_swap_out),
             swap_in_blocks=len(out.blocks_to_swap_in), cow_copies=len(out.blocks_to_copy), preempted=len(out.preempted),
+            phases=phases,
         ))
-        if out.scheduled or out.blocks_to_swap_in or out.blocks_to_swap_out:
-            self._idle_steps = 0
-        else:
-            self._idle_steps += 1
-        if self.has_unfinished_requests and (self._idle_steps > MAX_IDLE_STEPS or (self._idle_steps and not out.preempted)):
+        if self._progress.stalled(out) and self.has_unfinished_requests:
             sched = self.scheduler
             raise EngineStalled(f"step {out.step} scheduled nothing with {len(sched.waiting)} waiting, "
                                 f"{len(sched.running)} running and {len(sched.swapped)} swapped requests")

@@ -67,10 +67,6 @@ class PagedKVCache:
         self.cpu_key_caches = tensors(num_cpu_blocks, cpu, pin) if num_cpu_blocks else []
         self.cpu_value_caches = tensors(num_cpu_blocks, cpu, pin) if num_cpu_blocks else []
 
-    @property
-    def bytes_per_block(self) -> int:
-        return block_bytes(self.config, self.block_size, self.dtype)
-
     # ---------------------------------------------------------- block moves
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """``(gpu, cpu)`` pairs: GPU blocks to the swap space."""
@@ -91,10 +87,10 @@ class PagedKVCache:
             copy_blocks(self.key_caches, self.value_caches, mapping, backend=self.backend)
 
     def poison_gpu(self, block_ids: Iterable[int]) -> None:
-        self._fill_nan(self.key_caches + self.value_caches, block_ids)
+        self._fill_nan(self._gpu_tensors(), block_ids)
 
     def poison_cpu(self, block_ids: Iterable[int]) -> None:
-        self._fill_nan(self.cpu_key_caches + self.cpu_value_caches, block_ids)
+        self._fill_nan(self._cpu_tensors(), block_ids)
 
     def _fill_nan(self, caches: list[torch.Tensor], block_ids: Iterable[int]) -> None:
         ids = sorted(set(block_ids))
@@ -109,16 +105,6 @@ class PagedKVCache:
 
     def _cpu_tensors(self) -> list[torch.Tensor]:
         return self.cpu_key_caches + self.cpu_value_caches
-
-    def describe(self) -> dict:
-        return {
-            "num_gpu_blocks": self.num_gpu_blocks, "num_cpu_blocks": self.num_cpu_blocks,
-            "block_size": self.block_size, "dtype": str(self.dtype).removeprefix("torch."),
-            "bytes_per_block": self.bytes_per_block,
-            "gpu_cache_gib": round(self.num_gpu_blocks * self.bytes_per_block / GiB, 4),
-            "cpu_swap_gib": round(self.num_cpu_blocks * self.bytes_per_block / GiB, 4),
-            "device": str(self.device), "validation_mode": self.poison,
-        }
 
 
 def profile_kv_budget(model, *, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:

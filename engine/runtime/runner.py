@@ -38,15 +38,11 @@ class Releases:
         self.gpu: list[int] = []
         self.cpu: list[int] = []
 
-    # The pools hold ``gpu.append`` / ``cpu.append``: the lists are emptied in place, never replaced.
-    def take_gpu(self) -> list[int]:
-        out = list(self.gpu)
-        self.gpu.clear()
-        return out
-
-    def take_cpu(self) -> list[int]:
-        out = list(self.cpu)
-        self.cpu.clear()
+    @staticmethod
+    def drain(ids: list[int]) -> list[int]:
+        """The ids so far, emptying the list in place (the pools hold its ``append``)."""
+        out = list(ids)
+        ids.clear()
         return out
 
 
@@ -72,11 +68,9 @@ class ModelRunner:
             raise ExecutionError(f"step {output.step}: CPU block(s) {sorted(clash)} are both swapped out to and "
                                  f"swapped in from in one step")
         cache.swap_out(swap_out)
-        if self.releases is not None:
-            cache.poison_gpu(self.releases.take_gpu())
+        self._poison_gpu()
         cache.swap_in(swap_in)
-        if self.releases is not None:
-            cache.poison_cpu(self.releases.take_cpu())
+        self._poison_cpu()
         cache.copy(list(output.blocks_to_copy))
         batch = build_batch(output, tokens_of, cache.device)
         if batch is None:
@@ -91,7 +85,14 @@ class ModelRunner:
         return StepLogits(batch, logits)
 
     def poison_released(self) -> None:
-        """Poison what ``Scheduler.update`` released (finished and pruned sequences)."""
+        """Poison what was released outside ``schedule()`` (by ``update`` or an abort)."""
+        self._poison_gpu()
+        self._poison_cpu()
+
+    def _poison_gpu(self) -> None:
         if self.releases is not None:
-            self.cache.poison_gpu(self.releases.take_gpu())
-            self.cache.poison_cpu(self.releases.take_cpu())
+            self.cache.poison_gpu(Releases.drain(self.releases.gpu))
+
+    def _poison_cpu(self) -> None:
+        if self.releases is not None:
+            self.cache.poison_cpu(Releases.drain(self.releases.cpu))
