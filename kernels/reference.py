@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 SCORE_BYTES = 256 * 2**20  # prefill: float32 scores held at once, per sequence
+GATHER_BYTES = 256 * 2**20  # decode: gathered tokens' widest intermediate held at once
 
 
 def _acc(t: torch.Tensor) -> torch.dtype:
@@ -26,36 +27,55 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 
 def decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale) -> torch.Tensor:
-    """One batched gather padded to the longest context, or per sequence when padding would more than
-    double the tokens gathered (one long context among short ones)."""
-    num_seqs = query.shape[0]
+    """Variable length, unpadded: every sequence's K/V tokens gathered into one flat list, a score
+    per token, and a softmax per sequence by segment (scatter max, index-add sums). Its cost
+    follows the total context and the number of sequences, not the longest sequence, with a fixed
+    number of operations (the simulator's calibrated cost model relies on that). Sequences go in
+    groups whose gathered tokens stay near ``GATHER_BYTES``."""
+    num_seqs, num_heads, head_dim = query.shape
     if num_seqs == 0:
         return torch.empty_like(query)
     lens = context_lens.long()
-    if num_seqs > 1 and int(lens.max()) * num_seqs > 2 * int(lens.sum()):
-        return torch.cat([
-            _decode_batch(query[i : i + 1], key_cache, value_cache, block_tables[i : i + 1], lens[i : i + 1], scale)
-            for i in range(num_seqs)
-        ])
-    return _decode_batch(query, key_cache, value_cache, block_tables, lens, scale)
+    per_token = 8 * num_heads * head_dim  # bytes of one token's widest intermediate
+    if int(lens.sum()) * per_token <= GATHER_BYTES:
+        return _decode_varlen(query, key_cache, value_cache, block_tables, lens, scale)
+    out = torch.empty_like(query)
+    lens_list = lens.tolist()
+    start = 0
+    while start < num_seqs:
+        end, total = start + 1, lens_list[start]
+        while end < num_seqs and (total + lens_list[end]) * per_token <= GATHER_BYTES:
+            total += lens_list[end]
+            end += 1
+        out[start:end] = _decode_varlen(query[start:end], key_cache, value_cache, block_tables[start:end],
+                                        lens[start:end], scale)
+        start = end
+    return out
 
 
-def _decode_batch(query, key_cache, value_cache, block_tables, lens, scale) -> torch.Tensor:
+def _decode_varlen(query, key_cache, value_cache, block_tables, lens, scale) -> torch.Tensor:
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    max_blocks = int((lens.max() + block_size - 1) // block_size)
-    block_valid = torch.arange(max_blocks, device=lens.device) < ((lens + block_size - 1) // block_size)[:, None]
-    ids = torch.where(block_valid, block_tables[:, :max_blocks].long(), 0)
-    keys = _gather(key_cache, ids)  # [seqs, tokens, kv_heads, head_dim]
-    token_valid = torch.arange(keys.shape[1], device=lens.device) < lens[:, None]  # [seqs, tokens]
-    values = torch.where(token_valid[:, :, None, None], _gather(value_cache, ids), 0.0)
-    q = query.to(_acc(query)).view(num_seqs, num_kv_heads, group, head_dim)
-    scores = torch.einsum("skgd,stkd->skgt", q, keys) * scale
-    scores = scores.masked_fill(~token_valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("skgt,stkd->skgd", probs, values)
-    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
+    acc = _acc(query)
+    device = query.device
+    seq = torch.repeat_interleave(torch.arange(num_seqs, device=device), lens)  # [N]: each token's sequence
+    starts = torch.cumsum(lens, 0) - lens
+    pos = torch.arange(seq.shape[0], device=device) - starts[seq]
+    blocks = block_tables.long()[seq, pos // block_size]
+    offsets = pos % block_size
+    keys = key_cache[blocks, offsets].to(acc)  # [N, kv_heads, head_dim]: only tokens that exist
+    values = value_cache[blocks, offsets].to(acc)
+    q = query.to(acc).view(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.einsum("tkd,tkgd->tkg", keys, q[seq]) * scale  # [N, kv_heads, group]
+    shape = (num_seqs, num_kv_heads, group)
+    top = torch.full(shape, float("-inf"), dtype=acc, device=device).scatter_reduce_(
+        0, seq[:, None, None].expand_as(scores), scores, "amax")
+    weights = torch.exp(scores - top[seq])
+    total = torch.zeros(shape, dtype=acc, device=device).index_add_(0, seq, weights)
+    out = torch.zeros((*shape, head_dim), dtype=acc, device=device).index_add_(
+        0, seq, weights[..., None] * values[:, :, None, :])
+    return (out / total[..., None]).reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
 def prefill_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale) -> torch.Tensor:
