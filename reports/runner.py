@@ -94,11 +94,23 @@ def _run_spec(config: RunConfig):
                    allocator=config["allocator"], placement=config["placement"], block_size=config["block_size"],
                    num_gpu_blocks=config["num_gpu_blocks"], kv_cache_gb=config["kv_cache_gb"],
                    swap_space_gb=config["swap_space_gb"], max_model_len=config["max_model_len"],
-                   overrides=overrides)
+                   overrides=overrides, plugins=_plugins(config),
+                   scheduler=(config.get("scheduler") if config["allocator"] == "paged" else None) or "default")
     overhead_s = _engine_overhead_s(config["engine_overhead_ms"], spec)
     if overhead_s:
         spec = replace(spec, cost_params={"cpu_step_s": RooflineParams().cpu_step_s + overhead_s})
     return spec
+
+
+def _plugins(config: RunConfig) -> tuple[str, ...]:
+    """The run's plug-in specs, loaded here (a worker process has not seen them), and refused if
+    a file changed since the study was planned (its runs would not be the ones their ids name)."""
+    from engine.policy.user_plugins import load_plugins, source_digest
+
+    specs = tuple(config.get("plugins", ()))
+    if specs and source_digest(load_plugins(specs)) != config["plugins_digest"]:
+        raise ValueError("a plug-in file changed since the study was planned; run the study again (new run ids)")
+    return specs
 
 
 def _engine_overhead_s(value: float | str, spec) -> float:

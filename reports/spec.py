@@ -22,6 +22,12 @@ is the union of its grids, with runs that coincide counted once. A run is a flat
 dict (source + settings); its id is a hash of that dict, so the same run keeps its id across
 invocations (which is what lets a study resume). ``overrides`` (``KEY=VALUE`` with a dotted key into
 the document, the value in TOML syntax or a bare string) change the document before validation.
+
+``plugins = ["my_victim.py:MyVictim", ...]`` (top level; paths relative to the working directory)
+loads the user's own policy pieces (``engine.policy.user_plugins``) before the settings are checked,
+so grid values may name them (``victim = ["running-tail", "my-victim"]``; a ``Scheduler`` subclass
+by ``scheduler = ["default", "MyScheduler"]``). Every run then carries the spec strings, which each
+worker loads again, and a digest of the files, so an edited plug-in gets new run ids.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ from typing import Any
 
 SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int, "arrival": str, "format": str,
                "seed": int}
+# NOTE: settings added after studies were first run stay out of a run's config at their default,
+# so the run ids of a study that does not use them (and resuming it) outlive their addition.
+LATER_SETTINGS = {"scheduler": (None, "default")}  # setting -> the values that mean its default
 # Settings a run has (base or grid axis) and their defaults; None = the preset's / the deployment's.
 SETTINGS: dict[str, Any] = {
     "model": "llama3-8b", "gpu": "a100-40gb", "tp": 1, "policy": "pagesim", "allocator": "paged",
@@ -47,15 +56,16 @@ SETTINGS: dict[str, Any] = {
     # per-run source and paper-setup settings (None: the source's / the preset's)
     "workload": None, "rate": None, "n": 1, "beam_width": 1, "sample_lengths": "drawn",
     "placement": "buddy", "max_model_len": None, "max_num_batched_tokens": None, "chunked_prefill": None,
-    "engine_overhead_ms": 0.0,
+    "engine_overhead_ms": 0.0, "scheduler": None,
 }
 SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
                  "eviction": str, "preemption": str, "victim": str, "kv_cache_gb": float, "num_gpu_blocks": int,
                  "swap_space_gb": float, "rate_scale": float, "seed": int, "replicas": int, "router": str,
                  "max_num_seqs": int, "prefix_caching": bool, "workload": str, "rate": float, "n": int,
                  "beam_width": int, "sample_lengths": str, "placement": str, "max_model_len": int,
-                 "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str)}
-TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper"}
+                 "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str),
+                 "scheduler": str}
+TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper", "plugins"}
 PAPERS = ("kwon2023",)
 ROUTERS = ("round-robin",)  # more with the cluster simulator (the scale issue)
 
@@ -97,6 +107,9 @@ class StudySpec:
             keys = list(grid)
             for values in itertools.product(*(grid[k] for k in keys)):
                 config = {"source": self.source, **self.base, **dict(zip(keys, values))}
+                for key, defaults in LATER_SETTINGS.items():
+                    if config[key] in defaults:
+                        del config[key]
                 configs.setdefault(run_id(config), config)
         return list(configs.values())
 
@@ -157,6 +170,7 @@ def validate(doc: dict, origin: str = "spec") -> StudySpec:
                         "issue); runs use the roofline cost model")
     source = _source(doc.get("source"), origin)
     base = {k: v for k, v in SETTINGS.items()}
+    base.update(_plugins(doc.get("plugins", []), origin))
     base.update(_settings(doc.get("base", {}), f"{origin}: base", scalar=True))
     grids_doc = doc.get("grid", [])
     if isinstance(grids_doc, dict):
@@ -201,9 +215,26 @@ def _source(value: Any, origin: str) -> dict[str, Any]:
     return out
 
 
+def _plugins(value: Any, origin: str) -> dict[str, Any]:
+    """Load the spec's plug-ins (registering their names for the checks); the settings they add."""
+    from engine.policy.user_plugins import load_plugins, source_digest
+
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"{origin}: plugins must be a list of \"FILE.py:CLASS\" strings")
+    if not value:
+        return {}
+    try:
+        plugins = load_plugins(value)
+    except ValueError as exc:
+        raise SpecError(f"{origin}: {exc}") from None
+    return {"plugins": list(value), "plugins_digest": source_digest(plugins)}
+
+
 def _settings(table: Any, where: str, *, scalar: bool) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise SpecError(f"{where} must be a table")
+    if "plugins" in table:
+        raise SpecError(f"{where}: plugins is a top-level key (plugins = [\"FILE.py:CLASS\"]), not a setting")
     unknown = set(table) - set(SETTINGS)
     if unknown:
         raise SpecError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))} (settings: {', '.join(SETTINGS)})")
@@ -234,6 +265,7 @@ def _check_run(config: RunConfig, origin: str) -> None:
     from engine.policy import EVICTION_POLICIES, PREEMPTION_MODES, VICTIM_POLICIES
     from engine.policy.contiguous import PLACEMENTS
     from engine.policy.presets import PRESETS
+    from engine.policy.user_plugins import SCHEDULERS
     from sim.hardware import GPU_PRESETS
     from sim.setup import ALLOCATORS
     from traces.generate.presets import WORKLOADS
@@ -244,8 +276,8 @@ def _check_run(config: RunConfig, origin: str) -> None:
     for key, allowed in (("gpu", GPU_PRESETS), ("allocator", ALLOCATORS), ("policy", PRESETS),
                          ("eviction", EVICTION_POLICIES), ("preemption", PREEMPTION_MODES),
                          ("victim", VICTIM_POLICIES), ("placement", PLACEMENTS), ("router", ROUTERS),
-                         ("workload", WORKLOADS)):
-        if config[key] is not None and config[key] not in allowed:
+                         ("workload", WORKLOADS), ("scheduler", SCHEDULERS)):
+        if config.get(key) is not None and config[key] not in allowed:
             raise SpecError(f"{origin}: {key} = {config[key]!r} is not one of {', '.join(allowed)}")
     if "workload" in config["source"] and config["source"]["workload"] not in WORKLOADS:
         raise SpecError(f"{origin}: source.workload = {config['source']['workload']!r} is not one of "

@@ -52,6 +52,8 @@ def add_parser(subparsers) -> None:
     o.add_argument("--slo-tpot", type=float, default=0.1, metavar="S", help="goodput SLO on TPOT (default 0.1 s)")
     o.add_argument("--cost-param", action="append", default=[], metavar="NAME=VALUE",
                    help="roofline parameter override, e.g. cpu_step_s=0.004 (repeatable)")
+    o.add_argument("--profile", metavar="FILE", help="calibration profile (pagesim calibrate): step times measured on "
+                   "the real kernels instead of the roofline model")
     o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     o.add_argument("--out", metavar="DIR", help="write summary, tables, decision log and timeline here")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -69,7 +71,7 @@ def run_spec_from_args(args):
         block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks, kv_cache_gb=args.kv_cache_gb,
         gpu_memory_utilization=args.gpu_memory_utilization, swap_space_gb=args.swap_space,
         max_model_len=args.max_model_len, overrides=overrides, cost_params=_cost_params(args.cost_param),
-        record_decisions=args.out is not None,
+        record_decisions=args.out is not None, profile=args.profile, plugins=tuple(args.plugin), scheduler=args.scheduler or "default",
     )
 
 
@@ -134,6 +136,14 @@ def run(args: argparse.Namespace) -> int:
             progress.close()
         if decisions:
             decisions.close()
+    result.summary["cost_model"] = built.cost_model.name
+    extrapolated = dict(getattr(built.cost_model, "extrapolated", {}))
+    if args.profile:
+        result.summary["cost_model_extrapolated"] = extrapolated
+        if extrapolated:
+            print(f"pagesim simulate: note: some step costs lay outside the profile's measured grid and came from its "
+                  f"fitted roofline form ({', '.join(f'{k}: {v} steps' for k, v in sorted(extrapolated.items()))})",
+                  file=sys.stderr)
     summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
     if out is not None:
         (out / "decisions.jsonl.tmp").replace(out / "decisions.jsonl")

@@ -3,7 +3,8 @@
 ``RunSpec`` is everything ``pagesim simulate`` lets a user turn, validated in one place and
 usable from Python (studies build many). ``build`` turns it into a ``Deployment``, a scheduler
 (the policy's ``Scheduler`` for ``allocator="paged"``, the contiguous baseline otherwise) and a
-roofline cost model, and says how the KV cache was sized.
+cost model (roofline, or calibrated when ``profile`` names a ``pagesim calibrate`` profile of
+the same model's shapes), and says how the KV cache was sized.
 
 KV-cache size, in order of precedence: ``num_gpu_blocks``; ``kv_cache_gb`` (GiB per GPU);
 otherwise memory x ``gpu_memory_utilization`` - weights - activation reserve (``Deployment``).
@@ -17,9 +18,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.model_presets import ModelPreset, get_model_preset
-from engine.policy import Scheduler, make_config
+from engine.policy import make_config
 from engine.policy.contiguous import PLACEMENTS, RESERVATION_MODES
 from engine.policy.contiguous_scheduler import ContiguousScheduler
+from engine.policy.user_plugins import load_plugins, scheduler_class
+from sim.cost.base import CostModel
+from sim.cost.calibrated import CalibratedCostModel
+from sim.cost.profile import load_profile
 from sim.cost.roofline import RooflineCostModel, RooflineParams
 from sim.deployment import GiB, Deployment
 from sim.hardware import get_gpu_preset
@@ -48,7 +53,12 @@ class RunSpec:
     # max_num_seqs, max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, ...).
     overrides: dict[str, Any] = field(default_factory=dict)
     cost_params: dict[str, float] = field(default_factory=dict)
+    profile: str | None = None  # a calibration profile (pagesim calibrate): the calibrated cost model
     record_decisions: bool = False
+    # User plug-ins, "FILE.py:CLASS" (engine.policy.user_plugins), loaded by build(); the
+    # overrides select them by name, and ``scheduler`` names the Scheduler class ("default" or one).
+    plugins: tuple[str, ...] = ()
+    scheduler: str = "default"
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -61,6 +71,10 @@ class RunSpec:
             raise ValueError(f"--kv-cache-gb must be a positive number of GiB, got {self.kv_cache_gb}")
         if not 0 <= self.swap_space_gb < math.inf:
             raise ValueError(f"--swap-space must be a finite number of GiB >= 0, got {self.swap_space_gb}")
+        object.__setattr__(self, "plugins", tuple(self.plugins))
+        if self.allocator != "paged" and self.scheduler != "default":
+            raise ValueError(f"--scheduler applies to the paged allocator only, not to the contiguous "
+                             f"{self.allocator!r} baseline")
         if self.allocator != "paged":
             paged_only = sorted(set(self.overrides) & set(PAGED_ONLY))
             if paged_only:
@@ -74,7 +88,7 @@ class Built:
     model: ModelPreset
     deployment: Deployment
     scheduler: Any
-    cost_model: RooflineCostModel
+    cost_model: CostModel
     kv_cache_source: str  # how the cache was sized, in words
 
     def describe(self) -> dict:
@@ -86,11 +100,13 @@ class Built:
             "block_size": cfg.block_size, "num_gpu_blocks": cfg.num_gpu_blocks, "num_cpu_blocks": cfg.num_cpu_blocks,
             "kv_cache_slots": self.scheduler.kv_usage().total_slots, "kv_cache_source": self.kv_cache_source,
             "scheduler": {k: v for k, v in asdict(cfg).items() if k != "extra"},
+            **({"plugins": list(self.spec.plugins), "scheduler_class": self.spec.scheduler} if self.spec.plugins else {}),
             "cost_model": self.cost_model.describe(),
         }
 
 
 def build(spec: RunSpec) -> Built:
+    load_plugins(spec.plugins)  # before any config: their names must be registered
     model = get_model_preset(spec.model)
     deployment = Deployment(model, get_gpu_preset(spec.gpu), spec.tp)
     max_model_len = spec.max_model_len or model.max_position_embeddings
@@ -119,11 +135,24 @@ def build(spec: RunSpec) -> Built:
         settings["num_cpu_blocks"] = num_cpu_blocks
     config = make_config(spec.policy, **{**settings, **spec.overrides})
     if spec.allocator == "paged":
-        scheduler = Scheduler(config)
+        scheduler = scheduler_class(spec.scheduler)(config)
     else:
         scheduler = ContiguousScheduler(config, reservation=spec.allocator, placement=spec.placement)
-    params = RooflineParams().with_overrides(spec.cost_params)
-    return Built(spec, model, deployment, scheduler, RooflineCostModel(deployment, params), source)
+    return Built(spec, model, deployment, scheduler, _cost_model(spec, model, deployment), source)
+
+
+def _cost_model(spec: RunSpec, model: ModelPreset, deployment: Deployment) -> CostModel:
+    """The roofline model, or the calibrated one when a profile is given (measured at tp = 1)."""
+    if spec.profile is None:
+        return RooflineCostModel(deployment, RooflineParams().with_overrides(spec.cost_params))
+    if spec.cost_params:
+        raise ValueError("--cost-param sets roofline parameters; with --profile the costs are measured")
+    if spec.tp != 1:
+        raise ValueError(f"a calibration profile times one device; --tp {spec.tp} needs the roofline model "
+                         f"(leave out --profile)")
+    cost_model = CalibratedCostModel(load_profile(spec.profile))
+    cost_model.check_model(model)
+    return cost_model
 
 
 def _fit_budget(spec: RunSpec, max_model_len: int) -> dict[str, Any]:

@@ -32,6 +32,7 @@ POLICY_MODULES = [
     "engine.policy.usage",
     "engine.policy.capacity",
     "engine.policy.cli_args",
+    "engine.policy.user_plugins",
     "engine.runtime.cli",
     "engine.model_presets",
     "engine.cli",

@@ -3,6 +3,12 @@ later ``validate``): one definition, so the simulator and the engine are configu
 
 ``add_policy_args`` adds them (returning the argument group, for a command's own additions);
 ``policy_overrides`` turns the given ones into ``SchedulerConfig`` overrides on top of the preset.
+
+``--plugin FILE.py:CLASS`` loads a policy piece from the user's own file (``user_plugins``) and
+registers it by name; the flag of its kind (``--victim``, ``--eviction``, ``--preemption``,
+``--scheduler``) selects it. So those flags take no argparse ``choices`` (a plug-in's name is known
+only once it is loaded): ``policy_overrides`` loads the plug-ins first, then checks every name
+against its registry, and refuses a plug-in that is loaded but not selected.
 """
 
 from __future__ import annotations
@@ -17,17 +23,34 @@ _DIRECT = (("eviction", "eviction_policy"), ("preemption", "preemption_mode"), (
 _SWITCHES = (("prefix_caching", "enable_prefix_caching"), ("chunked_prefill", "enable_chunked_prefill"))
 
 
+def _builtin_choices() -> dict[str, list[str]]:
+    """Flag -> the built-in names it takes ('cost' needs a cost function, which no flag gives)."""
+    from engine.policy.user_plugins import KINDS, builtin_names
+
+    return {kind: [n for n in builtin_names(kind) if n != "cost"] for kind in KINDS}
+
+
 def add_policy_args(parser: argparse.ArgumentParser):
-    from engine.policy.eviction import EVICTION_POLICIES
-    from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES
     from engine.policy.presets import PRESETS
+
+    choices = _builtin_choices()
 
     s = parser.add_argument_group("policy")
     s.add_argument("--policy", default="pagesim", choices=list(PRESETS), help="scheduler preset (default pagesim)")
     s.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
-    s.add_argument("--eviction", choices=list(EVICTION_POLICIES), help="prefix-cache eviction policy")
-    s.add_argument("--preemption", choices=[m for m in PREEMPTION_MODES if m != "cost"], help="preemption mode")
-    s.add_argument("--victim", choices=list(VICTIM_POLICIES), help="preemption victim policy")
+    s.add_argument("--eviction", metavar="NAME",
+                   help=f"prefix-cache eviction policy: {', '.join(choices['eviction'])}, or a --plugin's")
+    s.add_argument("--preemption", metavar="NAME",
+                   help=f"preemption mode: {', '.join(choices['preemption'])}, or a --plugin's")
+    s.add_argument("--victim", metavar="NAME",
+                   help=f"preemption victim policy: {', '.join(choices['victim'])}, or a --plugin's")
+    s.add_argument("--scheduler", metavar="NAME", help="scheduler class: default, or a --plugin's Scheduler subclass")
+    s.add_argument("--plugin", action="append", default=[], metavar="FILE:CLASS",
+                   help="load your own VictimPolicy, EvictionPolicy, PreemptionMode or Scheduler subclass "
+                        "(engine.policy) from FILE.py (or module.path:CLASS) and register it by its `name` "
+                        "(else the class name); select it with --victim / --eviction / --preemption / "
+                        "--scheduler NAME (a plug-in loaded but not selected is an error; repeatable; "
+                        "see examples/)")
     s.add_argument("--prefix-caching", choices=["on", "off"], help="(default: the preset's)")
     s.add_argument("--chunked-prefill", choices=["on", "off"], help="(default: the preset's)")
     s.add_argument("--max-model-len", type=int, metavar="L", help="default: the model's context length")
@@ -42,6 +65,7 @@ def policy_overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    _check_names(args)
     overrides: dict[str, Any] = {}
     for flag, name in _DIRECT:
         value = getattr(args, flag)
@@ -52,3 +76,22 @@ def policy_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             overrides[name] = value == "on"
     return overrides
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """Load ``--plugin``s (registering their names), then check each named plug-in flag."""
+    from engine.policy.user_plugins import KINDS, load_plugins
+
+    plugins = load_plugins(args.plugin)
+    choices = _builtin_choices()
+    for plugin in plugins:
+        if plugin.name not in choices[plugin.kind]:
+            choices[plugin.kind].append(plugin.name)
+    for kind, k in KINDS.items():
+        value = getattr(args, kind)
+        if value is not None and value not in choices[kind]:
+            raise ValueError(f"--{kind}: unknown {k.noun} {value!r}; choose one of {', '.join(choices[kind])}")
+    for plugin in plugins:
+        if getattr(args, plugin.kind) != plugin.name:
+            raise ValueError(f"--plugin {plugin.spec} is the {plugin.noun} {plugin.name!r}, but --{plugin.kind} "
+                             f"does not select it (add --{plugin.kind} {plugin.name})")

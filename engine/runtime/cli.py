@@ -111,14 +111,17 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
 
     from engine.policy import SwapSpaceExhausted
     from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+    from engine.policy.user_plugins import scheduler_class
     from engine.runtime import Engine
     from engine.runtime.engine import EngineStalled
     from engine.runtime.reference import check_outputs
     from engine.runtime.run_output import print_summary, summarize, write_out
 
     validate = args.check_reference or args.validate
+    scheduler_cls = scheduler_class(args.scheduler)  # the default, or a --plugin's (policy_overrides loaded it)
     try:
-        engine = Engine(model, sched_config, backend=args.backend, validate=validate, sampling=params)
+        engine = Engine(model, sched_config, backend=args.backend, validate=validate, sampling=params,
+                        scheduler_cls=scheduler_cls)
     except (RuntimeError, MemoryError) as exc:  # an allocation the check above could not foresee
         raise ValueError(f"cannot allocate the KV cache: {str(exc).splitlines()[0]}") from None
     served = [copy.deepcopy(r) for r in requests]  # the originals stay unscheduled for the reference

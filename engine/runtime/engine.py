@@ -115,7 +115,8 @@ class _SeqTokens:
 
 class Engine:
     def __init__(self, model: LlamaForCausalLM, config: SchedulerConfig, *, backend: str = "auto",
-                 validate: bool = False, sampling: SamplingParams | None = None):
+                 validate: bool = False, sampling: SamplingParams | None = None, keep_outputs: bool = False,
+                 scheduler_cls: type[Scheduler] = Scheduler):
         if config.max_model_len > model.config.max_position_embeddings:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's context "
                              f"({model.config.max_position_embeddings} tokens)")
@@ -124,7 +125,7 @@ class Engine:
         self.backend = resolve_engine_backend(backend, model)
         self.validate = validate
         self.sampling = sampling or SamplingParams()
-        self.scheduler = Scheduler(config)
+        self.scheduler = scheduler_cls(config)  # a user's Scheduler subclass (--plugin) runs here too
         self.cache = PagedKVCache(model.config, num_gpu_blocks=config.num_gpu_blocks, num_cpu_blocks=config.num_cpu_blocks,
                                   block_size=config.block_size, dtype=model.dtype, device=model.device,
                                   poison=validate, backend=self.backend)
@@ -137,6 +138,8 @@ class Engine:
         self.records: dict[str, RequestRecord] = {}
         self.steps: list[StepRecord] = []
         self.stats = EngineStats()
+        # Every step's SchedulerOutput, kept when asked (calibration and validation cost them).
+        self.outputs: list[SchedulerOutput] | None = [] if keep_outputs else None
         self._requests: dict[str, Request] = {}
         self._params: dict[str, SamplingParams] = {}
         self._beam_scores: dict[str, dict[int, float]] = {}
@@ -200,6 +203,8 @@ class Engine:
         start = self.now()
         out = sched.schedule()
         scheduled = self.now()
+        if self.outputs is not None:
+            self.outputs.append(out)
         for rid in out.new:
             self.records[rid].first_scheduled_s = start
         for rid, reason in out.rejected.items():  # unservable after all (found at the head of a queue)
