@@ -1,0 +1,121 @@
+"""pagesim calibrate: time the engine's kernels, layers, sampler and policy on this device into a profile.
+
+At the shapes of ``--model`` (random weights; one layer timed, the cost model scales by the layer
+count) and the dtype and attention backend the engine would use there. On CPU the run is pinned
+to ``--threads`` intra-op threads (default 1: steadier on a shared machine), which is recorded in
+the profile; ``pagesim validate`` runs the engine with the same count. Progress goes to stderr;
+the profile is rewritten after every table, and running the same command again resumes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DTYPES = ("auto", "float64", "float32", "float16", "bfloat16")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="time the real kernels and policy into a profile for the simulator",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: cuda if available)")
+    p.add_argument("--model", default="tiny", help="preset (tiny, small, llama-125m, llama3-8b, ...) or a Hugging Face "
+                   "Llama folder (only its config is read) (default tiny)")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="auto: what pagesim run uses there (float64 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto",
+                   help="attention kernels (auto: triton on CUDA, torch on CPU)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU: intra-op threads (default 1)")
+    p.add_argument("--warmup", type=int, default=3, metavar="K", help="untimed calls per grid point (default 3)")
+    p.add_argument("--repeats", type=int, default=15, metavar="K", help="timed calls per grid point (default 15)")
+    p.add_argument("--quick", action="store_true", help="a thinner grid (every other point) and fewer repeats")
+    p.add_argument("--out", default="profile.json", metavar="FILE", help="profile to write (default profile.json)")
+    p.add_argument("--force", action="store_true", help="overwrite --out even if it holds another run's profile")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine.calibrate.calibrate import calibrate
+    from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
+    from kernels.ops import resolve_backend
+
+    for flag in ("warmup", "repeats"):
+        if getattr(args, flag) < (0 if flag == "warmup" else 1):
+            raise ValueError(f"--{flag} must be >= {0 if flag == 'warmup' else 1}, got {getattr(args, flag)}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    device = _device(args.device, torch)
+    if device.type == "cuda" and args.threads is not None:
+        raise ValueError("--threads pins CPU intra-op threads; it does not apply to --device cuda")
+    out = Path(args.out)
+    if out.exists() and out.is_dir():
+        raise ValueError(f"--out {out}: is a folder; give a file name such as {out / 'profile.json'}")
+    if not out.parent.exists():
+        raise ValueError(f"--out {out}: folder {out.parent} does not exist")
+    config = model_config(args.model)
+    backend = resolve_backend("calibrate", args.backend, device)
+    dtype = _dtype(args.dtype, device, backend, TORCH_DTYPES)
+    if backend == "triton" and dtype == torch.float64:
+        raise ValueError("the triton backend takes float32, float16 or bfloat16, not float64")
+    threads = 0
+    if device.type == "cpu":
+        threads = args.threads or 1
+        torch.set_num_threads(threads)
+    repeats = min(args.repeats, 7) if args.quick and args.repeats == 15 else args.repeats
+    warmup = min(args.warmup, 2) if args.quick and args.warmup == 3 else args.warmup
+    bar = _progress(args.no_progress)
+    started = time.perf_counter()
+
+    def on_table(name: str, points: int) -> None:
+        if bar is not None:
+            bar.reset(total=points)
+            bar.set_description(name)
+        else:
+            print(f"pagesim calibrate: {name} ({points} points)", file=sys.stderr, flush=True)
+
+    try:
+        profile = calibrate(config, out=out, device=device, dtype=dtype, backend=backend, threads=threads,
+                            warmup=warmup, repeats=repeats, quick=args.quick, force=args.force,
+                            on_point=(lambda _: bar.update()) if bar is not None else None, on_table=on_table)
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        print(f"pagesim calibrate: interrupted; the tables finished so far are in {out}: run the same command to "
+              f"resume", file=sys.stderr)
+        return 130
+    finally:
+        if bar is not None:
+            bar.close()
+    wall = time.perf_counter() - started
+    print(f"wrote {out}: {len(profile.tables)} tables for {profile.describe()}, "
+          f"{sum(len(t.median_s) for t in profile.tables.values())} grid points, in {wall:.1f} s")
+    return 0
+
+
+def _device(choice: str, torch):
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: CUDA is not available here")
+    return torch.device(choice)
+
+
+def _dtype(choice: str, device, backend: str, TORCH_DTYPES):
+    if choice != "auto":
+        return TORCH_DTYPES[choice]
+    if device.type == "cuda":
+        return TORCH_DTYPES["bfloat16"]
+    return TORCH_DTYPES["float32" if backend == "triton" else "float64"]
+
+
+def _progress(disable: bool):
+    if disable or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=0, unit="pt", mininterval=0.5, leave=False, file=sys.stderr)
