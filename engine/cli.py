@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, str] = {
     "trace": "traces.cli",
     "simulate": "sim.cli",
     "run": "engine.runtime.cli",
+    "calibrate": "engine.calibrate.cli",
+    "validate": "reports.validation.cli",
     "reproduce": "sim.paper_cli",
     "study": "reports.cli",
     "report": "reports.cli",

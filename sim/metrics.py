@@ -62,6 +62,7 @@ class RequestMetrics:
         self.n = np.ones(num_requests, np.int64)
         self.beam_width = np.ones(num_requests, np.int64)
         self.preemptions = np.zeros(num_requests, np.int64)
+        self.release_step = np.zeros(num_requests, np.int64)  # the first schedule() that could see it
         self.status = np.zeros(num_requests, np.int8)
         self.reject_reasons: dict[int, str] = {}
 

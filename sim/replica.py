@@ -71,6 +71,7 @@ class Replica:
         m.prompt_tokens[row] = request.prompt_len
         m.n[row] = request.n
         m.beam_width[row] = request.beam_width
+        m.release_step[row] = self.scheduler.next_step  # what an engine in lockstep needs to replay this run
         if not self.scheduler.add_request(request):
             m.status[row] = REJECTED
             m.reject_reasons[row] = request.reject_reason or ""

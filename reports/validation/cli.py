@@ -1,0 +1,175 @@
+"""pagesim validate: run the real engine and the calibrated simulator on one workload and compare them.
+
+Reports whether their decision logs are identical (engine in step-lockstep with the simulator),
+whether the engine's outputs equal the no-paging reference, and how far the simulator's step
+times, TTFT, TPOT, end-to-end latency and throughput are from the engine's on the wall clock,
+next to how far two runs of the same engine are apart (``noise``). With no request source it
+validates the default: 64 ``kwon2023-alpaca`` requests at 16 requests/s. The engine runs with the
+profile's model shapes, dtype, attention backend and CPU thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_SOURCE = {"workload": "kwon2023-alpaca", "rate": 16.0, "num_requests": 64}
+DEFAULT_GPU_BLOCKS = 128
+DEFAULT_CPU_BLOCKS = 64
+
+
+def add_parser(subparsers) -> None:
+    from engine.policy.cli_args import add_policy_args
+    from traces.source import add_source_args
+
+    p = subparsers.add_parser("validate", help="compare the calibrated simulator with the real engine on a workload",
+                              description=__doc__.splitlines()[0])
+    add_source_args(p)
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="tiny", help="preset or Hugging Face Llama folder, of the profile's shapes "
+                   "(default tiny)")
+    g.add_argument("--model-seed", type=int, default=0, metavar="S", help="seed of random weights (default 0)")
+    g.add_argument("--profile", required=True, metavar="FILE", help="calibration profile (pagesim calibrate)")
+    g.add_argument("--num-gpu-blocks", type=int, default=DEFAULT_GPU_BLOCKS, metavar="N",
+                   help=f"KV-cache blocks (default {DEFAULT_GPU_BLOCKS})")
+    g.add_argument("--num-cpu-blocks", type=int, default=DEFAULT_CPU_BLOCKS, metavar="N",
+                   help=f"CPU swap blocks (default {DEFAULT_CPU_BLOCKS})")
+    add_policy_args(p)
+    o = p.add_argument_group("output")
+    o.add_argument("--noise-runs", type=int, default=1, metavar="K",
+                   help="run the engine K more times to measure run-to-run noise (default 1; 0 skips)")
+    o.add_argument("--no-reference", action="store_true", help="skip checking outputs against the no-paging reference")
+    o.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    o.add_argument("--out", metavar="DIR", help="write validation.json, steps.csv and validation.pdf (figures) here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.policy.cli_args import policy_overrides
+    from sim.cost.profile import load_profile
+    from traces.source import reported_warnings, trace_from_args
+
+    if args.trace is None and args.workload is None:
+        for key, value in DEFAULT_SOURCE.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    if args.workload is not None and args.rate is None and args.arrival is None:
+        raise ValueError("validate compares timing under arrivals: give --rate R (or --arrival) with --workload")
+    for flag, low in (("num_gpu_blocks", 1), ("num_cpu_blocks", 0), ("noise_runs", 0)):
+        if getattr(args, flag) < low:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= {low}, got {getattr(args, flag)}")
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+    profile = load_profile(args.profile)
+    overrides = policy_overrides(args)  # loads --plugin files
+    with reported_warnings("validate", strict=args.strict):
+        trace = trace_from_args(args)
+
+    import torch
+
+    from engine.calibrate.calibrate import model_shapes
+    from engine.model import load_model
+    from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
+    from engine.policy import make_config
+    from engine.policy.user_plugins import scheduler_class
+    from reports.validation.validate import validate
+    from sim.cost.calibrated import CalibratedCostModel
+
+    device = torch.device(profile.device["type"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"the profile was measured on CUDA ({profile.device.get('name')}); CUDA is not available here")
+    config = model_config(args.model)
+    dtype = TORCH_DTYPES[profile.model["dtype"]]
+    shapes = model_shapes(config, dtype)
+    differ = [f"{k} {shapes[k]} (profile: {profile.model[k]})" for k in shapes
+              if k not in ("name", "max_position_embeddings") and profile.model.get(k) != shapes[k]]
+    if differ:
+        raise ValueError(f"--model {args.model} differs from the profile's {profile.model['name']}: {', '.join(differ)}")
+    max_model_len = args.max_model_len or config.max_position_embeddings
+    too_long = [i for i in range(len(trace)) if trace.prompt_len[i] + trace.output_len[i] > max_model_len]
+    if too_long:
+        i = too_long[0]
+        raise ValueError(f"{len(too_long)} of {len(trace)} requests are longer than the context of {max_model_len} "
+                         f"tokens (e.g. r{i}: {int(trace.prompt_len[i])} + {int(trace.output_len[i])})")
+    sched_config = make_config(args.policy, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
+                               num_cpu_blocks=args.num_cpu_blocks, max_model_len=max_model_len, record_decisions=True,
+                               **overrides)
+    if device.type == "cpu":
+        torch.set_num_threads(int(profile.settings.get("threads") or 1))
+    model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
+    cost_model = CalibratedCostModel(profile)
+
+    def log(msg: str) -> None:
+        print(f"pagesim validate: {msg}", file=sys.stderr, flush=True)
+
+    result = validate(trace, sched_config, scheduler_class(args.scheduler), model, cost_model,
+                      backend=str(profile.settings.get("backend", "auto")), seed=args.seed,
+                      noise_runs=args.noise_runs, check_reference=not args.no_reference, log=log)
+    report = {"workload": trace.source, "model": config.name, "profile": str(args.profile),
+              "profile_measured": profile.describe(), "block_size": sched_config.block_size,
+              "num_gpu_blocks": sched_config.num_gpu_blocks, **result.report}
+    if out is not None:
+        _write_out(out, report, result, profile)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        print(text_summary(report))
+        if out is not None:
+            print(f"wrote {out}/: validation.json steps.csv validation.pdf")
+    ok = report["decision_logs_identical"] and report["outputs_match_reference"] is not False
+    return 0 if ok else 1
+
+
+def _write_out(out: Path, report: dict, result, profile) -> None:
+    import csv
+
+    from reports.validation import plots
+
+    tmp = out / "validation.json.tmp"
+    tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(out / "validation.json")
+    with open(out / "steps.csv", "w", newline="", encoding="ascii") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "measured_s", "predicted_s"])
+        for i, (m, p) in enumerate(zip(result.measured_steps, result.predicted_steps)):
+            w.writerow([i, f"{m:.9f}", f"{p:.9f}"])
+    plots.write_pdf(out / "validation.pdf", [
+        plots.step_page(result.measured_steps, result.predicted_steps, report["step_time_mape"]),
+        plots.latency_page(result.sim.result.requests, result.engine_metrics, report),
+        plots.calibration_page(profile),
+    ])
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def text_summary(r: dict) -> str:
+    lines = [
+        f"validation of {r['workload']} ({r['requests']} requests) on {r['model']}, profile {r['profile_measured']}",
+        f"  decision logs identical   {r['decision_logs_identical']} ({r['decision_log_steps']['engine']} engine steps)",
+        f"  outputs match reference   {r['outputs_match_reference']}",
+        f"  step time MAPE            {r['step_time_mape']:.2%}" if r["step_time_mape"] is not None else
+        "  step time MAPE            n/a",
+    ]
+    noise = r.get("noise") if isinstance(r.get("noise"), dict) else None
+    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "end-to-end")):
+        m = r[name]
+        line = (f"  {label:<11} mean {_pct(m['mean_error'])}  p50 {_pct(m['p50_error'])}  p99 {_pct(m['p99_error'])}  "
+                f"MAPE {m['mape']}  KS {m['ks']}")
+        if noise:
+            n = noise[name]
+            line += f"   (engine vs engine: mean {_pct(n['mean_error'])}, p50 {_pct(n['p50_error'])}, KS {n['ks']})"
+        lines.append(line)
+    t = r["throughput"]
+    lines.append(f"  throughput  requests/s {_pct(t['requests_per_s_error'])}  tokens/s {_pct(t['tokens_per_s_error'])}")
+    if r.get("first_difference"):
+        d = r["first_difference"]
+        lines.append(f"  first difference at step {d['step']}: keys {', '.join(d['differing_keys'])}")
+    lines.append("  targets: " + ", ".join(f"{k} {'met' if v['met'] else 'NOT met'}" for k, v in r["targets"].items()))
+    return "\n".join(lines)

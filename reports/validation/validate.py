@@ -1,0 +1,121 @@
+"""One validation: the simulator against the real engine on one workload, as a JSON-ready report.
+
+``validate`` runs the three runs of ``reports.validation.runs`` (and, unless ``noise_runs`` is 0,
+the engine on the wall clock again, to measure how far two runs of the *same* engine are apart
+on this machine: the floor under any simulator error), then ``reports.validation.compare``'s
+measures. The report's top-level keys: ``decision_logs_identical`` (with ``first_difference``
+when not), ``outputs_match_reference``, ``step_time_mape``, ``ttft`` / ``tpot`` / ``e2e``
+(paired MAPE, mean / p50 / p99 errors, KS), ``throughput``, ``noise`` (the same measures between
+two engine runs) and ``targets`` (the issue's thresholds, each with its figure).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.policy import SchedulerConfig
+from reports.validation import compare, runs
+from sim.cost.calibrated import CalibratedCostModel
+from traces.trace import Trace
+
+#: The issue's targets: (report path, threshold on the absolute value).
+TARGETS = {
+    "tpot_mean_within_3pct": (("tpot", "mean_error"), 0.03),
+    "e2e_mean_within_3pct": (("e2e", "mean_error"), 0.03),
+    "step_time_mape_within_5pct": (("step_time_mape",), 0.05),
+    "ttft_p50_within_10pct": (("ttft", "p50_error"), 0.10),
+}
+
+
+@dataclass
+class Validation:
+    report: dict[str, Any]
+    sim: runs.SimRun
+    engine_metrics: Any
+    measured_steps: np.ndarray
+    predicted_steps: np.ndarray
+    extra_engines: list = field(default_factory=list)
+
+
+def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_model: CalibratedCostModel, *,
+             backend: str, seed: int = 0, noise_runs: int = 1, check_reference: bool = True,
+             log=lambda msg: None) -> Validation:
+    if bool((trace.beam_width > 1).any()):
+        raise ValueError("validate compares decisions the policy alone determines; beam survival depends on the "
+                         "model's scores, which the simulator draws from a seeded model: use a workload without beams")
+    t0 = time.perf_counter()
+    log("simulating")
+    sim = runs.simulate(trace, config, scheduler_cls, cost_model, seed=seed)
+    requests = runs.engine_requests(trace, model.config.vocab_size)
+
+    log("engine in lockstep with the simulator (validation mode)")
+    lock = runs.run_lockstep(model, config, scheduler_cls, requests, sim.release_steps, backend=backend)
+    engine_log = lock.scheduler.decision_log.records
+    difference = compare.first_difference(sim.log, engine_log)
+    reference = None
+    if check_reference:
+        from engine.runtime.reference import check_outputs
+
+        log("checking the engine's outputs against the no-paging reference")
+        outputs = {rid: r.outputs for rid, r in lock.records.items() if r.status == "completed"}
+        reference = check_outputs(model, requests, outputs, lambda r: lock.sampling)
+
+    log("engine on the wall clock")
+    wall = runs.run_wall_clock(model, config, scheduler_cls, requests, backend=backend)
+    n = len(trace)
+    engine_m = runs.engine_metrics(wall, n)
+    measured, predicted = runs.step_times(wall, cost_model)
+    steps = compare.step_time_errors(predicted, measured)
+    latency = compare.latency_errors(sim.result.requests, engine_m)
+    report: dict[str, Any] = {
+        "requests": n,
+        "decision_logs_identical": difference is None,
+        "decision_log_steps": {"simulator": len(sim.log), "engine": len(engine_log)},
+        "first_difference": difference,
+        "outputs_match_reference": None if reference is None else reference.match,
+        "reference": None if reference is None else reference.to_dict(limit=5),
+        "step_time_mape": steps["mape"],
+        "step_time": steps,
+        **latency,
+        "throughput": compare.throughput_errors(sim.result.requests, engine_m),
+        "engine_steps": len(wall.steps),
+        "simulator_steps": int(sim.result.summary["steps"]),
+        "completed": {"engine": int((engine_m.status == 1).sum()), "simulator": int(sim.result.summary["requests_completed"])},
+        "preemptions": {"engine": dict(wall.stats.preemptions), "simulator": sim.result.summary["preemptions"]},
+        "cost_model": cost_model.describe(),
+    }
+    extra = []
+    noise = []
+    for k in range(noise_runs):
+        log(f"engine on the wall clock again (noise run {k + 1} of {noise_runs})")
+        again = runs.run_wall_clock(model, config, scheduler_cls, requests, backend=backend)
+        extra.append(again)
+        again_m = runs.engine_metrics(again, n)
+        m2, _ = runs.step_times(again, cost_model)
+        lat = compare.latency_errors(again_m, engine_m)
+        noise.append({
+            "step_time_mean_error": compare.relative_error(float(m2.mean()), float(measured.mean())),
+            **{name: {key: lat[name][key] for key in ("mape", "mean_error", "p50_error", "p99_error", "ks")}
+               for name in ("ttft", "tpot", "e2e")},
+            "throughput": {key: v for key, v in compare.throughput_errors(again_m, engine_m).items() if key.endswith("error")},
+        })
+    report["noise"] = noise[0] if len(noise) == 1 else noise or None
+    report["targets"] = targets(report)
+    report["wall_s"] = round(time.perf_counter() - t0, 3)
+    report["threads"] = torch.get_num_threads()
+    return Validation(report, sim, engine_m, measured, predicted, extra)
+
+
+def targets(report: dict) -> dict[str, dict]:
+    out = {}
+    for name, (path, limit) in TARGETS.items():
+        value: Any = report
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        out[name] = {"value": value, "limit": limit, "met": None if value is None else abs(value) <= limit}
+    return out

@@ -1,0 +1,105 @@
+"""``pagesim validate``: the keys it reports, the files it writes, and its refusals.
+
+Timing accuracy is not asserted here (these machines are shared); what must hold everywhere is
+that the engine in lockstep makes the simulator's decisions and generates the reference's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.cli import main  # noqa: E402
+from tests.calibration_support import TINY_GRID  # noqa: E402
+
+SMALL = ["--workload", "kwon2023-alpaca", "--num-requests", "12", "--rate", "40", "--num-gpu-blocks", "24",
+         "--block-size", "8"]
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    from engine.calibrate.calibrate import calibrate
+    from engine.model.config import LlamaConfig
+
+    out = tmp_path_factory.mktemp("val") / "profile.json"
+    threads = torch.get_num_threads()
+    try:
+        calibrate(LlamaConfig.named("tiny"), out=out, device=torch.device("cpu"), dtype=torch.float64, backend="torch",
+                  threads=1, warmup=1, repeats=3, grid=TINY_GRID)
+    finally:
+        torch.set_num_threads(threads)
+    return str(out)
+
+
+def _validate(argv, capsys):
+    threads = torch.get_num_threads()
+    try:
+        code = main(["validate", *argv])
+    finally:
+        torch.set_num_threads(threads)
+    return code, capsys.readouterr()
+
+
+def test_validate_reports_identical_decisions_and_every_error_key(profile, tmp_path, capsys):
+    code, cap = _validate([*SMALL, "--profile", profile, "--preemption", "swap", "--num-cpu-blocks", "8", "--json",
+                           "--out", str(tmp_path / "v")], capsys)
+    report = json.loads(cap.out)
+    assert code == 0
+    assert report["decision_logs_identical"] is True and report["first_difference"] is None
+    assert report["outputs_match_reference"] is True
+    assert report["decision_log_steps"]["engine"] == report["decision_log_steps"]["simulator"] > 0
+    assert report["preemptions"]["engine"]["swap"] + report["preemptions"]["engine"]["recompute"] > 0  # it was tight
+    assert 0 <= report["step_time_mape"] < 10
+    for name in ("ttft", "tpot", "e2e"):
+        assert {"mape", "mean_error", "p50_error", "p99_error", "ks"} <= set(report[name])
+        assert 0 <= report[name]["ks"] <= 1
+    assert {"requests_per_s_error", "tokens_per_s_error"} <= set(report["throughput"])
+    assert set(report["noise"]) >= {"ttft", "tpot", "e2e", "step_time_mean_error"}
+    assert set(report["targets"]) == {"tpot_mean_within_3pct", "e2e_mean_within_3pct", "step_time_mape_within_5pct",
+                                      "ttft_p50_within_10pct"}
+    out = tmp_path / "v"
+    assert json.loads((out / "validation.json").read_text())["decision_logs_identical"] is True
+    rows = (out / "steps.csv").read_text().splitlines()
+    assert rows[0] == "step,measured_s,predicted_s" and len(rows) == report["engine_steps"] + 1
+    assert (out / "validation.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_validate_text_output_and_the_default_workload_names(profile, capsys):
+    code, cap = _validate(["--workload", "kwon2023-alpaca", "--num-requests", "6", "--rate", "50", "--profile", profile,
+                           "--noise-runs", "0", "--no-reference"], capsys)
+    assert code == 0
+    assert "decision logs identical   True" in cap.out and "step time MAPE" in cap.out and "targets:" in cap.out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model", "small"], "differs from the profile's tiny"),
+    (["--beam-width", "2"], "unrecognized arguments"),
+    (["--num-gpu-blocks", "0"], "--num-gpu-blocks must be >= 1"),
+    (["--noise-runs", "-1"], "--noise-runs must be >= 0"),
+    (["--workload", "kwon2023-alpaca", "--rate", ""], "rate"),
+])
+def test_validate_refuses_bad_input_in_one_line(profile, capsys, extra, message):
+    with pytest.raises(SystemExit) as exc:
+        _validate(["--profile", profile, "--num-requests", "4", *extra], capsys)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_validate_needs_arrivals_and_a_profile(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["validate", "--workload", "kwon2023-alpaca", "--num-requests", "4"])
+    assert "required: --profile" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["validate", "--workload", "kwon2023-alpaca", "--num-requests", "4", "--profile", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert "give --rate" in err or "no such file" in err
+
+
+def test_validate_refuses_beam_search_workloads(profile, capsys):
+    with pytest.raises(SystemExit):
+        _validate(["--workload", "kwon2023-alpaca-beam", "--num-requests", "4", "--rate", "10", "--profile", profile],
+                  capsys)
+    assert "beam" in capsys.readouterr().err
