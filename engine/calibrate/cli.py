@@ -14,16 +14,16 @@ import sys
 import time
 from pathlib import Path
 
-DTYPES = ("auto", "float64", "float32", "float16", "bfloat16")
-
 
 def add_parser(subparsers) -> None:
+    from engine.runtime.cli import DTYPES
+
     p = subparsers.add_parser("calibrate", help="time the real kernels and policy into a profile for the simulator",
                               description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: cuda if available)")
     p.add_argument("--model", default="tiny", help="preset (tiny, small, llama-125m, llama3-8b, ...) or a Hugging Face "
                    "Llama folder (only its config is read) (default tiny)")
-    p.add_argument("--dtype", choices=DTYPES, default="auto",
+    p.add_argument("--dtype", choices=list(DTYPES), default="auto",
                    help="auto: what pagesim run uses there (float64 on CPU, bfloat16 on CUDA)")
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto",
                    help="attention kernels (auto: triton on CUDA, torch on CPU)")
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.calibrate.calibrate import calibrate
     from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
+    from engine.runtime.cli import device_for, dtype_for
     from kernels.ops import resolve_backend
 
     for flag in ("warmup", "repeats"):
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{flag} must be >= {0 if flag == 'warmup' else 1}, got {getattr(args, flag)}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    device = _device(args.device, torch)
+    device = device_for(args.device, torch)
     if device.type == "cuda" and args.threads is not None:
         raise ValueError("--threads pins CPU intra-op threads; it does not apply to --device cuda")
     out = Path(args.out)
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {out}: folder {out.parent} does not exist")
     config = model_config(args.model)
     backend = resolve_backend("calibrate", args.backend, device)
-    dtype = _dtype(args.dtype, device, backend, TORCH_DTYPES)
+    dtype = dtype_for(args.dtype, device, backend, TORCH_DTYPES)
     if backend == "triton" and dtype == torch.float64:
         raise ValueError("the triton backend takes float32, float16 or bfloat16, not float64")
     threads = 0
@@ -95,22 +96,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out}: {len(profile.tables)} tables for {profile.describe()}, "
           f"{sum(len(t.median_s) for t in profile.tables.values())} grid points, in {wall:.1f} s")
     return 0
-
-
-def _device(choice: str, torch):
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: CUDA is not available here")
-    return torch.device(choice)
-
-
-def _dtype(choice: str, device, backend: str, TORCH_DTYPES):
-    if choice != "auto":
-        return TORCH_DTYPES[choice]
-    if device.type == "cuda":
-        return TORCH_DTYPES["bfloat16"]
-    return TORCH_DTYPES["float32" if backend == "triton" else "float64"]
 
 
 def _progress(disable: bool):

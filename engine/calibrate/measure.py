@@ -45,6 +45,7 @@ class Bench:
         self._gen = torch.Generator(device="cpu").manual_seed(seed)
         self._steady: dict[int, dict[str, list[float]]] = {}
         self._token_ids: list[int] = []
+        self._caches: dict = {}  # block size -> the largest one-layer PagedKVCache made so far
         self._between: Callable[[], object] | None = None
 
     # ------------------------------------------------------------ helpers
@@ -106,8 +107,12 @@ class Bench:
         longest = max(cached + new for cached, new in seqs)
         if len(self._token_ids) < longest:
             self._token_ids = torch.randint(0, self.config.vocab_size, (longest,), generator=self._gen).tolist()
-        cache = PagedKVCache(self.layer_config, num_gpu_blocks=num_blocks, num_cpu_blocks=0, block_size=block_size,
-                             dtype=self.dtype, device=self.device, backend=self.backend)
+        cache = self._caches.get(block_size)
+        if cache is None or cache.num_gpu_blocks < num_blocks:  # grown as needed, reused otherwise
+            self._caches.pop(block_size, None)
+            cache = self._caches[block_size] = PagedKVCache(
+                self.layer_config, num_gpu_blocks=num_blocks, num_cpu_blocks=0, block_size=block_size,
+                dtype=self.dtype, device=self.device, backend=self.backend)
         batch = build_batch(output, self._tokens_of, self.device)
         m, sync, clock, backend = self.model, self._sync, time.perf_counter, self.backend
         key_cache, value_cache = cache.key_caches[0], cache.value_caches[0]

@@ -88,9 +88,9 @@ def run(args: argparse.Namespace) -> int:
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out}: exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
-    device = _device(args.device, torch)
+    device = device_for(args.device, torch)
     config = model_config(args.model)
-    dtype = _dtype(args.dtype, device, args.backend, TORCH_DTYPES, args.check_reference)
+    dtype = dtype_for(args.dtype, device, args.backend, TORCH_DTYPES, args.check_reference)
     sched_config = _scheduler_config(args, config, dtype, device)
     _check_memory(config, dtype, device, sched_config)
     requests = _requests(trace, args, config, sched_config, offline)
@@ -174,7 +174,8 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
 
 
 # ------------------------------------------------------------------ setup
-def _device(choice: str, torch):
+def device_for(choice: str, torch):
+    """``--device``: auto = CUDA when available; a clear error when CUDA is asked for and absent."""
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if choice == "cuda" and not torch.cuda.is_available():
@@ -182,7 +183,9 @@ def _device(choice: str, torch):
     return torch.device(choice)
 
 
-def _dtype(choice: str, device, backend: str, TORCH_DTYPES, check_reference: bool):
+def dtype_for(choice: str, device, backend: str, TORCH_DTYPES, check_reference: bool = False):
+    """``--dtype``: auto = bfloat16 on CUDA (float32 for a reference check), float64 on CPU with the
+    torch kernels, float32 with Triton's interpreter."""
     if choice != "auto":
         return TORCH_DTYPES[choice]
     if device.type == "cuda":  # a token-exact reference check in bfloat16 would flip near-ties

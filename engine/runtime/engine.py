@@ -15,6 +15,10 @@ Two ways to feed requests:
   ``schedule()`` of step ``release_steps[r]`` (or as soon as the engine is idle, since an idle
   engine takes no steps), which reproduces a simulator's decisions exactly.
 
+``keep_outputs=True`` keeps every step's ``SchedulerOutput`` (``engine.outputs``): calibration
+and ``pagesim validate`` cost the steps the engine actually ran. ``scheduler_cls`` runs a user's
+``Scheduler`` subclass (``--plugin``) in place of the policy's own.
+
 Requests stop exactly at their output length (EOS ignored, as benchmark tools do). A request the
 model cannot hold (prompt + output beyond its context) is refused with ``RequestTooLong``; one
 the policy can never serve (too many blocks) is rejected with the policy's reason.

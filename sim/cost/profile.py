@@ -169,10 +169,22 @@ class Profile:
                    complete, path)
 
 
+#: Profiles shipped with pagesim, loadable by name (``--profile tiny-cpu``).
+SHIPPED = Path(__file__).resolve().parent.parent / "profiles"
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in SHIPPED.glob("*.json"))
+
+
 def load_profile(path: str | os.PathLike, *, require_complete: bool = True) -> Profile:
+    """A profile file, or the name of one shipped under ``sim/profiles/``."""
     p = Path(path)
+    if not p.is_file() and p.suffix == "" and len(p.parts) == 1 and (SHIPPED / f"{p}.json").is_file():
+        p = SHIPPED / f"{p}.json"
     if not p.is_file():
-        raise ProfileError(f"profile {p}: no such file (make one with pagesim calibrate)")
+        shipped = ", ".join(shipped_profiles()) or "none"
+        raise ProfileError(f"profile {p}: no such file (make one with pagesim calibrate; shipped: {shipped})")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
