@@ -64,6 +64,7 @@ class RequestRecord:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
+    release_step: int = 0  # the first step whose schedule() could see it (run_lockstep replays a run with these)
     status: str = "waiting"  # waiting | completed | rejected | aborted
     reject_reason: str = ""
     preemptions: int = 0
@@ -168,7 +169,7 @@ class Engine:
             raise ValueError(f"request id {rid!r} was already added")
         check_request(request, params, self.model.config.vocab_size, self.config.max_model_len)
         self.records[rid] = RequestRecord(rid, self.now() if arrival_s is None else arrival_s, request.prompt_len,
-                                          request.n, request.beam_width)
+                                          request.n, request.beam_width, release_step=self.scheduler.next_step)
         if not self.scheduler.add_request(request):
             record = self.records[rid]
             record.status, record.reject_reason = "rejected", request.reject_reason or ""

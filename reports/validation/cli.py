@@ -39,7 +39,8 @@ def add_parser(subparsers) -> None:
     add_policy_args(p)
     o = p.add_argument_group("output")
     o.add_argument("--noise-runs", type=int, default=1, metavar="K",
-                   help="run the engine K more times to measure run-to-run noise (default 1; 0 skips)")
+                   help="replay the engine's run step for step, and run it K more times, to measure how far the "
+                        "engine is from itself (default 1; 0 skips both)")
     o.add_argument("--no-reference", action="store_true", help="skip checking outputs against the no-paging reference")
     o.add_argument("--json", action="store_true", help="print the report as one JSON object")
     o.add_argument("--out", metavar="DIR", help="write validation.json, steps.csv and validation.pdf (figures) here")
@@ -157,7 +158,10 @@ def text_summary(r: dict) -> str:
         f"  step time MAPE            {r['step_time_mape']:.2%}" if r["step_time_mape"] is not None else
         "  step time MAPE            n/a",
     ]
-    noise = r.get("noise") if isinstance(r.get("noise"), dict) else None
+    noise = r.get("noise")
+    if noise and noise.get("step_time_mape") is not None:
+        lines[-1] += (f"   (engine vs its own replay of the same steps: {noise['step_time_mape']:.2%}; mean step "
+                      f"{_pct(r['step_time']['total_error'])} vs {_pct(noise['step_time_total_error'])})")
     for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "end-to-end")):
         m = r[name]
         line = (f"  {label:<11} mean {_pct(m['mean_error'])}  p50 {_pct(m['p50_error'])}  p99 {_pct(m['p99_error'])}  "

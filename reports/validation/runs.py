@@ -8,7 +8,9 @@
    are checked against the no-paging reference.
 3. **Engine on the wall clock** (no poisoning; requests released at their arrival times): the
    measurement the simulator's timing is compared with, including the cost model's prediction for
-   every step the engine actually ran.
+   every step the engine actually ran;
+4. for the noise floor: the engine **replaying** run 3 step for step (its releases, lockstep), and
+   run 3 **again** on the wall clock.
 
 Both halves use one ``SchedulerConfig`` and one scheduler class (a user's plug-in included).
 """
@@ -65,6 +67,17 @@ def run_wall_clock(model, config: SchedulerConfig, scheduler_cls, requests: list
 
     engine = Engine(model, config, backend=backend, validate=False, keep_outputs=True, scheduler_cls=scheduler_cls)
     engine.run([copy.deepcopy(r) for r in requests])
+    return engine
+
+
+def run_replay(model, config: SchedulerConfig, scheduler_cls, requests: list[Request], release_steps: dict[str, int],
+               *, backend: str):
+    """The engine again, in lockstep with an earlier run's releases and without poisoning: the same
+    steps as that run, so their times can be compared one by one (the per-step noise floor)."""
+    from engine.runtime import Engine
+
+    engine = Engine(model, config, backend=backend, validate=False, keep_outputs=True, scheduler_cls=scheduler_cls)
+    engine.run_lockstep([copy.deepcopy(r) for r in requests], release_steps)
     return engine
 
 

@@ -1,8 +1,9 @@
 """One validation: the simulator against the real engine on one workload, as a JSON-ready report.
 
-``validate`` runs the three runs of ``reports.validation.runs`` (and, unless ``noise_runs`` is 0,
-the engine on the wall clock again, to measure how far two runs of the *same* engine are apart
-on this machine: the floor under any simulator error), then ``reports.validation.compare``'s
+``validate`` runs the runs of ``reports.validation.runs`` (unless ``noise_runs`` is 0, also a
+step-for-step replay of the engine's wall-clock run and ``noise_runs`` repeats of it, to measure
+how far the *same* engine is from itself on this machine: the floor under any simulator error),
+then ``reports.validation.compare``'s
 measures. The report's top-level keys: ``decision_logs_identical`` (with ``first_difference``
 when not), ``outputs_match_reference``, ``step_time_mape``, ``ttft`` / ``tpot`` / ``e2e``
 (paired MAPE, mean / p50 / p99 errors, KS), ``throughput``, ``noise`` (the same measures between
@@ -11,8 +12,9 @@ two engine runs) and ``targets`` (the issue's thresholds, each with its figure).
 
 from __future__ import annotations
 
+import gc
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +41,6 @@ class Validation:
     engine_metrics: Any
     measured_steps: np.ndarray
     predicted_steps: np.ndarray
-    extra_engines: list = field(default_factory=list)
 
 
 def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_model: CalibratedCostModel, *,
@@ -63,10 +64,12 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
 
         log("checking the engine's outputs against the no-paging reference")
         outputs = {rid: r.outputs for rid, r in lock.records.items() if r.status == "completed"}
-        reference = check_outputs(model, requests, outputs, lambda r: lock.sampling)
+        sampling = lock.sampling
+        reference = check_outputs(model, requests, outputs, lambda r: sampling)
 
+    del lock  # what the timed runs keep alive, the cyclic collector scans: keep little
     log("engine on the wall clock")
-    wall = runs.run_wall_clock(model, config, scheduler_cls, requests, backend=backend)
+    wall = _timed(lambda: runs.run_wall_clock(model, config, scheduler_cls, requests, backend=backend))
     n = len(trace)
     engine_m = runs.engine_metrics(wall, n)
     measured, predicted = runs.step_times(wall, cost_model)
@@ -89,26 +92,53 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
         "preemptions": {"engine": dict(wall.stats.preemptions), "simulator": sim.result.summary["preemptions"]},
         "cost_model": cost_model.describe(),
     }
-    extra = []
-    noise = []
+    report["noise"] = _noise(model, config, scheduler_cls, requests, backend, wall, engine_m, measured, noise_runs,
+                             log) if noise_runs else None
+    report["targets"] = targets(report)
+    report["wall_s"] = round(time.perf_counter() - t0, 3)
+    report["threads"] = torch.get_num_threads()
+    return Validation(report, sim, engine_m, measured, predicted)
+
+
+def _timed(run):
+    """A wall-clock run with every object alive before it frozen out of the cyclic collector's
+    scans (vLLM's engine freezes after start-up too): otherwise a run slows as earlier runs'
+    objects accumulate, and two runs of one engine differ by what ran before them."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return run()
+    finally:
+        gc.unfreeze()
+
+
+def _noise(model, config, scheduler_cls, requests, backend, wall, engine_m, measured, noise_runs, log) -> dict:
+    """How far the engine is from itself: per step (a replay of the wall-clock run, the same steps
+    one by one) and per request (the wall-clock run again, ``noise_runs`` times)."""
+    n = len(requests)
+    log("engine replaying its wall-clock run step for step (per-step noise)")
+    release = {rid: r.release_step for rid, r in wall.records.items()}
+    replay = _timed(lambda: runs.run_replay(model, config, scheduler_cls, requests, release, backend=backend))
+    same = compare.first_difference(wall.scheduler.decision_log.records, replay.scheduler.decision_log.records) is None
+    replayed = np.array([step.duration_s for step in replay.steps])
+    del replay
+    steps = compare.step_time_errors(replayed, measured) if same else {"mape": None}
+    repeats = []
     for k in range(noise_runs):
         log(f"engine on the wall clock again (noise run {k + 1} of {noise_runs})")
-        again = runs.run_wall_clock(model, config, scheduler_cls, requests, backend=backend)
-        extra.append(again)
+        again = _timed(lambda: runs.run_wall_clock(model, config, scheduler_cls, requests, backend=backend))
         again_m = runs.engine_metrics(again, n)
-        m2, _ = runs.step_times(again, cost_model)
+        mean_step = float(np.mean([step.duration_s for step in again.steps]))
+        del again
         lat = compare.latency_errors(again_m, engine_m)
-        noise.append({
-            "step_time_mean_error": compare.relative_error(float(m2.mean()), float(measured.mean())),
+        repeats.append({
+            "step_time_mean_error": compare.relative_error(mean_step, float(measured.mean())),
             **{name: {key: lat[name][key] for key in ("mape", "mean_error", "p50_error", "p99_error", "ks")}
                for name in ("ttft", "tpot", "e2e")},
             "throughput": {key: v for key, v in compare.throughput_errors(again_m, engine_m).items() if key.endswith("error")},
         })
-    report["noise"] = noise[0] if len(noise) == 1 else noise or None
-    report["targets"] = targets(report)
-    report["wall_s"] = round(time.perf_counter() - t0, 3)
-    report["threads"] = torch.get_num_threads()
-    return Validation(report, sim, engine_m, measured, predicted, extra)
+    return {"step_time_mape": steps["mape"], "step_time_total_error": steps.get("total_error"),
+            "replay_decisions_identical": same, **repeats[0], "repeats": repeats}
 
 
 def targets(report: dict) -> dict[str, dict]:
