@@ -10,6 +10,7 @@ only the rest are measured; a profile made with other settings is never overwrit
 from __future__ import annotations
 
 import datetime
+import gc
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -84,7 +85,22 @@ def calibrate(config: LlamaConfig, *, out: Path, device: torch.device, dtype: to
     shapes = model_shapes(config, dtype)
     device_desc = device_info(device, threads)
     done = _resumable(out, shapes, device_desc, settings, force)
-    profile = Profile(device_desc, versions(), shapes, settings, done, complete=False, path=str(out))
+    gc.collect()
+    gc.freeze()  # as validate's timed runs: no scans of long-lived objects inside a measurement
+    try:
+        done = _measure(config, grid, done, out, device_desc, shapes, settings, dtype=dtype, device=device,
+                        backend=backend, warmup=warmup, repeats=repeats, seed=seed, on_point=on_point,
+                        on_table=on_table)
+    finally:
+        gc.unfreeze()
+    stamp = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    profile = Profile(device_desc, {**versions(), **stamp}, shapes, settings, dict(done), complete=True, path=str(out))
+    save_profile(profile, out)
+    return profile
+
+
+def _measure(config, grid, done, out, device_desc, shapes, settings, *, dtype, device, backend, warmup, repeats, seed,
+             on_point, on_table) -> dict[str, Table]:
     bench = None
     for name in TABLES:
         if name in done:
@@ -108,12 +124,8 @@ def calibrate(config: LlamaConfig, *, out: Path, device: torch.device, dtype: to
                 on_point(name)
         done[name] = Table(name, TABLES[name][0], tuple(tuple(float(x) for x in v) for v in axes_values),
                            tuple(medians), tuple(spreads), tuple(samples), TABLES[name][1])
-        profile = Profile(device_desc, versions(), shapes, settings, dict(done), complete=False, path=str(out))
-        save_profile(profile, out)
-    stamp = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    profile = Profile(device_desc, {**versions(), **stamp}, shapes, settings, dict(done), complete=True, path=str(out))
-    save_profile(profile, out)
-    return profile
+        save_profile(Profile(device_desc, versions(), shapes, settings, dict(done), complete=False, path=str(out)), out)
+    return done
 
 
 def _resumable(out: Path, shapes: dict, device_desc: dict, settings: dict, force: bool) -> dict[str, Table]:
