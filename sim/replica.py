@@ -104,7 +104,14 @@ class Replica:
                 yield env.timeout(0)
             out = sched.schedule()
             work = StepWork.from_output(out, block_size)
-            if progress.stalled(out):
+            for rid, reason in out.rejected.items():  # found unservable at the head of a queue, mid-run
+                row = rows.pop(rid, None)
+                if row is not None:
+                    m.status[row] = REJECTED
+                    m.reject_reasons[row] = reason
+                    awaiting.discard(rid)
+                    self.on_done(1)
+            if progress.stalled(out) and sched.has_unfinished_requests:  # rejecting the last one is no stall
                 raise SimulationStalled(
                     f"step {out.step} at t={env.now:.6f}s scheduled nothing with {len(sched.waiting)} waiting, "
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped requests"

@@ -1,7 +1,7 @@
 """Telling a stalled scheduler from a busy one, for any executor's step loop.
 
-Invariant: a step that schedules, moves and preempts nothing while requests are unfinished is a
-policy bug, not a wait (rejection keeps unservable requests out, so with nothing running the
+Invariant: a step that schedules, moves, rejects and preempts nothing while requests are
+unfinished is a policy bug, not a wait (rejection keeps unservable requests out, so with nothing running the
 scheduler can always admit something). A step that only preempts (vLLM v0 does this when the
 last running request cannot grow) frees blocks for the next one: a few in a row are progress,
 ``MAX_IDLE_STEPS`` are not. The simulator and the engine both feed every ``SchedulerOutput`` to
@@ -22,7 +22,7 @@ class ProgressWatch:
 
     def stalled(self, out: SchedulerOutput) -> bool:
         """Count ``out`` and say whether the run has stopped making progress."""
-        if out.scheduled or out.blocks_to_swap_out or out.blocks_to_swap_in:
+        if out.scheduled or out.blocks_to_swap_out or out.blocks_to_swap_in or out.rejected:  # a rejection ends a request
             self.idle_steps = 0
         else:
             self.idle_steps += 1
