@@ -23,10 +23,11 @@ runs ten times more.
 
 Also here: the strategy reaches swaps, recomputes, copy-on-write and prefix hits (a fixed budget
 of draws), the comparison fails where it must (a release one step late, another victim policy),
-and the mismatches the generated test found, each as a minimal case expected to fail (strict
-xfail, ``test_known_*``) until its cause is fixed. While they stand, the generated test fails on
-about one example in a hundred (vllm-v0 rejecting a swapped request mid-run; greedy samples that
-generate identical full blocks under prefix caching).
+and the mismatches the generated test found, each as a minimal case: two simulator bugs, now
+fixed (a request rejected mid-run, and a step whose only effect was that rejection called a
+stall), and one modelling gap kept as a strict xfail (``test_known_*``): generated blocks whose
+content coincides under prefix caching (greedy samples of one prompt, equal prompts), which the
+generated test therefore leaves out (``outputs_cannot_coincide``).
 """
 
 from __future__ import annotations

@@ -49,6 +49,10 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
     if bool((trace.beam_width > 1).any()):
         raise ValueError("validate compares decisions the policy alone determines; beam survival depends on the "
                          "model's scores, which the simulator draws from a seeded model: use a workload without beams")
+    if config.enable_prefix_caching and bool((trace.n > 1).any()):
+        log("warning: parallel samples under prefix caching: greedy samples of one prompt generate identical "
+            "blocks, which the engine's prefix cache can hit and the simulator (no model) cannot foresee; the "
+            "decision logs may differ for that reason alone")
     t0 = time.perf_counter()
     log("simulating")
     sim = runs.simulate(trace, config, scheduler_cls, cost_model, seed=seed)
