@@ -11,7 +11,7 @@ sleeps until ``submit`` wakes it.
 The scheduler is any object with the policy's interface (``Scheduler`` or the contiguous
 baseline); it is never told it is simulated.
 
-Invariant: a step that schedules, moves and preempts nothing while requests are unfinished is
+Invariant: a step that schedules, moves, rejects and preempts nothing while requests are unfinished is
 a policy bug, not a wait: the replica raises rather than spin (``engine.policy.progress`` says
 when). A step that only preempts (vLLM v0 does this when the last running request cannot grow)
 costs the engine's per-step overhead and lets the next step admit.

@@ -3,7 +3,7 @@ timing the real code in seconds."""
 
 from __future__ import annotations
 
-from sim.cost.profile import TABLES, Profile, Table
+from sim.cost.profile import TABLES, Profile, Table, grid_points
 
 #: A grid small enough to calibrate ``tiny`` in a few seconds (two or three points per axis).
 TINY_GRID = {
@@ -44,8 +44,7 @@ def synthetic_profile() -> Profile:
     tables = {}
     for name, (axes, per, _) in TABLES.items():
         grid = tuple(tuple(float(x) for x in g) for g in GRID[name])
-        t = Table(name, axes, grid, (), (), (), per)
-        med = tuple(FORMULAS[name](*p) for p in t.points())
+        med = tuple(FORMULAS[name](*p) for p in grid_points(grid))
         tables[name] = Table(name, axes, grid, med, (0.0,) * len(med), tuple((m, m, m) for m in med), per)
     model = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
              "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 512, "dtype": "float64"}

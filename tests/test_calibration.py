@@ -15,7 +15,7 @@ import pytest
 from sim.cost.base import StepWork
 from sim.cost.calibrated import CalibratedCostModel
 from sim.cost.interpolate import TableModel, fit_roofline
-from sim.cost.profile import TABLES, Profile, ProfileError, Table, load_profile, save_profile
+from sim.cost.profile import TABLES, Profile, ProfileError, Table, grid_points, load_profile, save_profile
 from tests.calibration_support import TINY_GRID, synthetic_profile
 
 
@@ -59,9 +59,10 @@ def test_a_missing_or_non_json_profile_says_so(tmp_path):
 
 # -------------------------------------------------------------- interpolation
 def _table(name, grid, fn, samples=None):
-    t = Table(name, TABLES[name][0], tuple(tuple(map(float, g)) for g in grid), (), (), (), TABLES[name][1])
-    med = tuple(fn(*p) for p in t.points())
-    return Table(t.name, t.axes, t.grid, med, (0.0,) * len(med), tuple((m,) * (samples or 3) for m in med), t.per)
+    axes = tuple(tuple(map(float, g)) for g in grid)
+    med = tuple(fn(*p) for p in grid_points(axes))
+    return Table(name, TABLES[name][0], axes, med, (0.0,) * len(med), tuple((m,) * (samples or 3) for m in med),
+                 TABLES[name][1])
 
 
 def test_multilinear_interpolation_is_exact_for_multilinear_costs():

@@ -22,7 +22,7 @@ from engine.calibrate.grids import grids as default_grids
 from engine.calibrate.measure import Bench
 from engine.model.config import LlamaConfig
 from engine.model.weights import dtype_name
-from sim.cost.profile import TABLES, Profile, ProfileError, Table, load_profile, save_profile
+from sim.cost.profile import TABLES, Profile, ProfileError, Table, grid_points, load_profile, save_profile
 
 
 class SettingsMismatch(ValueError):
@@ -108,11 +108,10 @@ def _measure(config, grid, done, out, device_desc, shapes, settings, *, dtype, d
         if bench is None:
             bench = Bench(config, dtype=dtype, device=device, backend=backend, warmup=warmup, repeats=repeats, seed=seed)
         measure = getattr(bench, f"time_{name}")
-        axes_values = grid[name]
+        axes = tuple(tuple(float(x) for x in values) for values in grid[name])
+        points = grid_points(axes)
         if on_table is not None:
-            on_table(name, int(np.prod([len(v) for v in axes_values])))
-        points = Table(name, TABLES[name][0], tuple(tuple(float(x) for x in v) for v in axes_values), (), (), (),
-                       TABLES[name][1]).points()
+            on_table(name, len(points))
         samples, medians, spreads = [], [], []
         for point in points:
             s = [float(x) for x in measure(point)]
@@ -122,8 +121,7 @@ def _measure(config, grid, done, out, device_desc, shapes, settings, *, dtype, d
             spreads.append(iqr)
             if on_point is not None:
                 on_point(name)
-        done[name] = Table(name, TABLES[name][0], tuple(tuple(float(x) for x in v) for v in axes_values),
-                           tuple(medians), tuple(spreads), tuple(samples), TABLES[name][1])
+        done[name] = Table(name, TABLES[name][0], axes, tuple(medians), tuple(spreads), tuple(samples), TABLES[name][1])
         save_profile(Profile(device_desc, versions(), shapes, settings, dict(done), complete=False, path=str(out)), out)
     return done
 

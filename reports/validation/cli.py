@@ -86,9 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"the profile was measured on CUDA ({profile.device.get('name')}); CUDA is not available here")
     config = model_config(args.model)
     dtype = TORCH_DTYPES[profile.model["dtype"]]
-    shapes = model_shapes(config, dtype)
-    differ = [f"{k} {shapes[k]} (profile: {profile.model[k]})" for k in shapes
-              if k not in ("name", "max_position_embeddings") and profile.model.get(k) != shapes[k]]
+    differ = profile.shape_differences(model_shapes(config, dtype))
     if differ:
         raise ValueError(f"--model {args.model} differs from the profile's {profile.model['name']}: {', '.join(differ)}")
     max_model_len = args.max_model_len or config.max_position_embeddings

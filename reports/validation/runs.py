@@ -54,10 +54,13 @@ def engine_requests(trace: Trace, vocab_size: int) -> list[Request]:
 
 
 def run_lockstep(model, config: SchedulerConfig, scheduler_cls, requests: list[Request], release_steps: dict[str, int],
-                 *, backend: str):
+                 *, backend: str, validate: bool = True):
+    """The engine releasing each request before the step ``release_steps`` names: the simulator's
+    decisions (in validation mode), or, with ``validate=False`` and an earlier engine run's
+    releases, that run's steps again, to time them one by one (the per-step noise floor)."""
     from engine.runtime import Engine
 
-    engine = Engine(model, config, backend=backend, validate=True, scheduler_cls=scheduler_cls)
+    engine = Engine(model, config, backend=backend, validate=validate, scheduler_cls=scheduler_cls)
     engine.run_lockstep([copy.deepcopy(r) for r in requests], release_steps)
     return engine
 
@@ -67,17 +70,6 @@ def run_wall_clock(model, config: SchedulerConfig, scheduler_cls, requests: list
 
     engine = Engine(model, config, backend=backend, validate=False, keep_outputs=True, scheduler_cls=scheduler_cls)
     engine.run([copy.deepcopy(r) for r in requests])
-    return engine
-
-
-def run_replay(model, config: SchedulerConfig, scheduler_cls, requests: list[Request], release_steps: dict[str, int],
-               *, backend: str):
-    """The engine again, in lockstep with an earlier run's releases and without poisoning: the same
-    steps as that run, so their times can be compared one by one (the per-step noise floor)."""
-    from engine.runtime import Engine
-
-    engine = Engine(model, config, backend=backend, validate=False, keep_outputs=True, scheduler_cls=scheduler_cls)
-    engine.run_lockstep([copy.deepcopy(r) for r in requests], release_steps)
     return engine
 
 

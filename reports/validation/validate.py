@@ -23,6 +23,7 @@ import torch
 from engine.policy import SchedulerConfig
 from reports.validation import compare, runs
 from sim.cost.calibrated import CalibratedCostModel
+from sim.metrics import COMPLETED
 from traces.trace import Trace
 
 #: The issue's targets: (report path, threshold on the absolute value).
@@ -92,7 +93,7 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
         "throughput": compare.throughput_errors(sim.result.requests, engine_m),
         "engine_steps": len(wall.steps),
         "simulator_steps": int(sim.result.summary["steps"]),
-        "completed": {"engine": int((engine_m.status == 1).sum()), "simulator": int(sim.result.summary["requests_completed"])},
+        "completed": {"engine": int((engine_m.status == COMPLETED).sum()), "simulator": int(sim.result.summary["requests_completed"])},
         "preemptions": {"engine": dict(wall.stats.preemptions), "simulator": sim.result.summary["preemptions"]},
         "cost_model": cost_model.describe(),
     }
@@ -122,7 +123,8 @@ def _noise(model, config, scheduler_cls, requests, backend, wall, engine_m, meas
     n = len(requests)
     log("engine replaying its wall-clock run step for step (per-step noise)")
     release = {rid: r.release_step for rid, r in wall.records.items()}
-    replay = _timed(lambda: runs.run_replay(model, config, scheduler_cls, requests, release, backend=backend))
+    replay = _timed(lambda: runs.run_lockstep(model, config, scheduler_cls, requests, release, backend=backend,
+                                              validate=False))
     same = compare.first_difference(wall.scheduler.decision_log.records, replay.scheduler.decision_log.records) is None
     replayed = np.array([step.duration_s for step in replay.steps])
     del replay

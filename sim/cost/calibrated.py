@@ -96,11 +96,10 @@ class CalibratedCostModel(CostModel):
     def check_model(self, preset) -> None:
         """Refuse to cost a model of other shapes than the profile's (``preset``: a ``ModelPreset``)."""
         m = self.profile.model
-        mine = {"num_layers": preset.num_layers, "hidden_size": preset.hidden_size,
-                "num_heads": preset.num_attention_heads, "num_kv_heads": preset.num_kv_heads,
-                "head_dim": preset.head_dim, "intermediate_size": preset.intermediate_size,
-                "vocab_size": preset.vocab_size}
-        differ = [f"{k} {v} (profile: {m[k]})" for k, v in mine.items() if int(m[k]) != v]
+        differ = self.profile.shape_differences({
+            "num_layers": preset.num_layers, "hidden_size": preset.hidden_size,
+            "num_heads": preset.num_attention_heads, "num_kv_heads": preset.num_kv_heads, "head_dim": preset.head_dim,
+            "intermediate_size": preset.intermediate_size, "vocab_size": preset.vocab_size})
         if differ:
             raise ProfileError(f"the profile {self.profile.path or '(given)'} was measured for {m['name']}; {preset.name} has "
                                f"{', '.join(differ)}: calibrate --model {preset.name}")

@@ -22,6 +22,7 @@ model (``pagesim calibrate`` resumes it).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -57,8 +58,14 @@ TABLES: dict[str, tuple[tuple[str, ...], str, str]] = {
     "policy": (("seqs",), "step", "the policy's schedule() and update() in steady decoding"),
 }
 
-MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-              "vocab_size", "dtype")
+#: The shapes a profile's timings depend on (a model of other shapes needs its own profile).
+SHAPE_KEYS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
+MODEL_KEYS = ("name", *SHAPE_KEYS, "dtype")
+
+
+def grid_points(grid) -> list[tuple[float, ...]]:
+    """Every point of a rectilinear grid (one sequence of values per axis), in C order."""
+    return list(itertools.product(*grid))
 
 
 @dataclass(frozen=True)
@@ -75,11 +82,9 @@ class Table:
     def shape(self) -> tuple[int, ...]:
         return tuple(len(g) for g in self.grid)
 
-    def points(self):
+    def points(self) -> list[tuple[float, ...]]:
         """Every grid point (a tuple of axis values) in C order, aligned with ``median_s``."""
-        import itertools
-
-        return list(itertools.product(*self.grid))
+        return grid_points(self.grid)
 
     @classmethod
     def from_dict(cls, name: str, d: Mapping[str, Any]) -> Table:
@@ -129,6 +134,10 @@ class Profile:
     @property
     def num_layers(self) -> int:
         return int(self.model["num_layers"])
+
+    def shape_differences(self, shapes: Mapping[str, Any]) -> list[str]:
+        """``"key value (profile: value)"`` for each of ``SHAPE_KEYS`` where ``shapes`` differs."""
+        return [f"{k} {shapes[k]} (profile: {self.model[k]})" for k in SHAPE_KEYS if int(self.model[k]) != int(shapes[k])]
 
     def describe(self) -> str:
         dev = self.device
