@@ -5,9 +5,10 @@ first token (end of the step whose sampling produced it), finish, output tokens 
 sample's or beam's tokens), generation length (the longest sequence's outputs), preemptions, and
 status (pending, completed, rejected).
 
-Per step (columns appended as the run goes): start and duration, scheduled requests, sequences
-and tokens (prefill / decode), KV slots allocated / used / cached / total and what the allocated
-blocks would take unshared, swapped and copied blocks, preemptions, and each cost term.
+Per step (``sim.step_metrics``, rows appended as the run goes, spilled to disk past one chunk):
+start and duration, scheduled requests, sequences and tokens (prefill / decode), KV slots
+allocated / used / cached / total and what the allocated blocks would take unshared, swapped and
+copied blocks, preemptions, and each cost term.
 
 Summary definitions (all times in seconds):
 - ``duration_s``: first arrival to last completion; throughput = completed requests (or generated
@@ -28,21 +29,16 @@ Summary definitions (all times in seconds):
 
 from __future__ import annotations
 
-from array import array
 from collections import Counter
 
 import numpy as np
 
-from engine.policy.usage import KvUsage
-from sim.cost.base import TERMS, StepCost, StepWork
+from sim.step_metrics import STEP_COLUMNS, StepMetrics
+
+__all__ = ["COMPLETED", "PENDING", "REJECTED", "REQUEST_COLUMNS", "STEP_COLUMNS", "RequestMetrics",
+           "StepMetrics", "summarize"]
 
 PENDING, COMPLETED, REJECTED = 0, 1, 2
-
-STEP_COLUMNS = (
-    "step", "start_s", "duration_s", "num_requests", "num_running", "num_seqs", "num_tokens", "prefill_tokens",
-    "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots",
-    "swap_out_blocks", "swap_in_blocks", "cow_blocks", "preempted",
-) + tuple(f"{t}_s" for t in TERMS)
 
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "generation_len", "n",
                    "beam_width", "status", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s",
@@ -77,36 +73,6 @@ class RequestMetrics:
             tpot = (self.finish_s - self.first_token_s) / (self.generation_len - 1)
         tpot[self.generation_len < 2] = np.nan
         return tpot
-
-
-class StepMetrics:
-    """Columns as compact arrays (8 bytes a value), so long runs stay lean."""
-
-    def __init__(self):
-        self.columns = {name: array("d") for name in STEP_COLUMNS}
-        self.term_totals_s = dict.fromkeys(TERMS, 0.0)
-        self._appenders = [self.columns[name].append for name in STEP_COLUMNS]
-
-    def __len__(self) -> int:
-        return len(self.columns["step"])
-
-    def record(self, step: int, start_s: float, duration_s: float, num_requests: int, num_running: int,
-               work: StepWork, usage: KvUsage, num_preempted: int, cost: StepCost) -> None:
-        terms = cost.terms
-        values = (
-            step, start_s, duration_s, num_requests, num_running, work.num_seqs, work.num_tokens, work.num_prefill_tokens,
-            work.num_decode_seqs, usage.allocated_slots, usage.used_slots, usage.cached_slots,
-            usage.total_slots, usage.unshared_slots, work.num_swap_out_blocks, work.num_swap_in_blocks,
-            work.num_cow_blocks, num_preempted,
-        ) + tuple(terms[t] for t in TERMS)
-        for append, value in zip(self._appenders, values):
-            append(value)
-        totals = self.term_totals_s
-        for t in TERMS:
-            totals[t] += terms[t]
-
-    def array(self, name: str) -> np.ndarray:
-        return np.frombuffer(self.columns[name], dtype=np.float64)
 
 
 def _stats(values: np.ndarray) -> dict[str, float | None]:

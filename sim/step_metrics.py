@@ -1,0 +1,228 @@
+"""Per-step metrics whose memory does not grow with the run: a live chunk in memory, the rest on disk.
+
+A run records one row per scheduler step (``STEP_COLUMNS``: start and duration, batch, tokens,
+KV slots, swaps, preemptions, each cost term), millions of rows for a long trace. Rows go into
+a row-major ``array('d')`` (the *live chunk*; one ``extend`` per step, the cheapest append
+Python has); when it holds ``chunk_rows`` rows it is transposed and appended to one binary
+file per column (native float64) in a private temporary directory, made at the first spill
+(``tempfile.mkdtemp`` under ``spill_dir``) and removed by ``close()``, by leaving a ``with``
+block, or when the store is garbage collected.
+
+``array(name)`` reads one whole column back (disk, then the live chunk): O(steps) memory only
+when a caller asks, one column at a time. ``iter_chunks()`` streams the rows in chunks for
+writers that need every column.
+
+Invariants:
+- after every call, ``0 <= num_buffered_rows < chunk_rows``: memory is one chunk at most;
+- ``array(name)`` holds every recorded row in recording order, each value exactly the float64
+  the row was given (``array('d')`` and numpy convert ints the same way);
+- ``term_totals_s[t]`` is the left-to-right float64 sum ``((0.0 + v0) + v1) + ...`` of the
+  term's column: spilled chunks are folded in with ``np.add.accumulate`` (sequential by
+  definition, unlike ``np.sum``'s pairwise order), the live chunk when asked;
+- ``record_many(columns, k)`` leaves the store exactly as ``k`` calls of ``record`` with the
+  same values would, bit for bit, chunk boundaries included.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import shutil
+import tempfile
+import weakref
+from array import array
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from engine.policy.usage import KvUsage
+from sim.cost.base import TERMS, StepCost, StepWork
+
+STEP_COLUMNS = (
+    "step", "start_s", "duration_s", "num_requests", "num_running", "num_seqs", "num_tokens", "prefill_tokens",
+    "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots",
+    "swap_out_blocks", "swap_in_blocks", "cow_blocks", "preempted",
+) + tuple(f"{t}_s" for t in TERMS)
+
+NUM_COLUMNS = len(STEP_COLUMNS)
+_INDEX = {name: j for j, name in enumerate(STEP_COLUMNS)}
+_COLUMN_SET = frozenset(STEP_COLUMNS)
+_TERM_INDEX = [_INDEX[f"{t}_s"] for t in TERMS]
+DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 27 columns x 8 bytes = 7 MiB in memory at most
+
+
+class StepMetrics:
+    """One row per step, in memory up to ``chunk_rows`` rows, spilled to disk beyond."""
+
+    def __init__(self, *, chunk_rows: int = DEFAULT_CHUNK_ROWS, spill_dir: str | os.PathLike | None = None):
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
+        self.chunk_rows = chunk_rows
+        self._spill_parent = spill_dir
+        self._live = array("d")  # row-major, the rows not yet spilled
+        self._live_limit = chunk_rows * NUM_COLUMNS
+        self._num_spilled = 0
+        self._spilled_term_totals = np.zeros(len(TERMS))  # sequential sums over the spilled rows
+        self._path: Path | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- writing
+    def record(self, step: int, start_s: float, duration_s: float, num_requests: int, num_running: int,
+               work: StepWork, usage: KvUsage, num_preempted: int, cost: StepCost) -> None:
+        live = self._live
+        terms = cost.terms
+        # NOTE: one extend of a tuple (one C call) rather than an append per column: this is
+        # the simulator's per-step hot path.
+        live.extend((
+            step, start_s, duration_s, num_requests, num_running, work.num_seqs, work.num_tokens,
+            work.num_prefill_tokens, work.num_decode_seqs, usage.allocated_slots, usage.used_slots,
+            usage.cached_slots, usage.total_slots, usage.unshared_slots, work.num_swap_out_blocks,
+            work.num_swap_in_blocks, work.num_cow_blocks, num_preempted, *map(terms.__getitem__, TERMS),
+        ))
+        if len(live) >= self._live_limit:
+            self._spill()
+
+    def record_many(self, columns: Mapping[str, np.ndarray | float | int], count: int) -> None:
+        """Append ``count`` rows at once: ``columns`` maps every name of ``STEP_COLUMNS`` to an
+        array of ``count`` values or to one scalar repeated on every row."""
+        count = operator.index(count)
+        if count < 0:
+            raise ValueError(f"count must be non-negative, got {count}")
+        if columns.keys() != _COLUMN_SET:
+            missing = [c for c in STEP_COLUMNS if c not in columns]
+            unknown = sorted(set(columns) - _COLUMN_SET)
+            raise ValueError(f"record_many needs exactly the step columns: missing {missing}, unknown {unknown}")
+        values = [np.asarray(columns[name], dtype=np.float64) for name in STEP_COLUMNS]
+        for name, value in zip(STEP_COLUMNS, values):
+            if value.ndim != 0 and value.shape != (count,):
+                raise ValueError(f"column {name!r} has shape {value.shape}, expected a scalar or ({count},)")
+        self._check_open()
+        done = 0
+        while done < count:  # fill the live chunk, spill, repeat: memory stays one chunk
+            rows = min(count - done, self.chunk_rows - self.num_buffered_rows)
+            block = np.empty((rows, NUM_COLUMNS))  # row-major, as the live chunk
+            for j, value in enumerate(values):
+                block[:, j] = value if value.ndim == 0 else value[done:done + rows]
+            self._live.frombytes(memoryview(block).cast("B"))
+            done += rows
+            if len(self._live) >= self._live_limit:
+                self._spill()
+
+    def _spill(self) -> None:
+        self._check_open()
+        block = _transposed(self._live)
+        path = self._directory()
+        for name, column in zip(STEP_COLUMNS, block):
+            with open(path / f"{name}.f64", "ab") as f:
+                column.tofile(f)
+        self._spilled_term_totals = _fold_terms(self._spilled_term_totals, block)
+        self._num_spilled += block.shape[1]
+        del self._live[:]
+
+    def _directory(self) -> Path:
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix="pagesim-steps-", dir=self._spill_parent))
+            self._finalizer = weakref.finalize(self, _remove_tree, self._path, os.getpid())
+        return self._path
+
+    # ----------------------------------------------------------------- reading
+    def __len__(self) -> int:
+        return self._num_spilled + len(self._live) // NUM_COLUMNS
+
+    @property
+    def num_buffered_rows(self) -> int:
+        """Rows held in memory (the live chunk); always fewer than ``chunk_rows``."""
+        return len(self._live) // NUM_COLUMNS
+
+    @property
+    def spill_path(self) -> Path | None:
+        """The directory holding the spilled columns; ``None`` until the first spill."""
+        return self._path
+
+    @property
+    def term_totals_s(self) -> dict[str, float]:
+        """Seconds per cost term over all steps, summed row by row in recording order."""
+        self._check_open()
+        totals = _fold_terms(self._spilled_term_totals, self._live_block())
+        return {t: float(v) for t, v in zip(TERMS, totals)}
+
+    def array(self, name: str) -> np.ndarray:
+        """One column, every row in order, as a new float64 array."""
+        j = _INDEX[name]
+        self._check_open()
+        out = np.empty(len(self))
+        spilled = self._num_spilled
+        if spilled:
+            with open(self._path / f"{name}.f64", "rb") as f:
+                num_bytes = f.readinto(memoryview(out[:spilled]).cast("B"))
+            assert num_bytes == 8 * spilled, f"{name}: read {num_bytes} bytes of {8 * spilled}"
+        out[spilled:] = np.frombuffer(self._live).reshape(-1, NUM_COLUMNS)[:, j]  # the view dies here
+        return out
+
+    def iter_chunks(self) -> Iterator[dict[str, np.ndarray]]:
+        """Every row in order, up to ``chunk_rows`` at a time: ``{column: values}`` per chunk
+        (for writers of whole tables; record nothing while iterating)."""
+        self._check_open()
+        spilled = self._num_spilled
+        if spilled:
+            files = [open(self._path / f"{name}.f64", "rb") for name in STEP_COLUMNS]
+            try:
+                for start in range(0, spilled, self.chunk_rows):
+                    rows = min(self.chunk_rows, spilled - start)
+                    yield {name: np.fromfile(f, dtype=np.float64, count=rows) for name, f in zip(STEP_COLUMNS, files)}
+            finally:
+                for f in files:
+                    f.close()
+        if self._live:
+            yield dict(zip(STEP_COLUMNS, self._live_block()))
+
+    def _live_block(self) -> np.ndarray:
+        """The live chunk as (columns, rows), a copy."""
+        return _transposed(self._live)
+
+    # ---------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Remove the spilled files and free the live chunk; the store can no longer be used."""
+        if self._finalizer is not None:
+            self._finalizer()
+        del self._live[:]
+        self._closed = True
+        self._live_limit = 0  # so the next record() spills, and _spill raises: no check on the hot path
+
+    def __enter__(self) -> StepMetrics:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("StepMetrics is closed")
+
+
+def _transposed(live: array, block_rows: int = 1024) -> np.ndarray:
+    """Row-major ``live`` as a new (columns, rows) array. NOTE: a copy, so no numpy view keeps
+    exporting the array's buffer (resizing it would fail); copied in blocks of rows that fit in
+    cache, three times faster than one strided ``.T.copy()`` of a whole chunk."""
+    rows = np.frombuffer(live).reshape(-1, NUM_COLUMNS)
+    out = np.empty((NUM_COLUMNS, len(rows)))
+    for i in range(0, len(rows), block_rows):
+        out[:, i:i + block_rows] = rows[i:i + block_rows].T
+    return out
+
+
+def _fold_terms(totals: np.ndarray, block: np.ndarray) -> np.ndarray:
+    """Extend the running term sums over ``block`` (columns, rows), left to right."""
+    if block.shape[1] == 0:
+        return totals
+    terms = block[_TERM_INDEX]  # (terms, rows), a copy
+    terms[:, 0] += totals  # the running sum's next addition, then the rest in order
+    return np.add.accumulate(terms, axis=1, out=terms)[:, -1].copy()
+
+
+def _remove_tree(path: Path, owner_pid: int) -> None:
+    # NOTE: a forked child inherits the finalizer; only the process that made the directory removes it.
+    if os.getpid() == owner_pid:
+        shutil.rmtree(path, ignore_errors=True)

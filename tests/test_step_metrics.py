@@ -1,0 +1,259 @@
+"""``StepMetrics``: the chunked, spilling per-step store against a trusted in-memory model.
+
+The model is a Python list of rows and, per cost term, ``total += v`` row by row (what the store
+did before it spilled). Rows carry values of very different magnitudes and signs (1e-12 to 1e16)
+so any change in summation order shows up in the last bit; values are compared as bit patterns.
+Tiny ``chunk_rows`` make every few rows a spill and make ``record_many`` batches straddle chunks.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import numpy as np
+import pytest
+from hypothesis import note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from engine.policy.usage import KvUsage
+from sim.cost.base import TERMS, StepCost, StepWork
+from sim.metrics import COMPLETED, RequestMetrics, summarize
+from sim.step_metrics import STEP_COLUMNS, StepMetrics
+
+MAGNITUDES = (1e-12, 1e-6, 1e-3, 1.0, 7.0, 1e4, 1e8, 1e16)
+
+
+def random_row(rng: random.Random) -> dict[str, float]:
+    return {name: rng.choice((1, 1, -1)) * rng.choice(MAGNITUDES) * rng.random() for name in STEP_COLUMNS}
+
+
+def record_row(store: StepMetrics, row: dict[str, float]) -> None:
+    """One ``record`` call carrying ``row`` through the objects the simulator passes."""
+    work = StepWork(num_seqs=row["num_seqs"], num_tokens=row["num_tokens"], num_prefill_tokens=row["prefill_tokens"],
+                    num_decode_seqs=row["decode_seqs"], num_cow_blocks=row["cow_blocks"],
+                    num_swap_out_blocks=row["swap_out_blocks"], num_swap_in_blocks=row["swap_in_blocks"])
+    usage = KvUsage(total_slots=row["total_slots"], allocated_slots=row["allocated_slots"],
+                    used_slots=row["used_slots"], cached_slots=row["cached_slots"],
+                    unshared_slots=row["unshared_slots"])
+    cost = StepCost({t: row[f"{t}_s"] for t in TERMS})
+    store.record(row["step"], row["start_s"], row["duration_s"], row["num_requests"], row["num_running"],
+                 work, usage, row["preempted"], cost)
+
+
+def as_columns(rows: list[dict[str, float]]) -> dict[str, np.ndarray]:
+    return {name: np.array([r[name] for r in rows], dtype=np.float64) for name in STEP_COLUMNS}
+
+
+def sequential_totals(rows: list[dict[str, float]]) -> dict[str, float]:
+    totals = dict.fromkeys(TERMS, 0.0)
+    for row in rows:
+        for t in TERMS:
+            totals[t] += row[f"{t}_s"]
+    return totals
+
+
+def bits(values) -> list[int]:
+    return np.asarray(values, dtype=np.float64).view(np.uint64).tolist()
+
+
+def assert_holds(store: StepMetrics, rows: list[dict[str, float]]) -> None:
+    assert len(store) == len(rows)
+    expected = as_columns(rows)
+    for name in STEP_COLUMNS:
+        got = store.array(name)
+        assert got.dtype == np.float64 and got.shape == (len(rows),)
+        assert bits(got) == bits(expected[name]), name
+    totals = store.term_totals_s
+    reference = sequential_totals(rows)
+    assert bits(list(totals.values())) == bits([reference[t] for t in TERMS])
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 7, 64])
+@pytest.mark.parametrize("seed", range(4))
+def test_record_many_equals_record_row_by_row(chunk_rows: int, seed: int):
+    rng = random.Random(seed)
+    rows = [random_row(rng) for _ in range(150)]
+    one_by_one = StepMetrics(chunk_rows=chunk_rows)
+    for row in rows:
+        record_row(one_by_one, row)
+    batched = StepMetrics(chunk_rows=chunk_rows)
+    i = 0
+    while i < len(rows):  # batches of 0 to 40 rows, starting anywhere in a chunk
+        k = min(rng.randrange(41), len(rows) - i)
+        batched.record_many(as_columns(rows[i:i + k]), k)
+        i += k
+    assert_holds(one_by_one, rows)
+    assert_holds(batched, rows)
+    with one_by_one, batched:
+        for name in STEP_COLUMNS:
+            assert bits(batched.array(name)) == bits(one_by_one.array(name))
+        assert batched.term_totals_s == one_by_one.term_totals_s
+
+
+def test_record_many_broadcasts_scalars():
+    rng = random.Random(5)
+    rows = [random_row(rng) for _ in range(9)]
+    for row in rows:  # scalars for a few columns, arrays for the rest
+        row.update(step=3, preempted=0, swap_s=0.25)
+    columns = as_columns(rows)
+    columns.update(step=3, preempted=0, swap_s=np.float64(0.25))
+    with StepMetrics(chunk_rows=4) as store:
+        store.record_many(columns, 9)
+        assert_holds(store, rows)
+
+
+def test_record_many_rejects_bad_columns():
+    store = StepMetrics()
+    columns = as_columns([random_row(random.Random(0))] * 2)
+    with pytest.raises(ValueError, match="missing"):
+        store.record_many({k: v for k, v in columns.items() if k != "step"}, 2)
+    with pytest.raises(ValueError, match="unknown"):
+        store.record_many({**columns, "bogus": 1.0}, 2)
+    with pytest.raises(ValueError, match="shape"):
+        store.record_many({**columns, "step": np.zeros(3)}, 2)
+    with pytest.raises(ValueError, match="non-negative"):
+        store.record_many(columns, -1)
+    assert len(store) == 0
+
+
+def test_spills_to_disk_and_reads_back_in_order(tmp_path):
+    rng = random.Random(1)
+    rows = [random_row(rng) for _ in range(10)]
+    store = StepMetrics(chunk_rows=4, spill_dir=tmp_path)
+    for i, row in enumerate(rows):
+        record_row(store, row)
+        assert store.num_buffered_rows == (i + 1) % 4 < store.chunk_rows
+    path = store.spill_path
+    assert path is not None and path.parent == tmp_path
+    files = sorted(p.name for p in path.iterdir())
+    assert files == sorted(f"{name}.f64" for name in STEP_COLUMNS)
+    assert all((path / f).stat().st_size == 8 * 8 for f in files)  # two chunks of 4 rows on disk
+    assert_holds(store, rows)
+    chunks = list(store.iter_chunks())
+    assert [len(c["step"]) for c in chunks] == [4, 4, 2]
+    for name in STEP_COLUMNS:
+        assert bits(np.concatenate([c[name] for c in chunks])) == bits(as_columns(rows)[name])
+    store.close()
+
+
+def test_close_removes_the_directory_and_ends_use(tmp_path):
+    store = StepMetrics(chunk_rows=2, spill_dir=tmp_path)
+    for row in (random_row(random.Random(i)) for i in range(5)):
+        record_row(store, row)
+    path = store.spill_path
+    assert path.is_dir()
+    store.close()
+    assert not path.exists()
+    with pytest.raises(ValueError, match="closed"):
+        store.array("step")
+    with pytest.raises(ValueError, match="closed"):
+        record_row(store, random_row(random.Random(9)))
+    store.close()  # idempotent
+
+
+def test_garbage_collection_removes_the_directory(tmp_path):
+    store = StepMetrics(chunk_rows=1, spill_dir=tmp_path)
+    record_row(store, random_row(random.Random(0)))
+    path = store.spill_path
+    assert path.is_dir()
+    del store
+    gc.collect()
+    assert not path.exists()
+
+
+def test_empty_store():
+    store = StepMetrics()
+    assert len(store) == 0 and store.num_buffered_rows == 0
+    assert store.spill_path is None  # nothing written, no directory made
+    for name in STEP_COLUMNS:
+        assert store.array(name).dtype == np.float64 and store.array(name).shape == (0,)
+    assert store.term_totals_s == dict.fromkeys(TERMS, 0.0)
+    assert list(store.iter_chunks()) == []
+    store.record_many(as_columns([]), 0)
+    assert len(store) == 0 and store.spill_path is None
+
+
+def test_array_is_a_copy_the_store_keeps_recording_after():
+    store = StepMetrics(chunk_rows=3)
+    rows = [random_row(random.Random(i)) for i in range(4)]
+    for row in rows[:2]:
+        record_row(store, row)
+    first = store.array("start_s")
+    first[:] = 0.0  # callers may scribble on what they get
+    for row in rows[2:]:
+        record_row(store, row)
+    assert_holds(store, rows)
+
+
+def test_summary_does_not_depend_on_chunking():
+    """The summary reads whole columns: spilling or not, the same rows give the same summary."""
+    rng = np.random.default_rng(0)
+    n = 500
+    columns = {name: rng.integers(0, 50, n).astype(float) for name in STEP_COLUMNS}
+    columns["total_slots"] = np.full(n, 64.0)
+    columns["duration_s"] = rng.random(n) * 1e-2
+    columns["unshared_slots"] = columns["allocated_slots"] + 1
+    requests = RequestMetrics(3)
+    requests.arrival_s[:] = [0.0, 0.1, 0.2]
+    requests.first_token_s[:] = [0.5, 0.6, 0.7]
+    requests.first_scheduled_s[:] = [0.1, 0.2, 0.3]
+    requests.finish_s[:] = [1.0, 2.0, 3.0]
+    requests.generation_len[:] = requests.output_tokens[:] = [4, 5, 6]
+    requests.status[:] = COMPLETED
+    summaries = []
+    for chunk_rows in (7, 10_000):
+        with StepMetrics(chunk_rows=chunk_rows) as steps:
+            steps.record_many(columns, n)
+            summaries.append(summarize(requests, steps, slo_ttft_s=1.0, slo_tpot_s=1.0,
+                                       preemptions={"swap": 0, "recompute": 0}, prefix_hit_rate=None,
+                                       num_evictions=0))
+    assert summaries[0] == summaries[1]
+    assert summaries[0]["steps"] == n
+
+
+class StoreAgainstModel(RuleBasedStateMachine):
+    """Random interleavings of ``record`` and ``record_many`` against the list-of-rows model."""
+
+    def __init__(self):
+        super().__init__()
+        self.rng = random.Random(0)
+        self.store: StepMetrics | None = None
+        self.rows: list[dict[str, float]] = []
+
+    @precondition(lambda self: self.store is None)
+    @rule(chunk_rows=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+    def open(self, chunk_rows: int, seed: int):
+        note(f"StepMetrics(chunk_rows={chunk_rows})")
+        self.store = StepMetrics(chunk_rows=chunk_rows)
+        self.rng = random.Random(seed)
+
+    @precondition(lambda self: self.store is not None)
+    @rule()
+    def record(self):
+        row = random_row(self.rng)
+        record_row(self.store, row)
+        self.rows.append(row)
+
+    @precondition(lambda self: self.store is not None)
+    @rule(count=st.integers(0, 15))
+    def record_many(self, count: int):
+        rows = [random_row(self.rng) for _ in range(count)]
+        self.store.record_many(as_columns(rows), count)
+        self.rows += rows
+
+    @invariant()
+    def bounded_and_equal(self):
+        if self.store is None:
+            return
+        assert 0 <= self.store.num_buffered_rows < self.store.chunk_rows
+        assert_holds(self.store, self.rows)
+
+    def teardown(self):
+        if self.store is not None:
+            self.store.close()
+
+
+TestStoreAgainstModel = StoreAgainstModel.TestCase
+TestStoreAgainstModel.settings = settings(max_examples=50, stateful_step_count=20)
