@@ -25,10 +25,13 @@ from collections.abc import Callable
 import simpy
 
 from engine.policy import Request
+from engine.policy.fast_forward import decode_run
+from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
 from sim.cost.base import CostModel, StepWork
 from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics
+from sim.skip_ahead import plan_skip, skip, timeout_until
 from sim.workload import BeamModel
 
 
@@ -40,7 +43,7 @@ class Replica:
     def __init__(self, env: simpy.Environment, scheduler, cost_model: CostModel, *,
                  requests: RequestMetrics, steps: StepMetrics, beam_model: BeamModel,
                  overlap_swaps: bool = False, decision_sink: Callable[[str], object] | None = None,
-                 on_done: Callable[[int], object] | None = None):
+                 on_done: Callable[[int], object] | None = None, skip_ahead: bool = True):
         self.env = env
         self.scheduler = scheduler
         self.cost_model = cost_model
@@ -49,6 +52,11 @@ class Replica:
         self.steps = steps
         self.beam_model = beam_model
         self.overlap_swaps = overlap_swaps
+        self.skip_ahead = skip_ahead and isinstance(scheduler, Scheduler)  # skip_ahead.py
+        self.steps_skipped = 0
+        # Whether anything reads this replica's state between its steps (a load-aware router): then
+        # a skipped step must end before the next arrival, not merely start before it.
+        self.observed = False
         self.decision_sink = decision_sink
         self.on_done = on_done or (lambda count: None)
         self.preemptions = {"swap": 0, "recompute": 0}
@@ -102,6 +110,8 @@ class Replica:
                 continue
             while self.next_arrival_s <= env.now:  # same-instant arrivals first
                 yield env.timeout(0)
+            if self.skip_ahead and (yield from self._skip_ahead()):
+                continue
             out = sched.schedule()
             work = StepWork.from_output(out, block_size)
             for rid, reason in out.rejected.items():  # found unservable at the head of a queue, mid-run
@@ -135,22 +145,51 @@ class Replica:
                     m.first_token_s[rows[s.request_id]] = end
             choices = self.beam_model.choices(out, sched.requests) if self._has_beams else None
             finished = sched.update(out, None, choices)
-            for request in finished:
-                row = rows.pop(request.request_id)
-                m.finish_s[row] = end
-                m.status[row] = COMPLETED
-                lengths = [s.num_output_tokens for s in request.seqs if s.finish_reason != "pruned"]
-                m.output_tokens[row] = sum(lengths)
-                m.generation_len[row] = max(lengths)
             if finished:
-                self.on_done(len(finished))
+                self._completed(finished, end)
             self.steps.record(out.step, start, end - start, len(out.num_scheduled_tokens), num_running, work,
                               usage, len(out.preempted), cost)
             if log:
-                if self.decision_sink is not None:
-                    for record in log:
-                        self.decision_sink(dump_record(record) + "\n")
-                log.clear()
+                self._flush_decisions()
+
+    def _completed(self, finished: list[Request], end: float) -> None:
+        m = self.requests
+        for request in finished:
+            row = self._rows.pop(request.request_id)
+            m.finish_s[row] = end
+            m.status[row] = COMPLETED
+            lengths = [s.num_output_tokens for s in request.seqs if s.finish_reason != "pruned"]
+            m.output_tokens[row] = sum(lengths)
+            m.generation_len[row] = max(lengths)
+        self.on_done(len(finished))
+
+    def _skip_ahead(self):
+        """Run, at once, the pure decode steps before the next arrival (skip_ahead.py); returns
+        whether it ran any (the loop then looks again, as after any step)."""
+        run = decode_run(self.scheduler)
+        if run is None:
+            return False
+        k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, self.env.now,
+                                   self.next_arrival_s, end_before_arrival=self.observed)
+        if k == 0:
+            return False
+        end, finished = skip(self, run, k, terms, ends)
+        if not math.isfinite(end):
+            raise ValueError(f"simulated time overflowed skipping {k} steps from t={self.env.now}")
+        self.steps_skipped += k
+        yield timeout_until(self.env, end)
+        if finished:
+            self._completed(finished, end)
+        self._flush_decisions()
+        return True
+
+    def _flush_decisions(self) -> None:
+        log = self.scheduler.decision_log.records
+        if log:
+            if self.decision_sink is not None:
+                for record in log:
+                    self.decision_sink(dump_record(record) + "\n")
+            log.clear()
 
     def _execute(self, cost):
         env = self.env

@@ -32,6 +32,7 @@ class SimOptions:
     sample_lengths: str = "drawn"  # parallel samples: "drawn" from the workload, or "same"
     beam_stay_prob: float = 0.8
     overlap_swaps: bool = False
+    skip_ahead: bool = True  # advance pure decode stretches at once (sim/skip_ahead.py); same results
     slo_ttft_s: float = 2.0  # goodput: time to first token at most this
     slo_tpot_s: float = 0.1  # and time per output token at most this
 
@@ -68,6 +69,7 @@ class Simulation:
             self.env, scheduler, cost_model, requests=self.request_metrics, steps=self.step_metrics,
             beam_model=BeamModel(self.options.seed, self.options.beam_stay_prob),
             overlap_swaps=self.options.overlap_swaps, decision_sink=decision_sink, on_done=progress,
+            skip_ahead=self.options.skip_ahead,
         )
         self.env.process(arrival_process(self.env, trace.arrival_s.tolist(), factory.make, self.replica))
 

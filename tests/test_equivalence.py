@@ -432,7 +432,7 @@ def test_rejecting_the_last_request_mid_run_is_no_stall():
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="generated tokens: the simulator gives every output token unique content "
-                          "(Request.block_content: ('out', request, sample, position)), the engine its real "
+                          "(Request.block_content: ('out', request, sample, start, end) segments), the engine its real "
                           "token; greedy samples of one prompt generate the same tokens, so the engine's "
                           "prefix cache holds duplicate keys the simulator does not, and eviction differs")
 def test_known_identical_generated_blocks_change_the_engine_decisions():

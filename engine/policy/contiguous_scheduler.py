@@ -308,7 +308,7 @@ class ContiguousScheduler:
             if not request.live_seqs:
                 request.status = RequestStatus.FINISHED
                 finished.append(request)
-        retire_finished(self, output, finished)
+        retire_finished(self, output.step, finished)
         return finished
 
     def _append(self, seq: Sequence, token: int | None) -> None:

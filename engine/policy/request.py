@@ -12,7 +12,9 @@ Mooncake's hash ids of 512-token blocks). Prefix caching compares block *content
 tokens ``[a, b)`` is the token ids themselves, or, in identity mode, the identity segments they
 cover, so two prompts share a cached block exactly when they share those tokens, at any block
 size. Generated tokens the executor did not name (a simulator reports counts, not ids) get
-contents unique to their sequence, so only the sequence itself can hit them (after preemption).
+contents unique to their sequence, so only the sequence itself can hit them (after preemption);
+a run of them is one segment ``("out", request, sequence index, start, end)``, never equal to a
+token id or to another sequence's run.
 
 Invariants: ``len(tokens) == prompt_len + len(output_token_ids)``;
 ``num_computed_tokens <= len(tokens)``; a sequence stops at exactly ``max_tokens`` outputs, or
@@ -147,10 +149,23 @@ class Request:
             else:
                 parts.extend(self._identity_segments(start, prompt_end))
         if end > prompt_len:
-            outputs = seq.output_token_ids
-            for pos in range(max(start, prompt_len), end):
-                token = outputs[pos - prompt_len]
-                parts.append(token if token is not None else ("out", self.request_id, seq.index, pos))
+            lo = max(start, prompt_len)
+            outputs = seq.output_token_ids[lo - prompt_len:end - prompt_len]
+            if outputs.count(None) == len(outputs):  # all unnamed (a simulator): one segment
+                parts.append(("out", self.request_id, seq.index, lo, end))
+            else:
+                run_start = None  # unnamed tokens in [run_start, pos): one segment per run
+                for pos, token in enumerate(outputs, lo):
+                    if token is None:
+                        if run_start is None:
+                            run_start = pos
+                        continue
+                    if run_start is not None:
+                        parts.append(("out", self.request_id, seq.index, run_start, pos))
+                        run_start = None
+                    parts.append(token)
+                if run_start is not None:
+                    parts.append(("out", self.request_id, seq.index, run_start, end))
         return tuple(parts)
 
     def _identity_segments(self, start: int, end: int) -> list[Hashable]:

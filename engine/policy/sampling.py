@@ -41,6 +41,7 @@ class OutputProcessor:
     def __init__(self, kv: KVCacheManager, *, max_model_len: int):
         self.kv = kv
         self.max_model_len = max_model_len
+        self.num_seqs_finished = 0  # sequences retired so far (finished or pruned)
 
     def process(
         self,
@@ -79,6 +80,7 @@ class OutputProcessor:
             self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        self.num_seqs_finished += 1
         self.kv.free(seq)
         seq.request.retire_seq(seq, reason)
 

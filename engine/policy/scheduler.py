@@ -81,6 +81,11 @@ class Scheduler:
         self._pending_rejections: dict[str, str] = {}
         self._num_admissions = 0
         self._last_record: dict | None = None
+        # For skip-ahead (fast_forward.py): (step, waiting-pass stop) of the last schedule() if
+        # it was pure decode for every running request, and whether the last update() finished any
+        # sequence (freeing blocks or batch room).
+        self._pure_decode_step: tuple[int, str | None] | None = None
+        self._finished_in_last_update = False
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> bool:
@@ -131,6 +136,13 @@ class Scheduler:
         self.next_step += 1
         if self.has_unfinished_requests:
             self.step_order.schedule(st)
+        pure = not (st.new or st.resumed or st.swapped_in or st.preempted or st.copies or st.swap_out
+                    or st.swap_in or self._pending_rejections)
+        self._pure_decode_step = (
+            (st.step, st.waiting_stop)
+            if pure and st.scheduled and len(st.scheduled) == cfg.max_num_batched_tokens - st.token_budget
+            and len(st.tokens_per_request) == len(self.running) else None
+        )
         output = SchedulerOutput(
             step=st.step,
             scheduled=tuple(st.scheduled),
@@ -275,8 +287,11 @@ class Scheduler:
     ) -> list[Request]:
         """Apply one executed step (see ``OutputProcessor``). Returns the requests that finished,
         in scheduling order; their blocks are released."""
-        finished = self.output_processor.process(output, self.requests, sampled, beam_choices)
-        retire_finished(self, output, finished)
+        processor = self.output_processor
+        retired = processor.num_seqs_finished
+        finished = processor.process(output, self.requests, sampled, beam_choices)
+        retire_finished(self, output.step, finished)
+        self._finished_in_last_update = processor.num_seqs_finished != retired
         return finished
 
     # --------------------------------------------------------------- usage
@@ -328,9 +343,9 @@ class Scheduler:
         assert len(self.running) + len(self.waiting) + len(self.swapped) == len(self.requests)
 
 
-def retire_finished(scheduler, output: SchedulerOutput, finished: list[Request]) -> None:
-    """What any scheduler does with the requests a step finished: off ``running`` and out of the
-    unfinished map, counted, and listed in the step's decision record."""
+def retire_finished(scheduler, step: int, finished: list[Request]) -> None:
+    """What any scheduler does with the requests step ``step`` finished: off ``running`` and out
+    of the unfinished map, counted, and listed in the step's decision record."""
     if finished:
         done = {id(r) for r in finished}
         scheduler.running = [r for r in scheduler.running if id(r) not in done]
@@ -338,5 +353,5 @@ def retire_finished(scheduler, output: SchedulerOutput, finished: list[Request])
             del scheduler.requests[request.request_id]
         scheduler.num_finished_requests += len(finished)
     record = scheduler._last_record
-    if record is not None and record["step"] == output.step:
+    if record is not None and record["step"] == step:
         record["finished"] = sorted(r.request_id for r in finished)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
+
 from engine.policy.output import SchedulerOutput
 
 #: The terms every cost model reports, in display order.
@@ -94,6 +96,13 @@ class CostModel(ABC):
 
     @abstractmethod
     def step_cost(self, work: StepWork) -> StepCost: ...
+
+    def decode_attention_s(self, work: StepWork, decode_context_tokens: np.ndarray) -> np.ndarray | None:
+        """The ``decode_attention`` term of steps that are ``work`` but for their decode context,
+        vectorized, bit for bit what ``step_cost`` gives each; ``None`` if the model has no such
+        form (skip-ahead then asks ``step_cost`` step by step). A model that implements it promises
+        that no other term depends on ``decode_context_tokens``."""
+        return None
 
     def swap_seconds(self, num_blocks: int, block_size: int) -> float:
         """Time to move ``num_blocks`` blocks over the host link (one direction)."""

@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
+import numpy as np
+
 from sim.cost.base import TERMS, CostModel, StepCost, StepWork
 from sim.deployment import Deployment
 
@@ -117,8 +119,7 @@ class RooflineCostModel(CostModel):
                 work.prefill_context_tokens * self._kv_token_bytes / bw,
             )
         if work.decode_context_tokens:
-            overhead = 1.0 + p.block_overhead_tokens / work.block_size if work.block_size else 1.0
-            terms["decode_attention"] = work.decode_context_tokens * self._kv_token_bytes / bw * overhead
+            terms["decode_attention"] = work.decode_context_tokens * self._kv_token_bytes / bw * self._block_overhead(work)
         if work.num_cow_blocks:
             terms["cow_copy"] = 2 * work.num_cow_blocks * block_bytes / bw
         if work.num_sampled:
@@ -127,6 +128,14 @@ class RooflineCostModel(CostModel):
             # PCIe is full duplex: swap-outs and swap-ins of one step move side by side
             terms["swap"] = max(work.num_swap_out_blocks, work.num_swap_in_blocks) * block_bytes / self._pcie
         return StepCost(terms)
+
+    def _block_overhead(self, work: StepWork) -> float:
+        return 1.0 + self.params.block_overhead_tokens / work.block_size if work.block_size else 1.0
+
+    def decode_attention_s(self, work: StepWork, decode_context_tokens: np.ndarray) -> np.ndarray:
+        # The same operations in the same order as step_cost, elementwise (exact in float64).
+        ctx = np.asarray(decode_context_tokens, dtype=np.int64)
+        return np.where(ctx != 0, ctx * self._kv_token_bytes / self._bw * self._block_overhead(work), 0.0)
 
     def describe(self) -> dict:
         d = self.deployment

@@ -34,6 +34,10 @@ class Step:
     copies: list[Pair] = field(default_factory=list)
     swap_out: list[Pair] = field(default_factory=list)
     swap_in: list[Pair] = field(default_factory=list)
+    # Why the waiting pass stopped at a head it did not admit, if an order says (the skip-ahead
+    # of fast_forward.py relies on it): "seq_limit", "no_plan", "blocks" or "budget"; "empty"
+    # when the queue ran out; None when the order does not say or the pass did not run.
+    waiting_stop: str | None = None
 
     def reorder(self, rank: dict[str, int]) -> None:
         """Put the scheduled requests in the order ``rank`` gives (stable within a request)."""

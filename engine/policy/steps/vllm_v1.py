@@ -121,11 +121,13 @@ class VllmV1StepOrder(StepOrder):
             request = s.waiting[0]
             slots = self._batch_slots(request)
             if used + slots > cfg.max_num_seqs:
+                st.waiting_stop = "seq_limit"
                 break
             seqs = list(request.live_seqs)
             hits = [[] if seq.parked else kv.find_cached_prefix(seq) for seq in seqs]
             plan = s.planner.plan(request, st.token_budget, [len(h) * bs for h in hits])
             if not plan:  # without chunked prefill, the head waits for a step with room
+                st.waiting_stop = "no_plan"
                 break
             # Admission needs every sequence's whole known length to fit, less its hits (vLLM v1)
             # and, for parked sequences, less the prompt blocks they will share with the leader.
@@ -143,6 +145,7 @@ class VllmV1StepOrder(StepOrder):
                         f"{new_blocks + len(hit_blocks)} blocks to resume; an admission gets at most {room}",
                     )
                     continue
+                st.waiting_stop = "blocks"
                 break
             s.waiting.popleft()
             hit_tokens = 0
@@ -155,3 +158,5 @@ class VllmV1StepOrder(StepOrder):
             s.running.append(request)
             s.run(request, plan, st)
             used += slots
+        if st.waiting_stop is None:
+            st.waiting_stop = "budget" if s.waiting else "empty"

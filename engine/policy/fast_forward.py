@@ -1,0 +1,269 @@
+"""Skip-ahead: advance a steadily decoding scheduler by k steps at once, deciding exactly what k
+``schedule()`` + ``update()`` calls would have decided.
+
+The idea. Most steps of a long run are *pure decode*: every running sequence computes one token
+and samples one, nobody is admitted, preempted, swapped, copied or rejected. Over such a stretch
+the only things that change are token counts, plus, every ``block_size`` tokens of a sequence, one
+new block (allocated) and one full block (registered in the prefix cache). ``decode_run`` checks
+that the scheduler is in such a state and says how many steps it stays there; ``advance`` applies
+k of them in O(sequences + blocks allocated) instead of O(k x sequences), making the same pool
+calls (allocations, prefix-cache registrations) in the same order as the step-by-step path, so
+block ids, eviction order and every later decision are identical. When decisions are recorded, it
+writes the same decision records too.
+
+When a run is steady (checked by ``decode_run``; any doubt answers "not steady"):
+
+- the scheduler is the built-in ``Scheduler`` with the ``vllm-v1`` step order (a plug-in subclass
+  or the ``vllm-v0`` order is never skipped), nothing is swapped out and no rejection is pending;
+- the waiting queue is empty, or the last ``schedule()`` was itself pure decode for every running
+  request and refused the waiting head for a reason that holds while only decodes run (and no
+  sequence finished since): the batch limit (the running set does not change), the token budget
+  or no chunk (the decode batch takes the same tokens each step), or blocks. Blocks stay refused because during decode-only steps the free count only falls, while
+  the head's need can only grow (a decode allocation may evict a cached block the head would have
+  hit; generated blocks have contents unique to their sequence, so nothing new becomes a hit);
+- every running sequence is decoding (one token left to compute, nothing parked, no beam search,
+  parallel samples already forked) and writes into a block only it holds, so no copy-on-write.
+
+How far: up to and including the step in which the first sequence finishes (its output length,
+or ``max_model_len``; the finishes of that step are applied as ``update()`` applies them), and
+while the blocks the decodes allocate fit in the free (and evictable cached) blocks, so no
+preemption. The executor may stop earlier (the simulator stops before the
+next arrival). Generated tokens are left unnamed (``None``), as a simulator reports them; an
+executor that samples real tokens cannot skip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine.policy.request import Request, RequestStatus, Sequence
+from engine.policy.sampling import finish_reason
+
+if TYPE_CHECKING:
+    from engine.policy.scheduler import Scheduler
+
+#: Waiting-pass stops that stay true while only decodes run and nothing finishes.
+STABLE_WAITING_STOPS = frozenset({"seq_limit", "no_plan", "blocks", "budget"})
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    """A steady decoding state and how far it lasts.
+
+    ``seqs`` are the running sequences in scheduling order, ``computed[i]`` their computed tokens
+    (each decode step computes position ``computed[i] + j - 1`` at step ``j = 1, 2, ...``).
+    """
+
+    scheduler: Scheduler
+    requests: list[Request]  # running order
+    seqs: list[Sequence]  # scheduling order (request by request, live sequences in order)
+    computed: list[int]
+    finish_in: list[int]  # the step (1-based) in which each sequence samples its last token
+    max_steps: int  # steps that can be skipped: no preemption, finishes only in the last
+    free_blocks: int  # allocatable blocks (free + cached) before the first skipped step
+    plain_free_blocks: int  # of those, never-cached ones (taken first; the rest evict)
+    used_blocks: int
+    cached_blocks: int
+    table_blocks: int  # blocks in the running tables, a shared block once per table
+
+
+@dataclass(slots=True)
+class Advanced:
+    """What ``advance`` did, per skipped step (index 0 = the first)."""
+
+    first_step: int
+    allocations: list[int]  # blocks allocated in each step
+    evictions: list[int]  # of those, cached blocks evicted
+    finished: list[Request]  # requests finished by the last step, in scheduling order
+
+
+def decode_run(s: Scheduler) -> DecodeRun | None:
+    """The steady decoding state the scheduler is in, or ``None`` (see the module docstring)."""
+    from engine.policy.scheduler import Scheduler  # (a cycle at import time otherwise)
+    from engine.policy.steps.vllm_v1 import VllmV1StepOrder
+
+    if not s.running or s.swapped or s._pending_rejections:
+        return None
+    if type(s) is not Scheduler or type(s.step_order) is not VllmV1StepOrder:
+        return None
+    if s.waiting:  # the head must have been refused by the last step, for a reason that still holds
+        hint = s._pure_decode_step
+        if (hint is None or hint[0] != s.next_step - 1 or s._finished_in_last_update
+                or hint[1] not in STABLE_WAITING_STOPS):
+            return None
+    cfg = s.config
+    bs = s.block_size
+    ref_counts = s.pool.ref_counts
+    max_model_len = cfg.max_model_len
+    seqs: list[Sequence] = []
+    computed: list[int] = []
+    finish_steps: list[int] = []
+    horizon = 1 << 62
+    table_blocks = 0
+    for request in s.running:
+        if request.beam_width > 1 or (request.n > 1 and not request.forked):
+            return None
+        for seq in request.live_seqs:
+            c = seq.num_computed_tokens
+            n = seq.num_tokens
+            if seq.parked or not seq.decoding or c != n - 1 or seq.num_filled_tokens != c:
+                return None
+            table = seq.block_table
+            if c % bs and ref_counts[table[-1]] != 1:  # the next write would copy on write
+                return None
+            # It finishes at the step whose sample reaches its length (or max_model_len).
+            finish_in = min(request.max_tokens_of(seq) - seq.num_output_tokens, max_model_len - n)
+            if finish_in < horizon:
+                horizon = finish_in
+            seqs.append(seq)
+            computed.append(c)
+            finish_steps.append(finish_in)
+            table_blocks += len(table)
+    if len(seqs) > cfg.max_num_batched_tokens:  # some would wait for budget: not the same batch
+        return None
+    pool = s.pool
+    free = pool.num_free_blocks
+    if horizon >= 1:
+        horizon = _steps_within_blocks(computed, bs, free, horizon)
+    if horizon < 1:
+        return None
+    return DecodeRun(s, list(s.running), seqs, computed, finish_steps, horizon, free, free - pool.num_cached_free_blocks,
+                     pool.num_used_blocks, pool.num_cached_free_blocks, table_blocks)
+
+
+def _steps_within_blocks(computed: list[int], bs: int, free: int, horizon: int) -> int:
+    """The most decode steps, up to ``horizon``, whose new blocks fit in ``free`` (a sequence at
+    computed ``c`` takes a new block in step ``j`` when ``(c + j - 1) % bs == 0``, i.e. from step
+    ``(-c) % bs + 1`` on, every ``bs`` steps)."""
+    firsts = [(-c) % bs + 1 for c in computed]
+
+    def blocks(k: int) -> int:
+        return sum((k - f) // bs + 1 for f in firsts if f <= k)
+
+    if blocks(horizon) <= free:
+        return horizon
+    lo, hi = 0, horizon  # blocks(lo) <= free < blocks(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if blocks(mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def advance(run: DecodeRun, k: int) -> Advanced:
+    """Apply ``k`` (``1 <= k <= run.max_steps``) pure decode steps, exactly as ``k`` rounds of
+    ``schedule()`` and ``update()`` with unnamed tokens would; the run is stale afterwards."""
+    s = run.scheduler
+    if not 1 <= k <= run.max_steps:
+        raise ValueError(f"can advance 1 to {run.max_steps} steps, not {k}")
+    bs = s.block_size
+    kv = s.kv
+    pool = s.pool
+    caching = kv.enable_prefix_caching
+    first_step = s.next_step
+    # The pool calls of the k steps, in the order the step-by-step path makes them: step by
+    # step, sequence by sequence, a sequence's new block before the block it fills is registered.
+    events: list[tuple[int, int, int]] = []  # (step, scheduling position, 0 allocate / 1 register)
+    for i, c in enumerate(run.computed):
+        for j in range((-c) % bs + 1, k + 1, bs):
+            events.append((j, i, 0))
+        if caching:
+            for j in range((-c - 1) % bs + 1, k + 1, bs):
+                events.append((j, i, 1))
+    events.sort()
+    seqs = run.seqs
+    for seq in seqs:  # the tokens exist before their blocks are registered (contents are by position)
+        seq.output_token_ids.extend([None] * k)
+    allocations = [0] * k
+    evictions = [0] * k
+    recording = s.config.record_decisions
+    free_cpu = s.swap_pool.num_free_blocks
+    e = 0
+    num_events = len(events)
+    for j in range(1, k + 1) if recording else ():
+        e = _apply_events(events, e, j, seqs, run.computed, kv, pool, allocations, evictions)
+        free = pool.num_free_blocks
+        record = _decode_record(first_step + j - 1, run.requests, free, free_cpu)
+        s.decision_log.append(record)
+        s._last_record = record
+    if not recording:
+        _apply_events(events, 0, k, seqs, run.computed, kv, pool, allocations, evictions)
+        e = num_events
+    assert e == num_events
+    for seq, c in zip(seqs, run.computed):
+        end = c + k
+        seq.num_computed_tokens = end
+        seq.num_filled_tokens = end
+        if caching and end // bs > seq.num_registered_blocks:
+            seq.num_registered_blocks = end // bs
+    s.next_step += k
+    # As after a pure decode schedule(): the waiting head (if any) still refused for its reason.
+    s._pure_decode_step = (s.next_step - 1, s._pure_decode_step[1] if s.waiting else "empty")
+    finished = _finish(run, k) if k == run.max_steps else []
+    return Advanced(first_step, allocations, evictions, finished)
+
+
+def _finish(run: DecodeRun, k: int) -> list[Request]:
+    """``update()``'s finishes for step ``k``: sequences retire in scheduling order (their blocks
+    freed in that order), then the finished requests leave the scheduler (``retire_finished``)."""
+    from engine.policy.scheduler import retire_finished
+
+    s = run.scheduler
+    processor = s.output_processor
+    ending = {id(seq) for seq, f in zip(run.seqs, run.finish_in) if f == k}
+    finished: list[Request] = []
+    if ending:
+        for request in run.requests:
+            for seq in list(request.live_seqs):
+                if id(seq) in ending:
+                    processor._finish(seq, finish_reason(seq, processor.max_model_len))
+            if not request.live_seqs:
+                request.status = RequestStatus.FINISHED
+                finished.append(request)
+    s._finished_in_last_update = bool(ending)
+    retire_finished(s, s.next_step - 1, finished)
+    return finished
+
+
+def _apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, allocations, evictions) -> int:
+    """Carry out the events of steps up to ``through_step`` from index ``e``; returns the next index."""
+    bs = kv.block_size
+    num = len(events)
+    while e < num:
+        j, i, kind = events[e]
+        if j > through_step:
+            break
+        seq = seqs[i]
+        if kind == 0:
+            evicted = pool.num_evictions
+            seq.block_table.append(pool.allocate())
+            seq.table_snapshot = None
+            allocations[j - 1] += 1
+            evictions[j - 1] += pool.num_evictions - evicted
+        else:
+            index = (computed[i] + j) // bs - 1  # the block its step-j token completes
+            block_id = seq.block_table[index]
+            if pool.keys[block_id] is None:
+                pool.cache_block(block_id, kv.block_key(seq, index))
+        e += 1
+    return e
+
+
+def _decode_record(step: int, requests: list[Request], num_free: int, num_free_cpu: int) -> dict:
+    """The decision record of one pure decode step (``SchedulerOutput.to_record``'s format)."""
+    scheduled = {}
+    block_ids = {}
+    for request in requests:
+        rid = request.request_id
+        live = request.live_seqs
+        scheduled[rid] = len(live)
+        block_ids[rid] = {str(seq.index): list(seq.block_table) for seq in live}
+    return {
+        "step": step, "scheduled": scheduled, "order": list(scheduled), "new": {}, "resumed": [],
+        "resumed_cached": {}, "swapped_in": [], "preempted": [], "preempted_mode": {}, "rejected": {},
+        "finished": [], "num_free_blocks": num_free, "num_free_cpu_blocks": num_free_cpu, "block_ids": block_ids,
+        "blocks_to_copy": [], "blocks_to_swap_out": [], "blocks_to_swap_in": [],
+    }

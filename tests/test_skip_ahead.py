@@ -1,0 +1,197 @@
+"""Skip-ahead changes nothing: the same run with and without it makes the same decisions and
+measures the same metrics, bit for bit.
+
+Generated workloads (requests with long enough outputs to decode for a while, parallel samples,
+shared prefixes, arrivals at once, spread or in bursts) run under generated configurations
+(presets pagesim / vllm-v1 / vllm-v0, block sizes, pools from tight to roomy so that requests are
+preempted by swap or recompute, small batch limits and token budgets, chunked prefill on and off,
+prefix caching on and off, every eviction policy) and two cost models: the roofline (vectorized
+decode costs) and one with no vectorized form (skip-ahead asks it step by step). Each pair of runs
+must agree on the decision log record for record, on every per-step metric column and every
+per-request column, on the summary and on the per-term cost totals.
+
+Companion tests show that the generated runs do skip (most steps, on decode-heavy workloads) and
+that the comparison has teeth: letting skip-ahead pass over a waiting request it has not seen
+refused changes the decisions, and the comparison names the step.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from engine.policy import Scheduler, make_config
+from engine.policy import fast_forward
+from engine.policy.steps.vllm_v0 import VllmV0Abort
+from engine.policy.swap_pool import SwapSpaceExhausted
+from sim.cost.base import TERMS, CostModel, StepCost, StepWork
+from sim.cost.roofline import RooflineCostModel
+from sim.deployment import Deployment
+from sim.hardware import get_gpu_preset
+from sim.metrics import STEP_COLUMNS
+from sim.simulator import SimOptions, Simulation
+from engine.model_presets import get_model_preset
+from tests.conftest import scaled_examples
+from traces.trace import Trace
+
+PREFIX_BLOCK_TOKENS = 4
+REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "output_tokens",
+                   "generation_len", "preemptions", "status", "release_step")
+
+
+class ContextCost(CostModel):
+    """A cost with a decode term that grows with context and no vectorized form."""
+
+    name = "context"
+
+    def step_cost(self, work: StepWork) -> StepCost:
+        terms = dict.fromkeys(TERMS, 0.0)
+        if work.num_tokens:
+            terms["linear"] = 0.01 + 1e-4 * work.num_tokens
+        terms["decode_attention"] = 3e-6 * work.decode_context_tokens ** 1.1
+        terms["cpu_overhead"] = 1e-3 / 3
+        terms["swap"] = 0.002 * (work.num_swap_out_blocks + work.num_swap_in_blocks)
+        return StepCost(terms)
+
+
+def roofline() -> RooflineCostModel:
+    return RooflineCostModel(Deployment(get_model_preset("llama3-8b"), get_gpu_preset("a100-80gb"), 1))
+
+
+@st.composite
+def workloads(draw) -> Trace:
+    num = draw(st.integers(1, 10))
+    pattern = draw(st.sampled_from(["once", "spread", "bursts"]))
+    if pattern == "once":
+        arrivals = [0.0] * num
+    elif pattern == "spread":
+        arrivals = sorted(draw(st.lists(st.floats(0.0, 2.0), min_size=num, max_size=num)))
+    else:
+        arrivals = sorted(draw(st.lists(st.sampled_from([0.0, 0.05, 0.4, 1.0]), min_size=num, max_size=num)))
+    prompts = draw(st.lists(st.integers(1, 40), min_size=num, max_size=num))
+    outputs = draw(st.lists(st.integers(1, 80), min_size=num, max_size=num))
+    n = draw(st.lists(st.sampled_from([1, 1, 1, 2, 3]), min_size=num, max_size=num))
+    columns = {}
+    if draw(st.booleans()):  # shared prefixes: one of two system prompts, then private blocks
+        values, offsets = [], [0]
+        for i, prompt in enumerate(prompts):
+            system = draw(st.integers(0, 1))
+            shared = draw(st.integers(1, 6))
+            blocks = -(-prompt // PREFIX_BLOCK_TOKENS)
+            values += [100 * system + k if k < shared else 1000 * (i + 1) + k for k in range(blocks)]
+            offsets.append(len(values))
+        columns = {"prefix_id_values": np.array(values), "prefix_id_offsets": np.array(offsets),
+                   "prefix_block_tokens": PREFIX_BLOCK_TOKENS}
+    return Trace(arrival_s=np.array(arrivals), prompt_len=np.array(prompts), output_len=np.array(outputs),
+                 n=np.array(n), beam_width=np.ones(num, dtype=np.int64), **columns)
+
+
+@st.composite
+def configs(draw, trace: Trace):
+    preset = draw(st.sampled_from(["pagesim", "pagesim", "vllm-v1", "vllm-v0"]))
+    block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    need = (trace.prompt_len + trace.output_len) * trace.n
+    largest = int(need.max())
+    slots = draw(st.sampled_from([largest + 2 * block_size, 2 * largest, int(need.sum()) + 64]))
+    settings_ = dict(block_size=block_size, num_gpu_blocks=-(-slots // block_size) + 1,
+                     max_model_len=256, max_num_seqs=draw(st.sampled_from([2, 4, 256])))
+    settings_["num_cpu_blocks"] = draw(st.sampled_from([0, 64]))
+    if preset != "vllm-v0":
+        settings_["preemption_mode"] = draw(st.sampled_from(["recompute", "swap"]))
+        settings_["enable_prefix_caching"] = draw(st.booleans())
+        settings_["eviction_policy"] = draw(st.sampled_from(["lru", "fifo", "lfu", "radix-leaf"]))
+        chunked = draw(st.booleans())
+        settings_["enable_chunked_prefill"] = chunked
+        settings_["max_num_batched_tokens"] = draw(st.sampled_from([8, 32, 512])) if chunked else 256
+    else:
+        settings_["max_num_batched_tokens"] = 256
+        settings_["enable_chunked_prefill"] = False
+    return preset, settings_
+
+
+def run(trace: Trace, preset: str, settings_: dict, cost_model: CostModel, *, skip_ahead: bool):
+    """The run's result (or the error it stopped with: vLLM 0.6.3's aborts), decision log lines and
+    steps skipped."""
+    config = make_config(preset, **settings_, record_decisions=True)
+    lines: list[str] = []
+    sim = Simulation(trace, Scheduler(config), cost_model, SimOptions(skip_ahead=skip_ahead, seed=3),
+                     decision_sink=lines.append)
+    try:
+        result = sim.run()
+    except (SwapSpaceExhausted, VllmV0Abort) as exc:
+        result = exc
+    return result, lines, sim.replica.steps_skipped
+
+
+def assert_same(trace: Trace, preset: str, settings_: dict, cost_model_factory) -> int:
+    """Run with and without skip-ahead and compare everything; returns the steps skipped."""
+    plain, plain_log, none_skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=False)
+    fast, fast_log, skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=True)
+    assert none_skipped == 0
+    for i, (a, b) in enumerate(zip(plain_log, fast_log)):
+        assert a == b, f"decision record {i} differs:\n{a}\n{b}"
+    assert len(plain_log) == len(fast_log)
+    if isinstance(plain, Exception) or isinstance(fast, Exception):  # both must stop, the same way
+        assert repr(plain) == repr(fast)
+        return skipped
+    for name in STEP_COLUMNS:
+        a, b = plain.steps.array(name), fast.steps.array(name)
+        assert a.shape == b.shape and np.array_equal(a, b), f"step column {name} differs"
+    for name in REQUEST_COLUMNS:
+        a, b = getattr(plain.requests, name), getattr(fast.requests, name)
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), f"request column {name} differs"
+    assert plain.requests.reject_reasons == fast.requests.reject_reasons
+    assert plain.steps.term_totals_s == fast.steps.term_totals_s
+    assert json.dumps(plain.summary, sort_keys=True) == json.dumps(fast.summary, sort_keys=True)
+    return skipped
+
+
+@settings(max_examples=scaled_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_skip_ahead_changes_no_decision_and_no_metric(data):
+    trace = data.draw(workloads())
+    preset, settings_ = data.draw(configs(trace))
+    cost = data.draw(st.sampled_from([roofline, ContextCost]))
+    skipped = assert_same(trace, preset, settings_, cost)
+    event("skipped steps" if skipped else "no step skipped")
+
+
+def decode_heavy(num: int = 12) -> Trace:
+    rng = np.random.default_rng(7)
+    return Trace(arrival_s=np.sort(rng.uniform(0, 1.0, num)), prompt_len=rng.integers(5, 40, num),
+                 output_len=rng.integers(40, 120, num), n=np.where(rng.random(num) < 0.3, 2, 1),
+                 beam_width=np.ones(num, dtype=np.int64))
+
+
+@pytest.mark.parametrize("cost", [roofline, ContextCost])
+@pytest.mark.parametrize("caching", [True, False])
+def test_decode_heavy_runs_mostly_skip(cost, caching):
+    trace = decode_heavy()
+    settings_ = dict(block_size=4, num_gpu_blocks=400, max_model_len=256, enable_prefix_caching=caching)
+    skipped = assert_same(trace, "pagesim", settings_, cost)
+    plain, _, _ = run(trace, "pagesim", settings_, cost(), skip_ahead=False)
+    assert skipped > 0.7 * plain.summary["steps"]
+
+
+def test_tight_pool_with_preemptions_still_identical():
+    trace = decode_heavy(16)
+    settings_ = dict(block_size=4, num_gpu_blocks=60, num_cpu_blocks=64, max_model_len=256,
+                     preemption_mode="swap")
+    skipped = assert_same(trace, "pagesim", settings_, roofline)
+    plain, _, _ = run(trace, "pagesim", settings_, roofline(), skip_ahead=False)
+    assert plain.summary["preemptions"]["swap"] > 0 and skipped > 0
+
+
+def test_comparison_has_teeth(monkeypatch):
+    """Skipping over a waiting request nobody has refused yet delays its admission: caught."""
+    trace = Trace(arrival_s=np.array([0.0, 0.35]), prompt_len=np.array([8, 8]), output_len=np.array([60, 5]),
+                  n=np.ones(2, dtype=np.int64), beam_width=np.ones(2, dtype=np.int64))
+    settings_ = dict(block_size=4, num_gpu_blocks=100, max_model_len=256)
+    assert_same(trace, "pagesim", settings_, roofline)
+    monkeypatch.setattr(fast_forward, "STABLE_WAITING_STOPS", fast_forward.STABLE_WAITING_STOPS | {"empty"})
+    with pytest.raises(AssertionError, match="decision record"):
+        assert_same(trace, "pagesim", settings_, ContextCost)
