@@ -1,6 +1,7 @@
 """One run of a study: a ``RunConfig`` in, one JSON-able record out (never an exception).
 
-The record holds the run's summary (``sim.metrics.summarize``) and the few series the report
+The record holds the run's summary (``sim.metrics.summarize``; with ``replicas`` > 1 the cluster's,
+``sim.cluster_metrics``, behind the run's ``router``) and the few series the report
 draws, kept small whatever the trace length: 101 quantiles of TTFT, TPOT and end-to-end latency,
 and KV-cache occupancy over time at no more than ``MEMORY_POINTS`` steps. A run that raises is a
 record too, with ``status = "error"`` and the error, so a study goes on past it.
@@ -129,13 +130,16 @@ def _kwon2023_overhead_s() -> float:
 
 
 def _simulate(config: RunConfig) -> dict[str, Any]:
-    from sim.setup import build
-    from sim.simulator import SimOptions, Simulation
+    from sim.cluster import Cluster, build_replicas
+    from sim.router import make_router
+    from sim.simulator import SimOptions
 
     trace = build_trace(config)
-    built = build(_run_spec(config))
+    builts = build_replicas(_run_spec(config), config["replicas"])
+    built = builts[0]
     options = SimOptions(seed=config["seed"], sample_lengths=config["sample_lengths"])
-    result = Simulation(trace, built.scheduler, built.cost_model, options).run()
+    result = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router(config["router"]), options,
+                     tp=config["tp"]).run()
     return {
         "summary": result.summary,
         "deployment": {"kv_cache_slots": built.scheduler.kv_usage().total_slots,
@@ -143,7 +147,8 @@ def _simulate(config: RunConfig) -> dict[str, Any]:
                        "kv_cache_source": built.kv_cache_source,
                        "block_bytes": built.deployment.block_bytes_per_gpu(config["block_size"])},
         "trace": {"requests": len(trace), "rate_rps": trace.rate_rps, "source": trace.source},
-        "series": {"latency_quantiles": _latency_quantiles(result.requests), "memory": _memory(result.steps)},
+        # a cluster's memory series is replica 0's (the replicas' steps do not line up in time)
+        "series": {"latency_quantiles": _latency_quantiles(result.requests), "memory": _memory(result.replicas[0].steps)},
     }
 
 

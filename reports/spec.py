@@ -67,7 +67,6 @@ SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator"
                  "scheduler": str}
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper", "plugins"}
 PAPERS = ("kwon2023",)
-ROUTERS = ("round-robin",)  # more with the cluster simulator (the scale issue)
 
 
 class SpecError(ValueError):
@@ -267,12 +266,10 @@ def _check_run(config: RunConfig, origin: str) -> None:
     from engine.policy.presets import PRESETS
     from engine.policy.user_plugins import SCHEDULERS
     from sim.hardware import GPU_PRESETS
+    from sim.router import ROUTERS
     from sim.setup import ALLOCATORS
     from traces.generate.presets import WORKLOADS
 
-    if config["replicas"] != 1:
-        raise SpecError(f"{origin}: replicas = {config['replicas']}: several replicas behind a router need the "
-                        "cluster simulator (the scale issue), which is not built yet; use replicas = 1")
     for key, allowed in (("gpu", GPU_PRESETS), ("allocator", ALLOCATORS), ("policy", PRESETS),
                          ("eviction", EVICTION_POLICIES), ("preemption", PREEMPTION_MODES),
                          ("victim", VICTIM_POLICIES), ("placement", PLACEMENTS), ("router", ROUTERS),
@@ -292,7 +289,7 @@ def _check_run(config: RunConfig, origin: str) -> None:
     if config["model"] not in MODEL_PRESETS and not Path(config["model"]).exists():
         raise SpecError(f"{origin}: model = {config['model']!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
                         "nor a config.json")
-    for key in ("block_size", "tp"):
+    for key in ("block_size", "tp", "replicas"):
         if config[key] < 1:
             raise SpecError(f"{origin}: {key} must be >= 1, got {config[key]}")
     if config["rate_scale"] <= 0 or not math.isfinite(config["rate_scale"]):

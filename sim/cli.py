@@ -4,6 +4,8 @@ With no request source it runs the embedded default: 1,000 ``shared-system-promp
 6 requests/s on Llama 3 8B and one A100 40 GB. ``--json`` prints the summary as one JSON object
 (plus ``sim_wall_s``); ``--out DIR`` writes the summary, the run's settings, per-request and
 per-step CSV tables, the decision log (JSONL) and a Perfetto timeline (``sim.output``).
+``--replicas N`` runs N replicas of the deployment behind ``--router`` (``sim.cluster``); the
+summary then adds ``router`` and one entry per replica under ``replicas``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 DEFAULT_SOURCE = {"workload": "shared-system-prompt", "rate": 6.0, "num_requests": 1000}
@@ -22,6 +25,7 @@ def add_parser(subparsers) -> None:
     from engine.model_presets import MODEL_PRESETS
     from engine.policy.cli_args import add_policy_args
     from sim.hardware import GPU_PRESETS
+    from sim.router import ROUTERS
     from sim.setup import ALLOCATORS
     from traces.source import add_source_args
 
@@ -54,6 +58,16 @@ def add_parser(subparsers) -> None:
                    help="roofline parameter override, e.g. cpu_step_s=0.004 (repeatable)")
     o.add_argument("--profile", metavar="FILE", help="calibration profile (pagesim calibrate): step times measured on "
                    "the real kernels instead of the roofline model")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="replicas behind a router, each with --tp GPUs and its own KV cache (default 1)")
+    c.add_argument("--router", default="round-robin", choices=list(ROUTERS),
+                   help="which replica serves each request (default round-robin; sim/router.py states each rule)")
+    c.add_argument("--affinity-slack", type=float, metavar="F",
+                   help="prefix-affinity: leave the replica holding the prefix when its outstanding tokens exceed "
+                        "the least-loaded replica's by this factor (default 1.5) ...")
+    c.add_argument("--affinity-slack-tokens", type=int, metavar="N",
+                   help="... and by this many tokens (default 4096)")
     o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     o.add_argument("--out", metavar="DIR", help="write summary, tables, decision log and timeline here")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -90,41 +104,48 @@ def _cost_params(items: list[str]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+    from sim.cluster import Cluster, build_replicas
     from sim.output import summary_table, write_json, write_tables, write_timeline
     from sim.replica import SimulationStalled
-    from sim.setup import build
-    from sim.simulator import SimOptions, Simulation
+    from sim.simulator import SimOptions
     from traces.source import reported_warnings, trace_from_args
 
     if args.trace is None and args.workload is None:
         for key, value in DEFAULT_SOURCE.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
-    for flag in ("tp", "num_gpu_blocks"):
+    for flag in ("tp", "num_gpu_blocks", "replicas"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    router = _router(args)
     with reported_warnings("simulate", strict=args.strict):
         trace = trace_from_args(args)
-    built = build(run_spec_from_args(args))
+    builts = build_replicas(run_spec_from_args(args), args.replicas)
+    built = builts[0]
     options = SimOptions(seed=args.seed, sample_lengths=args.sample_lengths, overlap_swaps=args.overlap_swaps,
                          slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot)
     info = {"trace": f"{len(trace)} requests from {trace.source}", "deployment": built.describe(),
             "options": {k: getattr(options, k) for k in options.__slots__}, "command": sys.argv[1:]}
+    clustered = args.replicas > 1
+    if clustered:
+        info["cluster"] = {"replicas": args.replicas, "router": router.describe()}
 
     out = Path(args.out) if args.out else None
-    decisions = None
+    # one decision log per replica (each replica's scheduler numbers its own steps)
+    log_names = [f"decisions-replica-{k}.jsonl" for k in range(args.replicas)] if clustered else ["decisions.jsonl"]
+    logs = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        decisions = open(out / "decisions.jsonl.tmp", "w", encoding="ascii")
+        logs = [open(out / f"{name}.tmp", "w", encoding="ascii") for name in log_names]
     progress = _progress(len(trace), disable=args.no_progress)
     try:
-        sim = Simulation(trace, built.scheduler, built.cost_model, options,
-                         decision_sink=decisions.write if decisions else None,
-                         progress=progress.update if progress else None)
+        cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], router, options, tp=args.tp,
+                          decision_sinks=[f.write for f in logs] if logs else None,
+                          progress=progress.update if progress else None)
         started = time.perf_counter()
         try:
-            result = sim.run()
+            result = cluster.run()
         except VLLM_V0_ABORTS as exc:  # the vllm-v0 preset stops where vLLM 0.6.3 aborts
             raise ValueError(f"the run stopped where vLLM 0.6.3 aborts: {exc} (more --swap-space, or "
                              f"--preemption recompute, lets it go on)") from None
@@ -134,31 +155,51 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if progress:
             progress.close()
-        if decisions:
-            decisions.close()
+        for f in logs:
+            f.close()
     result.summary["cost_model"] = built.cost_model.name
-    extrapolated = dict(getattr(built.cost_model, "extrapolated", {}))
+    extrapolated = Counter()
+    for b in builts:
+        extrapolated.update(getattr(b.cost_model, "extrapolated", {}))
     if args.profile:
-        result.summary["cost_model_extrapolated"] = extrapolated
+        result.summary["cost_model_extrapolated"] = dict(extrapolated)
         if extrapolated:
             print(f"pagesim simulate: note: some step costs lay outside the profile's measured grid and came from its "
                   f"fitted roofline form ({', '.join(f'{k}: {v} steps' for k, v in sorted(extrapolated.items()))})",
                   file=sys.stderr)
     summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
     if out is not None:
-        (out / "decisions.jsonl.tmp").replace(out / "decisions.jsonl")
+        for name in log_names:
+            (out / f"{name}.tmp").replace(out / name)
         ids = [f"r{i}" for i in range(len(trace))]
         write_json(out / "summary.json", result.summary)
         write_json(out / "run_info.json", {**info, "sim_wall_s": wall_s, "versions": _versions()})
-        write_tables(out, result, ids, block_bytes=built.deployment.block_bytes_per_gpu(args.block_size))
-        write_timeline(out / "timeline.json", result, ids)
+        write_tables(out, result, ids, block_bytes=built.deployment.block_bytes_per_gpu(args.block_size),
+                     replica_of=result.replica_of if clustered else None)
+        write_timeline(out / "timeline.json", result, ids,
+                       step_replica=result.steps.replica_index() if clustered else None)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
         print(summary_table(result.summary, info, wall_s))
         if out is not None:
-            print(f"wrote {out}/: summary.json run_info.json requests.csv steps.csv decisions.jsonl timeline.json")
+            logs_written = "decisions-replica-K.jsonl" if clustered else "decisions.jsonl"
+            print(f"wrote {out}/: summary.json run_info.json requests.csv steps.csv {logs_written} timeline.json")
     return 0
+
+
+def _router(args):
+    """The run's router; its flags are checked before anything is built."""
+    from sim.router import make_router
+
+    params = {}
+    if args.affinity_slack is not None:
+        params["affinity_slack"] = args.affinity_slack
+    if args.affinity_slack_tokens is not None:
+        params["affinity_slack_tokens"] = args.affinity_slack_tokens
+    if params and args.router != "prefix-affinity":
+        raise ValueError("--affinity-slack and --affinity-slack-tokens apply to --router prefix-affinity only")
+    return make_router(args.router, **params)
 
 
 def _progress(total: int, *, disable: bool):

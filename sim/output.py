@@ -38,8 +38,11 @@ def write_json(path: Path, obj) -> None:
     atomic_write(path, lambda f: (json.dump(obj, f, indent=2, sort_keys=True), f.write("\n")))
 
 
-def write_tables(out: Path, result, request_ids: list[str], *, block_bytes: int = 0) -> None:
-    """``block_bytes``: bytes of one KV block per GPU, to state swap traffic in bytes."""
+def write_tables(out: Path, result, request_ids: list[str], *, block_bytes: int = 0,
+                 replica_of: np.ndarray | None = None) -> None:
+    """``block_bytes``: bytes of one KV block per GPU, to state swap traffic in bytes.
+    ``replica_of`` (a cluster run: each row's replica) adds a last ``replica`` column to
+    ``requests.csv`` and a first one to ``steps.csv`` (whose rows go replica by replica)."""
     m = result.requests
     ttft, tpot, e2e = m.ttft_s(), m.tpot_s(), m.e2e_s()
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -50,13 +53,14 @@ def write_tables(out: Path, result, request_ids: list[str], *, block_bytes: int 
 
     def write_requests(f):
         w = csv.writer(f)
-        w.writerow(REQUEST_COLUMNS + ("normalized_latency_s_per_token", "reject_reason"))
+        extra = ("replica",) if replica_of is not None else ()
+        w.writerow(REQUEST_COLUMNS + ("normalized_latency_s_per_token", "reject_reason") + extra)
         for i, rid in enumerate(request_ids):
             w.writerow([rid, fmt(m.arrival_s[i]), int(m.prompt_tokens[i]), int(m.output_tokens[i]),
                         int(m.generation_len[i]), int(m.n[i]), int(m.beam_width[i]), _STATUS[int(m.status[i])],
                         fmt(m.first_scheduled_s[i]), fmt(m.first_token_s[i]), fmt(m.finish_s[i]), fmt(ttft[i]),
                         fmt(tpot[i]), fmt(e2e[i]), int(m.preemptions[i]), fmt(normalized[i]),
-                        m.reject_reasons.get(i, "")])
+                        m.reject_reasons.get(i, ""), *([int(replica_of[i])] if extra else [])])
 
     def write_steps(f):
         steps = result.steps
@@ -66,10 +70,11 @@ def write_tables(out: Path, result, request_ids: list[str], *, block_bytes: int 
             "swap_out_bytes": steps.array("swap_out_blocks") * block_bytes,
             "swap_in_bytes": steps.array("swap_in_blocks") * block_bytes,
         }
-        names = STEP_COLUMNS + tuple(derived)
+        lead = {"replica": steps.replica_index()} if replica_of is not None else {}
+        names = tuple(lead) + STEP_COLUMNS + tuple(derived)
         w = csv.writer(f)
         w.writerow(names)
-        cols = [steps.array(name) for name in STEP_COLUMNS] + list(derived.values())
+        cols = list(lead.values()) + [steps.array(name) for name in STEP_COLUMNS] + list(derived.values())
         ints = {name for name in names if not name.endswith("_s")}
         for row in zip(*cols):
             w.writerow([int(v) if name in ints else repr(float(v)) for name, v in zip(names, row)])
@@ -78,20 +83,28 @@ def write_tables(out: Path, result, request_ids: list[str], *, block_bytes: int 
     atomic_write(out / "steps.csv", write_steps)
 
 
-def write_timeline(path: Path, result, request_ids: list[str], *, max_requests: int = 20_000) -> None:
+def write_timeline(path: Path, result, request_ids: list[str], *, max_requests: int = 20_000,
+                   step_replica: np.ndarray | None = None) -> None:
     """Chrome trace events (microseconds). Requests beyond ``max_requests`` are left out of the
-    request tracks (steps are all kept) so the file stays loadable."""
+    request tracks (steps are all kept) so the file stays loadable. ``step_replica`` (a cluster
+    run: each step's replica) puts replica k's steps on a track of its own (pid 1 for replica 0,
+    as in a single-replica run; pid k + 2 for the others, pid 2 being the requests)."""
     steps = result.steps
     start, dur = steps.array("start_s"), steps.array("duration_s")
     batch, tokens = steps.array("num_requests"), steps.array("num_tokens")
     m = result.requests
+    replica = np.zeros(len(start), np.int64) if step_replica is None else step_replica
+    pids = [1] + [k + 2 for k in range(1, int(replica.max(initial=0)) + 1)]
 
     def write(f):
         f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
         f.write(json.dumps({"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "replica 0"}}))
         f.write(",\n" + json.dumps({"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "requests"}}))
+        for k, pid in enumerate(pids[1:], start=1):
+            f.write(",\n" + json.dumps({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"replica {k}"}}))
         for i in range(len(start)):
-            f.write(",\n" + json.dumps({"ph": "X", "pid": 1, "tid": 1, "name": "step", "ts": round(start[i] * 1e6, 3),
+            f.write(",\n" + json.dumps({"ph": "X", "pid": pids[replica[i]], "tid": 1, "name": "step",
+                                        "ts": round(start[i] * 1e6, 3),
                                         "dur": round(dur[i] * 1e6, 3),
                                         "args": {"requests": int(batch[i]), "tokens": int(tokens[i])}}))
         for i, rid in enumerate(request_ids[:max_requests]):
@@ -120,7 +133,7 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
     d = info["deployment"]
     lines = [
         f"{info['trace']}",
-        f"{d['model']} on {d['gpu']} x{d['tp']}, {d['allocator']} KV cache: {d['num_gpu_blocks']} blocks of "
+        f"{d['model']} on {d['gpu']} x{d['tp']}{_cluster_words(s)}, {d['allocator']} KV cache: {d['num_gpu_blocks']} blocks of "
         f"{d['block_size']} tokens ({d['kv_cache_source']}), policy {d['policy']}",
         "",
         f"requests   {s['requests_completed']} completed, {s['requests_rejected']} rejected, over "
@@ -151,6 +164,28 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
     parts = [f"{t.replace('_', ' ')} {100 * s['time_by_term_s'][t] / busy:.1f}%" for t in TERMS
              if s["time_by_term_s"][t] > 0]
     lines.append(f"step time  {', '.join(parts)}")
+    if "replicas" in s:
+        lines += ["", *_replica_lines(s, num, pct)]
     rate = s["requests_total"] / wall_s if wall_s > 0 else float("inf")
     lines += ["", f"simulated in {wall_s:.2f} s wall ({rate:,.0f} requests per wall second)"]
     return "\n".join(lines)
+
+
+def _cluster_words(summary: dict) -> str:
+    replicas = summary.get("replicas")
+    return f" per replica, {len(replicas)} replicas behind router {summary['router']}" if replicas else ""
+
+
+def _replica_lines(summary: dict, num, pct) -> list[str]:
+    """One row per replica of a cluster run (batch and step figures: the cluster-wide lines above
+    average them per replica, weighted by step time)."""
+    header = (f"{'replica':<8}{'tp':>3}{'routed':>8}{'done':>7}{'req/s':>8}{'TTFT p50':>10}{'TTFT p99':>10}"
+              f"{'e2e mean':>10}{'preempt':>9}{'steps':>8}{'batch':>7}{'KV alloc':>10}{'prefix hit':>11}")
+    lines = [header]
+    for r in summary["replicas"]:
+        preempted = r["preemptions"]["swap"] + r["preemptions"]["recompute"]
+        lines.append(f"{r['replica']:<8}{r['tp']:>3}{r['requests_routed']:>8}{r['requests_completed']:>7}"
+                     f"{num(r['throughput_rps'], '.3g'):>8}{num(r['ttft_s']['p50']):>10}{num(r['ttft_s']['p99']):>10}"
+                     f"{num(r['e2e_s']['mean']):>10}{preempted:>9}{r['steps']:>8}{num(r['avg_batched_requests'], '.3g'):>7}"
+                     f"{pct(r['memory_allocated_fraction']):>10}{pct(r['prefix_hit_rate']):>11}")
+    return lines

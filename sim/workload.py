@@ -52,13 +52,15 @@ class RequestFactory:
 
 
 class BeamModel:
-    """Seeded choice of which beams survive a step (see the module docstring)."""
+    """Seeded choice of which beams survive a step (see the module docstring). Each replica of a
+    cluster draws from its own stream (``replica``; replica 0's is the single-replica one), so a
+    replica's draws do not depend on how the others' steps interleave with its own."""
 
-    def __init__(self, seed: int, stay_prob: float = 0.8):
+    def __init__(self, seed: int, stay_prob: float = 0.8, *, replica: int = 0):
         if not 0.0 <= stay_prob <= 1.0:
             raise ValueError(f"beam stay probability must be in [0, 1], got {stay_prob!r}")
         self.stay_prob = stay_prob
-        self._rng = np.random.default_rng([seed, 2])
+        self._rng = np.random.default_rng([seed, 2] if replica == 0 else [seed, 2, replica])
 
     def choices(self, output: SchedulerOutput, requests: Mapping[str, Request]) -> BeamChoices | None:
         sampling: dict[str, list[int]] = {}

@@ -1,0 +1,161 @@
+"""A cluster run: a trace replayed through N replicas behind a router.
+
+Building is separate from running: ``Cluster(trace, replicas, router, options)`` wires one SimPy
+environment with N ``Replica`` processes (each its own scheduler, cost model, step table and
+beam-survival stream) and one router process that replaces the single-replica arrival process:
+at each arrival it asks the ``Router`` (``sim.router``) for a replica and submits the request
+there. ``run()`` advances time until every request has completed or been rejected and returns a
+``ClusterResult`` (``sim.cluster_metrics`` defines the summary).
+
+From Python::
+
+    builts = build_replicas(RunSpec(tp=2), 4)
+    cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router("least-kv"),
+                      SimOptions(seed=1), tp=2)
+    result = cluster.run()  # result.summary["replicas"][k], result.replica_of[row]
+
+Invariants:
+- The router process sets every replica's ``next_arrival_s`` to the next arrival (any replica
+  may receive it) before waiting for it, and to ``inf`` after the last; rows sharing an
+  arrival time are routed and submitted together, in row order (as ``sim.replica.arrival_process``).
+- A router that reads the schedulers finds each replica, at every arrival, in the state
+  step-by-step simulation would have it: the replicas are marked ``observed``, so skip-ahead
+  applies no step that ends after the next arrival.
+- Routing is deterministic: routers draw nothing at random, requests are made by one seeded
+  ``RequestFactory`` in row order, and replica k's beams draw from stream k of the run's seed.
+  The same trace, replicas, router and seed give the same run.
+- With one replica the route is trivial (the router is not asked) and the run, its decisions and
+  its summary are exactly those of ``sim.simulator.Simulation``.
+- The trace's arrival column is read in chunks, never converted to one Python list.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from engine.policy import Request
+from sim.cluster_metrics import ClusterSteps, cluster_summary
+from sim.cost.base import CostModel
+from sim.metrics import RequestMetrics, StepMetrics
+from sim.replica import Replica
+from sim.router import Router, RoundRobin
+from sim.simulator import SimOptions
+from sim.workload import BeamModel, RequestFactory
+from traces.trace import Trace
+
+ARRIVAL_CHUNK = 4096
+
+
+@dataclass
+class ClusterResult:
+    summary: dict
+    requests: RequestMetrics  # all rows
+    steps: ClusterSteps  # every replica's steps, replica by replica
+    replica_of: np.ndarray  # row -> replica index
+    replicas: list[Replica]
+    wall_s: float
+
+
+def build_replicas(spec, num_replicas: int) -> list:
+    """``sim.setup.build(spec)`` once per replica: each gets its own scheduler and cost model."""
+    from sim.setup import build
+
+    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {num_replicas!r}")
+    return [build(spec) for _ in range(num_replicas)]
+
+
+def iter_chunked(values: np.ndarray, chunk: int = ARRIVAL_CHUNK) -> Iterator[float]:
+    """``values`` as Python floats, converted ``chunk`` at a time."""
+    for start in range(0, len(values), chunk):
+        yield from values[start:start + chunk].tolist()
+
+
+class Cluster:
+    def __init__(self, trace: Trace, replicas: Sequence[tuple[object, CostModel]], router: Router | None = None,
+                 options: SimOptions | None = None, *, tp: int = 1,
+                 decision_sinks: Sequence[Callable[[str], object] | None] | None = None,
+                 progress: Callable[[int], object] | None = None):
+        """``replicas``: one ``(scheduler, cost_model)`` per replica, none shared; ``tp`` is what
+        the summary states per replica (the cost models already account for it);
+        ``decision_sinks``: one per replica (or ``None``), each receiving its replica's log."""
+        if not replicas:
+            raise ValueError("a cluster needs at least one replica")
+        if len({id(sched) for sched, _ in replicas}) != len(replicas):
+            raise ValueError("each replica needs its own scheduler (build one per replica)")
+        sinks = list(decision_sinks) if decision_sinks is not None else [None] * len(replicas)
+        if len(sinks) != len(replicas):
+            raise ValueError(f"{len(sinks)} decision sinks for {len(replicas)} replicas")
+        self.trace = trace
+        self.router = router or RoundRobin()
+        self.options = options or SimOptions()
+        self.tp = tp
+        self.env = simpy.Environment()
+        self.request_metrics = RequestMetrics(len(trace))
+        self.replica_of = np.full(len(trace), -1, np.int32)  # -1: not routed yet
+        opts = self.options
+        self.replicas = [
+            Replica(self.env, sched, cost_model, requests=self.request_metrics, steps=StepMetrics(),
+                    beam_model=BeamModel(opts.seed, opts.beam_stay_prob, replica=k),
+                    overlap_swaps=opts.overlap_swaps, decision_sink=sinks[k], on_done=progress,
+                    skip_ahead=opts.skip_ahead)
+            for k, (sched, cost_model) in enumerate(replicas)
+        ]
+        self.schedulers = [r.scheduler for r in self.replicas]
+        if len(self.replicas) > 1 and self.router.reads_state:
+            for replica in self.replicas:  # skip-ahead then stops short of every arrival
+                replica.observed = True
+        factory = RequestFactory(trace, seed=opts.seed, sample_lengths=opts.sample_lengths)
+        self.env.process(self._arrivals(trace.arrival_s, factory.make))
+
+    # ------------------------------------------------------------ arrivals
+    def _arrivals(self, arrival_s: np.ndarray, make_request: Callable[[int], Request]):
+        env = self.env
+        replicas = self.replicas
+        times = iter_chunked(arrival_s)
+        row = 0
+        upcoming = next(times, None)
+        while upcoming is not None:
+            t = upcoming
+            delay = t - env.now
+            if delay > 0 and not math.isclose(t, env.now, rel_tol=0.0, abs_tol=1e-12):
+                for replica in replicas:
+                    replica.next_arrival_s = t
+                yield env.timeout(delay)
+            self._route(row, make_request(row))
+            row += 1
+            upcoming = next(times, None)
+            while upcoming is not None and upcoming <= t:
+                self._route(row, make_request(row))
+                row += 1
+                upcoming = next(times, None)
+        for replica in replicas:
+            replica.next_arrival_s = math.inf
+
+    def _route(self, row: int, request: Request) -> None:
+        num = len(self.replicas)
+        k = 0 if num == 1 else self.router.route(request, self.schedulers)
+        if not 0 <= k < num:
+            raise ValueError(f"router {self.router.name!r} chose replica {k} of {num}")
+        self.replica_of[row] = k
+        self.replicas[k].submit(row, request)
+
+    # ----------------------------------------------------------------- run
+    def run(self) -> ClusterResult:
+        started = time.perf_counter()
+        self.env.run()
+        wall_s = time.perf_counter() - started
+        for k, sched in enumerate(self.schedulers):
+            if sched.has_unfinished_requests:  # the event queue ran dry with work left: a policy bug
+                raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished on replica {k}")
+        summary = cluster_summary(self.request_metrics, self.replicas, self.replica_of,
+                                  slo_ttft_s=self.options.slo_ttft_s, slo_tpot_s=self.options.slo_tpot_s,
+                                  router_name=self.router.name, tp=self.tp)
+        return ClusterResult(summary, self.request_metrics, ClusterSteps([r.steps for r in self.replicas]),
+                             self.replica_of, self.replicas, wall_s)

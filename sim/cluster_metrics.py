@@ -1,0 +1,118 @@
+"""What a cluster run measured: the cluster-wide summary and one summary per replica.
+
+The per-request table (``RequestMetrics``) is shared by all replicas (its rows are the trace's
+rows); a ``replica_of`` array says which replica served each row. Each replica keeps its own
+step table. Definitions, beyond ``sim.metrics``:
+
+- cluster-wide request figures (throughput, goodput, latency percentiles, ``duration_s``) are
+  over all requests, as for one replica;
+- step-based figures read all replicas' steps as one table (``ClusterSteps``): ``steps``,
+  ``busy_s``, ``time_by_term_s``, swapped blocks and copies are sums over replicas (busy time in
+  replica-seconds); the time averages (``avg_batched_requests``, ``avg_running_requests``, the
+  memory fractions, ``sharing_saved``) weight every replica's steps by their duration, so they
+  are the average *per replica* while it computes (4 replicas each batching 10 requests
+  average 10, not 40);
+- preemptions, prefix hits and evictions are summed over replicas; the prefix hit rate is all
+  replicas' hit tokens over all their admitted prompt tokens;
+- each replica's entry in ``replicas`` is ``sim.metrics.summarize`` over the requests routed to
+  it and its own steps (its duration, and so its throughput, spans its own first arrival to
+  its last completion), plus ``replica``, ``tp``, ``requests_routed``, ``num_gpu_blocks`` and
+  ``kv_cache_slots``.
+
+A one-replica cluster's summary is the single-replica summary, key for key; ``router`` and
+``replicas`` are added only for two or more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from sim.metrics import RequestMetrics, StepMetrics, summarize
+
+
+class ClusterSteps:
+    """Several replicas' step tables read as one, replica by replica (``array``, ``len``,
+    ``term_totals_s`` and ``iter_chunks``: what ``summarize`` and the ``--out`` writers read).
+    Made once the run has ended: the term totals are taken then."""
+
+    def __init__(self, parts: Sequence[StepMetrics]):
+        if not parts:
+            raise ValueError("a cluster has at least one replica")
+        self.parts = list(parts)
+        totals = [p.term_totals_s for p in self.parts]
+        self.term_totals_s = {t: sum(part[t] for part in totals) for t in totals[0]}
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def array(self, name: str) -> np.ndarray:
+        if len(self.parts) == 1:
+            return self.parts[0].array(name)
+        return np.concatenate([p.array(name) for p in self.parts])
+
+    def iter_chunks(self) -> Iterator[dict[str, np.ndarray]]:
+        """Every row in order, replica by replica, a chunk at a time (``StepMetrics.iter_chunks``)."""
+        for part in self.parts:
+            yield from part.iter_chunks()
+
+    def replica_index(self) -> np.ndarray:
+        """For each row of ``array``: the replica whose step it is."""
+        return np.repeat(np.arange(len(self.parts)), [len(p) for p in self.parts])
+
+
+def requests_subset(requests: RequestMetrics, mask: np.ndarray) -> RequestMetrics:
+    """A copy of ``requests`` holding only the rows ``mask`` selects (in order); rejection reasons
+    are renumbered to the new rows. Every per-row array column is subset, whatever its name."""
+    num_rows = len(requests.status)
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != (num_rows,):
+        raise ValueError(f"mask of shape {mask.shape} for {num_rows} request rows")
+    subset = RequestMetrics(int(mask.sum()))
+    for name, value in vars(requests).items():
+        if isinstance(value, np.ndarray) and value.shape[:1] == (num_rows,):
+            setattr(subset, name, value[mask])
+    new_row = np.cumsum(mask) - 1
+    subset.reject_reasons = {int(new_row[row]): reason for row, reason in requests.reject_reasons.items() if mask[row]}
+    return subset
+
+
+def scheduler_figures(scheduler) -> dict:
+    """``prefix_hit_rate`` and ``num_evictions`` of one scheduler, as ``summarize`` takes them."""
+    admitted = scheduler.num_prompt_tokens_admitted
+    caches = getattr(scheduler, "paged", True) and scheduler.config.enable_prefix_caching
+    return {"prefix_hit_rate": (scheduler.num_prefix_hit_tokens / admitted) if admitted and caches else None,
+            "num_evictions": getattr(getattr(scheduler, "pool", None), "num_evictions", 0)}
+
+
+def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np.ndarray, *, slo_ttft_s: float,
+                    slo_tpot_s: float, router_name: str, tp: int = 1) -> dict:
+    """The cluster-wide summary, with ``router`` and per-replica ``replicas`` for two or more
+    replicas (``replicas``: objects with ``scheduler``, ``steps`` and ``preemptions``)."""
+    slo = {"slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s}
+    if len(replicas) == 1:
+        (only,) = replicas
+        return summarize(requests, only.steps, **slo, preemptions=only.preemptions, **scheduler_figures(only.scheduler))
+    schedulers = [r.scheduler for r in replicas]
+    admitted = sum(s.num_prompt_tokens_admitted for s in schedulers)
+    caches = any(getattr(s, "paged", True) and s.config.enable_prefix_caching for s in schedulers)
+    preemptions = {mode: sum(r.preemptions[mode] for r in replicas) for mode in replicas[0].preemptions}
+    summary = summarize(
+        requests, ClusterSteps([r.steps for r in replicas]), **slo, preemptions=preemptions,
+        prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in schedulers) / admitted) if admitted and caches else None,
+        num_evictions=sum(scheduler_figures(s)["num_evictions"] for s in schedulers),
+    )
+    summary["router"] = router_name
+    summary["replicas"] = [replica_summary(k, r, requests_subset(requests, replica_of == k), slo, tp)
+                           for k, r in enumerate(replicas)]
+    return summary
+
+
+def replica_summary(index: int, replica, requests: RequestMetrics, slo: dict, tp: int) -> dict:
+    sched = replica.scheduler
+    return {
+        "replica": index, "tp": tp, "requests_routed": len(requests.status),
+        "num_gpu_blocks": sched.config.num_gpu_blocks, "kv_cache_slots": sched.kv_usage().total_slots,
+        **summarize(requests, replica.steps, **slo, preemptions=replica.preemptions, **scheduler_figures(sched)),
+    }
