@@ -1,30 +1,26 @@
-"""Speed and memory of the simulator, each figure beside a baseline measured in the same run.
+"""Speed and memory of the simulator at scale, each figure beside a baseline measured in the same run.
 
-What is measured
-----------------
-1. The shared Azure conversation trace (``../shared/traces/azure_llm_2023/``, 19,366 requests over
-   an hour; when the folder is absent, a synthetic trace of the same size and mean lengths) on
-   Llama 3 8B / one H200 with the ``pagesim`` preset;
-2. a synthetic ``kwon2023-alpaca`` trace (the paper's Alpaca-like lengths: 19 prompt and 58
-   output tokens on average) of ``--requests`` requests (default 1M; ``--quick`` 5,000) at 40
-   requests/s on the same deployment (``--workload`` picks another named workload).
+Cases (Llama 3 8B on H200, the ``pagesim`` policy; each run in its own process, on one core, so
+one case's garbage does not count against the next and peak memory is that run's own):
 
-For each: wall seconds, simulated requests per wall second, steps per wall second and the peak
-resident memory of the process that ran it (each case runs in its own process, so one case's
-garbage does not count against the next).
+1. ``azure``: the shared Azure conversation trace (``../shared/traces/azure_llm_2023/``, 19,366
+   requests over an hour; a synthetic stand-in of the same size and mean lengths when the folder
+   is absent), one replica. Baseline: the same run with skip-ahead off (``--no-skip-ahead``), which
+   must give the identical summary (checked and printed).
+2. ``scaling``: a ShareGPT-like trace (``kwon2023-sharegpt``: the PagedAttention paper's lengths,
+   161 in / 338 out on average) at 20 requests/s on one replica, at 10k, 100k and 1M requests
+   (``--sizes``): wall time per request and peak memory, each as a ratio to the smallest size
+   (time per request should stay flat, i.e. wall time linear; memory should stay flat apart
+   from the trace itself and the per-request results, printed beside it). The 1M point is the
+   issue's "1M-request ShareGPT-like trace on one replica". Baseline for the speed-up: skip-ahead
+   off on the first 20k requests of the same trace.
+3. ``cluster``: the same 1M-request trace at 16x the rate (320 requests/s) on 16 replicas behind
+   the round-robin router (each replica sees the single-replica load).
 
-Baselines, in the same run:
-
-- *policy only*: the same scheduler driven through the very same steps with no SimPy, no cost
-  model and no metrics (arrivals are added before the step whose start they precede, so the
-  decisions are the ones the simulation made). ``sim / policy`` is what the simulator adds over
-  the policy it drives; the rest of the time is the policy's own (the ``Scale`` issue's skip-ahead
-  attacks that);
-- *trace only*: a process that loads or generates the trace and nothing else; ``peak / trace``
-  says how much memory the run adds over holding its input.
-
-For scale: Vidur runs at about 900-1,000 simulated requests per wall second on this machine type
-with 4.5 GB of memory (the issue's figure, not measured here). Nothing is asserted.
+For every run: simulated requests per wall second, steps per wall second, the share of steps
+skipped, and peak resident memory, beside a process that only builds the trace ("trace only").
+For scale: Vidur runs at about 1,000 simulated requests per wall second on this machine type with
+4.5 GB of memory (the issue's figures, not measured here). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -32,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import resource
 import sys
 import time
@@ -41,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 AZURE = ROOT.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+SHAREGPT_RATE = 20.0
 
 
 def _trace(case: dict):
@@ -53,10 +51,11 @@ def _trace(case: dict):
             return load_trace(str(AZURE)).head(case["requests"])
         from dataclasses import replace
 
-        spec = workload_spec("kwon2023-sharegpt", rate_rps=5.53, num_requests=min(case["requests"], 19_366), seed=0)
+        spec = workload_spec("kwon2023-sharegpt", rate_rps=5.53, num_requests=case["requests"], seed=0)
         spec = replace(spec, prompt=LogNormal(1155.0, 1.0, high=8000), output=LogNormal(211.0, 0.9, high=1000))
         return generate(spec)
-    return generate(workload_spec(case["workload"], rate_rps=case["rate"], num_requests=case["requests"], seed=0))
+    trace = generate(workload_spec("kwon2023-sharegpt", rate_rps=case["rate"], num_requests=case["generate"], seed=0))
+    return trace.head(case["requests"]) if case["requests"] < case["generate"] else trace
 
 
 def _peak_rss_bytes() -> int:
@@ -64,32 +63,28 @@ def _peak_rss_bytes() -> int:
 
 
 def _run_case(case: dict, queue) -> None:
-    from sim.setup import RunSpec, build
-    from sim.simulator import Simulation
+    from sim.cluster import Cluster, build_replicas
+    from sim.router import make_router
+    from sim.setup import RunSpec
+    from sim.simulator import SimOptions
 
     trace = _trace(case)
-    built = build(RunSpec(model="llama3-8b", gpu="h200"))
     if case["mode"] == "trace":
         queue.put({"peak_rss_bytes": _peak_rss_bytes(), "requests": len(trace)})
         return
-    result = Simulation(trace, built.scheduler, built.cost_model).run()
-    out = {"wall_s": result.wall_s, "requests": len(trace), "steps": result.summary["steps"],
-           "peak_rss_bytes": _peak_rss_bytes(), "completed": result.summary["requests_completed"]}
-    if case["mode"] == "both":  # replay the same steps through a fresh scheduler, policy only
-        starts = result.steps.array("start_s")
-        arrivals = trace.arrival_s
-        scheduler = build(RunSpec(model="llama3-8b", gpu="h200")).scheduler
-        t0 = time.perf_counter()
-        i = 0
-        n = len(trace)
-        for start in starts.tolist():
-            while i < n and arrivals[i] <= start:
-                scheduler.add_request(trace.request(i))
-                i += 1
-            scheduler.update(scheduler.schedule())
-        out["policy_wall_s"] = time.perf_counter() - t0
-        out["policy_completed"] = scheduler.num_finished_requests
-    queue.put(out)
+    replicas = case.get("replicas", 1)
+    builts = build_replicas(RunSpec(model="llama3-8b", gpu="h200"), replicas)
+    cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router("round-robin"),
+                      SimOptions(skip_ahead=case["mode"] != "noskip"))
+    t0 = time.perf_counter()
+    result = cluster.run()
+    wall_s = time.perf_counter() - t0
+    summary = dict(result.summary)
+    summary.pop("replicas", None)
+    queue.put({"wall_s": wall_s, "requests": len(trace), "steps": result.summary["steps"],
+               "skipped": sum(r.steps_skipped for r in result.replicas), "peak_rss_bytes": _peak_rss_bytes(),
+               "completed": result.summary["requests_completed"],
+               "summary": json.dumps(summary, sort_keys=True)})
 
 
 def run_in_process(case: dict) -> dict:
@@ -108,40 +103,93 @@ def run_in_process(case: dict) -> dict:
     return result
 
 
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def _line(label: str, r: dict, trace_only: dict) -> str:
+    return (f"  {label}: {r['requests']:,} requests in {r['wall_s']:.2f} s wall: {r['requests'] / r['wall_s']:,.0f} "
+            f"requests/s, {r['steps'] / r['wall_s']:,.0f} steps/s ({r['steps']:,} steps, {r['skipped'] / r['steps']:.0%} "
+            f"skipped); peak {_mib(r['peak_rss_bytes'])} (trace only {_mib(trace_only['peak_rss_bytes'])})")
+
+
+def bench_azure(requests: int, report: dict) -> None:
+    label = "Azure conversation trace" + ("" if AZURE.exists() else " (absent: synthetic stand-in)")
+    print(f"{label}, one replica", flush=True)
+    case = {"kind": "azure", "requests": requests}
+    trace_only = run_in_process({**case, "mode": "trace"})
+    fast = run_in_process({**case, "mode": "skip"})
+    print(_line("skip-ahead", fast, trace_only), flush=True)
+    slow = run_in_process({**case, "mode": "noskip"})
+    print(_line("step by step (baseline)", slow, trace_only), flush=True)
+    same = fast["summary"] == slow["summary"]
+    print(f"  skip-ahead speed-up {slow['wall_s'] / fast['wall_s']:.2f}x; summaries identical: {same}", flush=True)
+    report["azure"] = {"skip": fast, "noskip": slow, "trace_only": trace_only, "summaries_identical": same}
+
+
+def bench_scaling(sizes: list[int], baseline_requests: int, report: dict) -> None:
+    largest = max(sizes)
+    print(f"kwon2023-sharegpt at {SHAREGPT_RATE:g} requests/s, one replica: scaling", flush=True)
+    rows = []
+    for n in sizes:
+        case = {"kind": "synthetic", "rate": SHAREGPT_RATE, "requests": n, "generate": n}
+        trace_only = run_in_process({**case, "mode": "trace"})
+        r = run_in_process({**case, "mode": "skip"})
+        rows.append((n, r, trace_only))
+        print(_line(f"{n:>9,}", r, trace_only), flush=True)
+    n0, r0, t0 = rows[0]
+    print("  requests   wall s   us/request (x smallest)   peak MiB (x smallest)   peak - trace only MiB", flush=True)
+    for n, r, t in rows:
+        per = r["wall_s"] / n
+        print(f"  {n:>9,} {r['wall_s']:>8.1f} {per * 1e6:>10.1f} ({per / (r0['wall_s'] / n0):.2f}x)"
+              f"{r['peak_rss_bytes'] / 2**20:>14,.0f} ({r['peak_rss_bytes'] / r0['peak_rss_bytes']:.2f}x)"
+              f"{(r['peak_rss_bytes'] - t['peak_rss_bytes']) / 2**20:>18,.0f}", flush=True)
+    base_case = {"kind": "synthetic", "rate": SHAREGPT_RATE, "requests": min(baseline_requests, largest),
+                 "generate": largest}
+    fast = run_in_process({**base_case, "mode": "skip"})
+    slow = run_in_process({**base_case, "mode": "noskip"})
+    same = fast["summary"] == slow["summary"]
+    print(f"  first {base_case['requests']:,} requests: skip-ahead {fast['wall_s']:.2f} s, step by step "
+          f"{slow['wall_s']:.2f} s: {slow['wall_s'] / fast['wall_s']:.2f}x; summaries identical: {same}", flush=True)
+    report["scaling"] = {"rows": [{"requests": n, **r, "trace_only_peak_rss_bytes": t["peak_rss_bytes"]}
+                                  for n, r, t in rows],
+                         "baseline": {"skip": fast, "noskip": slow, "summaries_identical": same}}
+
+
+def bench_cluster(requests: int, replicas: int, report: dict) -> None:
+    rate = SHAREGPT_RATE * replicas
+    print(f"kwon2023-sharegpt at {rate:g} requests/s on {replicas} replicas (round-robin)", flush=True)
+    case = {"kind": "synthetic", "rate": rate, "requests": requests, "generate": requests, "replicas": replicas}
+    trace_only = run_in_process({**case, "mode": "trace"})
+    r = run_in_process({**case, "mode": "skip"})
+    print(_line(f"{replicas} replicas", r, trace_only), flush=True)
+    report["cluster"] = {**r, "replicas": replicas, "trace_only": trace_only}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1,000 Azure requests and a 5,000-request synthetic trace (CI)")
-    parser.add_argument("--workload", default="kwon2023-alpaca", help="synthetic workload (default kwon2023-alpaca)")
-    parser.add_argument("--requests", type=int, default=1_000_000, help="synthetic trace size (default 1M)")
-    parser.add_argument("--skip-synthetic", action="store_true")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cases", default="azure,scaling,cluster", help="comma-separated: azure, scaling, cluster")
+    parser.add_argument("--quick", action="store_true",
+                        help="CI: 2,000 Azure requests, sizes 2k and 5k, a 5k-request cluster of 4")
+    parser.add_argument("--sizes", default="10000,100000,1000000", help="scaling sizes (default 10k,100k,1M)")
+    parser.add_argument("--replicas", type=int, default=16)
+    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     args = parser.parse_args()
-    cases = [("Azure conversation trace" + ("" if AZURE.exists() else " (absent: synthetic stand-in)"),
-              {"kind": "azure", "requests": 1_000 if args.quick else 19_366})]
-    if not args.skip_synthetic:
-        cases.append((f"{args.workload} synthetic, 40 req/s",
-                       {"kind": "synthetic", "workload": args.workload, "rate": 40.0,
-                        "requests": 5_000 if args.quick else args.requests}))
-    report = {}
-    for label, case in cases:
-        trace_only = run_in_process({**case, "mode": "trace"})
-        # the policy-only replay doubles the work: done on the smaller runs only
-        sim = run_in_process({**case, "mode": "both" if case["requests"] <= 20_000 else "sim"})
-        entry = {**sim, "trace_only_peak_rss_bytes": trace_only["peak_rss_bytes"],
-                 "requests_per_wall_s": sim["requests"] / sim["wall_s"], "steps_per_wall_s": sim["steps"] / sim["wall_s"]}
-        report[label] = entry
-        print(f"{label}: {sim['requests']:,} requests, {sim['steps']:,} steps")
-        print(f"  simulated in {sim['wall_s']:.2f} s wall: {entry['requests_per_wall_s']:,.0f} requests/s, "
-              f"{entry['steps_per_wall_s']:,.0f} steps/s")
-        if "policy_wall_s" in sim:
-            print(f"  policy only, same steps: {sim['policy_wall_s']:.2f} s; sim / policy = "
-                  f"{sim['wall_s'] / sim['policy_wall_s']:.2f}x (decisions replayed: {sim['policy_completed']:,} "
-                  f"completed vs {sim['completed']:,})")
-        print(f"  peak memory {sim['peak_rss_bytes'] / 2**20:,.0f} MiB; trace only "
-              f"{trace_only['peak_rss_bytes'] / 2**20:,.0f} MiB; peak / trace = "
-              f"{sim['peak_rss_bytes'] / trace_only['peak_rss_bytes']:.2f}x", flush=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    cases = set(args.cases.split(","))
+    unknown = cases - {"azure", "scaling", "cluster"}
+    if unknown:
+        parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    sizes = [2_000, 5_000] if args.quick else sorted(int(s) for s in args.sizes.split(","))
+    report: dict = {}
+    if "azure" in cases:
+        bench_azure(2_000 if args.quick else 19_366, report)
+    if "scaling" in cases:
+        bench_scaling(sizes, 2_000 if args.quick else 20_000, report)
+    if "cluster" in cases:
+        bench_cluster(5_000 if args.quick else max(sizes), 4 if args.quick else args.replicas, report)
     if args.json:
-        print(json.dumps(report, sort_keys=True))
+        Path(args.json).write_text(json.dumps(report, indent=1, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,9 @@ def add_parser(subparsers) -> None:
     o.add_argument("--sample-lengths", choices=["drawn", "same"], default="drawn",
                    help="parallel samples end at lengths drawn from the workload (default) or all at the trace's")
     o.add_argument("--overlap-swaps", action="store_true", help="run swaps beside the step's compute")
+    o.add_argument("--no-skip-ahead", dest="skip_ahead", action="store_false",
+                   help="run every step one by one (same results, slower: skip-ahead only passes over pure decode "
+                   "steps, exactly)")
     o.add_argument("--slo-ttft", type=float, default=2.0, metavar="S", help="goodput SLO on TTFT (default 2 s)")
     o.add_argument("--slo-tpot", type=float, default=0.1, metavar="S", help="goodput SLO on TPOT (default 0.1 s)")
     o.add_argument("--cost-param", action="append", default=[], metavar="NAME=VALUE",
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     builts = build_replicas(run_spec_from_args(args), args.replicas)
     built = builts[0]
     options = SimOptions(seed=args.seed, sample_lengths=args.sample_lengths, overlap_swaps=args.overlap_swaps,
-                         slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot)
+                         slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, skip_ahead=args.skip_ahead)
     info = {"trace": f"{len(trace)} requests from {trace.source}", "deployment": built.describe(),
             "options": {k: getattr(options, k) for k in options.__slots__}, "command": sys.argv[1:]}
     clustered = args.replicas > 1

@@ -31,9 +31,8 @@ Invariants:
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,14 +42,11 @@ from engine.policy import Request
 from sim.cluster_metrics import ClusterSteps, cluster_summary
 from sim.cost.base import CostModel
 from sim.metrics import RequestMetrics, StepMetrics
-from sim.replica import Replica
+from sim.replica import Replica, arrival_process
 from sim.router import Router, RoundRobin
 from sim.simulator import SimOptions
 from sim.workload import BeamModel, RequestFactory
 from traces.trace import Trace
-
-ARRIVAL_CHUNK = 4096
-
 
 @dataclass
 class ClusterResult:
@@ -69,12 +65,6 @@ def build_replicas(spec, num_replicas: int) -> list:
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {num_replicas!r}")
     return [build(spec) for _ in range(num_replicas)]
-
-
-def iter_chunked(values: np.ndarray, chunk: int = ARRIVAL_CHUNK) -> Iterator[float]:
-    """``values`` as Python floats, converted ``chunk`` at a time."""
-    for start in range(0, len(values), chunk):
-        yield from values[start:start + chunk].tolist()
 
 
 class Cluster:
@@ -112,31 +102,7 @@ class Cluster:
             for replica in self.replicas:  # skip-ahead then stops short of every arrival
                 replica.observed = True
         factory = RequestFactory(trace, seed=opts.seed, sample_lengths=opts.sample_lengths)
-        self.env.process(self._arrivals(trace.arrival_s, factory.make))
-
-    # ------------------------------------------------------------ arrivals
-    def _arrivals(self, arrival_s: np.ndarray, make_request: Callable[[int], Request]):
-        env = self.env
-        replicas = self.replicas
-        times = iter_chunked(arrival_s)
-        row = 0
-        upcoming = next(times, None)
-        while upcoming is not None:
-            t = upcoming
-            delay = t - env.now
-            if delay > 0 and not math.isclose(t, env.now, rel_tol=0.0, abs_tol=1e-12):
-                for replica in replicas:
-                    replica.next_arrival_s = t
-                yield env.timeout(delay)
-            self._route(row, make_request(row))
-            row += 1
-            upcoming = next(times, None)
-            while upcoming is not None and upcoming <= t:
-                self._route(row, make_request(row))
-                row += 1
-                upcoming = next(times, None)
-        for replica in replicas:
-            replica.next_arrival_s = math.inf
+        self.env.process(arrival_process(self.env, trace.arrival_s, factory.make, self.replicas, self._route))
 
     def _route(self, row: int, request: Request) -> None:
         num = len(self.replicas)

@@ -20,8 +20,9 @@ costs the engine's per-step overhead and lets the next step admit.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import simpy
 
 from engine.policy import Request
@@ -214,20 +215,34 @@ def block_size_of(scheduler) -> int | None:
     return scheduler.block_size if getattr(scheduler, "paged", True) else None
 
 
-def arrival_process(env: simpy.Environment, arrival_s: list[float], make_request: Callable[[int], Request],
-                    replica: Replica):
-    """Submit trace rows at their arrival times; rows sharing a time are submitted together."""
-    num = len(arrival_s)
-    i = 0
-    while i < num:
-        t = arrival_s[i]
+def arrival_process(env: simpy.Environment, arrival_s: np.ndarray, make_request: Callable[[int], Request],
+                    replicas: list[Replica], submit: Callable[[int, Request], None]):
+    """Submit trace rows at their arrival times (``submit(row, request)``: to a replica, or through
+    a router); rows sharing a time are submitted together, in row order. Before waiting for the
+    next arrival it tells every replica when that is (``next_arrival_s``; ``inf`` after the last).
+    The arrival column is read in chunks, never converted to one Python list."""
+    times = iter_chunked(arrival_s)
+    row = 0
+    upcoming = next(times, None)
+    while upcoming is not None:
+        t = upcoming
         delay = t - env.now
         if delay > 0 and not math.isclose(t, env.now, rel_tol=0.0, abs_tol=1e-12):
-            replica.next_arrival_s = t
+            for replica in replicas:
+                replica.next_arrival_s = t
             yield env.timeout(delay)
-        replica.submit(i, make_request(i))
-        i += 1
-        while i < num and arrival_s[i] <= t:
-            replica.submit(i, make_request(i))
-            i += 1
-    replica.next_arrival_s = math.inf
+        submit(row, make_request(row))
+        row += 1
+        upcoming = next(times, None)
+        while upcoming is not None and upcoming <= t:
+            submit(row, make_request(row))
+            row += 1
+            upcoming = next(times, None)
+    for replica in replicas:
+        replica.next_arrival_s = math.inf
+
+
+def iter_chunked(values: np.ndarray, chunk: int = 4096) -> Iterator[float]:
+    """``values`` as Python floats, converted ``chunk`` at a time."""
+    for start in range(0, len(values), chunk):
+        yield from values[start:start + chunk].tolist()

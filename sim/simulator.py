@@ -71,7 +71,7 @@ class Simulation:
             overlap_swaps=self.options.overlap_swaps, decision_sink=decision_sink, on_done=progress,
             skip_ahead=self.options.skip_ahead,
         )
-        self.env.process(arrival_process(self.env, trace.arrival_s.tolist(), factory.make, self.replica))
+        self.env.process(arrival_process(self.env, trace.arrival_s, factory.make, [self.replica], self.replica.submit))
 
     def run(self) -> SimResult:
         started = time.perf_counter()

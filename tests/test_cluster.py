@@ -14,9 +14,9 @@ import json
 import numpy as np
 import pytest
 
-from engine.cli import main
 from engine.policy import Request, Scheduler, make_config
-from sim.cluster import Cluster, build_replicas, iter_chunked
+from sim.cluster import Cluster, build_replicas
+from sim.replica import iter_chunked
 from sim.cluster_metrics import requests_subset
 from sim.cost.base import TERMS, CostModel, StepCost, StepWork
 from sim.metrics import COMPLETED, REJECTED, RequestMetrics
@@ -25,6 +25,7 @@ from sim.router import (ROUTERS, LeastKv, LeastOutstandingTokens, PrefixAffinity
 from sim.setup import RunSpec, build
 from sim.simulator import SimOptions, Simulation
 from traces.generate import generate, workload_spec
+from tests.test_sim_cli import simulate, simulate_json
 from traces.trace import Trace
 
 
@@ -304,16 +305,6 @@ def test_a_study_grid_runs_clusters():
 CLI_WORKLOAD = ["--workload", "kwon2023-alpaca", "--rate", "20", "--num-requests", "200"]
 
 
-def simulate(capsys, *args: str) -> tuple[int, str, str]:
-    rc = main(["simulate", "--no-progress", *args])
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
-
-
-def simulate_json(capsys, *args: str) -> dict:
-    rc, out, err = simulate(capsys, "--json", *args)
-    assert rc == 0, err
-    return json.loads(out)
 
 
 def test_cli_cluster_summary(capsys):

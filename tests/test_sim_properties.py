@@ -46,6 +46,20 @@ class LinearCost(CostModel):
 
 
 # --------------------------------------------------------------------------- strategies
+def shared_prefix_columns(draw, prompts: list[int], *, max_shared_blocks: int) -> dict:
+    """Trace columns giving each prompt one of two system prompts' first 1..``max_shared_blocks``
+    prefix identities, then private ones."""
+    values, offsets = [], [0]
+    for i, prompt in enumerate(prompts):
+        system = draw(st.integers(0, 1))
+        shared = draw(st.integers(1, max_shared_blocks))
+        blocks = -(-prompt // PREFIX_BLOCK_TOKENS)
+        values += [100 * system + k if k < shared else 1000 * (i + 1) + k for k in range(blocks)]
+        offsets.append(len(values))
+    return {"prefix_id_values": np.array(values), "prefix_id_offsets": np.array(offsets),
+            "prefix_block_tokens": PREFIX_BLOCK_TOKENS}
+
+
 @st.composite
 def workloads(draw, *, beams: bool = True) -> Trace:
     num = draw(st.integers(1, 6))
@@ -56,17 +70,7 @@ def workloads(draw, *, beams: bool = True) -> Trace:
     samples = draw(st.lists(st.integers(1, 3), min_size=num, max_size=num))
     n = samples if kind == "parallel" else [1] * num
     beam_width = samples if kind == "beam" else [1] * num
-    columns = {}
-    if draw(st.booleans()):  # shared prefixes: one of two system prompts, then private blocks
-        values, offsets = [], [0]
-        for i, prompt in enumerate(prompts):
-            system = draw(st.integers(0, 1))
-            shared = draw(st.integers(1, 4))
-            blocks = -(-prompt // PREFIX_BLOCK_TOKENS)
-            values += [100 * system + k if k < shared else 1000 * (i + 1) + k for k in range(blocks)]
-            offsets.append(len(values))
-        columns = {"prefix_id_values": np.array(values), "prefix_id_offsets": np.array(offsets),
-                       "prefix_block_tokens": PREFIX_BLOCK_TOKENS}
+    columns = shared_prefix_columns(draw, prompts, max_shared_blocks=4) if draw(st.booleans()) else {}
     return Trace(arrival_s=np.array(arrivals), prompt_len=np.array(prompts), output_len=np.array(outputs),
                  n=np.array(n), beam_width=np.array(beam_width), **columns)
 

@@ -2,7 +2,7 @@
 measures the same metrics, bit for bit.
 
 Generated workloads (requests with long enough outputs to decode for a while, parallel samples,
-shared prefixes, arrivals at once, spread or in bursts) run under generated configurations
+shared prefixes (the prefix identities of tests/test_sim_properties.py), arrivals at once, spread or in bursts) run under generated configurations
 (presets pagesim / vllm-v1 / vllm-v0, block sizes, pools from tight to roomy so that requests are
 preempted by swap or recompute, small batch limits and token budgets, chunked prefill on and off,
 prefix caching on and off, every eviction policy) and two cost models: the roofline (vectorized
@@ -36,9 +36,9 @@ from sim.metrics import STEP_COLUMNS
 from sim.simulator import SimOptions, Simulation
 from engine.model_presets import get_model_preset
 from tests.conftest import scaled_examples
+from tests.test_sim_properties import shared_prefix_columns
 from traces.trace import Trace
 
-PREFIX_BLOCK_TOKENS = 4
 REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "output_tokens",
                    "generation_len", "preemptions", "status", "release_step")
 
@@ -75,17 +75,7 @@ def workloads(draw) -> Trace:
     prompts = draw(st.lists(st.integers(1, 40), min_size=num, max_size=num))
     outputs = draw(st.lists(st.integers(1, 80), min_size=num, max_size=num))
     n = draw(st.lists(st.sampled_from([1, 1, 1, 2, 3]), min_size=num, max_size=num))
-    columns = {}
-    if draw(st.booleans()):  # shared prefixes: one of two system prompts, then private blocks
-        values, offsets = [], [0]
-        for i, prompt in enumerate(prompts):
-            system = draw(st.integers(0, 1))
-            shared = draw(st.integers(1, 6))
-            blocks = -(-prompt // PREFIX_BLOCK_TOKENS)
-            values += [100 * system + k if k < shared else 1000 * (i + 1) + k for k in range(blocks)]
-            offsets.append(len(values))
-        columns = {"prefix_id_values": np.array(values), "prefix_id_offsets": np.array(offsets),
-                   "prefix_block_tokens": PREFIX_BLOCK_TOKENS}
+    columns = shared_prefix_columns(draw, prompts, max_shared_blocks=6) if draw(st.booleans()) else {}
     return Trace(arrival_s=np.array(arrivals), prompt_len=np.array(prompts), output_len=np.array(outputs),
                  n=np.array(n), beam_width=np.ones(num, dtype=np.int64), **columns)
 
@@ -195,3 +185,17 @@ def test_comparison_has_teeth(monkeypatch):
     monkeypatch.setattr(fast_forward, "STABLE_WAITING_STOPS", fast_forward.STABLE_WAITING_STOPS | {"empty"})
     with pytest.raises(AssertionError, match="decision record"):
         assert_same(trace, "pagesim", settings_, ContextCost)
+
+
+@pytest.mark.parametrize("extra", [[], ["--replicas", "3", "--router", "least-kv"]])
+def test_cli_summary_is_the_same_without_skip_ahead(capsys, extra):
+    from engine.cli import main
+
+    args = ["simulate", "--workload", "kwon2023-sharegpt", "--rate", "8", "--num-requests", "60", "--json", "--no-progress", *extra]
+    summaries = []
+    for flags in ([], ["--no-skip-ahead"]):
+        assert main(args + flags) == 0
+        summary = json.loads(capsys.readouterr().out)
+        summary.pop("sim_wall_s")  # the one figure that should differ
+        summaries.append(summary)
+    assert summaries[0] == summaries[1]
