@@ -26,13 +26,14 @@ import numpy as np
 import simpy
 
 from engine.policy import Request
-from engine.policy.fast_forward import decode_run
+from engine.policy.fast_forward import (DecodeRun, decode_batch, schedule_decode_step, update_decode_step,
+                                        waiting_stays_refused)
 from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
 from sim.cost.base import CostModel, StepWork
 from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics
-from sim.skip_ahead import plan_skip, skip, timeout_until
+from sim.skip_ahead import decode_step_work, plan_skip, skip, timeout_until
 from sim.workload import BeamModel
 
 
@@ -111,10 +112,17 @@ class Replica:
                 continue
             while self.next_arrival_s <= env.now:  # same-instant arrivals first
                 yield env.timeout(0)
-            if self.skip_ahead and (yield from self._skip_ahead()):
+            batch = decode_batch(sched) if self.skip_ahead else None
+            if batch is not None and waiting_stays_refused(sched) and (yield from self._skip(batch)):
                 continue
-            out = sched.schedule()
-            work = StepWork.from_output(out, block_size)
+            if batch is not None and not self._has_beams:  # the decodes at once, the rest as usual
+                decode_step = schedule_decode_step(batch)
+                out = decode_step.output
+                work = decode_step_work(decode_step, block_size)
+            else:
+                decode_step = None
+                out = sched.schedule()
+                work = StepWork.from_output(out, block_size)
             for rid, reason in out.rejected.items():  # found unservable at the head of a queue, mid-run
                 row = rows.pop(rid, None)
                 if row is not None:
@@ -122,8 +130,8 @@ class Replica:
                     m.reject_reasons[row] = reason
                     awaiting.discard(rid)
                     self.on_done(1)
-            if progress.stalled(out) and sched.has_unfinished_requests:  # rejecting the last one is no stall
-                raise SimulationStalled(
+            if progress.stalled(out, decoded=decode_step is not None) and sched.has_unfinished_requests:
+                raise SimulationStalled(  # (rejecting the last one is no stall)
                     f"step {out.step} at t={env.now:.6f}s scheduled nothing with {len(sched.waiting)} waiting, "
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped requests"
                 )
@@ -144,8 +152,11 @@ class Replica:
                 if s.samples and s.request_id in awaiting:
                     awaiting.discard(s.request_id)
                     m.first_token_s[rows[s.request_id]] = end
-            choices = self.beam_model.choices(out, sched.requests) if self._has_beams else None
-            finished = sched.update(out, None, choices)
+            if decode_step is not None:
+                finished = update_decode_step(decode_step)
+            else:
+                choices = self.beam_model.choices(out, sched.requests) if self._has_beams else None
+                finished = sched.update(out, None, choices)
             if finished:
                 self._completed(finished, end)
             self.steps.record(out.step, start, end - start, len(out.num_scheduled_tokens), num_running, work,
@@ -164,12 +175,9 @@ class Replica:
             m.generation_len[row] = max(lengths)
         self.on_done(len(finished))
 
-    def _skip_ahead(self):
-        """Run, at once, the pure decode steps before the next arrival (skip_ahead.py); returns
-        whether it ran any (the loop then looks again, as after any step)."""
-        run = decode_run(self.scheduler)
-        if run is None:
-            return False
+    def _skip(self, run: DecodeRun):
+        """Run, at once, the pure decode steps of ``run`` before the next arrival (skip_ahead.py);
+        returns whether it ran any (the loop then looks again, as after any step)."""
         k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, self.env.now,
                                    self.next_arrival_s, end_before_arrival=self.observed)
         if k == 0:

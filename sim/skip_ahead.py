@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import fields
 
 import numpy as np
 import simpy
 
-from engine.policy.fast_forward import DecodeRun, advance
+from engine.policy.fast_forward import DecodeRun, DecodeStep, advance
 from sim.cost.base import TERMS, CostModel, StepWork
 
 #: At most this many steps are costed at once (bounds the arrays; a longer run continues next time).
@@ -42,6 +43,19 @@ def decode_work(run: DecodeRun, block_size: int | None) -> StepWork:
     return StepWork(num_seqs=num_seqs, num_tokens=num_seqs, num_decode_seqs=num_seqs,
                     decode_context_tokens=sum(run.computed) + num_seqs, num_sampled=num_seqs,
                     block_size=block_size)
+
+
+def decode_step_work(step: DecodeStep, block_size: int | None) -> StepWork:
+    """The ``StepWork`` of a ``DecodeStep``: the batch's decodes plus what the waiting pass added
+    (every field is a sum over sequences, so the two parts add up to ``StepWork.from_output`` of
+    the whole step)."""
+    decodes = decode_work(step.run, block_size)
+    added = StepWork.from_output(step.output, block_size)
+    return StepWork(**{f: getattr(decodes, f) + getattr(added, f) for f in SUMMED}, block_size=block_size)
+
+
+#: The StepWork fields that are sums over a step's sequences (all but the block size).
+SUMMED = tuple(f.name for f in fields(StepWork) if f.name != "block_size")
 
 
 def step_terms(cost_model: CostModel, work: StepWork, k: int) -> tuple[dict[str, np.ndarray | float], np.ndarray]:
@@ -102,12 +116,16 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray) -> tupl
     evicts = np.cumsum(np.asarray(done.evictions, dtype=np.int64))
     allocated = (run.used_blocks + allocs) * bs
     # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after its
-    # step-j write, (-(c + j)) mod bs, summed over sequences by residue of c.
-    residues = np.bincount(np.asarray(run.computed, dtype=np.int64) % bs, minlength=bs)
+    # step-j write, (-(c + j)) mod bs, summed over sequences.
+    computed = np.asarray(run.computed, dtype=np.int64)
     j = np.arange(1, k + 1, dtype=np.int64)
-    idle = np.zeros(k, dtype=np.int64)
-    for r in np.flatnonzero(residues):
-        idle += residues[r] * ((-(r + j)) % bs)
+    if len(computed) * k <= 1 << 16:
+        idle = ((-(computed[:, None] + j)) % bs).sum(axis=0)
+    else:  # by residue of c, to bound the temporary
+        residues = np.bincount(computed % bs, minlength=bs)
+        idle = np.zeros(k, dtype=np.int64)
+        for r in np.flatnonzero(residues):
+            idle += residues[r] * ((-(r + j)) % bs)
     num_seqs = len(run.seqs)
     num_requests = len(run.requests)
     starts = np.concatenate(([replica.env.now], ends[: k - 1]))

@@ -30,15 +30,22 @@ while the blocks the decodes allocate fit in the free (and evictable cached) blo
 preemption. The executor may stop earlier (the simulator stops before the
 next arrival). Generated tokens are left unnamed (``None``), as a simulator reports them; an
 executor that samples real tokens cannot skip.
+
+A step that admits requests while the batch decodes (``schedule_decode_step`` /
+``update_decode_step``) takes the same shortcut for its decodes: their pool calls are made as
+above, then the step order's own swapped and waiting passes run, and the output lists only what
+those passes added; so an arrival costs O(admitted + blocks), not O(running).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from engine.policy.output import ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import finish_reason
+from engine.policy.steps.base import Step
 
 if TYPE_CHECKING:
     from engine.policy.scheduler import Scheduler
@@ -60,6 +67,7 @@ class DecodeRun:
     seqs: list[Sequence]  # scheduling order (request by request, live sequences in order)
     computed: list[int]
     finish_in: list[int]  # the step (1-based) in which each sequence samples its last token
+    first_finish: int  # min(finish_in)
     max_steps: int  # steps that can be skipped: no preemption, finishes only in the last
     free_blocks: int  # allocatable blocks (free + cached) before the first skipped step
     plain_free_blocks: int  # of those, never-cached ones (taken first; the rest evict)
@@ -80,6 +88,23 @@ class Advanced:
 
 def decode_run(s: Scheduler) -> DecodeRun | None:
     """The steady decoding state the scheduler is in, or ``None`` (see the module docstring)."""
+    run = decode_batch(s)
+    return run if run is not None and waiting_stays_refused(s) else None
+
+
+def waiting_stays_refused(s: Scheduler) -> bool:
+    """The waiting queue is empty, or its head was refused by the last (pure decode) step for a
+    reason that holds while only decodes run and nothing finishes."""
+    if not s.waiting:
+        return True
+    hint = s._pure_decode_step
+    return (hint is not None and hint[0] == s.next_step - 1 and not s._finished_in_last_update
+            and hint[1] in STABLE_WAITING_STOPS)
+
+
+def decode_batch(s: Scheduler) -> DecodeRun | None:
+    """The running requests as a steady decode batch (every condition of the module docstring but
+    the waiting queue's), with how many steps it lasts, or ``None``."""
     from engine.policy.scheduler import Scheduler  # (a cycle at import time otherwise)
     from engine.policy.steps.vllm_v1 import VllmV1StepOrder
 
@@ -87,11 +112,6 @@ def decode_run(s: Scheduler) -> DecodeRun | None:
         return None
     if type(s) is not Scheduler or type(s.step_order) is not VllmV1StepOrder:
         return None
-    if s.waiting:  # the head must have been refused by the last step, for a reason that still holds
-        hint = s._pure_decode_step
-        if (hint is None or hint[0] != s.next_step - 1 or s._finished_in_last_update
-                or hint[1] not in STABLE_WAITING_STOPS):
-            return None
     cfg = s.config
     bs = s.block_size
     ref_counts = s.pool.ref_counts
@@ -104,16 +124,20 @@ def decode_run(s: Scheduler) -> DecodeRun | None:
     for request in s.running:
         if request.beam_width > 1 or (request.n > 1 and not request.forked):
             return None
+        prompt_len = request.prompt_len
+        lens = request.sample_max_tokens
         for seq in request.live_seqs:
             c = seq.num_computed_tokens
-            n = seq.num_tokens
+            outputs = len(seq.output_token_ids)
+            n = prompt_len + outputs  # seq.num_tokens, spelled out on this hot path
             if seq.parked or not seq.decoding or c != n - 1 or seq.num_filled_tokens != c:
                 return None
             table = seq.block_table
             if c % bs and ref_counts[table[-1]] != 1:  # the next write would copy on write
                 return None
             # It finishes at the step whose sample reaches its length (or max_model_len).
-            finish_in = min(request.max_tokens_of(seq) - seq.num_output_tokens, max_model_len - n)
+            limit = request.max_tokens if lens is None else lens[seq.index]  # request.max_tokens_of(seq)
+            finish_in = limit - outputs if limit - outputs < max_model_len - n else max_model_len - n
             if finish_in < horizon:
                 horizon = finish_in
             seqs.append(seq)
@@ -124,11 +148,12 @@ def decode_run(s: Scheduler) -> DecodeRun | None:
         return None
     pool = s.pool
     free = pool.num_free_blocks
+    first_finish = horizon
     if horizon >= 1:
         horizon = _steps_within_blocks(computed, bs, free, horizon)
     if horizon < 1:
         return None
-    return DecodeRun(s, list(s.running), seqs, computed, finish_steps, horizon, free, free - pool.num_cached_free_blocks,
+    return DecodeRun(s, list(s.running), seqs, computed, finish_steps, first_finish, horizon, free, free - pool.num_cached_free_blocks,
                      pool.num_used_blocks, pool.num_cached_free_blocks, table_blocks)
 
 
@@ -164,16 +189,7 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     pool = s.pool
     caching = kv.enable_prefix_caching
     first_step = s.next_step
-    # The pool calls of the k steps, in the order the step-by-step path makes them: step by
-    # step, sequence by sequence, a sequence's new block before the block it fills is registered.
-    events: list[tuple[int, int, int]] = []  # (step, scheduling position, 0 allocate / 1 register)
-    for i, c in enumerate(run.computed):
-        for j in range((-c) % bs + 1, k + 1, bs):
-            events.append((j, i, 0))
-        if caching:
-            for j in range((-c - 1) % bs + 1, k + 1, bs):
-                events.append((j, i, 1))
-    events.sort()
+    events = _decode_events(run.computed, bs, k, caching)
     seqs = run.seqs
     for seq in seqs:  # the tokens exist before their blocks are registered (contents are by position)
         seq.output_token_ids.extend([None] * k)
@@ -193,17 +209,41 @@ def advance(run: DecodeRun, k: int) -> Advanced:
         _apply_events(events, 0, k, seqs, run.computed, kv, pool, allocations, evictions)
         e = num_events
     assert e == num_events
-    for seq, c in zip(seqs, run.computed):
+    _computed(run, k)
+    s.next_step += k
+    # As after a pure decode schedule(): the waiting head (if any) still refused for its reason.
+    s._pure_decode_step = (s.next_step - 1, s._pure_decode_step[1] if s.waiting else "empty")
+    finished = _finish(run, k)
+    return Advanced(first_step, allocations, evictions, finished)
+
+
+def _decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[tuple[int, int, int]]:
+    """The pool calls of ``k`` decode steps, in the order the step-by-step path makes them: step
+    by step, sequence by sequence, a sequence's new block before the block it fills is
+    registered: ``(step, scheduling position, 0 allocate / 1 register)``."""
+    events: list[tuple[int, int, int]] = []
+    for i, c in enumerate(computed):
+        first = (-c) % bs + 1
+        if first <= k:
+            events.extend([(j, i, 0) for j in range(first, k + 1, bs)])
+        if caching:
+            first = (-c - 1) % bs + 1
+            if first <= k:
+                events.extend([(j, i, 1) for j in range(first, k + 1, bs)])
+    events.sort()
+    return events
+
+
+def _computed(run: DecodeRun, k: int) -> None:
+    """Each sequence's counters after computing ``k`` more tokens (as ``Scheduler.run`` leaves them)."""
+    bs = run.scheduler.block_size
+    caching = run.scheduler.kv.enable_prefix_caching
+    for seq, c in zip(run.seqs, run.computed):
         end = c + k
         seq.num_computed_tokens = end
         seq.num_filled_tokens = end
         if caching and end // bs > seq.num_registered_blocks:
             seq.num_registered_blocks = end // bs
-    s.next_step += k
-    # As after a pure decode schedule(): the waiting head (if any) still refused for its reason.
-    s._pure_decode_step = (s.next_step - 1, s._pure_decode_step[1] if s.waiting else "empty")
-    finished = _finish(run, k) if k == run.max_steps else []
-    return Advanced(first_step, allocations, evictions, finished)
 
 
 def _finish(run: DecodeRun, k: int) -> list[Request]:
@@ -213,6 +253,10 @@ def _finish(run: DecodeRun, k: int) -> list[Request]:
 
     s = run.scheduler
     processor = s.output_processor
+    if k < run.first_finish:
+        s._finished_in_last_update = False
+        retire_finished(s, s.next_step - 1, [])
+        return []
     ending = {id(seq) for seq, f in zip(run.seqs, run.finish_in) if f == k}
     finished: list[Request] = []
     if ending:
@@ -225,6 +269,85 @@ def _finish(run: DecodeRun, k: int) -> list[Request]:
                 finished.append(request)
     s._finished_in_last_update = bool(ending)
     retire_finished(s, s.next_step - 1, finished)
+    return finished
+
+
+@dataclass(slots=True)
+class DecodeStep:
+    """One step of a decode batch with the waiting pass run as ``schedule()`` runs it.
+
+    ``output`` is the step's ``SchedulerOutput`` except that ``scheduled`` lists only the
+    sequences the waiting pass added (the batch's decodes are ``run``'s); every other field is the
+    whole step's. Only an executor that does not need the decodes listed one by one (a simulator)
+    may use it; ``update_decode_step`` must follow.
+    """
+
+    run: DecodeRun
+    output: SchedulerOutput
+    allocations: int  # blocks the decodes allocated
+    evictions: int
+
+
+def schedule_decode_step(run: DecodeRun) -> DecodeStep:
+    """``schedule()`` for a step whose running pass is ``run``'s decodes (``run.max_steps >= 1``:
+    they need no preemption): the decodes' pool calls as ``advance`` makes them, then the
+    ``vllm-v1`` order's swapped and waiting passes themselves (admissions, rejections), so a step
+    that admits a request costs O(admitted + blocks), not O(running)."""
+    s = run.scheduler
+    cfg = s.config
+    st = Step(step=s.next_step, token_budget=cfg.max_num_batched_tokens - len(run.seqs))
+    s.next_step += 1
+    allocations, evictions = [0], [0]
+    events = _decode_events(run.computed, s.block_size, 1, s.kv.enable_prefix_caching)
+    _apply_events(events, 0, 1, run.seqs, run.computed, s.kv, s.pool, allocations, evictions)
+    _computed(run, 1)
+    for request in run.requests:
+        st.tokens_per_request[request.request_id] = len(request.live_seqs)
+    order = s.step_order
+    order._schedule_swapped(st)  # (nothing is swapped: a decode batch requires it)
+    order._schedule_waiting(st)
+    pure = not (st.new or st.resumed or st.copies or s._pending_rejections)
+    s._pure_decode_step = (st.step, st.waiting_stop) if pure else None
+    output = SchedulerOutput(
+        step=st.step, scheduled=tuple(st.scheduled), num_scheduled_tokens=frozen_map(st.tokens_per_request),
+        new=frozen_map(st.new), resumed=frozen_map(st.resumed), swapped_in=(), preempted=(),
+        rejected=frozen_map(s._pending_rejections), blocks_to_copy=tuple(st.copies), blocks_to_swap_out=(),
+        blocks_to_swap_in=(), num_free_blocks=s.pool.num_free_blocks,
+        num_free_cpu_blocks=s.swap_pool.num_free_blocks, num_cached_free_blocks=s.pool.num_cached_free_blocks,
+    )
+    s._pending_rejections = {}
+    if cfg.record_decisions:  # the whole step's record, decodes listed
+        bs = s.block_size
+        decodes = tuple(ScheduledSequence(seq.request.request_id, seq.index, c, 1, seq.block_table_tuple(), bs, True)
+                        for seq, c in zip(run.seqs, run.computed))
+        s._last_record = replace(output, scheduled=decodes + output.scheduled).to_record()
+        s.decision_log.append(s._last_record)
+    return DecodeStep(run, output, allocations[0], evictions[0])
+
+
+def update_decode_step(step: DecodeStep) -> list[Request]:
+    """``update()`` for a ``DecodeStep`` with unnamed tokens: the decodes' tokens and finishes, in
+    scheduling order, then the admitted sequences' (``OutputProcessor.process``)."""
+    from engine.policy.scheduler import retire_finished
+
+    run = step.run
+    s = run.scheduler
+    processor = s.output_processor
+    retired = processor.num_seqs_finished
+    max_model_len = processor.max_model_len
+    finished: list[Request] = []
+    for request in run.requests:
+        for seq in list(request.live_seqs):
+            seq.output_token_ids.append(None)
+            reason = finish_reason(seq, max_model_len)
+            if reason is not None:
+                processor._finish(seq, reason)
+        if not request.live_seqs:
+            request.status = RequestStatus.FINISHED
+            finished.append(request)
+    finished += processor.process(step.output, s.requests)
+    retire_finished(s, step.output.step, finished)
+    s._finished_in_last_update = processor.num_seqs_finished != retired
     return finished
 
 

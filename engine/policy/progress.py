@@ -20,9 +20,10 @@ class ProgressWatch:
     def __init__(self) -> None:
         self.idle_steps = 0  # consecutive steps that computed and moved nothing
 
-    def stalled(self, out: SchedulerOutput) -> bool:
-        """Count ``out`` and say whether the run has stopped making progress."""
-        if out.scheduled or out.blocks_to_swap_out or out.blocks_to_swap_in or out.rejected:  # a rejection ends a request
+    def stalled(self, out: SchedulerOutput, *, decoded: bool = False) -> bool:
+        """Count ``out`` and say whether the run has stopped making progress (``decoded``: the step
+        also decoded sequences ``out.scheduled`` does not list, as a simulator's decode step does)."""
+        if decoded or out.scheduled or out.blocks_to_swap_out or out.blocks_to_swap_in or out.rejected:  # a rejection ends a request
             self.idle_steps = 0
         else:
             self.idle_steps += 1
