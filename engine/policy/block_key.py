@@ -41,7 +41,9 @@ class BlockKey:
     def __init__(self, parent: BlockKey | None, content: Hashable, hash_fn: HashFn = default_hash):
         self.parent = parent
         self.content = content
-        self._hash = hash_fn(ROOT_HASH if parent is None else parent._hash, content)
+        parent_hash = ROOT_HASH if parent is None else parent._hash
+        # NOTE: default_hash inlined (one key per full block is a hot path); same value.
+        self._hash = hash((parent_hash, content)) if hash_fn is default_hash else hash_fn(parent_hash, content)
 
     def __hash__(self) -> int:
         return self._hash

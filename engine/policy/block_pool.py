@@ -63,8 +63,8 @@ class BlockPool:
         self.hit_count: list[int] = [0] * num_blocks
         self._tick = 0
         self._free: deque[int] = deque(range(self.first_block_id, num_blocks))
-        self.cache = PrefixCacheIndex()
         self.eviction: EvictionPolicy = make_eviction_policy(eviction_policy, self)
+        self.cache = PrefixCacheIndex(track_children=self.eviction.uses_key_tree)
         self.num_evictions = 0
         self.on_release: Callable[[int], None] | None = None
 
@@ -89,10 +89,8 @@ class BlockPool:
     # ----------------------------------------------------------- allocation
     def allocate(self) -> int:
         """Take one block (reference count 1), evicting a cached block only if none is plain free."""
-        if self._free:
-            block_id = self._free.popleft()
-        else:
-            block_id = self._evict()
+        free = self._free
+        block_id = free.popleft() if free else self._evict()
         self.ref_counts[block_id] = 1
         return block_id
 
@@ -105,19 +103,17 @@ class BlockPool:
         block_id = self.eviction.pop()
         if block_id is None:
             raise NoFreeBlocksError("no free or cached block left")
-        key = self.keys[block_id]
+        keys = self.keys
+        key = keys[block_id]
         assert key is not None and self.ref_counts[block_id] == 0
-        self._drop_key(block_id, key)
+        keys[block_id] = None
+        new_leaf = self.cache.remove(key, block_id)
+        if new_leaf is not None:
+            self.eviction.on_leaf(new_leaf)
         self.num_evictions += 1
         if self.on_release is not None:
             self.on_release(block_id)
         return block_id
-
-    def _drop_key(self, block_id: int, key: BlockKey) -> None:
-        self.keys[block_id] = None
-        new_leaf = self.cache.remove(key, block_id)
-        if new_leaf is not None:
-            self.eviction.on_leaf(new_leaf)
 
     def incref(self, block_id: int) -> None:
         """Share an in-use block with one more table (fork)."""
@@ -141,19 +137,22 @@ class BlockPool:
 
     def free_table(self, block_ids: Sequence[int]) -> None:
         """Release a whole block table, last block first (see the module docstring for the order)."""
-        ref_counts, keys = self.ref_counts, self.keys
+        ref_counts, keys, release_tick = self.ref_counts, self.keys, self.release_tick
+        make_evictable = self.eviction.add
         unkeyed_in_walk_order = []
+        tick = self._tick
         for block_id in reversed(block_ids):
             count = ref_counts[block_id] - 1
             assert count >= 0, f"block {block_id} freed more often than referenced"
             ref_counts[block_id] = count
             if count == 0:
-                self._tick += 1
-                self.release_tick[block_id] = self._tick
+                tick += 1
+                release_tick[block_id] = tick
                 if keys[block_id] is None:
                     unkeyed_in_walk_order.append(block_id)
                 else:
-                    self.eviction.add(block_id)
+                    make_evictable(block_id)
+        self._tick = tick
         # extendleft reverses, so the walk's first block ends up at the very front.
         self._free.extendleft(reversed(unkeyed_in_walk_order))
         if self.on_release is not None:
@@ -175,10 +174,11 @@ class BlockPool:
     def cache_block(self, block_id: int, key: BlockKey) -> None:
         """Give an in-use, full block its content key (register it in the prefix cache)."""
         assert self.ref_counts[block_id] > 0, f"only an in-use block can be cached ({block_id})"
-        assert self.keys[block_id] is None, f"block {block_id} already carries a key"
-        self.keys[block_id] = key
-        self._tick += 1
-        self.cached_tick[block_id] = self._tick
+        keys = self.keys
+        assert keys[block_id] is None, f"block {block_id} already carries a key"
+        keys[block_id] = key
+        self._tick = tick = self._tick + 1
+        self.cached_tick[block_id] = tick
         self.hit_count[block_id] = 0
         self.cache.insert(key, block_id)
 

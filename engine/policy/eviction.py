@@ -49,6 +49,9 @@ class BlockStats(Protocol):
 
 class EvictionPolicy(ABC):
     name: ClassVar[str]
+    #: Whether the policy reads the prefix tree (``key_has_children``, ``on_leaf``). A policy that
+    #: says ``False`` lets the pool skip the tree's bookkeeping (one dict per key insert/remove).
+    uses_key_tree: ClassVar[bool] = True
 
     def __init__(self, stats: BlockStats):
         self.stats = stats
@@ -83,6 +86,7 @@ class LRUPolicy(EvictionPolicy):
     """
 
     name = "lru"
+    uses_key_tree = False
 
     def __init__(self, stats: BlockStats):
         super().__init__(stats)
@@ -163,6 +167,7 @@ class FIFOPolicy(_HeapPolicy):
     however recently it was used."""
 
     name = "fifo"
+    uses_key_tree = False
 
     def priority(self, block_id: int) -> tuple:
         return (self.stats.cached_tick[block_id],)
@@ -172,6 +177,7 @@ class LFUPolicy(_HeapPolicy):
     """Fewest prefix-cache hits first (since the block got its key); ties by least recently released."""
 
     name = "lfu"
+    uses_key_tree = False
 
     def priority(self, block_id: int) -> tuple:
         return (self.stats.hit_count[block_id], self.stats.release_tick[block_id])

@@ -72,16 +72,19 @@ class KVCacheManager:
         reserved in turn, how many holders of a shared block have not copied it yet: of k holders
         writing into it, k - 1 copy and the last writes in place."""
         bs = self.block_size
-        num_new = max(0, cdiv(end, bs) - len(table))
+        num_end_blocks = -(-end // bs)  # cdiv, inlined: a hot path
+        num_blocks = len(table)
+        num_new = num_end_blocks - num_blocks if num_end_blocks > num_blocks else 0
+        if end <= start or ref_counts is None:
+            return num_new
         num_cow = 0
-        if end > start and ref_counts is not None:
-            for i in range(start // bs, min(cdiv(end, bs), len(table))):
-                block_id = table[i]
-                holders = ref_counts[block_id] if pending is None else pending.get(block_id, ref_counts[block_id])
-                if holders > 1:
-                    num_cow += 1
-                    if pending is not None:
-                        pending[block_id] = holders - 1
+        for i in range(start // bs, num_end_blocks if num_end_blocks < num_blocks else num_blocks):
+            block_id = table[i]
+            holders = ref_counts[block_id] if pending is None else pending.get(block_id, ref_counts[block_id])
+            if holders > 1:
+                num_cow += 1
+                if pending is not None:
+                    pending[block_id] = holders - 1
         return num_new + num_cow
 
     # ----------------------------------------------------------- reserving
@@ -91,14 +94,15 @@ class KVCacheManager:
         pool = self.pool
         table = seq.block_table
         old_len = len(table)
-        for _ in range(cdiv(end, bs) - old_len):
-            table.append(pool.allocate())
-        if len(table) != old_len:
+        num_end_blocks = -(-end // bs)  # cdiv, inlined: a hot path
+        if num_end_blocks > old_len:
+            for _ in range(num_end_blocks - old_len):
+                table.append(pool.allocate())
             seq.table_snapshot = None
         copies: list[tuple[int, int]] = []
         if end > start:
             ref_counts = pool.ref_counts
-            for i in range(start // bs, min(cdiv(end, bs), old_len)):
+            for i in range(start // bs, num_end_blocks if num_end_blocks < old_len else old_len):
                 src = table[i]
                 if ref_counts[src] > 1:
                     # NOTE: a shared block that is being written is never full (full blocks hold
@@ -116,13 +120,15 @@ class KVCacheManager:
     def block_key(self, seq: Sequence, index: int) -> BlockKey:
         """Key of ``seq``'s full block ``index``, computing (and remembering) the chain up to it."""
         keys = seq.block_keys
+        num_keys = len(keys)
+        if index < num_keys:
+            return keys[index]
         bs = self.block_size
-        request = seq.request
-        while len(keys) <= index:
-            i = len(keys)
-            content = request.block_content(seq, i * bs, (i + 1) * bs)
-            keys.append(BlockKey(keys[i - 1] if i else None, content, self.hash_fn))
-        return keys[index]
+        parent = keys[-1] if num_keys else None
+        for i in range(num_keys, index + 1):  # usually one: the next block
+            parent = BlockKey(parent, seq.request.block_content(seq, i * bs, (i + 1) * bs), self.hash_fn)
+            keys.append(parent)
+        return parent
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix of ``seq`` (empty with caching off), never
@@ -171,16 +177,19 @@ class KVCacheManager:
         """Give every full block within ``seq``'s first ``num_tokens`` tokens its key (once)."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        num_full = min(num_tokens, seq.num_tokens) // bs
+        known = seq.request.prompt_len + len(seq.output_token_ids)  # seq.num_tokens, inlined
+        num_full = (num_tokens if num_tokens < known else known) // self.block_size
+        first = seq.num_registered_blocks
+        if num_full <= first:  # the common case: no block filled up
+            return
         pool = self.pool
+        keys = pool.keys
         table = seq.block_table
-        for i in range(seq.num_registered_blocks, num_full):
+        for i in range(first, num_full):
             block_id = table[i]
-            if pool.keys[block_id] is None:
+            if keys[block_id] is None:
                 pool.cache_block(block_id, self.block_key(seq, i))
-        if num_full > seq.num_registered_blocks:
-            seq.num_registered_blocks = num_full
+        seq.num_registered_blocks = num_full
 
     # ------------------------------------------------------ fork and free
     def fork(self, parent: Sequence, child: Sequence) -> None:

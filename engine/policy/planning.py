@@ -51,6 +51,22 @@ class Planner:
         """
         cfg = self.config
         seqs = request.live_seqs
+        if len(seqs) == 1 and not seqs[0].parked:
+            # NOTE: the rules below for a lone sequence (no beams, nobody parked), restated
+            # because this runs for every running request every step.
+            seq = seqs[0]
+            computed = hit_tokens[0] if hit_tokens is not None else seq.num_computed_tokens
+            remaining = request.prompt_len + len(seq.output_token_ids) - computed  # num_tokens
+            cap = cfg.max_model_len - 1 - computed
+            if cap < remaining:
+                remaining = cap
+            if remaining <= 0:
+                return []
+            if remaining <= token_budget:
+                return [(seq, remaining)]
+            if cfg.enable_chunked_prefill and token_budget > 0:
+                return [(seq, token_budget)]
+            return []
         shared_tokens = request.prompt_len // self.block_size * self.block_size
         leader_computed = hit_tokens[0] if hit_tokens is not None else seqs[0].num_computed_tokens
         leader_has_prompt = leader_computed >= shared_tokens
@@ -87,6 +103,11 @@ class Planner:
         tables are still swapped out and count as they will be once swapped in."""
         cfg = self.config
         kv = self.kv
+        if len(plan) == 1 and not from_cpu:
+            # NOTE: one table: nothing is pending from another table of the same request.
+            seq, n = plan[0]
+            end = seq.num_tokens if cfg.reserve_extent == "whole" else seq.num_computed_tokens + n
+            return kv.reserve_need(seq.block_table, self.pool.ref_counts, seq.num_filled_tokens, end)
         if from_cpu:
             ref_counts = self.swap_pool.ref_counts if cfg.preserve_sharing_on_swap else None
         else:

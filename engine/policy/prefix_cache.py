@@ -7,6 +7,9 @@ Invariants:
   first, as vLLM does.
 - ``children[k]`` counts the distinct cached keys whose parent is ``k`` (a radix tree's fan-out),
   so a structure-aware eviction policy can tell leaves from inner nodes in O(1).
+- ``children`` is kept only when asked for (``track_children``, the default): the block pool
+  turns it off for eviction policies that never look at the tree, which saves two hashes of a
+  parent key per insert and per remove.
 - Only full blocks get keys; that rule lives with the caller (``KVCacheManager``), which is the
   only one that knows how many tokens a block holds.
 """
@@ -17,11 +20,12 @@ from engine.policy.block_key import BlockKey
 
 
 class PrefixCacheIndex:
-    __slots__ = ("_blocks", "_children")
+    __slots__ = ("_blocks", "_children", "track_children")
 
-    def __init__(self) -> None:
+    def __init__(self, *, track_children: bool = True) -> None:
         self._blocks: dict[BlockKey, list[int]] = {}
         self._children: dict[BlockKey, int] = {}
+        self.track_children = track_children
 
     def __len__(self) -> int:
         """Number of distinct cached keys."""
@@ -36,34 +40,42 @@ class PrefixCacheIndex:
         return None if blocks is None else blocks[0]
 
     def insert(self, key: BlockKey, block_id: int) -> None:
-        blocks = self._blocks.get(key)
-        if blocks is None:
-            self._blocks[key] = [block_id]
+        # NOTE: one hash of ``key`` per call (``BlockKey.__hash__`` is Python code): the lists
+        # held here are never empty, so a list of length 1 after the append means a new key.
+        blocks = self._blocks.setdefault(key, [])
+        blocks.append(block_id)
+        if len(blocks) == 1 and self.track_children:
             parent = key.parent
             if parent is not None:
-                self._children[parent] = self._children.get(parent, 0) + 1
-        else:
-            blocks.append(block_id)
+                children = self._children
+                children[parent] = children.get(parent, 0) + 1
 
     def remove(self, key: BlockKey, block_id: int) -> BlockKey | None:
         """Forget that ``block_id`` carries ``key``. Returns the parent key if it thereby became a
-        leaf (the last block carrying ``key`` went and ``key`` was its parent's last child)."""
-        blocks = self._blocks[key]
-        blocks.remove(block_id)
-        if blocks:
+        leaf (the last block carrying ``key`` went and ``key`` was its parent's last child);
+        always ``None`` without ``track_children``."""
+        blocks_by_key = self._blocks
+        blocks = blocks_by_key.pop(key)
+        if len(blocks) > 1:  # rare: another block still carries the key (no one reads the dict's order)
+            blocks.remove(block_id)
+            blocks_by_key[key] = blocks
             return None
-        del self._blocks[key]
+        if blocks[0] != block_id:
+            blocks_by_key[key] = blocks
+            raise ValueError(f"block {block_id} does not carry this key")
         parent = key.parent
-        if parent is None:
+        if parent is None or not self.track_children:
             return None
-        remaining = self._children[parent] - 1
+        children = self._children
+        remaining = children[parent] - 1
         if remaining:
-            self._children[parent] = remaining
+            children[parent] = remaining
             return None
-        del self._children[parent]
+        del children[parent]
         return parent
 
     def has_children(self, key: BlockKey) -> bool:
+        assert self.track_children, "this index does not track children (track_children=False)"
         return key in self._children
 
     def blocks_with(self, key: BlockKey) -> list[int]:

@@ -60,14 +60,16 @@ class OutputProcessor:
             request = requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted since
-            seqs = [request.seqs[s.seq_index] for s in sampling]
+            all_seqs = request.seqs
             if request.beam_width > 1:
+                seqs = [all_seqs[s.seq_index] for s in sampling]
                 self._apply_beam(request, seqs, sampled, (beam_choices or {}).get(request_id))
             elif not request.forked and request.n > 1:
-                self._fork_samples(request, seqs[0], sampled)
+                self._fork_samples(request, all_seqs[sampling[0].seq_index], sampled)
             else:
-                for seq in seqs:
-                    self._append(seq, sampled_token(sampled, seq, 0))
+                for s in sampling:
+                    seq = all_seqs[s.seq_index]
+                    self._append(seq, None if sampled is None else sampled_token(sampled, seq, 0))
             if not request.live_seqs:
                 request.status = RequestStatus.FINISHED
                 finished.append(request)
@@ -151,9 +153,13 @@ class OutputProcessor:
 def finish_reason(seq: Sequence, max_model_len: int) -> str | None:
     """Why ``seq`` stops after its latest token: ``"length"`` at its output length (EOS ignored),
     ``"max_model_len"`` at the model's limit (vLLM v1's rule), else ``None``."""
-    if seq.num_output_tokens >= seq.request.max_tokens_of(seq):
+    # NOTE: Request.max_tokens_of and Sequence.num_tokens inlined: this runs for every sample.
+    request = seq.request
+    num_outputs = len(seq.output_token_ids)
+    lens = request.sample_max_tokens
+    if num_outputs >= (request.max_tokens if lens is None else lens[seq.index]):
         return "length"
-    if seq.num_tokens >= max_model_len:
+    if request.prompt_len + num_outputs >= max_model_len:
         return "max_model_len"
     return None
 

@@ -170,19 +170,25 @@ class Scheduler:
         """Reserve slots for the planned tokens and add them to the step."""
         kv = self.kv
         whole = self.config.reserve_extent == "whole"
+        request_id = request.request_id
+        prompt_len = request.prompt_len
+        scheduled = st.scheduled
         total = 0
         for seq, n in plan:
             start = seq.num_computed_tokens
             end = start + n
-            st.copies.extend(kv.reserve(seq, seq.num_filled_tokens, seq.num_tokens if whole else end))
+            num_tokens = prompt_len + len(seq.output_token_ids)  # seq.num_tokens (reserving adds none)
+            copies = kv.reserve(seq, seq.num_filled_tokens, num_tokens if whole else end)
+            if copies:
+                st.copies.extend(copies)
             kv.register(seq, end)
             seq.num_computed_tokens = end
-            samples = end >= seq.num_tokens
+            samples = end >= num_tokens
             if samples:
                 seq.decoding = True
-            st.scheduled.append(
+            scheduled.append(
                 ScheduledSequence(
-                    request_id=request.request_id,
+                    request_id=request_id,
                     seq_index=seq.index,
                     num_computed_tokens=start,
                     num_new_tokens=n,
@@ -192,7 +198,7 @@ class Scheduler:
                 )
             )
             total += n
-        st.tokens_per_request[request.request_id] = total
+        st.tokens_per_request[request_id] = total
         st.token_budget -= total
         request.has_run = True
 
@@ -300,6 +306,7 @@ class Scheduler:
         sequences counts once; only a table's last block can be partly filled."""
         bs = self.block_size
         pool = self.pool
+        ref_counts = pool.ref_counts
         unshared = 0
         idle = 0
         seen_partial: set[int] = set()
@@ -308,11 +315,12 @@ class Scheduler:
                 table = seq.block_table
                 if not table:
                     continue
-                unshared += len(table)
-                tail = len(table) * bs - seq.num_filled_tokens
+                num_blocks = len(table)
+                unshared += num_blocks
+                tail = num_blocks * bs - seq.num_filled_tokens
                 if tail:
                     last = table[-1]
-                    if pool.ref_counts[last] == 1:
+                    if ref_counts[last] == 1:
                         idle += tail
                     elif last not in seen_partial:
                         seen_partial.add(last)

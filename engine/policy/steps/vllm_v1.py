@@ -54,14 +54,16 @@ class VllmV1StepOrder(StepOrder):
         i = 0
         while i < len(running) and st.token_budget > 0:
             request = running[i]
-            planner.unpark(request)
+            live = request.live_seqs
+            if len(live) > 1 or live[0].parked:  # NOTE: a lone unparked sequence has nothing to unpark
+                planner.unpark(request)
             plan = planner.plan(request, st.token_budget)
             if not plan:  # nothing fits this step: the next request may still use the budget
                 i += 1
                 continue
             need = planner.blocks_needed(plan)
             preempted_itself = False
-            while need > pool.num_free_blocks:
+            while need and need > pool.num_free_blocks:  # (need 0 always fits: skip the count)
                 victim = s.victim_policy.choose(running[i:])
                 mode = s.preempt(victim, st)
                 if running[-1] is victim:
