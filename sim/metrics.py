@@ -29,6 +29,7 @@ Summary definitions (all times in seconds):
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -88,9 +89,44 @@ def _r(x: float) -> float:
     return float(f"{float(x):.6g}")
 
 
-def _time_avg(values: np.ndarray, weights: np.ndarray) -> float | None:
-    total = weights.sum()
-    return None if total <= 0 else _r((values * weights).sum() / total)
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return None if denominator <= 0 else _r(numerator / denominator)
+
+
+def step_sums(steps) -> dict[str, float]:
+    """The sums over steps that the summary's step figures are ratios of, read a chunk at a time
+    (``iter_chunks``), so a run of millions of steps never holds a column in memory. Each chunk's
+    products are summed exactly (``math.fsum``) and the chunks' sums exactly again: the result
+    does not depend on the order of the steps, and within one chunk on nothing at all."""
+    sums: dict[str, list[float]] = {k: [] for k in SUM_KEYS}
+    for c in steps.iter_chunks():
+        dur = c["duration_s"]
+        allocated = c["allocated_slots"]
+        used = c["used_slots"]
+        total = np.maximum(c["total_slots"], 1)
+        held = allocated > 0
+        held_dur = dur[held]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            parts = {
+                "busy_s": dur,
+                "held_s": held_dur,
+                "utilization_x_s": (used[held] / allocated[held]) * held_dur,
+                "allocated_fraction_x_s": (allocated / total) * dur,
+                "used_fraction_x_s": (used / total) * dur,
+                "sharing_saved_x_s": (1.0 - allocated[held] / c["unshared_slots"][held]) * held_dur,
+                "batched_x_s": c["num_requests"] * dur,
+                "running_x_s": c["num_running"] * dur,
+                "swap_out_blocks": c["swap_out_blocks"],
+                "swap_in_blocks": c["swap_in_blocks"],
+                "cow_blocks": c["cow_blocks"],
+            }
+        for k, values in parts.items():
+            sums[k].append(math.fsum(values.tolist()))
+    return {k: math.fsum(v) for k, v in sums.items()}
+
+
+SUM_KEYS = ("busy_s", "held_s", "utilization_x_s", "allocated_fraction_x_s", "used_fraction_x_s",
+            "sharing_saved_x_s", "batched_x_s", "running_x_s", "swap_out_blocks", "swap_in_blocks", "cow_blocks")
 
 
 def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo_ttft_s: float, slo_tpot_s: float,
@@ -105,10 +141,8 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo_ttft_s: float
     with np.errstate(invalid="ignore", divide="ignore"):
         normalized = e2e / requests.generation_len[done]
     meets = (ttft <= slo_ttft_s) & (np.nan_to_num(tpot, nan=0.0) <= slo_tpot_s)
-    dur = steps.array("duration_s")
-    allocated = steps.array("allocated_slots")
-    held = allocated > 0
-    busy = float(dur.sum())
+    sums = step_sums(steps)
+    busy = sums["busy_s"]
 
     def per_s(x: float) -> float | None:
         return _r(x / duration) if duration > 0 else None
@@ -129,16 +163,15 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo_ttft_s: float
         "queueing_s": _stats((requests.first_scheduled_s - requests.arrival_s)[done]),
         "normalized_latency_s_per_token": _r(normalized.mean()) if completed else None,
         "generated_tokens": tokens,
-        "memory_utilization": _time_avg(steps.array("used_slots")[held] / allocated[held], dur[held]),
-        "memory_allocated_fraction": _time_avg(allocated / np.maximum(steps.array("total_slots"), 1), dur),
-        "memory_used_fraction": _time_avg(steps.array("used_slots") / np.maximum(steps.array("total_slots"), 1), dur),
-        "sharing_saved": _time_avg(1.0 - allocated[held] / steps.array("unshared_slots")[held], dur[held]),
-        "avg_batched_requests": _time_avg(steps.array("num_requests"), dur),
-        "avg_running_requests": _time_avg(steps.array("num_running"), dur),
+        "memory_utilization": _ratio(sums["utilization_x_s"], sums["held_s"]),
+        "memory_allocated_fraction": _ratio(sums["allocated_fraction_x_s"], busy),
+        "memory_used_fraction": _ratio(sums["used_fraction_x_s"], busy),
+        "sharing_saved": _ratio(sums["sharing_saved_x_s"], sums["held_s"]),
+        "avg_batched_requests": _ratio(sums["batched_x_s"], busy),
+        "avg_running_requests": _ratio(sums["running_x_s"], busy),
         "preemptions": dict(preemptions),
-        "swapped_blocks": {"out": int(steps.array("swap_out_blocks").sum()),
-                           "in": int(steps.array("swap_in_blocks").sum())},
-        "cow_copies": int(steps.array("cow_blocks").sum()),
+        "swapped_blocks": {"out": int(sums["swap_out_blocks"]), "in": int(sums["swap_in_blocks"])},
+        "cow_copies": int(sums["cow_blocks"]),
         "prefix_hit_rate": None if prefix_hit_rate is None else _r(prefix_hit_rate),
         "prefix_evictions": num_evictions,
         "steps": len(steps),
