@@ -31,7 +31,9 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,7 +44,7 @@ from engine.policy import Request
 from sim.cluster_metrics import ClusterSteps, cluster_summary
 from sim.cost.base import CostModel
 from sim.metrics import RequestMetrics, StepMetrics
-from sim.replica import Replica, arrival_process
+from sim.replica import Replica, arrival_process, iter_chunked
 from sim.router import Router, RoundRobin
 from sim.simulator import SimOptions
 from sim.workload import BeamModel, RequestFactory
@@ -102,7 +104,56 @@ class Cluster:
             for replica in self.replicas:  # skip-ahead then stops short of every arrival
                 replica.observed = True
         factory = RequestFactory(trace, seed=opts.seed, sample_lengths=opts.sample_lengths)
-        self.env.process(arrival_process(self.env, trace.arrival_s, factory.make, self.replicas, self._route))
+        if len(self.replicas) > 1 and not self.router.reads_state:
+            self.env.process(self._arrivals_routed_ahead(trace.arrival_s, factory.make))
+        else:
+            self.env.process(arrival_process(self.env, trace.arrival_s, factory.make, self.replicas, self._route))
+
+    def _arrivals_routed_ahead(self, arrival_s: np.ndarray, make_request: Callable[[int], Request]):
+        """The arrival process for a router that never reads the replicas (round-robin): its choice
+        cannot depend on when it is asked, so requests are made and routed, in row order, as they
+        enter a lookahead window, and each replica is told when *its* next request arrives (or a
+        bound: the window's last arrival). Requests reach replicas at their arrival times, rows
+        sharing a time together, exactly as ``arrival_process`` submits them; a replica's
+        skip-ahead is then bounded by its own arrivals, not by every replica's."""
+        env = self.env
+        replicas = self.replicas
+        times = iter_chunked(arrival_s)
+        window: deque[tuple[float, int, Request, int]] = deque()  # (time, row, request, replica)
+        size = 8 * len(replicas)
+        row = 0
+        exhausted = False
+        while True:
+            while not exhausted and len(window) < size:
+                t = next(times, None)
+                if t is None:
+                    exhausted = True
+                    break
+                request = make_request(row)
+                k = self.router.route(request, self.schedulers)
+                if not 0 <= k < len(replicas):
+                    raise ValueError(f"router {self.router.name!r} chose replica {k} of {len(replicas)}")
+                window.append((t, row, request, k))
+                row += 1
+            if not window:
+                break
+            t = window[0][0]
+            delay = t - env.now
+            if delay > 0 and not math.isclose(t, env.now, rel_tol=0.0, abs_tol=1e-12):
+                upcoming: dict[int, float] = {}
+                for when, _, _, k in window:
+                    upcoming.setdefault(k, when)
+                bound = math.inf if exhausted else window[-1][0]
+                for k, replica in enumerate(replicas):
+                    replica.next_arrival_s = upcoming.get(k, bound)
+                yield env.timeout(delay)
+            while window and window[0][0] <= t:
+                _, r, request, k = window.popleft()
+                self.replica_of[r] = k
+                replicas[k].submit(r, request)
+            # (rows sharing time t beyond the window are submitted next round, with no wait)
+        for replica in replicas:
+            replica.next_arrival_s = math.inf
 
     def _route(self, row: int, request: Request) -> None:
         num = len(self.replicas)

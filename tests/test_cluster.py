@@ -364,3 +364,21 @@ def test_cli_cluster_errors_are_one_line(capsys, args, message):
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
     assert last.startswith("pagesim simulate: error: ") and message in last
+
+
+@pytest.mark.parametrize("router", ["round-robin"])
+def test_routing_ahead_for_a_stateless_router_changes_nothing(router, monkeypatch):
+    """A router that never reads state routes ahead and bounds each replica's skip-ahead by its own
+    arrivals: decisions and summaries equal those with skip-ahead off (every step one by one)."""
+    trace = generate(workload_spec("kwon2023-sharegpt", rate_rps=40, num_requests=120, seed=4))
+    results = []
+    for skip_ahead in (True, False):
+        builts = build_replicas(RunSpec(model="llama3-8b", gpu="a100-80gb", record_decisions=True), 3)
+        logs = [[] for _ in builts]
+        cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router(router),
+                          SimOptions(skip_ahead=skip_ahead), decision_sinks=[log.append for log in logs])
+        result = cluster.run()
+        results.append((result.summary, logs, result.replica_of.tolist(),
+                        sum(r.steps_skipped for r in result.replicas)))
+    assert results[0][:3] == results[1][:3]
+    assert results[0][3] > 0
