@@ -30,7 +30,8 @@ from dataclasses import fields
 import numpy as np
 import simpy
 
-from engine.policy.fast_forward import DecodeRun, DecodeStep, advance
+from engine.policy.decode_step import DecodeStep
+from engine.policy.fast_forward import DecodeRun, advance
 from sim.cost.base import TERMS, CostModel, StepWork
 
 #: At most this many steps are costed at once (bounds the arrays; a longer run continues next time).

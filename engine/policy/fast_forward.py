@@ -31,21 +31,17 @@ preemption. The executor may stop earlier (the simulator stops before the
 next arrival). Generated tokens are left unnamed (``None``), as a simulator reports them; an
 executor that samples real tokens cannot skip.
 
-A step that admits requests while the batch decodes (``schedule_decode_step`` /
-``update_decode_step``) takes the same shortcut for its decodes: their pool calls are made as
-above, then the step order's own swapped and waiting passes run, and the output lists only what
-those passes added; so an arrival costs O(admitted + blocks), not O(running).
+A step that admits requests while the batch decodes takes the same shortcut for its decodes
+(``decode_step.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.policy.output import ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import finish_reason
-from engine.policy.steps.base import Step
 
 if TYPE_CHECKING:
     from engine.policy.scheduler import Scheduler
@@ -189,7 +185,7 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     pool = s.pool
     caching = kv.enable_prefix_caching
     first_step = s.next_step
-    events = _decode_events(run.computed, bs, k, caching)
+    events = decode_events(run.computed, bs, k, caching)
     seqs = run.seqs
     for seq in seqs:  # the tokens exist before their blocks are registered (contents are by position)
         seq.output_token_ids.extend([None] * k)
@@ -200,16 +196,16 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     e = 0
     num_events = len(events)
     for j in range(1, k + 1) if recording else ():
-        e = _apply_events(events, e, j, seqs, run.computed, kv, pool, allocations, evictions)
+        e = apply_events(events, e, j, seqs, run.computed, kv, pool, allocations, evictions)
         free = pool.num_free_blocks
         record = _decode_record(first_step + j - 1, run.requests, free, free_cpu)
         s.decision_log.append(record)
         s._last_record = record
     if not recording:
-        _apply_events(events, 0, k, seqs, run.computed, kv, pool, allocations, evictions)
+        apply_events(events, 0, k, seqs, run.computed, kv, pool, allocations, evictions)
         e = num_events
     assert e == num_events
-    _computed(run, k)
+    set_computed(run, k)
     s.next_step += k
     # As after a pure decode schedule(): the waiting head (if any) still refused for its reason.
     s._pure_decode_step = (s.next_step - 1, s._pure_decode_step[1] if s.waiting else "empty")
@@ -217,7 +213,7 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     return Advanced(first_step, allocations, evictions, finished)
 
 
-def _decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[tuple[int, int, int]]:
+def decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[tuple[int, int, int]]:
     """The pool calls of ``k`` decode steps, in the order the step-by-step path makes them: step
     by step, sequence by sequence, a sequence's new block before the block it fills is
     registered: ``(step, scheduling position, 0 allocate / 1 register)``."""
@@ -234,7 +230,7 @@ def _decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[
     return events
 
 
-def _computed(run: DecodeRun, k: int) -> None:
+def set_computed(run: DecodeRun, k: int) -> None:
     """Each sequence's counters after computing ``k`` more tokens (as ``Scheduler.run`` leaves them)."""
     bs = run.scheduler.block_size
     caching = run.scheduler.kv.enable_prefix_caching
@@ -272,86 +268,7 @@ def _finish(run: DecodeRun, k: int) -> list[Request]:
     return finished
 
 
-@dataclass(slots=True)
-class DecodeStep:
-    """One step of a decode batch with the waiting pass run as ``schedule()`` runs it.
-
-    ``output`` is the step's ``SchedulerOutput`` except that ``scheduled`` lists only the
-    sequences the waiting pass added (the batch's decodes are ``run``'s); every other field is the
-    whole step's. Only an executor that does not need the decodes listed one by one (a simulator)
-    may use it; ``update_decode_step`` must follow.
-    """
-
-    run: DecodeRun
-    output: SchedulerOutput
-    allocations: int  # blocks the decodes allocated
-    evictions: int
-
-
-def schedule_decode_step(run: DecodeRun) -> DecodeStep:
-    """``schedule()`` for a step whose running pass is ``run``'s decodes (``run.max_steps >= 1``:
-    they need no preemption): the decodes' pool calls as ``advance`` makes them, then the
-    ``vllm-v1`` order's swapped and waiting passes themselves (admissions, rejections), so a step
-    that admits a request costs O(admitted + blocks), not O(running)."""
-    s = run.scheduler
-    cfg = s.config
-    st = Step(step=s.next_step, token_budget=cfg.max_num_batched_tokens - len(run.seqs))
-    s.next_step += 1
-    allocations, evictions = [0], [0]
-    events = _decode_events(run.computed, s.block_size, 1, s.kv.enable_prefix_caching)
-    _apply_events(events, 0, 1, run.seqs, run.computed, s.kv, s.pool, allocations, evictions)
-    _computed(run, 1)
-    for request in run.requests:
-        st.tokens_per_request[request.request_id] = len(request.live_seqs)
-    order = s.step_order
-    order._schedule_swapped(st)  # (nothing is swapped: a decode batch requires it)
-    order._schedule_waiting(st)
-    pure = not (st.new or st.resumed or st.copies or s._pending_rejections)
-    s._pure_decode_step = (st.step, st.waiting_stop) if pure else None
-    output = SchedulerOutput(
-        step=st.step, scheduled=tuple(st.scheduled), num_scheduled_tokens=frozen_map(st.tokens_per_request),
-        new=frozen_map(st.new), resumed=frozen_map(st.resumed), swapped_in=(), preempted=(),
-        rejected=frozen_map(s._pending_rejections), blocks_to_copy=tuple(st.copies), blocks_to_swap_out=(),
-        blocks_to_swap_in=(), num_free_blocks=s.pool.num_free_blocks,
-        num_free_cpu_blocks=s.swap_pool.num_free_blocks, num_cached_free_blocks=s.pool.num_cached_free_blocks,
-    )
-    s._pending_rejections = {}
-    if cfg.record_decisions:  # the whole step's record, decodes listed
-        bs = s.block_size
-        decodes = tuple(ScheduledSequence(seq.request.request_id, seq.index, c, 1, seq.block_table_tuple(), bs, True)
-                        for seq, c in zip(run.seqs, run.computed))
-        s._last_record = replace(output, scheduled=decodes + output.scheduled).to_record()
-        s.decision_log.append(s._last_record)
-    return DecodeStep(run, output, allocations[0], evictions[0])
-
-
-def update_decode_step(step: DecodeStep) -> list[Request]:
-    """``update()`` for a ``DecodeStep`` with unnamed tokens: the decodes' tokens and finishes, in
-    scheduling order, then the admitted sequences' (``OutputProcessor.process``)."""
-    from engine.policy.scheduler import retire_finished
-
-    run = step.run
-    s = run.scheduler
-    processor = s.output_processor
-    retired = processor.num_seqs_finished
-    max_model_len = processor.max_model_len
-    finished: list[Request] = []
-    for request in run.requests:
-        for seq in list(request.live_seqs):
-            seq.output_token_ids.append(None)
-            reason = finish_reason(seq, max_model_len)
-            if reason is not None:
-                processor._finish(seq, reason)
-        if not request.live_seqs:
-            request.status = RequestStatus.FINISHED
-            finished.append(request)
-    finished += processor.process(step.output, s.requests)
-    retire_finished(s, step.output.step, finished)
-    s._finished_in_last_update = processor.num_seqs_finished != retired
-    return finished
-
-
-def _apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, allocations, evictions) -> int:
+def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, allocations, evictions) -> int:
     """Carry out the events of steps up to ``through_step`` from index ``e``; returns the next index."""
     bs = kv.block_size
     num = len(events)
