@@ -55,7 +55,10 @@ def run_local(configs: list[RunConfig], workers: int, address: str | None = None
     except BaseException:  # interrupted (Ctrl-C, or the consumer stopped): leave no worker behind
         for process in list(getattr(pool, "_processes", {}).values()):
             process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        # NOTE: wait for the pool's manager thread to see its workers gone; left running, it raced
+        # interpreter exit (``concurrent.futures``' atexit join wrote to a closed pipe: a traceback
+        # after "interrupted:", seen once in CI).
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
 
