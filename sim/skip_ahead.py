@@ -88,6 +88,7 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     """How many of the run's steps start (or end, with ``end_before_arrival``) strictly before
     ``next_arrival_s`` (the caller's ``now`` is before it), with their terms and end times."""
     work = decode_work(run, block_size)
+    usage = cost_model.usage_snapshot()  # costing steps not taken must not count as using them
     first = cost_model.step_cost(work).total_s
     limit = min(run.max_steps, MAX_CHUNK)
     if math.isfinite(next_arrival_s) and first > 0:
@@ -102,8 +103,13 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
         else:  # starts < next arrival: the first step, and each after an end before it
             k = min(guess, 1 + int(np.searchsorted(ends, next_arrival_s, side="left")))
         if k < guess or guess == limit:
-            return k, terms, ends
+            break
         guess = min(limit, guess * 2)
+    if usage is not None:  # count exactly the k steps taken, as step by step would
+        cost_model.restore_usage(usage)
+        if k:
+            terms, _ = step_terms(cost_model, work, k)
+    return k, terms, ends
 
 
 def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray) -> tuple[float, list]:

@@ -18,6 +18,7 @@ refused changes the decisions, and the comparison names the step.
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -56,6 +57,24 @@ class ContextCost(CostModel):
         terms["cpu_overhead"] = 1e-3 / 3
         terms["swap"] = 0.002 * (work.num_swap_out_blocks + work.num_swap_in_blocks)
         return StepCost(terms)
+
+
+class CountingCost(ContextCost):
+    """Records its calls, as the calibrated model counts extrapolations (``usage_snapshot``)."""
+
+    def __init__(self):
+        self.calls = Counter()
+
+    def step_cost(self, work: StepWork) -> StepCost:
+        self.calls["decode" if work.num_decode_seqs == work.num_seqs else "other"] += 1
+        return super().step_cost(work)
+
+    def usage_snapshot(self) -> Counter:
+        return Counter(self.calls)
+
+    def restore_usage(self, snapshot: Counter) -> None:
+        self.calls.clear()
+        self.calls.update(snapshot)
 
 
 def roofline() -> RooflineCostModel:
@@ -165,6 +184,19 @@ def test_decode_heavy_runs_mostly_skip(cost, caching):
     skipped = assert_same(trace, "pagesim", settings_, cost)
     plain, _, _ = run(trace, "pagesim", settings_, cost(), skip_ahead=False)
     assert skipped > 0.7 * plain.summary["steps"]
+
+
+def test_skipping_counts_only_the_steps_it_takes():
+    """Skip-ahead costs steps it may not take (up to the next arrival); a model that records its
+    calls (the calibrated model's extrapolation counts) must end with the step-by-step counts."""
+    trace = decode_heavy()
+    settings_ = dict(block_size=4, num_gpu_blocks=400, max_model_len=256)
+    counts = []
+    for skip_ahead in (False, True):
+        cost = CountingCost()
+        _, _, skipped = run(trace, "pagesim", settings_, cost, skip_ahead=skip_ahead)
+        counts.append((cost.calls, skipped > 0))
+    assert counts[0][0] == counts[1][0] and counts[1][1]
 
 
 def test_tight_pool_with_preemptions_still_identical():

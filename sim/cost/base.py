@@ -104,6 +104,15 @@ class CostModel(ABC):
         that no other term depends on ``decode_context_tokens``."""
         return None
 
+    def usage_snapshot(self) -> object:
+        """What ``step_cost`` records about its calls (the calibrated model counts extrapolations),
+        so that skip-ahead, which costs steps it may not take, can put it back
+        (``restore_usage``); ``None`` for a model that records nothing."""
+        return None
+
+    def restore_usage(self, snapshot: object) -> None:
+        pass
+
     def swap_seconds(self, num_blocks: int, block_size: int) -> float:
         """Time to move ``num_blocks`` blocks over the host link (one direction)."""
         return self.step_cost(StepWork(num_swap_out_blocks=num_blocks, block_size=block_size)).swap_s

@@ -87,6 +87,13 @@ class CalibratedCostModel(CostModel):
         terms["cpu_overhead"] += t("policy", max(1, work.num_seqs))
         return StepCost(terms)
 
+    def usage_snapshot(self) -> Counter:
+        return Counter(self.extrapolated)
+
+    def restore_usage(self, snapshot: Counter) -> None:
+        self.extrapolated.clear()
+        self.extrapolated.update(snapshot)
+
     def describe(self) -> dict:
         p = self.profile
         return {"name": self.name, "profile": p.path, "measured": p.describe(), "model": p.model["name"],
