@@ -24,6 +24,26 @@ PUBLIC_SHAPES = {
     "small": (4, 256, 8, 4, 32, 704, 4096, 2048, "swiglu"),
     "llama-125m": (12, 768, 12, 4, 64, 2048, 32000, 2048, "swiglu"),
     "llama-350m": (24, 1024, 16, 8, 64, 2816, 32000, 2048, "swiglu"),
+    "tiny-swa": (2, 64, 4, 2, 16, 128, 512, 512, "swiglu"),
+    # From the public config.json of each (text model); MoE entries give the dense intermediate_size
+    # (DeepSeek: its first three layers; Mixtral and gpt-oss: the experts' own, as their configs do).
+    "llama3.1-8b": (32, 4096, 32, 8, 128, 14336, 128256, 131072, "swiglu"),
+    "llama3.1-70b": (80, 8192, 64, 8, 128, 28672, 128256, 131072, "swiglu"),
+    "llama3.1-405b": (126, 16384, 128, 8, 128, 53248, 128256, 131072, "swiglu"),
+    "llama3.3-70b": (80, 8192, 64, 8, 128, 28672, 128256, 131072, "swiglu"),
+    "mistral-7b-v0.3": (32, 4096, 32, 8, 128, 14336, 32768, 32768, "swiglu"),
+    "mixtral-8x7b": (32, 4096, 32, 8, 128, 14336, 32000, 32768, "swiglu"),
+    "mixtral-8x22b": (56, 6144, 48, 8, 128, 16384, 32768, 65536, "swiglu"),
+    "qwen2.5-72b": (80, 8192, 64, 8, 128, 29568, 152064, 32768, "swiglu"),
+    "qwen3-8b": (36, 4096, 32, 8, 128, 12288, 151936, 40960, "swiglu"),
+    "qwen3-32b": (64, 5120, 64, 8, 128, 25600, 151936, 40960, "swiglu"),
+    "qwen3-30b-a3b": (48, 2048, 32, 4, 128, 6144, 151936, 40960, "swiglu"),
+    "qwen3-235b-a22b": (94, 4096, 64, 4, 128, 12288, 151936, 40960, "swiglu"),
+    "deepseek-v3": (61, 7168, 128, 128, 128, 18432, 129280, 163840, "swiglu"),
+    "deepseek-r1": (61, 7168, 128, 128, 128, 18432, 129280, 163840, "swiglu"),
+    "gpt-oss-20b": (24, 2880, 64, 8, 64, 2880, 201088, 131072, "swiglu"),
+    "gpt-oss-120b": (36, 2880, 64, 8, 64, 2880, 201088, 131072, "swiglu"),
+    "gemma-3-27b": (62, 5376, 32, 16, 128, 21504, 262208, 131072, "swiglu"),
 }
 
 
@@ -107,6 +127,11 @@ def test_validation_errors(changes, message):
         dataclasses.replace(MODEL_PRESETS["tiny"], **changes)
 
 
+def test_every_preset_cites_its_config():
+    for preset in MODEL_PRESETS.values():
+        assert preset.source, preset.name
+
+
 def test_get_by_name_is_case_insensitive():
     assert get_model_preset("Llama3-8B") is MODEL_PRESETS["llama3-8b"]
     assert get_model_preset(" tiny ") is MODEL_PRESETS["tiny"]
@@ -115,6 +140,15 @@ def test_get_by_name_is_case_insensitive():
 def test_unknown_name_lists_presets():
     with pytest.raises(ValueError, match="unknown model 'gpt-5'.*llama3-8b.*tiny"):
         get_model_preset("gpt-5")
+    with pytest.raises(ValueError, match="did you mean llama3.1-8b"):
+        get_model_preset("llama3.1-8")
+
+
+def test_a_folder_named_like_a_model_is_read_as_a_folder(tmp_path):
+    folder = tmp_path / "Llama-3.1-8B-Instruct"  # normalises to llama3.1-8b, but holds its own config
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(LLAMA3_8B_CONFIG, num_hidden_layers=2)))
+    assert get_model_preset(folder).num_layers == 2
 
 
 LLAMA3_8B_CONFIG = {

@@ -8,7 +8,7 @@ import argparse
 import json
 from dataclasses import asdict, fields
 
-from engine.model_presets import MODEL_PRESETS
+from engine.model_presets import MODEL_PRESETS, ModelPreset, format_params
 from engine.policy.config import SchedulerConfig
 from engine.policy.eviction import EVICTION_POLICIES
 from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         "victim_policies": list(VICTIM_POLICIES),
         "preemption_modes": list(PREEMPTION_MODES),
         "step_orders": list(STEP_ORDERS),
-        "model_presets": {name: asdict(m) for name, m in MODEL_PRESETS.items()},
+        "model_presets": {name: model_listing(m) for name, m in MODEL_PRESETS.items()},
     }
     if args.json:
         print(json.dumps(listing, indent=2, default=str))
@@ -54,10 +54,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"Victim policies:    {', '.join(VICTIM_POLICIES)}")
     print(f"Preemption modes:   {', '.join(PREEMPTION_MODES)}")
     print(f"Step orders:        {', '.join(STEP_ORDERS)}")
-    print("Model presets:")
+    print("Model presets (pagesim simulate --model NAME; Hugging Face ids resolve too):")
+    print(f"  {'name':16s} {'context':>8s} {'params':>8s} {'active':>8s} {'KV B/token':>10s}  attention")
     for name, m in MODEL_PRESETS.items():
-        print(
-            f"  {name:12s} {m.num_layers:3d} layers, {m.num_attention_heads:3d} heads / "
-            f"{m.num_kv_heads:3d} KV heads x {m.head_dim}, {m.kv_bytes_per_token:,} KV bytes/token"
-        )
+        print(f"  {name:16s} {m.max_position_embeddings:>8,} {format_params(m.num_params):>8s} "
+              f"{format_params(m.num_active_params):>8s} {m.kv_bytes_per_token:>10,}  {m.attention_label}"
+              f"{', MoE ' + str(m.moe.num_experts) + ' experts, ' + str(m.moe.experts_per_token) + ' per token' if m.moe else ''}")
     return 0
+
+
+def model_listing(m: ModelPreset) -> dict:
+    """A model's shapes plus what follows from them: parameters, KV bytes, attention type."""
+    return {
+        **asdict(m), "source": m.source, "context_length": m.max_position_embeddings,
+        "num_params": m.num_params, "num_active_params": m.num_active_params,
+        "kv_bytes_per_token": m.kv_bytes_per_token, "attention_type": m.attention_label,
+    }

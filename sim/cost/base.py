@@ -3,7 +3,10 @@
 ``StepWork`` condenses a ``SchedulerOutput`` into the quantities that decide a step's time:
 tokens through the linear layers, query-key pairs of prefill attention, K/V tokens read by decode
 attention, sampled sequences, copy-on-write and swapped blocks. It is built in one pass over the
-scheduled sequences, so a cost model is O(1) per step whatever the batch.
+scheduled sequences, so a cost model is O(1) per step whatever the batch. For a model with
+sliding-window layers (``window``), the same quantities are also counted as those layers see
+them: a query attends at most ``window`` keys, so ``prefill_window_pairs``,
+``prefill_window_context_tokens`` and ``decode_window_context_tokens`` cap each at the window.
 
 A ``CostModel`` turns it into a ``StepCost``: seconds per term, reported separately so a user can
 see where time goes. ``swap`` is kept apart from the rest (``compute_s``) because the simulator
@@ -13,15 +16,26 @@ decides whether it runs synchronously with the step (vLLM v0) or overlapped with
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from engine.policy.output import SchedulerOutput
 
 #: The terms every cost model reports, in display order.
-TERMS = ("linear", "prefill_attention", "decode_attention", "cache_write", "cow_copy", "tp_comm",
-         "sampling", "cpu_overhead", "swap")
+TERMS = ("linear", "moe", "prefill_attention", "decode_attention", "cache_write", "cow_copy", "tp_comm",
+         "ep_comm", "sampling", "cpu_overhead", "swap")
+
+
+def window_pairs(start: int, new: int, window: int) -> int:
+    """Causal (query, key) pairs of queries ``[start, start + new)`` that attend at most ``window``
+    keys each (themselves included): ``sum(min(p + 1, window))`` over their positions ``p``."""
+    a, b = start + 1, start + new  # the keys each query sees, unwindowed, run from a to b
+    if b <= window:
+        return (a + b) * new // 2
+    if a >= window:
+        return window * new
+    return (a + window) * (window - a + 1) // 2 + window * (b - window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +52,16 @@ class StepWork:
     num_cow_blocks: int = 0
     num_swap_out_blocks: int = 0
     num_swap_in_blocks: int = 0
+    # The same as sliding-window layers see them (0 for a model without such layers).
+    prefill_window_pairs: int = 0
+    prefill_window_context_tokens: int = 0
+    decode_window_context_tokens: int = 0
     block_size: int | None = 16  # None: a contiguous cache (no blocks)
 
     @classmethod
-    def from_output(cls, output: SchedulerOutput, block_size: int | None) -> StepWork:
+    def from_output(cls, output: SchedulerOutput, block_size: int | None, window: int | None = None) -> StepWork:
+        if window is not None:
+            return cls._with_window(output, block_size, window)
         num_tokens = prefill_seqs = prefill_tokens = pairs = prefill_ctx = 0
         decode_seqs = decode_ctx = sampled = 0
         for s in output.scheduled:
@@ -68,6 +88,20 @@ class StepWork:
             num_swap_in_blocks=len(output.blocks_to_swap_in),
             block_size=block_size,
         )
+
+    @classmethod
+    def _with_window(cls, output: SchedulerOutput, block_size: int | None, window: int) -> StepWork:
+        work = cls.from_output(output, block_size)
+        win_pairs = win_ctx = win_decode = 0
+        for s in output.scheduled:
+            new, start = s.num_new_tokens, s.num_computed_tokens
+            if new == 1 and s.samples and start > 0:
+                win_decode += min(start + 1, window)
+            else:
+                win_pairs += window_pairs(start, new, window)
+                win_ctx += min(start, window - 1)
+        return replace(work, prefill_window_pairs=win_pairs, prefill_window_context_tokens=win_ctx,
+                       decode_window_context_tokens=win_decode)
 
 
 @dataclass(frozen=True, slots=True)
