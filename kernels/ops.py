@@ -86,8 +86,10 @@ def paged_decode_attention(
     backend: Backend = "auto",
     max_context_len: int | None = None,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One query token per sequence attends to its sequence's cached tokens through the block table.
+    """One query token per sequence attends to its sequence's cached tokens through the block table
+    (with a sliding ``window``, to its last ``window`` tokens only; the blocks before are not read).
 
     ``max_context_len`` (the largest of ``context_lens``) spares a device synchronisation when the
     caller knows it; ``num_splits`` forces the flash-decoding split count (Triton; default chosen
@@ -99,16 +101,17 @@ def paged_decode_attention(
     check_attention(fn, query, key_cache, value_cache, block_tables, context_lens, scale, seq_lens_name="context_lens")
     _check_positive_int(fn, "max_context_len", max_context_len)
     _check_positive_int(fn, "num_splits", num_splits)
+    _check_positive_int(fn, "window", window)
     if max_context_len is not None and context_lens.device.type == "cpu" and context_lens.numel():
         if max_context_len < int(context_lens.max()):
             raise KernelArgumentError(
                 f"{fn}: max_context_len={max_context_len} is below the longest context ({int(context_lens.max())})"
             )
     if not _triton_for(fn, backend, query):
-        return reference.decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
+        return reference.decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale, window)
     return _triton_module("triton_attention").decode_attention(
         query, key_cache, value_cache, block_tables, context_lens, scale,
-        max_context_len=max_context_len, num_splits=num_splits,
+        max_context_len=max_context_len, num_splits=num_splits, window=window,
     )
 
 
@@ -123,12 +126,15 @@ def paged_prefill_attention(
     *,
     backend: Backend = "auto",
     max_query_len: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """A chunk of new tokens per sequence attends to the cached prefix and causally to itself.
 
     The chunk's own K/V must already be in the cache (``write_kv_cache`` first): sequence ``i``'s
     queries are its last ``q_len`` of ``seq_lens[i]`` tokens, and query ``j`` sees positions
-    ``0 .. seq_lens[i] - q_len + j``. A whole prompt is the case of an empty prefix.
+    ``0 .. seq_lens[i] - q_len + j`` (with a sliding ``window``, the last ``window`` of them; blocks
+    wholly before the first query's window are not read). A whole prompt is the case of an empty
+    prefix.
     """
     fn = "paged_prefill_attention"
     num_seqs = seq_lens.shape[0] if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() == 1 else None
@@ -137,14 +143,17 @@ def paged_prefill_attention(
     )
     check_prefill_layout(fn, query, query_start_loc, seq_lens)
     _check_positive_int(fn, "max_query_len", max_query_len)
+    _check_positive_int(fn, "window", window)
     if max_query_len is not None and query_start_loc.device.type == "cpu" and seq_lens.numel():
         longest = int((query_start_loc[1:] - query_start_loc[:-1]).max())
         if max_query_len < longest:
             raise KernelArgumentError(f"{fn}: max_query_len={max_query_len} is below the longest chunk ({longest})")
     if not _triton_for(fn, backend, query):
-        return reference.prefill_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale)
+        return reference.prefill_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
+                                           window)
     return _triton_module("triton_attention").prefill_attention(
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, max_query_len=max_query_len
+        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, max_query_len=max_query_len,
+        window=window,
     )
 
 

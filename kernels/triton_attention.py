@@ -19,6 +19,11 @@ Invariants.
   tokens are the last ``q_len`` of the sequence's ``seq_len`` tokens, already written to the cache;
   query token ``i`` sees tokens ``0 .. seq_len - q_len + i`` (cached prefix + causal within the
   chunk), which covers prefix-cache hits, chunked prefill and recompute.
+- Sliding window (``window`` > 0; 0: none): query position ``p`` sees ``p - window + 1 .. p``. A
+  decode program's tiles start at its window (its splits divide the window, not the context); a
+  prefill tile's at the first position its first query sees, with the rest masked per row, so
+  blocks a window dropped (vLLM's null block) are never loaded. A row may then meet a whole tile it
+  cannot see: the running max stays ``-inf`` and the tile adds nothing (``m_safe``).
 - ``DOT_F32``: operands are upcast to float32 and multiplied exactly (``ieee``). Used for float32
   inputs, and for bfloat16 under the interpreter, whose ``tl.dot`` on bfloat16 operands is wrong
   (Triton 3.9, seen here); on a GPU, fp16/bf16 operands go to the matrix units as they are.
@@ -72,8 +77,10 @@ def _attend_tile(
         s = tl.dot(q, tl.trans(k))
     s = tl.where(visible, s * scale_log2, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # A row that has seen nothing yet keeps m = -inf; exp2 against 0 then gives 0, never NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     if DOT_F32:
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
@@ -95,6 +102,7 @@ def _decode_kernel(
     scale_log2,  # softmax scale * log2(e)
     tokens_per_split,  # multiple of BLOCK_N
     num_splits,  # a run-time value, so a new split count compiles nothing
+    window,  # sliding window in tokens; 0: the whole context
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,  # value_cache has the same strides (same shape, contiguous)
     stride_bs,
@@ -113,7 +121,8 @@ def _decode_kernel(
     split = tl.program_id(2)
 
     context_len = tl.load(context_lens_ptr + seq)
-    start = split * tokens_per_split
+    first = tl.where(window > 0, tl.maximum(context_len - window, 0), 0)  # the first position it sees
+    start = first + split * tokens_per_split
     # The last split runs to the sequence's end, whatever the caller said the longest context was.
     end = tl.where(split == num_splits - 1, context_len, tl.minimum(context_len, start + tokens_per_split))
 
@@ -197,6 +206,7 @@ def _prefill_kernel(
     seq_lens_ptr,  # [num_seqs] int32: tokens in the cache including this chunk
     out_ptr,  # [num_tokens, num_heads, head_dim]
     scale_log2,
+    window,  # sliding window in tokens; 0: the whole context
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,  # value_cache has the same strides (same shape, contiguous)
     stride_bs,
@@ -240,12 +250,16 @@ def _prefill_kernel(
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bs
     # Keys this tile needs: up to its last query token's position; none for a tile past q_len.
     kv_end = tl.where(q_tile * BLOCK_M < q_len, tl.minimum(seq_len, prefix + (q_tile + 1) * BLOCK_M), 0)
+    # ... and from the first position its first query's window reaches (0 without a window).
+    kv_start = tl.where(window > 0, tl.maximum(prefix + q_tile * BLOCK_M - window + 1, 0), 0)
 
-    for tile in range(0, kv_end, BLOCK_N):
+    for tile in range(kv_start, kv_end, BLOCK_N):
         tokens = tile + tl.arange(0, BLOCK_N)
         token_mask = tokens < kv_end
         visible = token_mask[None, :] & (tokens[None, :] <= positions[:, None])
-        # Every row sees token 0 in the first tile, so its running max is finite from then on.
+        visible = visible & ((tokens[None, :] > positions[:, None] - window) | (window == 0))
+        # Without a window every row sees token 0 in the first tile; with one, a row may see
+        # nothing in a tile, which _attend_tile leaves out.
         m_i, l_i, acc = _attend_tile(
             q, k_cache_ptr, v_cache_ptr, table_row, tokens, token_mask, visible,
             kv_head, d, d_mask, stride_kb, stride_kt, stride_kh, scale_log2, m_i, l_i, acc,
@@ -319,7 +333,8 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, de
 
 
 def decode_attention(
-    query, key_cache, value_cache, block_tables, context_lens, scale, *, max_context_len=None, num_splits=None
+    query, key_cache, value_cache, block_tables, context_lens, scale, *, max_context_len=None, num_splits=None,
+    window=None,
 ) -> torch.Tensor:
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -328,6 +343,8 @@ def decode_attention(
         return out
     if max_context_len is None:
         max_context_len = int(context_lens.max())
+    if window is not None:  # the splits divide what a query sees
+        max_context_len = min(max_context_len, window)
     head_dim_pad = _pad(head_dim)
     block_n = decode_tile(head_dim_pad, query.dtype)
     if num_splits is None:
@@ -342,7 +359,7 @@ def decode_attention(
         part_out = part_lse = out  # unused by the kernel
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale * LOG2E, tokens_per_split, num_splits,
+        scale * LOG2E, tokens_per_split, num_splits, window or 0,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),
@@ -363,7 +380,7 @@ def decode_attention(
 
 
 def prefill_attention(
-    query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, *, max_query_len=None
+    query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, *, max_query_len=None, window=None
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -378,7 +395,7 @@ def prefill_attention(
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
     _prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
-        scale * LOG2E,
+        scale * LOG2E, window or 0,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),

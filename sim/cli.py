@@ -22,7 +22,8 @@ DEFAULT_GPU = "a100-40gb"
 
 
 def add_parser(subparsers) -> None:
-    from engine.model_presets import MODEL_PRESETS
+    from engine.catalog.kv_layout import KV_CACHE_DTYPES
+    from engine.catalog.model import WEIGHT_FORMATS
     from engine.policy.cli_args import add_policy_args
     from sim.hardware import GPU_PRESETS
     from sim.router import ROUTERS
@@ -35,9 +36,21 @@ def add_parser(subparsers) -> None:
     )
     add_source_args(p)
     g = p.add_argument_group("deployment")
-    g.add_argument("--model", default="llama3-8b", help=f"preset ({', '.join(MODEL_PRESETS)}) or a config.json")
-    g.add_argument("--gpu", default=DEFAULT_GPU, choices=list(GPU_PRESETS), help=f"(default {DEFAULT_GPU})")
+    g.add_argument("--model", default="llama3-8b", help="catalog name (pagesim presets lists them; Hugging Face ids "
+                   "such as meta-llama/Llama-3.1-8B-Instruct resolve) or a config.json / folder (default llama3-8b)")
+    g.add_argument("--gpu", default=DEFAULT_GPU, metavar="GPU",
+                   help=f"{', '.join(GPU_PRESETS)}, or an alias such as h100 or a100 (default {DEFAULT_GPU})")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (default 1)")
+    g.add_argument("--ep", type=int, default=1, metavar="N",
+                   help="expert parallelism: spread an MoE model's experts over the replica's N = --tp GPUs "
+                        "(vLLM's --enable-expert-parallel; default 1: each expert sliced over the GPUs)")
+    g.add_argument("--dtype", default="auto", choices=["auto", *WEIGHT_FORMATS],
+                   help="weight format (default auto: as the checkpoint ships, e.g. DeepSeek V3 fp8, gpt-oss "
+                        "mxfp4 experts); fp8 stores linear-layer weights in one byte")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=[k for k in KV_CACHE_DTYPES if "32" not in k],
+                   help="KV-cache element type (default auto: the model's; fp8 halves it, as vLLM's)")
+    g.add_argument("--disable-hybrid-kv-cache-manager", dest="hybrid_kv", action="store_false",
+                   help="keep sliding-window layers' whole context in full-attention groups (vLLM's flag)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                    help="share of GPU memory for weights, activations and KV cache (default 0.9)")
     g.add_argument("--num-gpu-blocks", type=int, metavar="N", help="KV-cache blocks (overrides the memory budget)")
@@ -83,7 +96,8 @@ def run_spec_from_args(args):
 
     overrides = policy_overrides(args)
     return RunSpec(
-        model=args.model, gpu=args.gpu, tp=args.tp, policy=args.policy, allocator=args.allocator,
+        model=args.model, gpu=args.gpu, tp=args.tp, ep=args.ep, weight_dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype, hybrid_kv=args.hybrid_kv, policy=args.policy, allocator=args.allocator,
         placement=args.placement,
         block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks, kv_cache_gb=args.kv_cache_gb,
         gpu_memory_utilization=args.gpu_memory_utilization, swap_space_gb=args.swap_space,
@@ -117,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         for key, value in DEFAULT_SOURCE.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
-    for flag in ("tp", "num_gpu_blocks", "replicas"):
+    for flag in ("tp", "ep", "num_gpu_blocks", "replicas"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")

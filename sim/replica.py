@@ -72,6 +72,8 @@ class Replica:
         self.next_arrival_s = math.inf
         # Contiguous baselines have no block tables: their attention pays no per-block overhead.
         self._work_block_size = block_size_of(scheduler)
+        # sliding-window layers see at most this many keys (StepWork's windowed counts)
+        self._work_window = getattr(scheduler.config, "sliding_window", None) if scheduler.paged else None
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------- arrivals
@@ -122,7 +124,7 @@ class Replica:
             else:
                 decode_step = None
                 out = sched.schedule()
-                work = StepWork.from_output(out, block_size)
+                work = StepWork.from_output(out, block_size, self._work_window)
             for rid, reason in out.rejected.items():  # found unservable at the head of a queue, mid-run
                 row = rows.pop(rid, None)
                 if row is not None:

@@ -9,6 +9,12 @@ the same model's shapes), and says how the KV cache was sized.
 KV-cache size, in order of precedence: ``num_gpu_blocks``; ``kv_cache_gb`` (GiB per GPU);
 otherwise memory x ``gpu_memory_utilization`` - weights - activation reserve (``Deployment``).
 Swap space is ``swap_space_gb`` GiB per GPU (vLLM's default: 4), in blocks of the same size.
+Whatever sizes the cache, weights that do not fit the GPUs are refused first, with the numbers.
+
+A model with sliding-window layers gets vLLM v1's hybrid KV cache (a block table per layer group,
+``engine.policy.hybrid_kv``; ``hybrid_kv=False`` is vLLM's ``--disable-hybrid-kv-cache-manager``):
+its blocks hold one group's layers, and the policy reserves vLLM's null block for the entries a
+window drops. ``max_model_len`` defaults to the model's context, as vLLM's does.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ class RunSpec:
     model: str = "llama3-8b"
     gpu: str = "a100-80gb"
     tp: int = 1
+    ep: int = 1  # expert-parallel GPUs (1, or tp: vLLM's --enable-expert-parallel)
+    weight_dtype: str = "auto"  # --dtype: the checkpoint's (auto), bf16, fp16, fp8, mxfp4
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: auto, bf16, fp16, fp8
+    hybrid_kv: bool = True  # False: vLLM's --disable-hybrid-kv-cache-manager
     policy: str = "pagesim"
     allocator: str = "paged"
     placement: str = "buddy"  # contiguous baselines: "buddy" (the paper's assumption) or "first-fit"
@@ -99,21 +109,45 @@ class Built:
             **({"placement": self.spec.placement} if self.spec.allocator != "paged" else {}),
             "block_size": cfg.block_size, "num_gpu_blocks": cfg.num_gpu_blocks, "num_cpu_blocks": cfg.num_cpu_blocks,
             "kv_cache_slots": self.scheduler.kv_usage().total_slots, "kv_cache_source": self.kv_cache_source,
+            "kv_cache": self.kv_cache_description(),
+            "weights": {"format": self.deployment.weights.format,
+                        "gib_per_gpu": round(self.deployment.weight_bytes_per_gpu / GiB, 3)},
+            **({"ep": self.deployment.ep} if self.deployment.ep > 1 else {}),
             "scheduler": {k: v for k, v in asdict(cfg).items() if k != "extra"},
             **({"plugins": list(self.spec.plugins), "scheduler_class": self.spec.scheduler} if self.spec.plugins else {}),
             "cost_model": self.cost_model.describe(),
         }
 
 
+    def kv_cache_description(self) -> dict:
+        """Bytes per token and per block on one GPU, and the layer groups (vLLM v1's layout)."""
+        d = self.deployment
+        layout = d.layout
+        cfg = self.scheduler.config
+        return {
+            "dtype": d.kv_cache_dtype, "bytes_per_token": layout.bytes_per_token,
+            "block_bytes": layout.block_bytes(cfg.block_size), "group_size": layout.group_size,
+            "groups": [{"window": g.window, "layers": len(g.layers)} for g in layout.groups],
+        }
+
+
 def build(spec: RunSpec) -> Built:
     load_plugins(spec.plugins)  # before any config: their names must be registered
     model = get_model_preset(spec.model)
-    deployment = Deployment(model, get_gpu_preset(spec.gpu), spec.tp)
+    deployment = Deployment(model, get_gpu_preset(spec.gpu), spec.tp, spec.ep, spec.weight_dtype,
+                            spec.kv_cache_dtype, spec.hybrid_kv)
     max_model_len = spec.max_model_len or model.max_position_embeddings
     if max_model_len > model.max_position_embeddings:
         raise ValueError(f"--max-model-len {max_model_len} exceeds {model.name}'s context length "
                          f"({model.max_position_embeddings} tokens)")
+    deployment.check_weights_fit(spec.gpu_memory_utilization)
     base = dict(block_size=spec.block_size, max_model_len=max_model_len, **_fit_budget(spec, max_model_len))
+    windows = deployment.layout.windows
+    if deployment.layout.is_hybrid:
+        if spec.allocator != "paged":
+            raise ValueError(f"the contiguous {spec.allocator!r} baseline reserves full-attention slabs; "
+                             f"{model.name}'s sliding-window layers need the paged allocator")
+        base.update(kv_group_windows=windows, reserve_null_block=True)
     # A first config only to learn the batch limits the activation reserve depends on.
     probe = make_config(spec.policy, **{**base, **{k: v for k, v in spec.overrides.items() if k != "num_cpu_blocks"}})
     if spec.num_gpu_blocks is not None:
@@ -123,6 +157,11 @@ def build(spec: RunSpec) -> Built:
         if spec.kv_cache_gb is not None:
             kv_bytes = int(spec.kv_cache_gb * GiB)
             source = f"{spec.kv_cache_gb:g} GiB per GPU (given)"
+            if deployment.weight_bytes_per_gpu + kv_bytes > deployment.gpu.memory_bytes:
+                raise ValueError(
+                    f"--kv-cache-gb {spec.kv_cache_gb:g} beside {deployment.weight_bytes_per_gpu / GiB:.1f} GiB of "
+                    f"{model.name}'s weights per GPU exceeds {deployment.gpu.name}'s "
+                    f"{deployment.gpu.memory_bytes / GiB:.1f} GiB")
         else:
             kv_bytes = deployment.kv_cache_bytes(spec.gpu_memory_utilization, probe.max_num_batched_tokens,
                                                  probe.max_num_seqs)

@@ -5,7 +5,9 @@ tied head or not) on top of a ``ModelPreset``'s shapes, so the engine's model an
 cost model describe the same network. It comes from a preset name (random weights, any size from
 ``tiny`` to ``llama-350m``, or a real model's shapes) or from a ``config.json``, which must
 describe a plain Llama: SiLU, no biases, no RoPE scaling; anything else is refused by name
-rather than run wrongly.
+rather than run wrongly. Layers may attend through a sliding window (``sliding_window`` on the
+layers ``layer_types`` marks, or on all of them: Mistral 7B v0.1, whose ``model_type`` is
+``mistral``; ``tiny-swa``); the engine's KV cache then has vLLM v1's layer groups.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.model_presets import MODEL_PRESETS, ModelPreset, get_model_preset, preset_from_hf_config
+from engine.model_presets import MODEL_PRESETS, ModelPreset, preset_from_hf_config, resolve_model_name
 
 
 class ModelConfigError(ValueError):
@@ -36,26 +38,44 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
+    sliding_window: int | None = None  # tokens a sliding layer attends (None: no such layer)
+    layer_types: tuple[str, ...] = ()  # per layer "full" / "sliding"; (): all sliding if a window is set
 
     @classmethod
     def from_preset(cls, preset: ModelPreset, **extra: Any) -> LlamaConfig:
-        if preset.mlp != "swiglu" or preset.qkv_bias:
-            raise ModelConfigError(f"model {preset.name!r} is not a plain Llama (RMSNorm, SwiGLU, no biases)")
+        extras = {"MoE experts": preset.moe is not None, "MLA": preset.mla is not None,
+                  "attention biases": preset.qkv_bias or preset.o_bias, "attention sinks": preset.attention_sinks,
+                  "q/k norms": preset.qk_norm, "extra norms": preset.norms_per_layer != 2,
+                  "quantized weights": preset.weight_format not in (None, "bf16", "fp16", "fp32")}
+        unsupported = [what for what, present in extras.items() if present]
+        if preset.mlp != "swiglu" or unsupported:
+            raise ModelConfigError(f"model {preset.name!r} is not a plain Llama (RMSNorm, SwiGLU, no biases)"
+                                   + (f": it has {', '.join(unsupported)}" if unsupported else "")
+                                   + "; the engine runs Llama-shaped models (simulate any catalog model)")
         return cls(
             name=preset.name, vocab_size=preset.vocab_size, hidden_size=preset.hidden_size,
             intermediate_size=preset.intermediate_size, num_layers=preset.num_layers,
             num_heads=preset.num_attention_heads, num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim,
             max_position_embeddings=preset.max_position_embeddings,
-            tie_word_embeddings=preset.tie_word_embeddings, **extra,
+            tie_word_embeddings=preset.tie_word_embeddings, sliding_window=preset.sliding_window,
+            layer_types=preset.layer_types, **extra,
         )
+
+    def layer_window(self, layer: int) -> int | None:
+        """The window layer ``layer`` attends through (None: full attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types and self.layer_types[layer] != "sliding":
+            return None
+        return self.sliding_window
 
     @classmethod
     def named(cls, name: str) -> LlamaConfig:
         """A preset by name (``tiny``, ``small``, ``llama-125m``, ``llama3-8b``, ...)."""
-        key = name.strip().lower()
-        if key not in MODEL_PRESETS:
+        key = resolve_model_name(name)
+        if key is None:
             raise ModelConfigError(f"unknown model preset {name!r}; presets: {', '.join(MODEL_PRESETS)}")
-        return cls.from_preset(get_model_preset(key))
+        return cls.from_preset(MODEL_PRESETS[key])
 
     @classmethod
     def from_hf(cls, path: str | Path) -> LlamaConfig:
@@ -70,8 +90,9 @@ class LlamaConfig:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ModelConfigError(f"cannot read model config {path}: {exc}") from None
         model_type = raw.get("model_type") if isinstance(raw, dict) else None
-        if model_type != "llama":
-            raise ModelConfigError(f"{path}: model_type is {model_type!r}; the engine runs Llama models ('llama')")
+        if model_type not in ("llama", "mistral"):
+            raise ModelConfigError(f"{path}: model_type is {model_type!r}; the engine runs Llama models ('llama', "
+                                   f"or 'mistral': Llama with a sliding window)")
         try:
             preset = preset_from_hf_config(path)
         except ValueError as exc:
@@ -105,13 +126,24 @@ class LlamaConfig:
         return ModelPreset(
             self.name, self.num_layers, self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
             self.intermediate_size, self.vocab_size, self.max_position_embeddings,
-            tie_word_embeddings=self.tie_word_embeddings,
+            tie_word_embeddings=self.tie_word_embeddings, sliding_window=self.sliding_window,
+            layer_types=self.layer_types,
         )
 
     def to_hf(self, torch_dtype: str) -> dict[str, Any]:
-        """The ``config.json`` that ``transformers.LlamaForCausalLM`` reads back as this model."""
+        """The ``config.json`` that ``transformers.LlamaForCausalLM`` reads back as this model (with a
+        window on every layer, ``MistralForCausalLM``; a mix of sliding and full layers is written
+        with ``layer_types``, which pagesim reads back and transformers' Llama does not)."""
+        windows = {}
+        model_type, architecture = "llama", "LlamaForCausalLM"
+        if self.sliding_window is not None:
+            windows["sliding_window"] = self.sliding_window
+            if self.layer_types and "full" in self.layer_types:
+                windows["layer_types"] = [f"{t}_attention" for t in self.layer_types]
+            else:
+                model_type, architecture = "mistral", "MistralForCausalLM"
         return {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": torch_dtype,
+            "architectures": [architecture], "model_type": model_type, "torch_dtype": torch_dtype, **windows,
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
             "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,

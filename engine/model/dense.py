@@ -1,7 +1,8 @@
 """The no-paging reference: one sequence, one contiguous K/V cache per layer, plain torch attention.
 
 ``DenseSequence`` runs the same ``LlamaForCausalLM`` as the engine, but its attention keeps every
-token's keys and values in an ordinary growing tensor and attends with a causal mask: no blocks,
+token's keys and values in an ordinary growing tensor and attends with a causal mask (and, in a
+sliding-window layer, only the window's last keys: nothing is ever dropped here): no blocks,
 no block tables, no kernels, no sharing, no preemption. ``fork()`` copies the caches (a new
 sample or beam gets its own). It is what the engine's outputs are checked against and what the
 model's logits are compared with (``logits_of``); it is meant for correctness, not speed.
@@ -44,11 +45,12 @@ class DenseSequence:
         else:
             self.keys[layer] = torch.cat([self.keys[layer], k])
             self.values[layer] = torch.cat([self.values[layer], v])
-        return causal_attention(q, self.keys[layer], self.values[layer])
+        return causal_attention(q, self.keys[layer], self.values[layer], self.model.config.layer_window(layer))
 
 
-def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """The last ``T`` of ``L`` tokens attend causally: ``q [T, H, D]``, ``keys``/``values [L, KV, D]``."""
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """The last ``T`` of ``L`` tokens attend causally: ``q [T, H, D]``, ``keys``/``values [L, KV, D]``;
+    with a ``window``, each query sees only its last ``window`` positions (itself included)."""
     t, num_heads, head_dim = q.shape
     length, num_kv_heads, _ = keys.shape
     acc = compute_dtype(q.dtype)
@@ -56,7 +58,11 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) 
     k = keys.to(acc).repeat_interleave(group, dim=1)  # [L, H, D]
     v = values.to(acc).repeat_interleave(group, dim=1)
     scores = torch.einsum("thd,lhd->htl", q.to(acc), k) * head_dim**-0.5
-    allowed = torch.arange(length, device=q.device)[None, :] <= torch.arange(length - t, length, device=q.device)[:, None]
+    key_pos = torch.arange(length, device=q.device)[None, :]
+    query_pos = torch.arange(length - t, length, device=q.device)[:, None]
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed &= key_pos > query_pos - window
     probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
     return torch.einsum("htl,lhd->thd", probs, v).to(q.dtype)
 

@@ -14,11 +14,17 @@ A request is rejected up front, with a reason, when no schedule could ever finis
 
 Everything else is admitted eventually: a running request can always grow into the whole pool by
 preempting the others, and a waiting one into the whole admission room once nothing else runs.
+
+With a hybrid KV cache (sliding-window layer groups) every count is summed over the groups, a
+sliding group counting at most the blocks its window and one step's chunk can hold
+(``hybrid_kv.admission_cap``); parallel samples share prompt blocks only in full-attention groups
+here (a sliding group's prompt blocks leave the window as the samples decode).
 """
 
 from __future__ import annotations
 
 from engine.policy.config import SchedulerConfig
+from engine.policy.hybrid_kv import admission_cap
 from engine.policy.kv_manager import cdiv
 from engine.policy.request import Request
 
@@ -49,6 +55,23 @@ def peak_blocks(request: Request, block_size: int, max_model_len: int) -> int:
     return shared + samples * (per_seq - shared)
 
 
+def hybrid_blocks(request: Request, config: SchedulerConfig, num_tokens: int, *, shared: bool) -> int:
+    """Blocks ``num_tokens`` tokens of each of the request's samples take over every layer group
+    of a hybrid cache, a sliding group capped at what its window and one chunk hold."""
+    bs = config.block_size
+    samples = request.num_samples
+    total = 0
+    for window in config.kv_group_windows:
+        per_seq = cdiv(num_tokens, bs)
+        if window is not None:
+            total += samples * min(per_seq, admission_cap(window, bs, config.max_num_batched_tokens,
+                                                          config.max_model_len))
+            continue
+        common = request.prompt_len // bs if shared and samples > 1 else 0
+        total += common + samples * (per_seq - common)
+    return total
+
+
 def limits_reason(request: Request, config: SchedulerConfig) -> str | None:
     """Why the request breaks a limit any scheduler has (model length, token budget, batch size),
     whatever its memory is, or ``None``."""
@@ -74,6 +97,8 @@ def rejection_reason(request: Request, config: SchedulerConfig, num_usable_block
     samples = request.num_samples
     room = admission_room(config, num_usable_blocks)
     prompt_blocks = cdiv(request.prompt_len, bs)
+    if config.is_hybrid:
+        return _hybrid_reason(request, config, num_usable_blocks, room)
     if prompt_blocks > room:
         return (
             f"its prompt needs {prompt_blocks} blocks of {bs} tokens but an admission can get at "
@@ -86,4 +111,22 @@ def rejection_reason(request: Request, config: SchedulerConfig, num_usable_block
             f"needs {peak} blocks of {bs} tokens at its longest ({longest} tokens x {samples} "
             f"sample(s)) but the pool has {num_usable_blocks}"
         )
+    return None
+
+
+def _hybrid_reason(request: Request, config: SchedulerConfig, num_usable_blocks: int, room: int) -> str | None:
+    bs = config.block_size
+    groups = len(config.kv_group_windows)
+    first_chunk = min(request.prompt_len, config.max_num_batched_tokens) if config.enable_chunked_prefill \
+        else request.prompt_len
+    admission = max(hybrid_blocks(request, config, request.prompt_len, shared=False) // request.num_samples,
+                    groups * cdiv(first_chunk, bs))
+    if admission > room:
+        return (f"its prompt needs {admission} blocks of {bs} tokens over {groups} layer groups but an admission "
+                f"can get at most {room} (the pool above the watermark)")
+    longest = longest_written_tokens(request, config.max_model_len)
+    peak = hybrid_blocks(request, config, longest, shared=True)
+    if peak > num_usable_blocks:
+        return (f"needs {peak} blocks of {bs} tokens over {groups} layer groups at its longest ({longest} tokens x "
+                f"{request.num_samples} sample(s)) but the pool has {num_usable_blocks}")
     return None

@@ -42,6 +42,12 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     watermark: float = 0.0  # fraction of num_gpu_blocks kept free when admitting / swapping in
+    # The attention window of each KV-cache layer group (None: full attention), in group order
+    # (engine.catalog.kv_layout). One full group is the plain paged cache; anything else is vLLM
+    # v1's hybrid KV-cache manager (engine/policy/hybrid_kv.py): a block table per group, blocks
+    # that leave a window freed. Hybrid caches need vLLM v1's behaviour: the vllm-v1 step order,
+    # recompute preemption, the null block for dropped entries, blocks reserved as scheduled.
+    kv_group_windows: tuple[int | None, ...] = (None,)
 
     # --- plug-ins -----------------------------------------------------------------------------
     eviction_policy: str = "lru"
@@ -108,6 +114,7 @@ class SchedulerConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
+        self._check_kv_groups()
         if self.step_order == "vllm-v0":
             for name, required in V0_REQUIRES.items():
                 if getattr(self, name) != required:
@@ -115,6 +122,39 @@ class SchedulerConfig:
                         f"step_order 'vllm-v0' reproduces vLLM 0.6.3, which needs {name}={required!r} "
                         f"(got {getattr(self, name)!r})"
                     )
+
+    def _check_kv_groups(self) -> None:
+        windows = self.kv_group_windows
+        if not isinstance(windows, tuple) or not windows:
+            raise ValueError(f"kv_group_windows must be a non-empty tuple, got {windows!r}")
+        for window in windows:
+            if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+                raise ValueError(f"kv_group_windows entries must be None or a positive int, got {window!r}")
+        if not self.is_hybrid:
+            return
+        why = "sliding-window layer groups follow vLLM v1's hybrid KV-cache manager, which"
+        if self.step_order != "vllm-v1":
+            raise ValueError(f"{why} the vllm-v0 step order (vLLM 0.6.3) does not model; use the vllm-v1 or "
+                             f"pagesim preset")
+        if isinstance(self.preemption_mode, str) and self.preemption_mode != "recompute":
+            raise ValueError(f"{why} preempts by recompute only (vLLM v1 has no swap space); "
+                             f"--preemption {self.preemption_mode} is not available for this model")
+        if not self.reserve_null_block:
+            raise ValueError(f"{why} needs the null block (block 0) for the entries a window dropped: "
+                             f"reserve_null_block=True")
+        if self.reserve_extent != "scheduled":
+            raise ValueError(f"{why} reserves blocks for the tokens a step computes (reserve_extent='scheduled')")
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether the cache has sliding-window groups (a table per group; engine/policy/hybrid_kv.py)."""
+        return any(w is not None for w in self.kv_group_windows)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The (largest) sliding window of the cache's groups; None without one."""
+        windows = [w for w in self.kv_group_windows if w is not None]
+        return max(windows) if windows else None
 
     @property
     def watermark_blocks(self) -> int:

@@ -106,8 +106,8 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
 
     if not s.running or s.swapped or s._pending_rejections:
         return None
-    if type(s) is not Scheduler or type(s.step_order) is not VllmV1StepOrder:
-        return None
+    if type(s) is not Scheduler or type(s.step_order) is not VllmV1StepOrder or s.kv.hybrid:
+        return None  # (a hybrid cache frees window blocks as it decodes: not modelled here yet)
     cfg = s.config
     bs = s.block_size
     ref_counts = s.pool.ref_counts

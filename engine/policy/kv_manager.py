@@ -37,6 +37,9 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
+    #: One table per sequence (``HybridKVCacheManager`` keeps one per layer group).
+    hybrid = False
+
     def __init__(
         self,
         block_pool: BlockPool,
@@ -90,31 +93,29 @@ class KVCacheManager:
     # ----------------------------------------------------------- reserving
     def reserve(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
         """Make slots ``[start, end)`` writable by ``seq``; returns copy-on-write ``(src, dst)`` pairs."""
-        bs = self.block_size
-        pool = self.pool
         table = seq.block_table
         old_len = len(table)
-        num_end_blocks = -(-end // bs)  # cdiv, inlined: a hot path
-        if num_end_blocks > old_len:
-            for _ in range(num_end_blocks - old_len):
-                table.append(pool.allocate())
+        copies = grow_table(self.pool, table, self.block_size, start, end)
+        if copies or len(table) != old_len:
             seq.table_snapshot = None
-        copies: list[tuple[int, int]] = []
-        if end > start:
-            ref_counts = pool.ref_counts
-            for i in range(start // bs, num_end_blocks if num_end_blocks < old_len else old_len):
-                src = table[i]
-                if ref_counts[src] > 1:
-                    # NOTE: a shared block that is being written is never full (full blocks hold
-                    # only computed tokens), so it carries no key and the copy needs none.
-                    dst = pool.allocate()
-                    pool.free(src)
-                    table[i] = dst
-                    copies.append((src, dst))
-                    seq.table_snapshot = None
         if end > seq.num_filled_tokens:
             seq.num_filled_tokens = end
         return copies
+
+    def remove_skipped_blocks(self, seq: Sequence) -> None:
+        """Release blocks that left every attention window (only sliding-window groups have any:
+        ``HybridKVCacheManager``); called before a running sequence's step is counted."""
+
+    def admission_blocks(self, seqs: list[Sequence], hits: list, plan: list[tuple[Sequence, int]],
+                         prompt_len: int) -> tuple[int, int, int]:
+        """(new blocks, hit blocks an admission takes off the free count, distinct hit blocks) of
+        admitting ``seqs`` with ``hits``: every sequence's whole known length (vLLM v1), less its
+        hits and, for parked sequences, less the prompt blocks they will share with the leader."""
+        bs = self.block_size
+        shared = prompt_len // bs
+        new_blocks = sum(cdiv(seq.num_tokens, bs) - (shared if seq.parked else len(h)) for seq, h in zip(seqs, hits))
+        hit_blocks = {b for h in hits for b in h}
+        return new_blocks, self.num_evictable(hit_blocks), len(hit_blocks)
 
     # -------------------------------------------------------- prefix cache
     def block_key(self, seq: Sequence, index: int) -> BlockKey:
@@ -292,6 +293,31 @@ class KVCacheManager:
                 f"block {b}: ref {self.pool.ref_counts[b]} but held by {gpu_refs[b]} tables"
             )
         assert cpu_refs == self.swap.ref_counts, "CPU ref counts differ from the tables holding them"
+
+
+def grow_table(pool: BlockPool, table: list[int], block_size: int, start: int, end: int) -> list[tuple[int, int]]:
+    """Make slots ``[start, end)`` of ``table`` writable: new blocks at its end, then a private copy
+    of every existing block the write touches that another table also holds; returns the
+    copy-on-write ``(src, dst)`` pairs."""
+    bs = block_size
+    old_len = len(table)
+    num_end_blocks = -(-end // bs)  # cdiv, inlined: a hot path
+    if num_end_blocks > old_len:
+        for _ in range(num_end_blocks - old_len):
+            table.append(pool.allocate())
+    copies: list[tuple[int, int]] = []
+    if end > start:
+        ref_counts = pool.ref_counts
+        for i in range(start // bs, num_end_blocks if num_end_blocks < old_len else old_len):
+            src = table[i]
+            if ref_counts[src] > 1:
+                # NOTE: a shared block that is being written is never full (full blocks hold
+                # only computed tokens), so it carries no key and the copy needs none.
+                dst = pool.allocate()
+                pool.free(src)
+                table[i] = dst
+                copies.append((src, dst))
+    return copies
 
 
 def _count_blocks(tables: list[list[int]], distinct: bool) -> int:

@@ -13,7 +13,10 @@ oracle logs in ``shared/oracle/README.md``: ``scheduled`` tokens computed per re
 ``preempted`` and ``preempted_mode``, ``finished`` (sorted, filled in by ``update``),
 ``num_free_blocks`` (free + cached GPU blocks after scheduling), ``num_free_cpu_blocks``,
 ``block_ids`` (``{request: {sequence index: [block ids]}}``), ``blocks_to_copy``,
-``blocks_to_swap_out``, ``blocks_to_swap_in`` and ``rejected`` (``{request: reason}``).
+``blocks_to_swap_out``, ``blocks_to_swap_in`` and ``rejected`` (``{request: reason}``). With a
+hybrid KV cache (sliding-window layer groups) ``block_ids`` is group 0's table and
+``group_block_ids`` holds groups 1.. (``{request: {sequence index: [[ids of group 1], ...]}}``);
+entries a window dropped are vLLM's null block, 0.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ class ScheduledSequence:
     block_table: tuple[int, ...]  # GPU block ids after scheduling, logical order
     block_size: int
     samples: bool  # whether this step ends with a sampled token for this sequence
+    # Hybrid KV caches: the tables of layer groups 1.. (block_table is group 0's); the null
+    # block (0) stands where a sliding window dropped a block, which no kernel reads.
+    extra_block_tables: tuple[tuple[int, ...], ...] = ()
+
+    def group_table(self, group: int) -> tuple[int, ...]:
+        return self.block_table if group == 0 else self.extra_block_tables[group - 1]
 
     @property
     def seq_id(self) -> str:
@@ -50,10 +59,11 @@ class ScheduledSequence:
         """Prefill-shaped work: several tokens, or a chunk that ends before the last known token."""
         return not self.samples or self.num_new_tokens > 1
 
-    def slot_mapping(self) -> list[int]:
-        """Physical slot (``block_id * block_size + offset``) of each new token, in order."""
+    def slot_mapping(self, group: int = 0) -> list[int]:
+        """Physical slot (``block_id * block_size + offset``) of each new token, in order, in the
+        table of layer group ``group``."""
         bs = self.block_size
-        table = self.block_table
+        table = self.block_table if group == 0 else self.extra_block_tables[group - 1]
         return [
             table[pos // bs] * bs + pos % bs
             for pos in range(self.num_computed_tokens, self.num_computed_tokens + self.num_new_tokens)
@@ -89,9 +99,12 @@ class SchedulerOutput:
     def to_record(self) -> dict[str, Any]:
         """The step's decision-log record (``finished`` is added by ``Scheduler.update``)."""
         block_ids: dict[str, dict[str, list[int]]] = {}
+        group_block_ids: dict[str, dict[str, list[list[int]]]] = {}
         for s in self.scheduled:
             block_ids.setdefault(s.request_id, {})[str(s.seq_index)] = list(s.block_table)
-        return {
+            if s.extra_block_tables:
+                group_block_ids.setdefault(s.request_id, {})[str(s.seq_index)] = [list(t) for t in s.extra_block_tables]
+        record = {
             "step": self.step,
             "scheduled": dict(self.num_scheduled_tokens),
             "order": list(self.order),
@@ -110,6 +123,9 @@ class SchedulerOutput:
             "blocks_to_swap_out": [list(p) for p in self.blocks_to_swap_out],
             "blocks_to_swap_in": [list(p) for p in self.blocks_to_swap_in],
         }
+        if group_block_ids:
+            record["group_block_ids"] = group_block_ids
+        return record
 
 
 def frozen_map(d: dict) -> Mapping:

@@ -103,6 +103,8 @@ class Planner:
         tables are still swapped out and count as they will be once swapped in."""
         cfg = self.config
         kv = self.kv
+        if kv.hybrid:  # a table per layer group (no swapping there)
+            return kv.plan_need(plan)
         if len(plan) == 1 and not from_cpu:
             # NOTE: one table: nothing is pending from another table of the same request.
             seq, n = plan[0]

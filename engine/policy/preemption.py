@@ -57,7 +57,7 @@ def _arrival_order(r: Request) -> tuple[float, int]:
 
 
 def _num_gpu_blocks(r: Request) -> int:
-    return sum(len(s.block_table) for s in r.live_seqs)
+    return sum(s.num_held_blocks for s in r.live_seqs)
 
 
 class RunningTailVictim(VictimPolicy):

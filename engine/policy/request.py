@@ -31,6 +31,10 @@ from dataclasses import dataclass, field
 from engine.policy.block_key import BlockKey
 
 
+#: vLLM v1's null block: what an executor reads where a sliding window dropped a block (never read).
+NULL_BLOCK_ID = 0
+
+
 def seq_id_of(request_id: str, index: int) -> str:
     """A sequence's id: how executors name it (e.g. in ``{seq_id: sampled token}``)."""
     return f"{request_id}#{index}"
@@ -217,12 +221,38 @@ class Sequence:
     # ``tuple(block_table)``, kept while the table is unchanged (the KV manager drops it on every
     # change), so a decode step does not copy a long table that did not change.
     table_snapshot: tuple[int, ...] | None = None
+    # A hybrid KV cache (sliding-window layer groups; engine/policy/hybrid_kv.py) keeps one table
+    # per group: ``block_table`` is group 0's, these are groups 1.. (None: one group). In a
+    # sliding group the entries a window dropped are None (vLLM's null block).
+    extra_tables: list[list[int | None]] | None = None
+    extra_snapshot: tuple[tuple[int, ...], ...] | None = None  # ``extra_table_tuples()``, while unchanged
 
     def block_table_tuple(self) -> tuple[int, ...]:
         snapshot = self.table_snapshot
         if snapshot is None:
-            snapshot = self.table_snapshot = tuple(self.block_table)
+            if self.extra_tables is None:
+                snapshot = tuple(self.block_table)
+            else:  # the executor sees the null block (0) where a window dropped a block
+                snapshot = tuple(NULL_BLOCK_ID if b is None else b for b in self.block_table)
+            self.table_snapshot = snapshot
         return snapshot
+
+    def extra_table_tuples(self) -> tuple[tuple[int, ...], ...]:
+        """Groups 1..'s tables as the executor sees them (the null block for dropped entries)."""
+        if not self.extra_tables:
+            return ()
+        snapshot = self.extra_snapshot
+        if snapshot is None:
+            snapshot = self.extra_snapshot = tuple(
+                tuple(NULL_BLOCK_ID if b is None else b for b in t) for t in self.extra_tables)
+        return snapshot
+
+    @property
+    def num_held_blocks(self) -> int:
+        """GPU blocks this sequence's tables hold (every group's; dropped entries aside)."""
+        if self.extra_tables is None:
+            return len(self.block_table)
+        return sum(b is not None for table in (self.block_table, *self.extra_tables) for b in table)
 
     @property
     def seq_id(self) -> str:

@@ -31,6 +31,7 @@ from engine.policy.admission import rejection_reason
 from engine.policy.block_key import HashFn, default_hash
 from engine.policy.block_pool import BlockPool
 from engine.policy.config import SchedulerConfig
+from engine.policy.hybrid_kv import HybridKVCacheManager
 from engine.policy.kv_manager import KVCacheManager
 from engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.planning import Plan, Planner
@@ -55,13 +56,21 @@ class Scheduler:
             reserve_null_block=config.reserve_null_block,
         )
         self.swap_pool = SwapPool(config.num_cpu_blocks)
-        self.kv = KVCacheManager(
-            self.pool,
-            self.swap_pool,
-            block_size=config.block_size,
-            enable_prefix_caching=config.enable_prefix_caching,
-            hash_fn=hash_fn,
-        )
+        if config.is_hybrid:  # sliding-window layer groups: a table per group (vLLM v1's hybrid manager)
+            self.kv: KVCacheManager = HybridKVCacheManager(
+                self.pool, self.swap_pool, block_size=config.block_size,
+                enable_prefix_caching=config.enable_prefix_caching, windows=config.kv_group_windows,
+                max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
+                hash_fn=hash_fn,
+            )
+        else:
+            self.kv = KVCacheManager(
+                self.pool,
+                self.swap_pool,
+                block_size=config.block_size,
+                enable_prefix_caching=config.enable_prefix_caching,
+                hash_fn=hash_fn,
+            )
         self.victim_policy = make_victim_policy(config.victim_policy)
         self.preemption_mode = make_preemption_mode(config.preemption_mode)
         self.output_processor = OutputProcessor(self.kv, max_model_len=config.max_model_len)
@@ -195,6 +204,7 @@ class Scheduler:
                     block_table=seq.block_table_tuple(),
                     block_size=self.block_size,
                     samples=samples,
+                    extra_block_tables=seq.extra_table_tuples() if seq.extra_tables is not None else (),
                 )
             )
             total += n
@@ -223,6 +233,9 @@ class Scheduler:
         need = moved if swap_need is None else swap_need
         if mode is None:
             mode = self.choose_mode(victim, moved)
+        if mode == "swap" and kv.hybrid:
+            raise ValueError(f"the preemption mode chose to swap {victim.request_id!r}, but a hybrid KV cache "
+                             f"(sliding-window layer groups, vLLM v1) preempts by recompute only")
         if mode == "swap" and need > self.swap_pool.num_free_blocks:
             if cfg.on_swap_exhausted == "raise":  # vLLM 0.6.3; nothing has changed yet
                 raise SwapSpaceExhausted(
@@ -238,7 +251,7 @@ class Scheduler:
                 kv.free(seq)
                 seq.num_computed_tokens = 0
                 seq.decoding = False
-            if self.block_size <= victim.prompt_len:
+            if self.block_size <= victim.prompt_len and not kv.hybrid:
                 for seq in seqs[1:]:  # re-share the prompt's full blocks once the leader has them
                     seq.parked = True
             victim.status = RequestStatus.WAITING
@@ -312,19 +325,24 @@ class Scheduler:
         seen_partial: set[int] = set()
         for request in self.running:
             for seq in request.live_seqs:
-                table = seq.block_table
-                if not table:
-                    continue
-                num_blocks = len(table)
-                unshared += num_blocks
-                tail = num_blocks * bs - seq.num_filled_tokens
-                if tail:
-                    last = table[-1]
-                    if ref_counts[last] == 1:
-                        idle += tail
-                    elif last not in seen_partial:
-                        seen_partial.add(last)
-                        idle += tail
+                if seq.extra_tables is None:
+                    tables = (seq.block_table,)
+                else:  # a table per layer group (hybrid caches): count the entries that hold a block
+                    tables = (seq.block_table, *seq.extra_tables)
+                    unshared -= sum(b is None for table in tables for b in table)
+                for table in tables:
+                    if not table:
+                        continue
+                    num_blocks = len(table)
+                    unshared += num_blocks
+                    tail = num_blocks * bs - seq.num_filled_tokens
+                    if tail:
+                        last = table[-1]
+                        if ref_counts[last] == 1:
+                            idle += tail
+                        elif last not in seen_partial:
+                            seen_partial.add(last)
+                            idle += tail
         allocated = pool.num_used_blocks * bs
         return KvUsage(
             total_slots=pool.num_usable_blocks * bs,
@@ -342,7 +360,8 @@ class Scheduler:
             assert request.status is RequestStatus.RUNNING
         for request in self.waiting:
             assert request.status is RequestStatus.WAITING
-            assert all(not s.block_table for s in request.seqs), f"{request.request_id} waits holding blocks"
+            assert all(not s.block_table and not any(s.extra_tables or ()) for s in request.seqs), (
+                f"{request.request_id} waits holding blocks")
         for request in self.swapped:
             assert request.status is RequestStatus.SWAPPED
             assert all(not s.block_table for s in request.seqs)

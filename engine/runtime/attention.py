@@ -3,7 +3,8 @@ through the block tables with the paged prefill and decode kernels (``kernels.op
 
 Per layer, every token's K/V is written before any query attends, so a sequence that hits a
 prefix block another sequence fills in this same step reads it complete (the policy registers a
-block in the prefix cache when it is scheduled, as vLLM v1 does).
+block in the prefix cache when it is scheduled, as vLLM v1 does). A layer of a hybrid cache uses
+its group's slots and block tables, and a sliding-window layer attends through its window.
 """
 
 from __future__ import annotations
@@ -23,21 +24,23 @@ class PagedAttention:
         self.scale = cache.config.head_dim ** -0.5
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        batch, backend = self.batch, self.backend
-        key_cache, value_cache = self.cache.key_caches[layer], self.cache.value_caches[layer]
-        write_kv_cache(k, v, key_cache, value_cache, batch.slot_mapping, backend=backend)
+        batch, backend, cache = self.batch, self.backend, self.cache
+        key_cache, value_cache = cache.key_caches[layer], cache.value_caches[layer]
+        tables = batch.layers(cache.layer_group[layer])
+        window = cache.layer_window[layer]
+        write_kv_cache(k, v, key_cache, value_cache, tables.slot_mapping, backend=backend)
         split = batch.num_prefill_tokens
         parts = []
-        if batch.prefill is not None:
-            g = batch.prefill
+        if tables.prefill is not None:
+            g = tables.prefill
             parts.append(paged_prefill_attention(
                 q[:split], key_cache, value_cache, g.block_tables, g.query_start_loc, g.seq_lens, self.scale,
-                backend=backend, max_query_len=g.max_query_len,
+                backend=backend, max_query_len=g.max_query_len, window=window,
             ))
-        if batch.decode is not None:
-            g = batch.decode
+        if tables.decode is not None:
+            g = tables.decode
             parts.append(paged_decode_attention(
                 q[split:], key_cache, value_cache, g.block_tables, g.seq_lens, self.scale,
-                backend=backend, max_context_len=g.max_seq_len,
+                backend=backend, max_context_len=g.max_seq_len, window=window,
             ))
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -9,7 +9,9 @@ names. ``sample_rows`` are the rows whose hidden state gives a sampled token (a 
 new token, when the step ends at its last known token).
 
 Invariants: rows ``[0, num_prefill_tokens)`` are the prefill sequences' tokens, packed in order
-(``query_start_loc``); the remaining rows are one token per decode sequence.
+(``query_start_loc``); the remaining rows are one token per decode sequence. A hybrid KV cache
+(sliding-window layer groups) has a table per group, so the slots and the kernels' block tables
+come per group too (``layers(group)``); the rows are the same for every group.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ class Group:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupTables:
+    """What differs between the layer groups of one step: slots and block tables."""
+
+    slot_mapping: torch.Tensor  # [T] int64
+    prefill: Group | None
+    decode: Group | None
+
+
+@dataclass(frozen=True, slots=True)
 class StepBatch:
     seqs: tuple[ScheduledSequence, ...]  # kernel order
     input_ids: torch.Tensor  # [T] int64
@@ -47,14 +58,22 @@ class StepBatch:
     decode: Group | None
     sample_rows: torch.Tensor  # [S] int64: rows of the sampling sequences' last tokens
     sample_seqs: tuple[ScheduledSequence, ...]  # aligned with sample_rows
+    extra_groups: tuple[GroupTables, ...] = ()  # layer groups 1.. of a hybrid cache
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def layers(self, group: int) -> GroupTables:
+        """Slots and block tables of layer group ``group`` (group 0's are the batch's own fields)."""
+        if group == 0:
+            return GroupTables(self.slot_mapping, self.prefill, self.decode)
+        return self.extra_groups[group - 1]
 
-def build_batch(output: SchedulerOutput, tokens_of: TokensOf, device: torch.device) -> StepBatch | None:
-    """The step's batch, or ``None`` if it computes nothing."""
+
+def build_batch(output: SchedulerOutput, tokens_of: TokensOf, device: torch.device,
+                num_groups: int = 1) -> StepBatch | None:
+    """The step's batch, or ``None`` if it computes nothing (``num_groups``: the cache's layer groups)."""
     prefill = [s for s in output.scheduled if s.num_new_tokens > 1]
     decode = [s for s in output.scheduled if s.num_new_tokens == 1]
     seqs = prefill + decode
@@ -81,19 +100,26 @@ def build_batch(output: SchedulerOutput, tokens_of: TokensOf, device: torch.devi
         return torch.tensor(values, dtype=torch.int64, device=device)
 
     num_prefill_tokens = sum(s.num_new_tokens for s in prefill)
+    extra = tuple(
+        GroupTables(long([slot for s in seqs for slot in s.slot_mapping(g)]),
+                    _group(prefill, device, packed=True, group=g) if prefill else None,
+                    _group(decode, device, packed=False, group=g) if decode else None)
+        for g in range(1, num_groups)
+    )
     return StepBatch(
         seqs=tuple(seqs), input_ids=long(ids), positions=long(positions), slot_mapping=long(slots),
         num_prefill_tokens=num_prefill_tokens,
         prefill=_group(prefill, device, packed=True) if prefill else None,
         decode=_group(decode, device, packed=False) if decode else None,
-        sample_rows=long(sample_rows), sample_seqs=tuple(sample_seqs),
+        sample_rows=long(sample_rows), sample_seqs=tuple(sample_seqs), extra_groups=extra,
     )
 
 
-def _group(seqs: list[ScheduledSequence], device: torch.device, *, packed: bool) -> Group:
+def _group(seqs: list[ScheduledSequence], device: torch.device, *, packed: bool, group: int = 0) -> Group:
     lens = [s.num_computed_tokens + s.num_new_tokens for s in seqs]
-    width = max(len(s.block_table) for s in seqs)
-    tables = [list(s.block_table) + [0] * (width - len(s.block_table)) for s in seqs]  # padding is never read
+    rows = [s.group_table(group) for s in seqs]
+    width = max(len(row) for row in rows)
+    tables = [list(row) + [0] * (width - len(row)) for row in rows]  # padding is never read
 
     def int32(values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)

@@ -196,7 +196,7 @@ def dtype_for(choice: str, device, backend: str, TORCH_DTYPES, check_reference: 
 def _scheduler_config(args, config, dtype, device):
     from engine.policy import make_config
     from engine.policy.cli_args import policy_overrides
-    from engine.runtime.kv_cache import GiB, blocks_for_budget
+    from engine.runtime.kv_cache import GiB, blocks_for_budget, scheduler_kv_settings
 
     overrides = policy_overrides(args)
     max_model_len = args.max_model_len or config.max_position_embeddings
@@ -233,7 +233,7 @@ def _scheduler_config(args, config, dtype, device):
     if args.gpu_memory_utilization is not None and device.type != "cuda":
         raise ValueError("--gpu-memory-utilization sizes a CUDA cache; on CPU give --kv-cache-gb or --num-gpu-blocks")
     return make_config(args.policy, block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-                       max_model_len=max_model_len, **overrides)
+                       max_model_len=max_model_len, **scheduler_kv_settings(config), **overrides)
 
 
 def _check_memory(model_config, dtype, device, config) -> None:

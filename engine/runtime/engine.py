@@ -36,7 +36,7 @@ import torch
 from engine.model.llama import LlamaForCausalLM
 from engine.policy import Request, Scheduler, SchedulerConfig, SchedulerOutput
 from engine.policy.progress import ProgressWatch
-from engine.runtime.kv_cache import PagedKVCache
+from engine.runtime.kv_cache import PagedKVCache, scheduler_kv_settings
 from engine.runtime.runner import ExecutionError, ModelRunner, Releases, StepLogits
 from engine.runtime.sampler import SamplingParams, assign_beam_indices, beam_candidates, sample_token
 from traces.trace import Trace
@@ -128,6 +128,11 @@ class Engine:
         if config.max_model_len > model.config.max_position_embeddings:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's context "
                              f"({model.config.max_position_embeddings} tokens)")
+        expected = scheduler_kv_settings(model.config).get("kv_group_windows", (None,))
+        if tuple(config.kv_group_windows) != tuple(expected):
+            raise ValueError(f"{model.config.name}'s KV cache has layer groups with windows {expected}, but the "
+                             f"scheduler was configured for {config.kv_group_windows} (pass "
+                             f"engine.runtime.kv_cache.scheduler_kv_settings(model.config) to make_config)")
         self.model = model
         self.config = config
         self.backend = resolve_engine_backend(backend, model)

@@ -5,8 +5,14 @@ head_dim]`` (the kernels' layout); the swap space has the same layout with its o
 in pinned host memory when the cache is on CUDA. Block ids are the policy's: GPU block ``b`` of
 every layer is ``key_caches[layer][b]``, CPU block ``c`` is ``cpu_key_caches[layer][c]``.
 
-Sizing (``blocks_for_budget``): a byte budget divided by one block's bytes across all layers, keys
-and values. On CUDA the budget is vLLM's ``gpu_memory_utilization`` rule (``total memory x
+A model with sliding-window layers has its layers in vLLM v1's KV-cache groups
+(``engine.catalog.kv_layout``): a block id then belongs to one group at a time, and the ``group_size``
+layer slots of a group share tensors with the same slots of every other group, as vLLM lays them
+out, so ``key_caches[layer]`` is the tensor of the layer's slot (``layer_slot``) and a block holds
+one group's layers. One group (every other model) is the plain layout: a tensor per layer.
+
+Sizing (``blocks_for_budget``): a byte budget divided by one block's bytes across a group's layers
+(all layers for one group), keys and values. On CUDA the budget is vLLM's ``gpu_memory_utilization`` rule (``total memory x
 utilization`` less what the model and a profiling forward pass took, ``profile_kv_budget``); on
 either device it can be given in GiB, or the block count directly.
 
@@ -21,16 +27,31 @@ from collections.abc import Iterable
 
 import torch
 
+from engine.catalog.kv_layout import KvLayout, kv_layout
 from engine.model.config import LlamaConfig
 from kernels import copy_blocks, swap_blocks
 
 GiB = 1 << 30
 
 
+def layout_of(config: LlamaConfig) -> KvLayout:
+    """The model's KV-cache layer groups (one group of every layer unless some layers slide)."""
+    return kv_layout(config.preset)
+
+
+def scheduler_kv_settings(config: LlamaConfig) -> dict:
+    """The scheduler settings the model's KV layout needs: for sliding-window layer groups, their
+    windows and vLLM's null block (``engine.policy.hybrid_kv``); nothing for one group."""
+    layout = layout_of(config)
+    if not layout.is_hybrid:
+        return {}
+    return {"kv_group_windows": layout.windows, "reserve_null_block": True}
+
+
 def block_bytes(config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, keys and values."""
+    """Bytes one block takes across a group's layers (all layers for one group), keys and values."""
     element = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
+    return 2 * layout_of(config).group_size * block_size * config.num_kv_heads * config.head_dim * element
 
 
 def blocks_for_budget(budget_bytes: int, config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -52,16 +73,27 @@ class PagedKVCache:
         self.backend = backend
         shape = (block_size, config.num_kv_heads, config.head_dim)
         fill = float("nan") if poison else 0.0
+        self.layout = layout = layout_of(config)
+        # Each layer's group, its slot within the group (the tensor it shares) and its window.
+        self.layer_group = [0] * config.num_layers
+        self.layer_slot = [0] * config.num_layers
+        for g, group in enumerate(layout.groups):
+            for slot, layer in enumerate(group.layers):
+                self.layer_group[layer], self.layer_slot[layer] = g, slot
+        self.layer_window = [layout.groups[g].window for g in self.layer_group]
 
         def tensors(num_blocks: int, device: torch.device, pin: bool) -> list[torch.Tensor]:
             out = []
-            for _ in range(config.num_layers):
+            for _ in range(layout.group_size):
                 t = torch.full((num_blocks, *shape), fill, dtype=dtype, device=device)
                 out.append(t.pin_memory() if pin else t)
             return out
 
-        self.key_caches = tensors(num_gpu_blocks, self.device, False)
-        self.value_caches = tensors(num_gpu_blocks, self.device, False)
+        # One tensor per group slot (per layer for one group); key_caches[layer] is its slot's.
+        self.slot_key_caches = tensors(num_gpu_blocks, self.device, False)
+        self.slot_value_caches = tensors(num_gpu_blocks, self.device, False)
+        self.key_caches = [self.slot_key_caches[s] for s in self.layer_slot]
+        self.value_caches = [self.slot_value_caches[s] for s in self.layer_slot]
         pin = self.device.type == "cuda"
         cpu = torch.device("cpu")
         self.cpu_key_caches = tensors(num_cpu_blocks, cpu, pin) if num_cpu_blocks else []
@@ -84,7 +116,7 @@ class PagedKVCache:
         """``(src, dst)`` copy-on-write pairs, every layer in one call."""
         if pairs:
             mapping = torch.tensor(pairs, dtype=torch.int64, device=self.device)
-            copy_blocks(self.key_caches, self.value_caches, mapping, backend=self.backend)
+            copy_blocks(self.slot_key_caches, self.slot_value_caches, mapping, backend=self.backend)
 
     def poison_gpu(self, block_ids: Iterable[int]) -> None:
         self._fill_nan(self._gpu_tensors(), block_ids)
@@ -101,7 +133,7 @@ class PagedKVCache:
             cache.index_fill_(0, index, float("nan"))
 
     def _gpu_tensors(self) -> list[torch.Tensor]:
-        return self.key_caches + self.value_caches
+        return self.slot_key_caches + self.slot_value_caches
 
     def _cpu_tensors(self) -> list[torch.Tensor]:
         return self.cpu_key_caches + self.cpu_value_caches

@@ -72,7 +72,7 @@ class ModelRunner:
         cache.swap_in(swap_in)
         self._poison_cpu()
         cache.copy(list(output.blocks_to_copy))
-        batch = build_batch(output, tokens_of, cache.device)
+        batch = build_batch(output, tokens_of, cache.device, len(cache.layout.groups))
         if batch is None:
             return StepLogits(None, None)
         attention = PagedAttention(cache, batch, backend=self.backend)

@@ -22,7 +22,6 @@ number waiting: the waiting pass stops at the first request that does not fit.
 from __future__ import annotations
 
 from engine.policy.admission import admission_room, admission_watermark
-from engine.policy.kv_manager import cdiv
 from engine.policy.request import Request
 from engine.policy.steps.base import Step, StepOrder
 
@@ -50,6 +49,7 @@ class VllmV1StepOrder(StepOrder):
         s = self.scheduler
         running = s.running
         pool = s.pool
+        kv = s.kv
         planner = s.planner
         i = 0
         while i < len(running) and st.token_budget > 0:
@@ -61,6 +61,9 @@ class VllmV1StepOrder(StepOrder):
             if not plan:  # nothing fits this step: the next request may still use the budget
                 i += 1
                 continue
+            if kv.hybrid:  # vLLM's allocate_slots: blocks that left a window go before counting
+                for seq, _ in plan:
+                    kv.remove_skipped_blocks(seq)
             need = planner.blocks_needed(plan)
             preempted_itself = False
             while need and need > pool.num_free_blocks:  # (need 0 always fits: skip the count)
@@ -133,18 +136,14 @@ class VllmV1StepOrder(StepOrder):
                 break
             # Admission needs every sequence's whole known length to fit, less its hits (vLLM v1)
             # and, for parked sequences, less the prompt blocks they will share with the leader.
-            shared = request.prompt_len // bs
-            new_blocks = sum(
-                cdiv(seq.num_tokens, bs) - (shared if seq.parked else len(h)) for seq, h in zip(seqs, hits)
-            )
-            hit_blocks = {b for h in hits for b in h}
+            new_blocks, evictable, num_hit_blocks = kv.admission_blocks(seqs, hits, plan, request.prompt_len)
             watermark = admission_watermark(cfg, anything_running=bool(s.running))
-            if new_blocks + kv.num_evictable(hit_blocks) + watermark > pool.num_free_blocks:
-                if new_blocks + len(hit_blocks) > room:  # not even into an empty pool
+            if new_blocks + evictable + watermark > pool.num_free_blocks:
+                if new_blocks + num_hit_blocks > room:  # not even into an empty pool
                     s.reject_queued(
                         s.waiting.popleft(),
                         f"after a recompute preemption its {len(seqs)} sequence(s) need "
-                        f"{new_blocks + len(hit_blocks)} blocks to resume; an admission gets at most {room}",
+                        f"{new_blocks + num_hit_blocks} blocks to resume; an admission gets at most {room}",
                     )
                     continue
                 st.waiting_stop = "blocks"
