@@ -91,7 +91,9 @@ def _run_spec(config: RunConfig):
     for key, setting in SCHEDULER_SETTINGS.items():
         if config.get(key) is not None and (config["allocator"] == "paged" or setting not in PAGED_ONLY):
             overrides[setting] = config[key]
-    spec = RunSpec(model=config["model"], gpu=config["gpu"], tp=config["tp"], policy=config["policy"],
+    spec = RunSpec(model=config["model"], gpu=config["gpu"], tp=config["tp"], ep=config.get("ep") or 1,
+                   weight_dtype=config.get("dtype") or "auto", kv_cache_dtype=config.get("kv_cache_dtype") or "auto",
+                   policy=config["policy"],
                    allocator=config["allocator"], placement=config["placement"], block_size=config["block_size"],
                    num_gpu_blocks=config["num_gpu_blocks"], kv_cache_gb=config["kv_cache_gb"],
                    swap_space_gb=config["swap_space_gb"], max_model_len=config["max_model_len"],

@@ -46,7 +46,9 @@ SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int
                "seed": int}
 # NOTE: settings added after studies were first run stay out of a run's config at their default,
 # so the run ids of a study that does not use them (and resuming it) outlive their addition.
-LATER_SETTINGS = {"scheduler": (None, "default")}  # setting -> the values that mean its default
+LATER_SETTINGS = {"scheduler": (None, "default"), "ep": (None, 1), "dtype": (None, "auto"),
+                  "kv_cache_dtype": (None, "auto")}
+# (setting -> the values that mean its default)
 # Settings a run has (base or grid axis) and their defaults; None = the preset's / the deployment's.
 SETTINGS: dict[str, Any] = {
     "model": "llama3-8b", "gpu": "a100-40gb", "tp": 1, "policy": "pagesim", "allocator": "paged",
@@ -57,6 +59,8 @@ SETTINGS: dict[str, Any] = {
     "workload": None, "rate": None, "n": 1, "beam_width": 1, "sample_lengths": "drawn",
     "placement": "buddy", "max_model_len": None, "max_num_batched_tokens": None, "chunked_prefill": None,
     "engine_overhead_ms": 0.0, "scheduler": None,
+    # the deployment's number formats and expert parallelism (simulate's --dtype, --kv-cache-dtype, --ep)
+    "ep": None, "dtype": None, "kv_cache_dtype": None,
 }
 SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
                  "eviction": str, "preemption": str, "victim": str, "kv_cache_gb": float, "num_gpu_blocks": int,
@@ -64,7 +68,7 @@ SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator"
                  "max_num_seqs": int, "prefix_caching": bool, "workload": str, "rate": float, "n": int,
                  "beam_width": int, "sample_lengths": str, "placement": str, "max_model_len": int,
                  "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str),
-                 "scheduler": str}
+                 "scheduler": str, "ep": int, "dtype": str, "kv_cache_dtype": str}
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper", "plugins"}
 PAPERS = ("kwon2023",)
 
@@ -260,17 +264,27 @@ def _typed(value: Any, kind: type | tuple, where: str) -> Any:
 
 def _check_run(config: RunConfig, origin: str) -> None:
     """What can be refused before anything runs (the rest fails per run, recorded with its error)."""
-    from engine.model_presets import MODEL_PRESETS
+    from engine.catalog.kv_layout import KV_CACHE_DTYPES
+    from engine.catalog.model import WEIGHT_FORMATS
+    from engine.model_presets import MODEL_PRESETS, nearest_names, resolve_model_name
     from engine.policy import EVICTION_POLICIES, PREEMPTION_MODES, VICTIM_POLICIES
     from engine.policy.contiguous import PLACEMENTS
     from engine.policy.presets import PRESETS
     from engine.policy.user_plugins import SCHEDULERS
-    from sim.hardware import GPU_PRESETS
+    from sim.hardware import gpu_names, resolve_gpu_name
     from sim.router import ROUTERS
     from sim.setup import ALLOCATORS
     from traces.generate.presets import WORKLOADS
 
-    for key, allowed in (("gpu", GPU_PRESETS), ("allocator", ALLOCATORS), ("policy", PRESETS),
+    try:
+        resolve_gpu_name(config["gpu"])
+    except ValueError:
+        raise SpecError(f"{origin}: gpu = {config['gpu']!r} is not one of {', '.join(gpu_names())} "
+                        f"(or an alias of one, such as h100)") from None
+    for key, allowed in (("dtype", ("auto", *WEIGHT_FORMATS)), ("kv_cache_dtype", KV_CACHE_DTYPES)):
+        if config.get(key) is not None and config[key] not in allowed:
+            raise SpecError(f"{origin}: {key} = {config[key]!r} is not one of {', '.join(allowed)}")
+    for key, allowed in (("allocator", ALLOCATORS), ("policy", PRESETS),
                          ("eviction", EVICTION_POLICIES), ("preemption", PREEMPTION_MODES),
                          ("victim", VICTIM_POLICIES), ("placement", PLACEMENTS), ("router", ROUTERS),
                          ("workload", WORKLOADS), ("scheduler", SCHEDULERS)):
@@ -286,11 +300,13 @@ def _check_run(config: RunConfig, origin: str) -> None:
     for key in ("num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "n", "beam_width"):
         if config[key] is not None and config[key] < 1:
             raise SpecError(f"{origin}: {key} must be >= 1, got {config[key]}")
-    if config["model"] not in MODEL_PRESETS and not Path(config["model"]).exists():
-        raise SpecError(f"{origin}: model = {config['model']!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
-                        "nor a config.json")
-    for key in ("block_size", "tp", "replicas"):
-        if config[key] < 1:
+    if resolve_model_name(config["model"]) is None and not Path(config["model"]).exists():
+        near = nearest_names(config["model"])
+        raise SpecError(f"{origin}: model = {config['model']!r} is neither a preset"
+                        f"{' (did you mean ' + ', '.join(near) + '?)' if near else ''} nor a config.json "
+                        f"(presets: {', '.join(MODEL_PRESETS)})")
+    for key in ("block_size", "tp", "replicas", "ep"):  # (ep may be left out: 1)
+        if config.get(key) is not None and config[key] < 1:
             raise SpecError(f"{origin}: {key} must be >= 1, got {config[key]}")
     if config["rate_scale"] <= 0 or not math.isfinite(config["rate_scale"]):
         raise SpecError(f"{origin}: rate_scale must be a positive number, got {config['rate_scale']}")

@@ -19,7 +19,8 @@ weight bytes per GPU are the same.
 Weights are stored as the checkpoint ships them (``weight_dtype="auto"``: DeepSeek V3 in FP8,
 gpt-oss's experts in MXFP4, the rest in 16 bits) or as ``--dtype`` says (``engine.catalog.params``).
 A model whose weights do not fit its GPUs is refused with the numbers and the smallest ``--tp``
-that would hold them (``check_weights_fit``); nothing is simulated on memory that is not there.
+whose weights leave at least a fifth of the memory budget for activations and the KV cache
+(``check_weights_fit``); nothing is simulated on memory that is not there.
 
 The KV cache's layout (``layout``) is vLLM v1's: one group of all layers for most models, layer
 groups with their own block tables for models with sliding-window layers
@@ -116,7 +117,7 @@ class Deployment:
 
     def check_weights_fit(self, gpu_memory_utilization: float) -> None:
         """Refuse a model whose weights alone exceed its share of GPU memory, naming the numbers
-        and the smallest tensor-parallel degree that holds them."""
+        and the smallest tensor-parallel degree whose weights leave a fifth of it for the rest."""
         _check_utilization(gpu_memory_utilization)
         budget = self.gpu.memory_bytes * gpu_memory_utilization
         if self.weight_bytes_per_gpu <= budget:

@@ -69,7 +69,7 @@ def workloads(draw):
     # The pool: what the largest request needs at its longest (so every request is served), plus
     # a little: tight pools preempt.
     probe = make_config("vllm-v1", max_model_len=128, **scheduler_kv_settings(LAYOUTS[layout]), **settings_)
-    peak = max(hybrid_blocks(r, probe, longest_written_tokens(r, 128), shared=True) for r in requests)
+    peak = max(hybrid_blocks(r, probe, longest_written_tokens(r, 128)) for r in requests)
     settings_["num_gpu_blocks"] = 1 + peak + draw(st.integers(0, 8))
     return layout, requests, release, settings_, draw(st.sampled_from([0.0, 0.8]))
 

@@ -22,6 +22,12 @@ from engine.catalog.model import MlaShape, ModelPreset, MoeShape
 
 # Hugging Face dtype names -> bytes per element.
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+# Keys a family's published config leaves to transformers' defaults (Gemma3TextConfig:
+# google/gemma-3-27b-it's text_config omits all three).
+FAMILY_DEFAULTS = {
+    "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6},
+}
+FAMILY_DEFAULTS["gemma3"] = FAMILY_DEFAULTS["gemma3_text"]
 
 
 def preset_from_hf_config(path: str | Path) -> ModelPreset:
@@ -40,8 +46,9 @@ def preset_from_hf_config(path: str | Path) -> ModelPreset:
 
 class _Reader:
     def __init__(self, path: Path, config: dict, outer: dict):
-        self.path, self.config, self.outer = path, config, outer
+        self.path, self.outer = path, outer
         self.model_type = str(config.get("model_type", outer.get("model_type", ""))).lower()
+        self.config = {**FAMILY_DEFAULTS.get(self.model_type, {}), **config}
 
     def required(self, *keys: str) -> Any:
         for key in keys:

@@ -224,7 +224,7 @@ class ModelPreset:
         """Parameter count computed from the shapes (``engine.catalog.params`` says each part).
 
         Matches the published totals: llama3-8b 8,030,261,248; opt-13b 12,853,473,280; gpt-oss-120b
-        116,829,156,672; deepseek-v3 671,026,434,048 (without its multi-token-prediction layer)."""
+        116,829,156,672; deepseek-v3 671,026,419,200 (without its multi-token-prediction layer)."""
         from engine.catalog.params import param_breakdown
 
         return param_breakdown(self).total

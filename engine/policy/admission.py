@@ -17,8 +17,9 @@ preempting the others, and a waiting one into the whole admission room once noth
 
 With a hybrid KV cache (sliding-window layer groups) every count is summed over the groups, a
 sliding group counting at most the blocks its window and one step's chunk can hold
-(``hybrid_kv.admission_cap``); parallel samples share prompt blocks only in full-attention groups
-here (a sliding group's prompt blocks leave the window as the samples decode).
+(``hybrid_kv.admission_cap``); parallel samples are counted without sharing, since after a
+recompute preemption each re-prefills its own sequence there (vLLM v1 serves them as separate
+requests), so the request must fit with nothing shared.
 """
 
 from __future__ import annotations
@@ -55,20 +56,16 @@ def peak_blocks(request: Request, block_size: int, max_model_len: int) -> int:
     return shared + samples * (per_seq - shared)
 
 
-def hybrid_blocks(request: Request, config: SchedulerConfig, num_tokens: int, *, shared: bool) -> int:
+def hybrid_blocks(request: Request, config: SchedulerConfig, num_tokens: int) -> int:
     """Blocks ``num_tokens`` tokens of each of the request's samples take over every layer group
-    of a hybrid cache, a sliding group capped at what its window and one chunk hold."""
+    of a hybrid cache (nothing shared), a sliding group capped at what its window and one chunk hold."""
     bs = config.block_size
-    samples = request.num_samples
     total = 0
     for window in config.kv_group_windows:
         per_seq = cdiv(num_tokens, bs)
         if window is not None:
-            total += samples * min(per_seq, admission_cap(window, bs, config.max_num_batched_tokens,
-                                                          config.max_model_len))
-            continue
-        common = request.prompt_len // bs if shared and samples > 1 else 0
-        total += common + samples * (per_seq - common)
+            per_seq = min(per_seq, admission_cap(window, bs, config.max_num_batched_tokens, config.max_model_len))
+        total += request.num_samples * per_seq
     return total
 
 
@@ -119,13 +116,13 @@ def _hybrid_reason(request: Request, config: SchedulerConfig, num_usable_blocks:
     groups = len(config.kv_group_windows)
     first_chunk = min(request.prompt_len, config.max_num_batched_tokens) if config.enable_chunked_prefill \
         else request.prompt_len
-    admission = max(hybrid_blocks(request, config, request.prompt_len, shared=False) // request.num_samples,
+    admission = max(hybrid_blocks(request, config, request.prompt_len) // request.num_samples,
                     groups * cdiv(first_chunk, bs))
     if admission > room:
         return (f"its prompt needs {admission} blocks of {bs} tokens over {groups} layer groups but an admission "
                 f"can get at most {room} (the pool above the watermark)")
     longest = longest_written_tokens(request, config.max_model_len)
-    peak = hybrid_blocks(request, config, longest, shared=True)
+    peak = hybrid_blocks(request, config, longest)
     if peak > num_usable_blocks:
         return (f"needs {peak} blocks of {bs} tokens over {groups} layer groups at its longest ({longest} tokens x "
                 f"{request.num_samples} sample(s)) but the pool has {num_usable_blocks}")

@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.policy import make_config
     from engine.policy.user_plugins import scheduler_class
     from reports.validation.validate import validate
+    from engine.runtime.kv_cache import scheduler_kv_settings
     from sim.cost.calibrated import CalibratedCostModel
 
     device = torch.device(profile.device["type"])
@@ -97,11 +98,12 @@ def run(args: argparse.Namespace) -> int:
                          f"tokens (e.g. r{i}: {int(trace.prompt_len[i])} + {int(trace.output_len[i])})")
     sched_config = make_config(args.policy, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
                                num_cpu_blocks=args.num_cpu_blocks, max_model_len=max_model_len, record_decisions=True,
-                               **overrides)
+                               **scheduler_kv_settings(config), **overrides)
     if device.type == "cpu":
         torch.set_num_threads(int(profile.settings.get("threads") or 1))
     model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
     cost_model = CalibratedCostModel(profile)
+    cost_model.check_model(config.preset)
 
     def log(msg: str) -> None:
         print(f"pagesim validate: {msg}", file=sys.stderr, flush=True)

@@ -19,6 +19,8 @@ fitted roofline form outside it):
 - ``cpu_overhead``  = policy(B) + batch_prep(B): the scheduler's own time and the runner's
   input preparation (a step that computes nothing still pays the policy)
 
+A model with sliding-window layers (``check_model`` learns which) costs those layers' attention at
+their windowed context and pairs (``StepWork``'s windowed counts), the others at the full ones.
 A contiguous (block-less) cache is costed at the largest block size measured. The model counts,
 per table, how many predictions fell outside the measured grid (``extrapolated``), and the
 simulator's output says so.
@@ -46,6 +48,7 @@ class CalibratedCostModel(CostModel):
         self.extrapolated: Counter[str] = Counter()
         self._largest_block = max(profile.tables["decode_attention"].grid[0])
         self._pair_s = self.models["prefill_attention"].coef[2]  # fitted seconds per causal (query, key) pair
+        self.window_layers = 0  # layers attending through a sliding window (check_model sets it)
 
     def _t(self, table: str, *point: float) -> float:
         seconds, inside = self.models[table].predict(point)
@@ -65,17 +68,21 @@ class CalibratedCostModel(CostModel):
                 terms["linear"] += t("lm_head", work.num_sampled)
             terms["cache_write"] = layers * t("cache_write", tokens)
             terms["cpu_overhead"] = t("batch_prep", work.num_seqs)
+        windowed = self.window_layers
+        full = layers - windowed
         if work.num_decode_seqs:
             n = work.num_decode_seqs
-            terms["decode_attention"] = layers * t("decode_attention", bs, n, work.decode_context_tokens / n)
+            terms["decode_attention"] = full * t("decode_attention", bs, n, work.decode_context_tokens / n)
+            if windowed:
+                terms["decode_attention"] += windowed * t("decode_attention", bs, n,
+                                                          work.decode_window_context_tokens / n)
         if work.num_prefill_seqs:
             n = work.num_prefill_seqs
-            q, c = work.num_prefill_tokens / n, work.prefill_context_tokens / n
-            mean_pairs = q * (c + (q + 1) / 2)
-            # The mean sequence's time for each; the pairs it misses (unequal chunks have more
-            # than n mean ones) at the fitted cost per pair.
-            jensen = self._pair_s * max(0.0, work.prefill_attention_pairs - n * mean_pairs)
-            terms["prefill_attention"] = layers * (n * t("prefill_attention", q, c) + jensen)
+            terms["prefill_attention"] = full * self._prefill_s(
+                n, work.num_prefill_tokens, work.prefill_context_tokens, work.prefill_attention_pairs)
+            if windowed:
+                terms["prefill_attention"] += windowed * self._prefill_s(
+                    n, work.num_prefill_tokens, work.prefill_window_context_tokens, work.prefill_window_pairs)
         if work.num_cow_blocks:
             terms["cow_copy"] = layers * t("cow_copy", bs, work.num_cow_blocks)
         if work.num_swap_out_blocks:
@@ -86,6 +93,14 @@ class CalibratedCostModel(CostModel):
             terms["sampling"] = t("sampling", work.num_sampled)
         terms["cpu_overhead"] += t("policy", max(1, work.num_seqs))
         return StepCost(terms)
+
+    def _prefill_s(self, n: int, tokens: int, context: int, pairs: int) -> float:
+        """One layer's prefill attention of ``n`` sequences: the mean sequence's time for each, and
+        the pairs it misses (unequal chunks have more than n mean ones) at the fitted cost per pair."""
+        q, c = tokens / n, context / n
+        mean_pairs = q * (c + (q + 1) / 2)
+        jensen = self._pair_s * max(0.0, pairs - n * mean_pairs)
+        return n * self._t("prefill_attention", q, c) + jensen
 
     def usage_snapshot(self) -> Counter:
         return Counter(self.extrapolated)
@@ -110,4 +125,5 @@ class CalibratedCostModel(CostModel):
         if differ:
             raise ProfileError(f"the profile {self.profile.path or '(given)'} was measured for {m['name']}; {preset.name} has "
                                f"{', '.join(differ)}: calibrate --model {preset.name}")
+        self.window_layers = preset.resolved_layer_types.count("sliding")
 

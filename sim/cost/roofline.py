@@ -8,7 +8,8 @@ Per step, on one GPU of a ``tp``-way replica (each GPU does ``1/tp`` of the work
   weights are read once per step. max(FLOPs / (peak x mfu), weight bytes / (bandwidth x
   mem_efficiency)): small batches are bandwidth-bound, large compute-bound. FP8 weights run at the
   GPU's FP8 peak where it has one (W8A8, as vLLM runs FP8 checkpoints on Hopper), else at the
-  16-bit peak; MXFP4 experts at the 16-bit peak (weight-only kernels).
+  16-bit peak; the lm head (16-bit in FP8 checkpoints) at the 16-bit peak; MXFP4 experts at the
+  16-bit peak (weight-only kernels).
 - ``moe``: the routed experts of MoE layers. Each token multiplies ``experts_per_token`` experts;
   the step reads the weights of the *distinct* experts its ``T`` tokens touch, ``E (1 - (1 -
   k/E)^T)`` per layer for ``E`` experts and ``k`` per token under uniform routing (a Mixtral decode
@@ -156,9 +157,14 @@ class RooflineCostModel(CostModel):
         block_bytes = (work.block_size or 0) * self._block_token_bytes
         terms = dict.fromkeys(TERMS, 0.0)
         if work.num_tokens:
-            flops = 2 * (work.num_tokens * self._linear_weights + work.num_sampled * self._lm_head_weights)
             weight_bytes = self._linear_bytes + (self._lm_head_bytes if work.num_sampled else 0)
-            terms["linear"] = max(flops / (self._linear_flops * p.mfu), weight_bytes / bw)
+            if self._linear_flops == self._flops:
+                flops = 2 * (work.num_tokens * self._linear_weights + work.num_sampled * self._lm_head_weights)
+                compute = flops / (self._flops * p.mfu)
+            else:  # FP8 linear layers at the FP8 peak; the lm head stays a 16-bit GEMM
+                compute = (2 * work.num_tokens * self._linear_weights / (self._linear_flops * p.mfu)
+                           + 2 * work.num_sampled * self._lm_head_weights / (self._flops * p.mfu))
+            terms["linear"] = max(compute, weight_bytes / bw)
             if self._moe is not None:
                 terms["moe"] = self._moe_s(work.num_tokens)
             terms["cache_write"] = work.num_tokens * self._kv_token_bytes / bw
