@@ -86,6 +86,18 @@ class HybridHit:
 NO_HIT = HybridHit(())
 
 
+def num_dropped(table: list[int | None]) -> int:
+    """Entries a window dropped: they lead the table, so a binary search finds them."""
+    lo, hi = 0, len(table)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if table[mid] is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 def skipped_blocks(window: int | None, num_computed_tokens: int, block_size: int) -> int:
     """Leading blocks wholly outside the window of the next token (vLLM's
     ``get_num_skipped_tokens // block_size``; 0 for full attention)."""
@@ -205,9 +217,12 @@ class HybridKVCacheManager(KVCacheManager):
     def reserve(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
         pool, bs = self.pool, self.block_size
         copies: list[tuple[int, int]] = []
-        for table in self.tables(seq):
+        tables = self.tables(seq)
+        length = len(tables[0])  # (every group's table has one length)
+        for table in tables:
             copies.extend(grow_table(pool, table, bs, start, end))
-        self._changed(seq)
+        if copies or len(tables[0]) != length:
+            self._changed(seq)
         if end > seq.num_filled_tokens:
             seq.num_filled_tokens = end
         return copies

@@ -31,7 +31,7 @@ from engine.policy.admission import rejection_reason
 from engine.policy.block_key import HashFn, default_hash
 from engine.policy.block_pool import BlockPool
 from engine.policy.config import SchedulerConfig
-from engine.policy.hybrid_kv import HybridKVCacheManager
+from engine.policy.hybrid_kv import HybridKVCacheManager, num_dropped
 from engine.policy.kv_manager import KVCacheManager
 from engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.planning import Plan, Planner
@@ -329,7 +329,7 @@ class Scheduler:
                     tables = (seq.block_table,)
                 else:  # a table per layer group (hybrid caches): count the entries that hold a block
                     tables = (seq.block_table, *seq.extra_tables)
-                    unshared -= sum(b is None for table in tables for b in table)
+                    unshared -= sum(num_dropped(table) for table in tables)
                 for table in tables:
                     if not table:
                         continue
