@@ -73,7 +73,7 @@ class Replica:
         # Contiguous baselines have no block tables: their attention pays no per-block overhead.
         self._work_block_size = block_size_of(scheduler)
         # sliding-window layers see at most this many keys (StepWork's windowed counts)
-        self._work_window = getattr(scheduler.config, "sliding_window", None) if scheduler.paged else None
+        self._work_window = scheduler.config.sliding_window
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------- arrivals

@@ -187,6 +187,7 @@ class HybridKVCacheManager(KVCacheManager):
         return need
 
     def blocks_to_reserve(self, seq: Sequence, start: int, end: int) -> int:
+        """Blocks ``reserve(seq, start, end)`` would take over every group."""
         ref_counts = self.pool.ref_counts
         return sum(self.reserve_need(table, ref_counts, start, end) for table in self.tables(seq))
 
@@ -209,9 +210,7 @@ class HybridKVCacheManager(KVCacheManager):
                 new_chunk += max(chunk_blocks - num_hit, 0)
                 if num_hit:
                     touched.update(hit.tables[g][skipped_blocks(window, hit_tokens, bs):])
-        ref_counts = self.pool.ref_counts
-        evictable = sum(1 for b in touched if ref_counts[b] == 0)
-        return max(new_full, new_chunk), evictable, len(touched)
+        return max(new_full, new_chunk), self.num_evictable(touched), len(touched)
 
     # --------------------------------------------------------------- reserving
     def reserve(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
@@ -294,10 +293,6 @@ class HybridKVCacheManager(KVCacheManager):
             if run >= needed:
                 return [blocks[: i + run] for blocks in found]
         return [blocks[:run] for blocks in found]
-
-    def num_evictable(self, block_ids: Iterable[int | None]) -> int:
-        ref_counts = self.pool.ref_counts
-        return sum(1 for b in block_ids if b is not None and ref_counts[b] == 0)
 
     def touch_prefix(self, seq: Sequence, hit: HybridHit) -> None:
         """Start ``seq``'s (empty) tables with the hit: each group's blocks the window still needs,

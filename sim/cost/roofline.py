@@ -206,9 +206,10 @@ class RooflineCostModel(CostModel):
 
     def _prefill_attention_s(self, work: StepWork) -> float:
         p = self.params
-        compute = work.prefill_attention_pairs * self._attn_flops_per_pair
-        memory = work.prefill_context_tokens * self._kv_token_bytes
-        if self._window is not None:
+        if self._window is None:  # (one product each, as before windows existed: the same floats)
+            compute = work.prefill_attention_pairs * self._attn_flops_per_pair
+            memory = work.prefill_context_tokens * self._kv_token_bytes
+        else:
             compute = (work.prefill_attention_pairs * self._attn_flops_per_pair
                        + work.prefill_window_pairs * self._window_attn_flops_per_pair)
             memory = (work.prefill_context_tokens * self._kv_full_token_bytes
