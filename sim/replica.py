@@ -72,8 +72,9 @@ class Replica:
         self.next_arrival_s = math.inf
         # Contiguous baselines have no block tables: their attention pays no per-block overhead.
         self._work_block_size = block_size_of(scheduler)
-        # sliding-window layers see at most this many keys (StepWork's windowed counts)
-        self._work_window = scheduler.config.sliding_window
+        # sliding-window layers see at most this many keys (StepWork's windowed counts), whether the
+        # cache drops the blocks behind the window or not
+        self._work_window = cost_model.attention_window
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------- arrivals

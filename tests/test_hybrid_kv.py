@@ -87,7 +87,7 @@ def test_dropped_entries_reach_the_executor_as_the_null_block():
 
 
 def test_released_window_blocks_free_tail_first_and_stay_cached():
-    s = hybrid(enable_prefix_caching=True)
+    s = hybrid(enable_prefix_caching=True, prefix_cache_retention_interval=None)  # every block keyed
     s.add_request(Request("a", prompt_len=0, prompt_token_ids=ids(1, 16), max_tokens=8))
     out = s.schedule()
     first_blocks = list(out.scheduled[0].block_table[:2])  # full blocks 0, 1 of the sliding group
@@ -110,7 +110,7 @@ def test_all_sliding_model_is_one_group():
 
 # ------------------------------------------------------------------------ prefix hits
 def test_a_hit_touches_only_the_blocks_the_window_still_needs():
-    s = hybrid(enable_prefix_caching=True)
+    s = hybrid(enable_prefix_caching=True, prefix_cache_retention_interval=None)
     prompt = ids(1, 40)
     s.add_request(Request("a", prompt_len=0, prompt_token_ids=prompt, max_tokens=2))
     run(s)
@@ -127,7 +127,7 @@ def test_a_hit_touches_only_the_blocks_the_window_still_needs():
 
 
 def test_a_sliding_hit_shortens_to_a_run_of_the_window():
-    s = hybrid(enable_prefix_caching=True, eviction_policy="lru")
+    s = hybrid(enable_prefix_caching=True, eviction_policy="lru", prefix_cache_retention_interval=None)
     prompt = ids(1, 40)
     s.add_request(Request("a", prompt_len=0, prompt_token_ids=prompt, max_tokens=2))
     run(s)
@@ -146,6 +146,64 @@ def test_a_sliding_hit_shortens_to_a_run_of_the_window():
     assert len(hit) == 8
     assert hit.tables[0][:6] == (None,) * 6 and None not in hit.tables[0][6:8]
     assert None not in hit.tables[1]
+
+
+# ------------------------------------------------------- sparse retention (vLLM 0.33's default)
+def sliding_keyed(s: Scheduler) -> list[int]:
+    """Positions in request "a"'s sliding table (group 0) of the blocks that carry a key."""
+    table = s.requests["a"].seqs[0].block_table
+    return [i for i, b in enumerate(table) if b is not None and s.pool.keys[b] is not None]
+
+
+def test_a_sliding_group_keys_only_the_tail_at_the_replay_boundary():
+    # window 8 needs runs of ceil(7 / 4) = 2 blocks; a 40-token prompt resumes at 39: blocks 7, 8
+    s = hybrid(enable_prefix_caching=True)
+    assert s.config.prefix_cache_retention_interval == 0
+    s.add_request(Request("a", prompt_len=0, prompt_token_ids=ids(1, 40), max_tokens=9))
+    out = s.schedule()
+    s.update(out)
+    assert sliding_keyed(s) == [7, 8]
+    full = s.requests["a"].seqs[0].extra_tables[0]
+    assert all(s.pool.keys[b] is not None for b in full[:10])  # the full group keys every block
+    # Blocks that leave the window unkeyed go to the front of the free list, walked last first
+    # (vLLM's free_blocks: prepend_n), so they are reused at once: at computed 40, (40 - 7) // 4 = 8
+    # blocks go (entry 7 keyed, to the eviction order; 6..0 to the front), then the decode's new
+    # block of each group is taken: the sliding group's is entry 6's, the full group's entry 5's.
+    seq = s.requests["a"].seqs[0]
+    before = list(seq.block_table)
+    s.schedule()
+    assert seq.block_table[:8] == [None] * 8
+    assert seq.block_table[10] == before[6] and seq.extra_tables[0][10] == before[5]
+    assert s.pool.free_block_order()[:5] == [before[4], before[3], before[2], before[1], before[0]]
+
+
+def test_a_shared_prefix_is_keyed_at_its_junction_for_the_next_request():
+    """vLLM's Marconi-style junction: the second request sharing a prefix finds it in the full
+    group only (its sliding groups never kept that prefix's tail), so it misses and keys the tail
+    there; the third hits it."""
+    results = {}
+    for interval in (0, None):
+        s = hybrid(enable_prefix_caching=True, num_gpu_blocks=300, prefix_cache_retention_interval=interval)
+        prefix = ids(1, 32)
+        hits = []
+        for i, rid in enumerate("abc"):
+            request = Request(rid, prompt_len=0, prompt_token_ids=prefix + ids(1000 * (i + 1), 10), max_tokens=3)
+            s.add_request(request)
+            out = s.schedule()
+            hits.append((out.new[rid], request.shared_prefix_boundary))
+            s.update(out)
+            run(s)
+        results[interval] = hits
+    assert results[0] == [(0, 0), (0, 32), (32, 0)]
+    assert results[None] == [(0, 0), (32, 0), (32, 0)]  # dense: every block is there already
+
+
+def test_a_retention_interval_also_keys_each_segments_tail():
+    s = hybrid(enable_prefix_caching=True, prefix_cache_retention_interval=16)  # segments of 4 blocks
+    s.add_request(Request("a", prompt_len=0, prompt_token_ids=ids(1, 40), max_tokens=2))
+    s.update(s.schedule())
+    # each segment's last 2 blocks (2, 3 and 6, 7), and the replay boundary's 7, 8
+    assert sliding_keyed(s) == [2, 3, 6, 7, 8]
 
 
 def test_group_keys_differ_by_group_and_equal_by_content():
@@ -209,7 +267,8 @@ def workloads(draw):
                      enable_prefix_caching=draw(st.booleans()),
                      eviction_policy=draw(st.sampled_from(["lru", "fifo", "lfu", "radix-leaf"])),
                      victim_policy=draw(st.sampled_from(["running-tail", "latest-arrival", "fewest-blocks"])),
-                     num_gpu_blocks=draw(st.sampled_from([24, 48, 400])), reserve_null_block=True)
+                     num_gpu_blocks=draw(st.sampled_from([24, 48, 400])), reserve_null_block=True,
+                     prefix_cache_retention_interval=draw(st.sampled_from([0, None, 4 * bs])))
     return requests, settings_, draw(st.sampled_from(["vllm-v1", "pagesim"]))
 
 

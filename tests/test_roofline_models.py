@@ -291,19 +291,22 @@ def test_sliding_window_decode_reads_the_window_in_windowed_layers():
         36 * 100 * OSS_LAYER_KV / H100_BW * BLOCK_OVERHEAD_16, rel=1e-9)
 
 
-def test_disabling_the_hybrid_manager_reads_the_full_context_in_every_layer():
+def test_disabling_the_hybrid_manager_keeps_the_attention_window():
+    """vLLM's --disable-hybrid-kv-cache-manager holds the whole context in every layer's cache, but
+    its sliding layers still attend through the window (vllm/v1/core/kv_cache_planning.py,
+    unify_hybrid_kv_cache_specs: "the compute of layers like sliding window is still saved"): the
+    attention terms are the hybrid cache's, the cache's layout is one full group."""
     work = decodes(1, 9_999, 16, window=128)
-    d = Deployment(MODEL_PRESETS["gpt-oss-120b"], get_gpu_preset("h100-sxm"), hybrid_kv=False)
-    cost = RooflineCostModel(d, RooflineParams()).step_cost(work)
-    read = 36 * 10_000 * 2 * 8 * 64 * 2
-    assert cost.terms["decode_attention"] == pytest.approx(read / H100_BW * BLOCK_OVERHEAD_16, rel=1e-9)
-    # and a prefill's pairs are all causal pairs in all 36 layers
-    prefill = StepWork.from_output(output_of((1000, 300, True)), 16, 128)
-    pairs = 300 * 1000 + 300 * 301 // 2
-    compute_s = pairs * 36 * 2 * OSS_HEADS * (64 + 64) / (BF16_PEAK * 0.5)
-    memory_s = 1000 * 36 * OSS_LAYER_KV / H100_BW
-    assert RooflineCostModel(d, RooflineParams()).step_cost(prefill).terms["prefill_attention"] == pytest.approx(
-        max(compute_s, memory_s), rel=1e-9)
+    hybrid = Deployment(MODEL_PRESETS["gpt-oss-120b"], get_gpu_preset("h100-sxm"))
+    whole = Deployment(MODEL_PRESETS["gpt-oss-120b"], get_gpu_preset("h100-sxm"), hybrid_kv=False)
+    read = 18 * 10_000 * 2 * 8 * 64 * 2 + 18 * 128 * 2 * 8 * 64 * 2
+    for d in (hybrid, whole):
+        cost = RooflineCostModel(d, RooflineParams())
+        assert cost.attention_window == 128
+        assert cost.step_cost(work).terms["decode_attention"] == pytest.approx(
+            read / H100_BW * BLOCK_OVERHEAD_16, rel=1e-9)
+    assert whole.layout.windows == (None,) and hybrid.layout.windows == (128, None)
+    assert whole.block_bytes_per_gpu(16) == 2 * hybrid.block_bytes_per_gpu(16)  # 36 layers a block, not 18
 
 
 @pytest.mark.parametrize(("start", "new", "window_pairs", "window_context"), [

@@ -8,8 +8,10 @@ it is under 1.5 times the smallest; a type that does not divide is padded, and t
 memory as vLLM's does), layer ``i`` of a type going to group ``i % num_groups`` of that type.
 Groups are ordered by the type's first layer. Every group's block holds ``block_size`` tokens of
 ``group_size`` layers, so all blocks have one size and share one pool; a request holds one block
-table per group. A model whose layers are all alike (every dense model, MLA included, and
-Mistral 7B v0.1 whose layers all slide) is one group of all its layers: the plain paged cache.
+table per group. A model whose layers are all alike is one group of all its layers: for full
+attention (every dense model, MLA included) the plain paged cache; for Mistral 7B v0.1, whose
+layers all slide, one sliding group (vLLM's single-group coordinator with its sliding-window
+manager), which still drops the blocks that leave the window.
 
 In a sliding-window group, a token's K/V is needed only while it is within the window of the
 tokens still to be computed; the policy frees (or leaves to the prefix cache) the blocks that

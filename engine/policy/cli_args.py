@@ -56,6 +56,9 @@ def add_policy_args(parser: argparse.ArgumentParser):
     s.add_argument("--max-model-len", type=int, metavar="L", help="default: the model's context length")
     s.add_argument("--max-num-seqs", type=int, metavar="N", help="batch limit (default: the preset's)")
     s.add_argument("--max-num-batched-tokens", type=int, metavar="T", help="token budget per step")
+    s.add_argument("--prefix-cache-retention-interval", metavar="N|dense",
+                   help="sliding-window groups: key only the window's tail at resume points (0, vLLM 0.33's "
+                        "default), also one per N tokens, or every full block (dense)")
     return s
 
 
@@ -75,6 +78,16 @@ def policy_overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag)
         if value is not None:
             overrides[name] = value == "on"
+    retention = getattr(args, "prefix_cache_retention_interval", None)
+    if retention is not None:
+        if retention.strip().lower() in ("dense", "none"):
+            overrides["prefix_cache_retention_interval"] = None
+        else:
+            try:
+                overrides["prefix_cache_retention_interval"] = int(retention)
+            except ValueError:
+                raise ValueError(f"--prefix-cache-retention-interval takes a number of tokens or 'dense', "
+                                 f"got {retention!r}") from None
     return overrides
 
 

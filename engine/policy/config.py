@@ -48,6 +48,11 @@ class SchedulerConfig:
     # that leave a window freed. Hybrid caches need vLLM v1's behaviour: the vllm-v1 step order,
     # recompute preemption, the null block for dropped entries, blocks reserved as scheduled.
     kv_group_windows: tuple[int | None, ...] = (None,)
+    # Which full blocks of a sliding group get a prefix-cache key (vLLM 0.33's
+    # --prefix-cache-retention-interval, default 0): 0 keys only the window's tail at the points a
+    # later request can resume at (the prompt's replay boundary, a prefix shared with earlier
+    # requests); N > 0 also one tail per N tokens; None keys every full block (dense).
+    prefix_cache_retention_interval: int | None = 0
 
     # --- plug-ins -----------------------------------------------------------------------------
     eviction_policy: str = "lru"
@@ -130,6 +135,11 @@ class SchedulerConfig:
         for window in windows:
             if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
                 raise ValueError(f"kv_group_windows entries must be None or a positive int, got {window!r}")
+        interval = self.prefix_cache_retention_interval
+        if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 0
+                                     or interval % self.block_size):
+            raise ValueError(f"prefix_cache_retention_interval must be None, 0 or a positive multiple of "
+                             f"block_size ({self.block_size}), got {interval!r}")
         if not self.is_hybrid:
             return
         why = "sliding-window layer groups follow vLLM v1's hybrid KV-cache manager, which"

@@ -22,10 +22,19 @@ tokens, and a sequence holds a table per group, all of one length. This follows 
   hit for a set of groups only if every one of them has it cached; a group's key is the block's
   content key tagged with the group (``GroupKey``, vLLM's ``BlockHashWithGroupId``). Of a sliding
   group's hit only the blocks the window still needs are touched; the entries before are ``None``.
+- **Which sliding blocks are kept findable** (``SlidingWindowManager.reachable_block_mask`` under
+  ``prefix_cache_retention_interval``, 0 by default): a full-attention group keys every full
+  block; a sliding group only the ``ceil((window - 1) / block_size)`` blocks that end at a point a
+  later request can resume at: the prompt's replay boundary (``prompt_len - 1``) and, when the
+  request's lookup found a prefix its full groups had cached but its sliding groups had not, the
+  end of that prefix (``Request.shared_prefix_boundary``, vLLM's Marconi-style junction); with an
+  interval ``N`` also the tail of every ``N``-token segment; ``None`` keys them all. Blocks left
+  unkeyed go back to the front of the free list when the window leaves them, as vLLM's do.
 - **Admission** (vLLM 0.33's ``scheduler_reserve_full_isl``, the default): the whole known sequence
   must fit, less its hits, with a sliding group counted at most ``cdiv(min(window - 1 +
-  max_num_batched_tokens, max_model_len), block_size) + 1`` blocks (``max_admission_blocks_per_request``),
-  and the step's own chunk must fit too.
+  max_num_batched_tokens, max_model_len), block_size) + 1`` blocks (``max_admission_blocks_per_request``
+  with one batch in flight: synchronous scheduling, as the ``vllm-v1`` preset models; vLLM 0.33's
+  default asynchronous scheduling allows two), and the step's own chunk must fit too.
 - **Freeing** a sequence releases each group's table in group order, last block first.
 
 What this cache does not do, as vLLM v1 does not: swap (recompute preemption only), the v0 step
@@ -124,6 +133,7 @@ class HybridKVCacheManager(KVCacheManager):
         windows: tuple[int | None, ...],
         max_num_batched_tokens: int,
         max_model_len: int,
+        retention_interval: int | None = 0,
         hash_fn: HashFn = default_hash,
     ):
         super().__init__(block_pool, swap_pool, block_size=block_size, enable_prefix_caching=enable_prefix_caching,
@@ -138,6 +148,9 @@ class HybridKVCacheManager(KVCacheManager):
         self.sliding_types = list(types.items())  # (window, its groups), in group order
         self.caps = [None if w is None else admission_cap(w, block_size, max_num_batched_tokens, max_model_len)
                      for w in windows]
+        self.retention_interval = retention_interval
+        # Blocks a sliding hit needs in a row (vLLM's _contiguous_blocks_for_hit, no EAGLE).
+        self.run_blocks = [None if w is None else cdiv(w - 1, block_size) for w in windows]
 
     # ---------------------------------------------------------------- tables
     def tables(self, seq: Sequence) -> list[list[int | None]]:
@@ -234,14 +247,15 @@ class HybridKVCacheManager(KVCacheManager):
             return NO_HIT
         max_blocks = (seq.num_tokens - 1) // self.block_size
         if max_blocks == 0:
+            seq.request.shared_prefix_boundary = 0
             return NO_HIT
         self.block_key(seq, max_blocks - 1)  # the chain up to the last candidate
         keys = seq.block_keys
         hits: dict[int, list[int | None]] = {}
-        length = max_blocks
+        length = longest = max_blocks
         if self.full_groups:
             found = self._leading_hits(keys, max_blocks, self.full_groups)
-            length = len(found[0])
+            length = longest = len(found[0])
             hits.update(zip(self.full_groups, found))
         while True:
             start = length
@@ -251,6 +265,10 @@ class HybridKVCacheManager(KVCacheManager):
                 hits.update(zip(groups, found))
             if length >= start or not self.sliding_types:
                 break
+        if not self.full_groups:
+            longest = length
+        # vLLM: the longest single-type hit, where the sliding groups lag, is a junction to key.
+        seq.request.shared_prefix_boundary = longest * self.block_size if longest > length else 0
         return HybridHit(tuple(tuple(hits[g][:length]) for g in range(self.num_groups)))
 
     def _lookup(self, key: BlockKey, groups: list[int]) -> list[int] | None:
@@ -323,11 +341,35 @@ class HybridKVCacheManager(KVCacheManager):
         pool = self.pool
         keys = pool.keys
         for g, table in enumerate(self.tables(seq)):
+            keep = None if self.windows[g] is None else self._kept_blocks(seq, g, first, num_full)
             for i in range(first, num_full):
                 block_id = table[i]
-                if block_id is not None and keys[block_id] is None:
+                if block_id is not None and keys[block_id] is None and (keep is None or i in keep):
                     pool.cache_block(block_id, self.group_key(seq, g, i))
         seq.num_registered_blocks = num_full
+
+    def _kept_blocks(self, seq: Sequence, group: int, first: int, end: int) -> set[int] | None:
+        """Which of blocks ``[first, end)`` of sliding group ``group`` get a key (None: all); vLLM
+        0.33's ``SlidingWindowManager.reachable_block_mask`` without EAGLE."""
+        interval = self.retention_interval
+        if interval is None:
+            return None
+        bs = self.block_size
+        need = self.run_blocks[group]
+        keep: set[int] = set()
+        if interval > 0:
+            per_segment = interval // bs
+            if need >= per_segment:
+                return None
+            keep.update(i for i in range(first, end) if i % per_segment >= per_segment - need)
+        request = seq.request
+        boundaries = [request.prompt_len - 1]
+        if request.shared_prefix_boundary:
+            boundaries.append(request.shared_prefix_boundary)
+        for boundary in boundaries:
+            stop = boundary // bs  # the blocks of the window's tail end at the block boundary below it
+            keep.update(range(max(first, stop - need), min(end, stop)))
+        return keep
 
     # ---------------------------------------------------------- fork and free
     def fork(self, parent: Sequence, child: Sequence) -> None:

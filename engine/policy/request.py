@@ -74,6 +74,10 @@ class Request:
     forked: bool = field(default=False, init=False)  # the n / beam samples exist
     reject_reason: str | None = field(default=None, init=False)
     admitted_seq_no: int = field(default=0, init=False)  # admission order (victim choice)
+    # Hybrid caches: where a prefix this request shares with earlier ones ends, found at its last
+    # prefix lookup (vLLM 0.33's shared_prefix_boundary; 0: none): a sliding group keys the
+    # window's tail there, so the next request sharing the prefix can hit it.
+    shared_prefix_boundary: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not self.request_id:

@@ -61,7 +61,7 @@ class Scheduler:
                 self.pool, self.swap_pool, block_size=config.block_size,
                 enable_prefix_caching=config.enable_prefix_caching, windows=config.kv_group_windows,
                 max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
-                hash_fn=hash_fn,
+                retention_interval=config.prefix_cache_retention_interval, hash_fn=hash_fn,
             )
         else:
             self.kv = KVCacheManager(

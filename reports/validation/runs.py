@@ -97,7 +97,7 @@ def engine_metrics(engine, num_requests: int) -> RequestMetrics:
 def step_times(engine, cost_model: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """(measured, predicted) seconds of every step the engine ran."""
     block_size = engine.config.block_size
-    window = engine.config.sliding_window
+    window = cost_model.attention_window
     measured = np.array([s.duration_s for s in engine.steps])
     predicted = np.array([cost_model.step_cost(StepWork.from_output(out, block_size, window)).total_s
                           for out in engine.outputs])

@@ -127,6 +127,9 @@ class CostModel(ABC):
     """Seconds a step takes on a deployment; ``describe()`` says what the model assumes."""
 
     name: str = "cost model"
+    #: The sliding window of the model's windowed layers, which ``StepWork`` counts for it (None:
+    #: the model has none, or the cost model does not look at windows).
+    attention_window: int | None = None
 
     @abstractmethod
     def step_cost(self, work: StepWork) -> StepCost: ...

@@ -126,4 +126,5 @@ class CalibratedCostModel(CostModel):
             raise ProfileError(f"the profile {self.profile.path or '(given)'} was measured for {m['name']}; {preset.name} has "
                                f"{', '.join(differ)}: calibrate --model {preset.name}")
         self.window_layers = preset.resolved_layer_types.count("sliding")
+        self.attention_window = preset.sliding_window if self.window_layers else None
 

@@ -22,7 +22,7 @@ Per step, on one GPU of a ``tp``-way replica (each GPU does ``1/tp`` of the work
   MLA prefills in its decompressed form (vLLM's), so the cached context's latents are also
   up-projected to keys and values (``2 x kv_lora_rank x heads x (qk_nope + v)`` FLOPs per token).
 - ``decode_attention``: memory-bound: the K/V of every token each decoding sequence attends to
-  (sliding-window layers: at most the window), read at ``mem_efficiency`` of bandwidth, times
+  (sliding-window layers: at most the window, also when the cache holds the whole context), read at ``mem_efficiency`` of bandwidth, times
   ``1 + block_overhead_tokens / block_size`` (1 for a contiguous cache, which has no blocks): a
   paged kernel pays a fixed cost per block (a table lookup, a short, less coalesced read), so
   small blocks cost more. With the default 4 tokens, a 16-token block costs 1.25x a contiguous
@@ -114,9 +114,12 @@ class RooflineCostModel(CostModel):
         layout = deployment.layout
         self._kv_token_bytes = deployment.kv_bytes_per_token_per_gpu
         self._block_token_bytes = layout.page_bytes_per_token
-        types = m.resolved_layer_types if deployment.hybrid_kv else ("full",) * m.num_layers
+        # NOTE: the window saves attention work whatever the cache layout: vLLM's
+        # --disable-hybrid-kv-cache-manager holds the whole context but still attends through
+        # the window ("the compute of layers like sliding window is still saved").
+        types = m.resolved_layer_types
         full_layers, window_layers = types.count("full"), types.count("sliding")
-        self._window = m.sliding_window if window_layers else None
+        self._window = self.attention_window = m.sliding_window if window_layers else None
         heads = m.num_attention_heads // tp
         pair_flops = 2 * heads * (m.qk_head_dim + m.v_head_dim)
         self._attn_flops_per_pair = full_layers * pair_flops
