@@ -142,12 +142,10 @@ def build(spec: RunSpec) -> Built:
                          f"({model.max_position_embeddings} tokens)")
     deployment.check_weights_fit(spec.gpu_memory_utilization)
     base = dict(block_size=spec.block_size, max_model_len=max_model_len, **_fit_budget(spec, max_model_len))
-    windows = deployment.layout.windows
-    if deployment.layout.is_hybrid:
-        if spec.allocator != "paged":
-            raise ValueError(f"the contiguous {spec.allocator!r} baseline reserves full-attention slabs; "
-                             f"{model.name}'s sliding-window layers need the paged allocator")
-        base.update(kv_group_windows=windows, reserve_null_block=True)
+    if deployment.layout.is_hybrid and spec.allocator != "paged":
+        raise ValueError(f"the contiguous {spec.allocator!r} baseline reserves full-attention slabs; "
+                         f"{model.name}'s sliding-window layers need the paged allocator")
+    base.update(deployment.layout.scheduler_settings())
     # A first config only to learn the batch limits the activation reserve depends on.
     probe = make_config(spec.policy, **{**base, **{k: v for k, v in spec.overrides.items() if k != "num_cpu_blocks"}})
     if spec.num_gpu_blocks is not None:

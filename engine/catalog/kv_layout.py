@@ -73,6 +73,13 @@ class KvLayout:
         """Whether any group slides (then the policy keeps a table per group and frees old blocks)."""
         return any(g.window is not None for g in self.groups)
 
+    def scheduler_settings(self) -> dict:
+        """The scheduler settings this layout needs: for sliding-window groups their windows and
+        vLLM's null block (``engine.policy.hybrid_kv``); nothing for one full group."""
+        if not self.is_hybrid:
+            return {}
+        return {"kv_group_windows": self.windows, "reserve_null_block": True}
+
     @property
     def page_bytes_per_token(self) -> int:
         """Bytes one token slot of one block takes: ``group_size`` layers."""

@@ -95,18 +95,6 @@ class HybridHit:
 NO_HIT = HybridHit(())
 
 
-def num_dropped(table: list[int | None]) -> int:
-    """Entries a window dropped: they lead the table, so a binary search finds them."""
-    lo, hi = 0, len(table)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if table[mid] is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 def skipped_blocks(window: int | None, num_computed_tokens: int, block_size: int) -> int:
     """Leading blocks wholly outside the window of the next token (vLLM's
     ``get_num_skipped_tokens // block_size``; 0 for full attention)."""
@@ -427,7 +415,7 @@ class HybridKVCacheManager(KVCacheManager):
                         continue
                     assert len(table) == cdiv(seq.num_filled_tokens, bs), (
                         f"{seq.seq_id}: {len(table)} blocks for {seq.num_filled_tokens} slots")
-                    dropped = sum(b is None for b in table)
+                    dropped = table.count(None)
                     assert all(b is None for b in table[:dropped]), f"{seq.seq_id}: a dropped entry after a held one"
                     assert dropped <= skipped_blocks(window, seq.num_computed_tokens, bs), (
                         f"{seq.seq_id}: {dropped} blocks dropped, but the window reaches back further")

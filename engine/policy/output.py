@@ -63,7 +63,7 @@ class ScheduledSequence:
         """Physical slot (``block_id * block_size + offset``) of each new token, in order, in the
         table of layer group ``group``."""
         bs = self.block_size
-        table = self.block_table if group == 0 else self.extra_block_tables[group - 1]
+        table = self.group_table(group)
         return [
             table[pos // bs] * bs + pos % bs
             for pos in range(self.num_computed_tokens, self.num_computed_tokens + self.num_new_tokens)

@@ -35,6 +35,18 @@ from engine.policy.block_key import BlockKey
 NULL_BLOCK_ID = 0
 
 
+def num_dropped(table: list[int | None]) -> int:
+    """Entries a sliding window dropped from a table: they lead it, so a binary search finds them."""
+    lo, hi = 0, len(table)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if table[mid] is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 def seq_id_of(request_id: str, index: int) -> str:
     """A sequence's id: how executors name it (e.g. in ``{seq_id: sampled token}``)."""
     return f"{request_id}#{index}"
@@ -256,7 +268,7 @@ class Sequence:
         """GPU blocks this sequence's tables hold (every group's; dropped entries aside)."""
         if self.extra_tables is None:
             return len(self.block_table)
-        return sum(b is not None for table in (self.block_table, *self.extra_tables) for b in table)
+        return sum(len(table) - num_dropped(table) for table in (self.block_table, *self.extra_tables))
 
     @property
     def seq_id(self) -> str:

@@ -31,12 +31,12 @@ from engine.policy.admission import rejection_reason
 from engine.policy.block_key import HashFn, default_hash
 from engine.policy.block_pool import BlockPool
 from engine.policy.config import SchedulerConfig
-from engine.policy.hybrid_kv import HybridKVCacheManager, num_dropped
+from engine.policy.hybrid_kv import HybridKVCacheManager
 from engine.policy.kv_manager import KVCacheManager
 from engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.planning import Plan, Planner
 from engine.policy.preemption import Mode, make_preemption_mode, make_victim_policy
-from engine.policy.request import Request, RequestStatus
+from engine.policy.request import Request, RequestStatus, num_dropped
 from engine.policy.sampling import BeamChoices, OutputProcessor, SampledTokens
 from engine.policy.steps import STEP_ORDERS, Step
 from engine.policy.swap_pool import SwapPool, SwapSpaceExhausted
@@ -56,21 +56,15 @@ class Scheduler:
             reserve_null_block=config.reserve_null_block,
         )
         self.swap_pool = SwapPool(config.num_cpu_blocks)
+        common = dict(block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching, hash_fn=hash_fn)
         if config.is_hybrid:  # sliding-window layer groups: a table per group (vLLM v1's hybrid manager)
             self.kv: KVCacheManager = HybridKVCacheManager(
-                self.pool, self.swap_pool, block_size=config.block_size,
-                enable_prefix_caching=config.enable_prefix_caching, windows=config.kv_group_windows,
+                self.pool, self.swap_pool, windows=config.kv_group_windows,
                 max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
-                retention_interval=config.prefix_cache_retention_interval, hash_fn=hash_fn,
+                retention_interval=config.prefix_cache_retention_interval, **common,
             )
         else:
-            self.kv = KVCacheManager(
-                self.pool,
-                self.swap_pool,
-                block_size=config.block_size,
-                enable_prefix_caching=config.enable_prefix_caching,
-                hash_fn=hash_fn,
-            )
+            self.kv = KVCacheManager(self.pool, self.swap_pool, **common)
         self.victim_policy = make_victim_policy(config.victim_policy)
         self.preemption_mode = make_preemption_mode(config.preemption_mode)
         self.output_processor = OutputProcessor(self.kv, max_model_len=config.max_model_len)

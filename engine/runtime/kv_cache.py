@@ -40,12 +40,8 @@ def layout_of(config: LlamaConfig) -> KvLayout:
 
 
 def scheduler_kv_settings(config: LlamaConfig) -> dict:
-    """The scheduler settings the model's KV layout needs: for sliding-window layer groups, their
-    windows and vLLM's null block (``engine.policy.hybrid_kv``); nothing for one group."""
-    layout = layout_of(config)
-    if not layout.is_hybrid:
-        return {}
-    return {"kv_group_windows": layout.windows, "reserve_null_block": True}
+    """The scheduler settings the model's KV layout needs (``KvLayout.scheduler_settings``)."""
+    return layout_of(config).scheduler_settings()
 
 
 def block_bytes(config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
