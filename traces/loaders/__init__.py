@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import gc
 import json
+import zlib
 from contextlib import contextmanager
+from os import PathLike
 
 from traces.errors import TraceFormatError
 from traces.loaders.azure import load_azure
@@ -18,7 +20,7 @@ from traces.loaders.burstgpt import load_burstgpt
 from traces.loaders.generic import ColumnMap, load_csv, load_jsonl, load_lengths
 from traces.loaders.mooncake import load_mooncake
 from traces.loaders.pagesim_jsonl import is_header, load_pagesim, write_jsonl
-from traces.loaders.text import PathArg, header_names, numbered_first_line
+from traces.loaders.text import PathArg, header_names, numbered_first_line, open_text
 from traces.trace import Trace
 
 FORMATS: dict[str, str] = {
@@ -29,6 +31,7 @@ FORMATS: dict[str, str] = {
     "csv": "any CSV with a header; --columns says which column is which",
     "jsonl": "any JSONL; --columns says which key is which",
     "pagesim": "pagesim's own JSONL (written by `pagesim trace gen`)",
+    "sharegpt": "ShareGPT JSON array of conversations (first two turns; lengths by tokenizer or estimate)",
 }
 
 
@@ -40,7 +43,9 @@ BURSTGPT_COLUMNS = {"Timestamp", "Model", "Request tokens", "Response tokens", "
 
 
 def detect_format(path: PathArg) -> str:
-    """The format of ``path`` judged from its first line."""
+    """The format of ``path`` judged from its first line (a JSON array: from its first element)."""
+    if _starts_json_array(path):
+        return _array_format(path)
     number, line = numbered_first_line(path)
     if line.lstrip().startswith("{"):
         try:
@@ -66,6 +71,34 @@ def detect_format(path: PathArg) -> str:
     return "csv"
 
 
+def _starts_json_array(path: PathArg) -> bool:
+    """Whether the first non-space character of ``path`` is ``[`` (read a little at a time)."""
+    handle = open_text(path)
+    try:
+        with handle:
+            while True:
+                chunk = handle.read(4096)
+                if not chunk:
+                    return False
+                stripped = chunk.lstrip()
+                if stripped:
+                    return stripped[0] == "["
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError):
+        return False  # the line reader reports it
+
+
+def _array_format(path: PathArg) -> str:
+    """``sharegpt`` if the array's first element is an object with ``conversations``."""
+    from traces.bench.reading import iter_json_array
+
+    for index, line, entry in iter_json_array(path, what="entry"):
+        if isinstance(entry, dict) and "conversations" in entry:
+            return "sharegpt"
+        raise TraceFormatError(path, "a JSON array whose first entry is not a ShareGPT conversation (an object "
+                               "with \"conversations\"); trace files are CSV, JSONL or ShareGPT JSON", line)
+    raise TraceFormatError(path, "an empty JSON array: no requests")
+
+
 def load_trace(
     path: PathArg,
     format: str | None = None,
@@ -77,6 +110,7 @@ def load_trace(
     seed: int = 0,
     prefix_block_tokens: int = 0,
     time_unit: str = "s",
+    tokenizer=None,
 ) -> Trace:
     """Read ``path`` as ``format`` (detected if None).
 
@@ -84,7 +118,9 @@ def load_trace(
     ``log_type`` filter BurstGPT rows; ``arrivals`` (an arrival process) and ``seed`` give a
     length-only file its arrival times; ``prefix_block_tokens`` says how many tokens each
     identity of a generic JSONL's ``prefix_ids`` column stands for; ``time_unit`` is the unit
-    of a recognised (not mapped) arrival column of a csv or jsonl file.
+    of a recognised (not mapped) arrival column of a csv or jsonl file. ``tokenizer`` (a path,
+    or a loaded ``traces.bench.tokenizer`` object) counts a ShareGPT file's tokens; without one
+    they are estimated (1 token per 4 characters), as the trace's metadata says.
     """
     fmt = format or detect_format(path)
     if fmt not in FORMATS:
@@ -93,13 +129,16 @@ def load_trace(
         raise ValueError(f"--burstgpt-model and --burstgpt-log-type filter BurstGPT traces, not {fmt}")
     if arrivals is not None and fmt in FIXED_FORMATS:
         raise ValueError(f"a {fmt} trace has its own arrival times; an arrival process is for length-only files")
-    if columns is not None and fmt in FIXED_FORMATS:
+    if columns is not None and fmt in (*FIXED_FORMATS, "sharegpt"):
         raise ValueError(f"--columns is for csv, jsonl and lengths files, not {fmt}")
+    if tokenizer is not None and fmt != "sharegpt":
+        raise ValueError(f"a tokenizer counts the text of ShareGPT files; a {fmt} trace holds token counts")
     # Loading builds millions of short-lived lists and dicts that hold no cycles; the cyclic
     # garbage collector would otherwise scan them again and again (2-3x the parse time).
     with paused_gc():
         return _load(path, fmt, columns=columns, model=model, log_type=log_type, arrivals=arrivals,
-                     seed=seed, prefix_block_tokens=prefix_block_tokens, time_unit=time_unit)
+                     seed=seed, prefix_block_tokens=prefix_block_tokens, time_unit=time_unit,
+                     tokenizer=tokenizer)
 
 
 @contextmanager
@@ -113,7 +152,10 @@ def paused_gc():
             gc.enable()
 
 
-def _load(path, fmt, *, columns, model, log_type, arrivals, seed, prefix_block_tokens, time_unit) -> Trace:
+def _load(path, fmt, *, columns, model, log_type, arrivals, seed, prefix_block_tokens, time_unit,
+          tokenizer=None) -> Trace:
+    if fmt == "sharegpt":
+        return _load_sharegpt(path, tokenizer=tokenizer, arrivals=arrivals, seed=seed)
     if fmt == "azure":
         return load_azure(path)
     if fmt == "mooncake":
@@ -128,6 +170,26 @@ def _load(path, fmt, *, columns, model, log_type, arrivals, seed, prefix_block_t
         return load_jsonl(path, columns, arrivals=arrivals, seed=seed, prefix_block_tokens=prefix_block_tokens,
                           time_unit=time_unit)
     return load_pagesim(path)
+
+
+def _load_sharegpt(path, *, tokenizer, arrivals, seed) -> Trace:
+    """Every valid entry of a ShareGPT file in file order (vLLM's rules, no shuffle, no
+    oversampling: ``traces.bench.sharegpt``); arrival times from ``arrivals`` if given."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from traces.bench.sharegpt import sharegpt_trace
+    from traces.bench.tokenizer import load_tokenizer
+
+    if tokenizer is None or isinstance(tokenizer, (str, PathLike)):
+        tokenizer = load_tokenizer(tokenizer)
+    trace = sharegpt_trace(path, tokenizer, num_prompts=None, seed=seed, shuffle=False, oversample=False)
+    if arrivals is None:
+        return trace
+    return replace(trace, arrival_s=arrivals.times(len(trace), np.random.default_rng(seed)), has_arrivals=True,
+                   source=f"{trace.source} with {arrivals.describe()} arrivals (seed {seed})",
+                   metadata={**trace.metadata, "arrival_process": arrivals.describe()})
 
 
 __all__ = ["FIXED_FORMATS", "FORMATS", "ColumnMap", "detect_format", "load_trace", "write_jsonl"]

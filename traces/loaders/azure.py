@@ -14,7 +14,7 @@ import numpy as np
 
 from traces.errors import TraceFormatError
 from traces.loaders.build import build_trace
-from traces.loaders.text import PathArg, read_csv, to_numbers
+from traces.loaders.text import PathArg, clip, read_csv, to_numbers
 from traces.trace import Trace
 
 COLUMNS = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
@@ -48,7 +48,7 @@ def parse_timestamps(path: PathArg, stamps: list[str], lines: np.ndarray) -> np.
     wrong = (years < 1900) | (years > 2200)
     if wrong.any():
         row = int(np.flatnonzero(wrong)[0])
-        raise TraceFormatError(path, f"TIMESTAMP: {stamps[row].strip()!r} is not a date from 1900 to 2200",
+        raise TraceFormatError(path, f"TIMESTAMP: {clip(repr(stamps[row].strip()))} is not a date from 1900 to 2200",
                                int(lines[row]))
     return (times - times[0]).astype(np.int64) / 1e9
 

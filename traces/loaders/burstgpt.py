@@ -14,7 +14,7 @@ import numpy as np
 
 from traces.errors import TraceFormatError, warn
 from traces.loaders.build import build_trace
-from traces.loaders.text import PathArg, read_csv, to_numbers
+from traces.loaders.text import PathArg, clip, read_csv, to_numbers
 from traces.trace import Trace
 
 COLUMNS = ["Timestamp", "Model", "Request tokens", "Response tokens", "Log Type"]
@@ -30,7 +30,7 @@ def load_burstgpt(path: PathArg, *, model: str | None = None, log_type: str | No
             keep &= values == wanted
             if not (values == wanted).any():
                 seen = ", ".join(sorted(set(values.tolist()))[:8])
-                raise TraceFormatError(path, f"no row has {column} {wanted!r} (the file has: {seen})")
+                raise TraceFormatError(path, f"no row has {column} {wanted!r} (the file has: {clip(seen)})")
     arrival = to_numbers(path, cols["Timestamp"], lines, "Timestamp", integer=False)
     prompt = to_numbers(path, cols["Request tokens"], lines, "Request tokens", integer=True)
     output = to_numbers(path, cols["Response tokens"], lines, "Response tokens", integer=True)

@@ -16,7 +16,7 @@ import numpy as np
 
 from traces.errors import TraceFormatError
 from traces.loaders.build import build_trace, check_identity_list, csr
-from traces.loaders.text import PathArg, csv_header, read_csv, read_jsonl, to_numbers
+from traces.loaders.text import PathArg, clip, csv_header, read_csv, read_jsonl, to_numbers
 from traces.trace import Trace
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -129,7 +129,7 @@ def _guess_csv_columns(path: PathArg, *, time_unit: str = "s") -> ColumnMap:
     columns = ColumnMap.guess(header, time_unit=time_unit)
     if columns is None:
         raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths "
-                               f"(header: {', '.join(header)}); pass --columns prompt=COL,output=COL", line)
+                               f"(header: {clip(', '.join(header))}); pass --columns prompt=COL,output=COL", line)
     return columns
 
 
@@ -158,7 +158,7 @@ def load_jsonl(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None
         columns = ColumnMap.guess(rows[0][1].keys(), time_unit=time_unit)
         if columns is None:
             raise TraceFormatError(path, f"cannot tell which keys hold prompt and output lengths "
-                                   f"(keys: {', '.join(rows[0][1])}); pass --columns prompt=KEY,output=KEY",
+                                   f"(keys: {clip(', '.join(rows[0][1]))}); pass --columns prompt=KEY,output=KEY",
                                    rows[0][0])
     named = columns.used()
     values: dict[str, list] = {name: [] for name in named}

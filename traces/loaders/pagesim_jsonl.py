@@ -19,7 +19,7 @@ import numpy as np
 
 from traces.errors import TraceFormatError
 from traces.loaders.generic import ColumnMap, _columns_to_trace
-from traces.loaders.text import PathArg, read_jsonl
+from traces.loaders.text import PathArg, clip, read_jsonl
 from traces.trace import Trace
 
 HEADER_KEY = "pagesim_trace"
@@ -82,7 +82,7 @@ def load_pagesim(path: PathArg) -> Trace:
     if not is_header(header):
         raise TraceFormatError(path, f"expected a {HEADER_KEY!r} header line", line)
     if header[HEADER_KEY] != VERSION:
-        raise TraceFormatError(path, f"{HEADER_KEY} version {header[HEADER_KEY]!r} is not supported "
+        raise TraceFormatError(path, f"{HEADER_KEY} version {clip(repr(header[HEADER_KEY]))} is not supported "
                                f"(this pagesim reads version {VERSION})", line)
     block_tokens = header.get("prefix_block_tokens", 0)
     if type(block_tokens) is not int or block_tokens < 0:

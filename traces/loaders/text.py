@@ -17,6 +17,8 @@ import csv
 import gzip
 import io
 import json
+import os
+import stat
 import zlib
 from collections.abc import Iterator
 from os import PathLike
@@ -29,9 +31,36 @@ from traces.errors import TraceFormatError, warn
 PathArg = str | PathLike[str]
 
 
+MAX_ECHO_CHARS = 80  # file content quoted in an error message is cut to this many characters
+
+
+def clip(text, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` (made a string) cut to ``limit`` characters, an ellipsis marking the cut: file
+    content quoted in an error stays one short line, whatever the file holds."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def require_regular_file(path: PathArg) -> None:
+    """A one-line error unless ``path`` is a regular file (a FIFO or a device would block or never end)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise TraceFormatError(path, "no such file") from None
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise TraceFormatError(path, "is a directory, not a trace file")
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise TraceFormatError(path, f"is {kind}, not a regular file: refusing to read it")
+
+
 def open_text(path: PathArg) -> io.TextIOBase:
     """``path`` opened for reading text (gzip decompressed), or a one-line error."""
     path = Path(path)
+    require_regular_file(path)
     try:
         with open(path, "rb") as probe:
             compressed = probe.read(2) == b"\x1f\x8b"  # gzip's magic, whatever the file is called
@@ -125,13 +154,13 @@ def read_csv(path: PathArg, wanted: list[str], optional: tuple[str, ...] = ()) -
     index = {name: k for k, name in enumerate(header)}
     repeated = [name for name in (*wanted, *optional) if header.count(name) > 1]
     if repeated:
-        raise TraceFormatError(path, f"column {repeated[0]!r} appears {header.count(repeated[0])} times in "
+        raise TraceFormatError(path, f"column {clip(repeated[0])!r} appears {header.count(repeated[0])} times in "
                                "the header (which one holds the data?)", 1 + skipped)
     missing = [name for name in wanted if name not in index]
     if missing:
         raise TraceFormatError(
             path, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-            f"(the header has: {', '.join(header) or 'nothing'})", 1 + skipped)
+            f"(the header has: {clip(', '.join(header)) or 'nothing'})", 1 + skipped)
     names = list(wanted) + [name for name in optional if name in index]
     positions = [index[name] for name in names]
     width = len(header)
@@ -282,7 +311,7 @@ def _fast_numbers(values, *, integer: bool) -> np.ndarray | None:
 
 def _number_problem(value, *, integer: bool, minimum: float | None) -> str | None:
     if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
-        return f"expected a number, found {json.dumps(value)}"
+        return f"expected a number, found {clip(json.dumps(value))}"
     number: int | float
     if isinstance(value, int):
         number = value
@@ -294,21 +323,21 @@ def _number_problem(value, *, integer: bool, minimum: float | None) -> str | Non
             try:
                 number = float(text)
             except ValueError:
-                return f"expected a number, found {value!r}"
+                return f"expected a number, found {clip(repr(value))}"
     if not integer:
         try:
             number = float(number)
         except OverflowError:
-            return f"expected a finite number, found {value!r}"
+            return f"expected a finite number, found {clip(repr(value))}"
     if isinstance(number, float):
         if not np.isfinite(number):
-            return f"expected a finite number, found {value!r}"
+            return f"expected a finite number, found {clip(repr(value))}"
         if integer and number != int(number):
-            return f"expected a whole number, found {value!r}"
+            return f"expected a whole number, found {clip(repr(value))}"
         if integer and abs(number) > EXACT_FLOAT_INT:
-            return f"{value!r} is too large to be an exact whole number (write it without a decimal point)"
+            return f"{clip(repr(value))} is too large to be an exact whole number (write it without a decimal point)"
     if integer and not -INT64_MAX - 1 <= number <= INT64_MAX:
-        return f"{value!r} is out of range (at most {INT64_MAX})"
+        return f"{clip(repr(value))} is out of range (at most {INT64_MAX})"
     if minimum is not None and number < minimum:
-        return f"must be >= {minimum:g}, found {value!r}"
+        return f"must be >= {minimum:g}, found {clip(repr(value))}"
     return None

@@ -1,0 +1,126 @@
+"""Counting tokens the way ``vllm bench serve`` counts them, or a stated estimate without a tokenizer.
+
+vLLM 0.33's datasets count a text's tokens as ``len(tokenizer(text).input_ids)``
+(``ShareGPTDataset.sample``, datasets.py:1375-1378; ``CustomDataset.sample``, :2530;
+``ConversationDataset.sample``, :3168-3171). A Hugging Face tokenizer called like that adds the
+tokenizer's special tokens (``add_special_tokens=True`` is its default: a BOS for Llama-style
+tokenizers). ``HFTokenizer.encode`` therefore runs ``tokenizer.json``'s post-processor too
+(``tokenizers.Tokenizer.encode``'s default), so its counts are vLLM's counts.
+
+Without a tokenizer, ``EstimateTokenizer`` gives one token per 4 characters (rounded up) and a
+pseudo-id per 4-character piece (a hash of the piece), so equal texts give equal ids and
+prompts that start alike share their first ids. It is an estimate, and every trace says so in
+``metadata["tokenizer"]``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from traces.tokens import splitmix64
+
+CHARS_PER_TOKEN = 4  # the estimate's characters per token
+_PSEUDO_ID_MASK = np.uint64(2**31 - 1)  # estimate ids lie in [0, 2**31)
+
+
+class Tokenizer(Protocol):
+    describe: str  # what counted the tokens, for a trace's metadata
+    num_special_tokens: int  # special tokens encode() adds to one text (vLLM's num_special_tokens_to_add)
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+    def count_batch(self, texts: list[str]) -> list[int]: ...
+
+
+class EstimateTokenizer:
+    """One token per ``CHARS_PER_TOKEN`` characters (ceil); ids are hashes of the pieces."""
+
+    describe = f"estimate: 1 token per {CHARS_PER_TOKEN} characters (no --tokenizer given)"
+    num_special_tokens = 0
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    @staticmethod
+    def count(text: str) -> int:
+        return -(-len(text) // CHARS_PER_TOKEN)
+
+    def count_batch(self, texts: list[str]) -> list[int]:
+        return [-(-len(text) // CHARS_PER_TOKEN) for text in texts]
+
+    @staticmethod
+    def encode_array(text: str) -> np.ndarray:
+        """int64 ids, one per 4-character piece: the code points mixed by splitmix64."""
+        if not text:
+            return np.zeros(0, np.int64)
+        points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
+        pad = -len(points) % CHARS_PER_TOKEN
+        if pad:
+            # NOTE: 0x110000 is above every code point, so a short last piece differs from any full one
+            points = np.r_[points, np.full(pad, 0x110000, np.uint64)]
+        pieces = points.reshape(-1, CHARS_PER_TOKEN)
+        mixed = np.zeros(len(pieces), np.uint64)
+        with np.errstate(over="ignore"):
+            for k in range(CHARS_PER_TOKEN):
+                mixed = splitmix64(mixed ^ pieces[:, k])
+        return (mixed & _PSEUDO_ID_MASK).astype(np.int64)
+
+
+class HFTokenizer:
+    """A Hugging Face fast tokenizer (``tokenizer.json``) loaded with the ``tokenizers`` package."""
+
+    def __init__(self, file: Path):
+        from tokenizers import Tokenizer as _Tokenizer
+
+        self._tokenizer = _Tokenizer.from_file(str(file))
+        self.path = file
+        self.num_special_tokens = int(self._tokenizer.num_special_tokens_to_add(False))
+        self.describe = f"tokenizer.json: {file} (special tokens added, as vLLM's tokenizer(text).input_ids)"
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+
+    def count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text).ids)
+
+    def count_batch(self, texts: list[str]) -> list[int]:
+        return [len(encoding.ids) for encoding in self._tokenizer.encode_batch(texts)]
+
+
+def load_tokenizer(path: str | os.PathLike[str] | None) -> Tokenizer:
+    """The tokenizer at ``path`` (a folder holding ``tokenizer.json``, or that file), or the
+    4-characters-per-token estimate when ``path`` is None.
+
+    vLLM's ``--tokenizer`` also takes a hub name; here nothing is downloaded, so a path that is
+    not on disk is a ``ValueError`` naming it.
+    """
+    if path is None:
+        return EstimateTokenizer()
+    given = Path(path)
+    file = given / "tokenizer.json" if given.is_dir() else given
+    if not file.is_file():
+        where = f"{given} has no tokenizer.json" if given.is_dir() else f"{given}: no such file"
+        raise ValueError(f"--tokenizer: {where} (give a Hugging Face tokenizer folder or its tokenizer.json; "
+                         "nothing is downloaded)")
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        raise ValueError("--tokenizer needs the tokenizers package: pip install tokenizers") from None
+    try:
+        return HFTokenizer(file)
+    except Exception as exc:  # tokenizers raises its own Exception type for a bad file
+        reason = " ".join(str(exc).split())
+        reason = reason if len(reason) <= 80 else reason[:79] + "…"
+        raise ValueError(f"--tokenizer: cannot load {file} as a tokenizer.json ({reason})") from None
