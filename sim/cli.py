@@ -26,6 +26,7 @@ def add_parser(subparsers) -> None:
     from engine.catalog.model import WEIGHT_FORMATS
     from engine.policy.cli_args import add_policy_args
     from sim.hardware import GPU_PRESETS
+    from sim.bench_args import add_bench_args
     from sim.router import ROUTERS
     from sim.setup import ALLOCATORS
     from traces.source import add_source_args
@@ -40,7 +41,8 @@ def add_parser(subparsers) -> None:
                    "such as meta-llama/Llama-3.1-8B-Instruct resolve) or a config.json / folder (default llama3-8b)")
     g.add_argument("--gpu", default=DEFAULT_GPU, metavar="GPU",
                    help=f"{', '.join(GPU_PRESETS)}, or an alias such as h100 or a100 (default {DEFAULT_GPU})")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (default 1)")
+    g.add_argument("--tp", "-tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                   help="tensor-parallel GPUs per replica (default 1; vLLM's --tensor-parallel-size)")
     g.add_argument("--ep", type=int, default=1, metavar="N",
                    help="expert parallelism: spread an MoE model's experts over the replica's N = --tp GPUs "
                         "(vLLM's --enable-expert-parallel; default 1: each expert sliced over the GPUs)")
@@ -53,7 +55,8 @@ def add_parser(subparsers) -> None:
                    help="keep sliding-window layers' whole context in full-attention groups (vLLM's flag)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                    help="share of GPU memory for weights, activations and KV cache (default 0.9)")
-    g.add_argument("--num-gpu-blocks", type=int, metavar="N", help="KV-cache blocks (overrides the memory budget)")
+    g.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int, metavar="N",
+                   help="KV-cache blocks (overrides the memory budget; vLLM's --num-gpu-blocks-override)")
     g.add_argument("--kv-cache-gb", type=float, metavar="GIB", help="KV-cache GiB per GPU (overrides the budget)")
     g.add_argument("--swap-space", type=float, default=4.0, metavar="GIB", help="CPU swap GiB per GPU (default 4)")
     s = add_policy_args(p)
@@ -68,8 +71,8 @@ def add_parser(subparsers) -> None:
     o.add_argument("--no-skip-ahead", dest="skip_ahead", action="store_false",
                    help="run every step one by one (same results, slower: skip-ahead only passes over pure decode "
                    "steps, exactly)")
-    o.add_argument("--slo-ttft", type=float, default=2.0, metavar="S", help="goodput SLO on TTFT (default 2 s)")
-    o.add_argument("--slo-tpot", type=float, default=0.1, metavar="S", help="goodput SLO on TPOT (default 0.1 s)")
+    o.add_argument("--slo-ttft", type=float, metavar="S", help="goodput SLO on TTFT (default 2 s; or vLLM's --goodput)")
+    o.add_argument("--slo-tpot", type=float, metavar="S", help="goodput SLO on TPOT (default 0.1 s)")
     o.add_argument("--cost-param", action="append", default=[], metavar="NAME=VALUE",
                    help="roofline parameter override, e.g. cpu_step_s=0.004 (repeatable)")
     o.add_argument("--profile", metavar="FILE", help="calibration profile (pagesim calibrate): step times measured on "
@@ -87,6 +90,7 @@ def add_parser(subparsers) -> None:
     o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     o.add_argument("--out", metavar="DIR", help="write summary, tables, decision log and timeline here")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_bench_args(p)
     p.set_defaults(func=run)
 
 
@@ -124,10 +128,14 @@ def run(args: argparse.Namespace) -> int:
     from sim.cluster import Cluster, build_replicas
     from sim.output import summary_table, write_json, write_tables, write_timeline
     from sim.replica import SimulationStalled
+    from sim.bench_args import bench_settings, summary_slo
+    from sim.bench_output import save_bench_result
+    from sim.output import rejection_words
     from sim.simulator import SimOptions
-    from traces.source import reported_warnings, trace_from_args
+    from traces.source import has_source, reported_warnings, trace_from_args
 
-    if args.trace is None and args.workload is None:
+    bench = bench_settings(args)
+    if not has_source(args):
         for key, value in DEFAULT_SOURCE.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
@@ -140,9 +148,12 @@ def run(args: argparse.Namespace) -> int:
         trace = trace_from_args(args)
     builts = build_replicas(run_spec_from_args(args), args.replicas)
     built = builts[0]
+    slo = summary_slo(bench, args.slo_ttft, args.slo_tpot)
     options = SimOptions(seed=args.seed, sample_lengths=args.sample_lengths, overlap_swaps=args.overlap_swaps,
-                         slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, skip_ahead=args.skip_ahead)
-    info = {"trace": f"{len(trace)} requests from {trace.source}", "deployment": built.describe(),
+                         slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s, slo_e2el_s=slo.e2el_s,
+                         percentiles=bench.summary_percentiles, max_concurrency=bench.max_concurrency,
+                         skip_ahead=args.skip_ahead)
+    info = {"trace": f"{len(trace)} requests from {trace.source}" + _trace_words(trace), "deployment": built.describe(),
             "options": {k: getattr(options, k) for k in options.__slots__}, "command": sys.argv[1:]}
     clustered = args.replicas > 1
     if clustered:
@@ -195,7 +206,13 @@ def run(args: argparse.Namespace) -> int:
                      replica_of=result.replica_of if clustered else None)
         write_timeline(out / "timeline.json", result, ids,
                        step_replica=result.steps.replica_index() if clustered else None)
+    if bench.save_result:
+        path = save_bench_result(args, bench, trace, result, cluster.replicas, summary, info)
+        print(f"pagesim simulate: wrote {path}", file=sys.stderr)
     if args.json:
+        words = rejection_words(result.summary)
+        if words:  # (the table says it on its first line)
+            print(f"pagesim simulate: note: {words}", file=sys.stderr)
         print(json.dumps(summary, sort_keys=True))
     else:
         print(summary_table(result.summary, info, wall_s))
@@ -203,6 +220,16 @@ def run(args: argparse.Namespace) -> int:
             logs_written = "decisions-replica-K.jsonl" if clustered else "decisions.jsonl"
             print(f"wrote {out}/: summary.json run_info.json requests.csv steps.csv {logs_written} timeline.json")
     return 0
+
+
+def _trace_words(trace) -> str:
+    """How the requests were sent and counted, when a front end says (datasets, --request-rate inf)."""
+    words = []
+    if trace.metadata.get("arrivals"):
+        words.append(f"sent {trace.metadata['arrivals']}")
+    if trace.metadata.get("tokenizer"):
+        words.append(f"tokens counted by {trace.metadata['tokenizer']}")
+    return f" ({'; '.join(words)})" if words else ""
 
 
 def _router(args):

@@ -45,8 +45,10 @@ from sim.cluster_metrics import ClusterSteps, cluster_summary
 from sim.cost.base import CostModel
 from sim.metrics import RequestMetrics, StepMetrics
 from sim.replica import Replica, arrival_process, iter_chunked
+from sim.client import ClosedLoopClient
 from sim.router import Router, RoundRobin
 from sim.simulator import SimOptions
+from sim.token_runs import TokenRuns
 from sim.workload import BeamModel, RequestFactory
 from traces.trace import Trace
 
@@ -92,11 +94,16 @@ class Cluster:
         self.request_metrics = RequestMetrics(len(trace))
         self.replica_of = np.full(len(trace), -1, np.int32)  # -1: not routed yet
         opts = self.options
+        token_runs = TokenRuns(len(trace), len(replicas))
+        closed_loop = opts.max_concurrency is not None
+        # NOTE: a closed-loop client sends a request when any replica finishes one, at an instant no
+        # other replica can foresee, so with several replicas none may skip ahead past it.
+        skip_ahead = opts.skip_ahead and not (closed_loop and len(replicas) > 1)
         self.replicas = [
             Replica(self.env, sched, cost_model, requests=self.request_metrics, steps=StepMetrics(),
                     beam_model=BeamModel(opts.seed, opts.beam_stay_prob, replica=k),
                     overlap_swaps=opts.overlap_swaps, decision_sink=sinks[k], on_done=progress,
-                    skip_ahead=opts.skip_ahead)
+                    skip_ahead=skip_ahead, replica_index=k, token_runs=token_runs)
             for k, (sched, cost_model) in enumerate(replicas)
         ]
         self.schedulers = [r.scheduler for r in self.replicas]
@@ -104,7 +111,13 @@ class Cluster:
             for replica in self.replicas:  # skip-ahead then stops short of every arrival
                 replica.observed = True
         factory = RequestFactory(trace, seed=opts.seed, sample_lengths=opts.sample_lengths)
-        if len(self.replicas) > 1 and not self.router.reads_state:
+        self.client = None
+        if closed_loop:
+            self.client = ClosedLoopClient(self.env, opts.max_concurrency, self._route)
+            for replica in self.replicas:
+                replica.on_request_done = self.client.finished
+            self.env.process(arrival_process(self.env, trace.arrival_s, factory.make, self.replicas, self.client.send))
+        elif len(self.replicas) > 1 and not self.router.reads_state:
             self.env.process(self._arrivals_routed_ahead(trace.arrival_s, factory.make))
         else:
             self.env.process(arrival_process(self.env, trace.arrival_s, factory.make, self.replicas, self._route))
@@ -171,8 +184,7 @@ class Cluster:
         for k, sched in enumerate(self.schedulers):
             if sched.has_unfinished_requests:  # the event queue ran dry with work left: a policy bug
                 raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished on replica {k}")
-        summary = cluster_summary(self.request_metrics, self.replicas, self.replica_of,
-                                  slo_ttft_s=self.options.slo_ttft_s, slo_tpot_s=self.options.slo_tpot_s,
-                                  router_name=self.router.name, tp=self.tp)
+        summary = cluster_summary(self.request_metrics, self.replicas, self.replica_of, slo=self.options.slo,
+                                  percentiles=self.options.percentiles, router_name=self.router.name, tp=self.tp)
         return ClusterResult(summary, self.request_metrics, ClusterSteps([r.steps for r in self.replicas]),
                              self.replica_of, self.replicas, wall_s)

@@ -29,7 +29,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from sim.bench_metrics import DEFAULT_PERCENTILES, Slo
 from sim.metrics import RequestMetrics, StepMetrics, summarize
+from sim.token_runs import ItlSample
 
 
 class ClusterSteps:
@@ -86,33 +88,38 @@ def scheduler_figures(scheduler) -> dict:
             "num_evictions": getattr(getattr(scheduler, "pool", None), "num_evictions", 0)}
 
 
-def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np.ndarray, *, slo_ttft_s: float,
-                    slo_tpot_s: float, router_name: str, tp: int = 1) -> dict:
+def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np.ndarray, *, slo: Slo,
+                    percentiles=DEFAULT_PERCENTILES, router_name: str, tp: int = 1) -> dict:
     """The cluster-wide summary, with ``router`` and per-replica ``replicas`` for two or more
-    replicas (``replicas``: objects with ``scheduler``, ``steps`` and ``preemptions``)."""
-    slo = {"slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s}
+    replicas (``replicas``: ``sim.replica.Replica`` objects)."""
+    from sim.simulator import replica_itl
+
+    common = {"slo": slo, "percentiles": percentiles}
     if len(replicas) == 1:
         (only,) = replicas
-        return summarize(requests, only.steps, **slo, preemptions=only.preemptions, **scheduler_figures(only.scheduler))
+        return summarize(requests, only.steps, **common, preemptions=only.preemptions, itl=replica_itl(only),
+                         **scheduler_figures(only.scheduler))
     schedulers = [r.scheduler for r in replicas]
     admitted = sum(s.num_prompt_tokens_admitted for s in schedulers)
     caches = any(getattr(s, "paged", True) and s.config.enable_prefix_caching for s in schedulers)
     preemptions = {mode: sum(r.preemptions[mode] for r in replicas) for mode in replicas[0].preemptions}
+    itls = [replica_itl(r, np.flatnonzero(replica_of == k)) for k, r in enumerate(replicas)]
     summary = summarize(
-        requests, ClusterSteps([r.steps for r in replicas]), **slo, preemptions=preemptions,
+        requests, ClusterSteps([r.steps for r in replicas]), **common, preemptions=preemptions,
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in schedulers) / admitted) if admitted and caches else None,
-        num_evictions=sum(scheduler_figures(s)["num_evictions"] for s in schedulers),
+        num_evictions=sum(scheduler_figures(s)["num_evictions"] for s in schedulers), itl=ItlSample.merge(itls),
     )
     summary["router"] = router_name
-    summary["replicas"] = [replica_summary(k, r, requests_subset(requests, replica_of == k), slo, tp)
+    summary["replicas"] = [replica_summary(k, r, requests_subset(requests, replica_of == k), common, tp, itls[k])
                            for k, r in enumerate(replicas)]
     return summary
 
 
-def replica_summary(index: int, replica, requests: RequestMetrics, slo: dict, tp: int) -> dict:
+def replica_summary(index: int, replica, requests: RequestMetrics, common: dict, tp: int, itl: ItlSample) -> dict:
     sched = replica.scheduler
     return {
         "replica": index, "tp": tp, "requests_routed": len(requests.status),
         "num_gpu_blocks": sched.config.num_gpu_blocks, "kv_cache_slots": sched.kv_usage().total_slots,
-        **summarize(requests, replica.steps, **slo, preemptions=replica.preemptions, **scheduler_figures(sched)),
+        **summarize(requests, replica.steps, **common, preemptions=replica.preemptions, itl=itl,
+                    **scheduler_figures(sched)),
     }

@@ -12,10 +12,18 @@ copied blocks, preemptions, and each cost term.
 
 Summary definitions (all times in seconds):
 - ``duration_s``: first arrival to last completion; throughput = completed requests (or generated
-  tokens) / duration; goodput = completed requests meeting both SLOs / duration;
+  tokens, ``throughput_tokens_s``; prompt tokens, ``throughput_input_tokens_s``; both,
+  ``throughput_total_tokens_s``) / duration; goodput = completed requests meeting every SLO /
+  duration; ``slo.attained`` = those requests / all requests submitted (a rejected request never
+  meets an SLO);
 - TTFT = first token - arrival; TPOT = (finish - first token) / (generation length - 1), over
-  requests generating at least two tokens; e2e = finish - arrival; normalized latency = mean over
-  requests of e2e / generation length (the PagedAttention paper's metric);
+  requests generating at least two tokens; e2e = finish - arrival; ITL = every gap between two
+  consecutive tokens of a request (``sim.token_runs``); normalized latency = mean over requests of
+  e2e / generation length (the PagedAttention paper's metric); each latency with mean, median,
+  std and percentiles as vLLM bench computes them (``sim.bench_metrics``); with a closed-loop
+  client the arrival is when the client sent the request;
+- ``max_concurrent_requests``: the peak of requests in flight; ``max_output_tokens_per_s``: vLLM
+  bench's per-second peak of token events (``sim.bench_metrics``);
 - ``memory_utilization`` = used / allocated slots, time-averaged over steps holding any (the
   share of reserved KV memory that holds a token); ``memory_used_fraction`` = used / all slots
   of the cache, time-averaged (the paper's Fig. 2 splits the whole cache this way, so external
@@ -34,7 +42,10 @@ from collections import Counter
 
 import numpy as np
 
+from sim import bench_metrics
+from sim.bench_metrics import DEFAULT_PERCENTILES, Slo, latency_stats
 from sim.step_metrics import STEP_COLUMNS, StepMetrics
+from sim.token_runs import ItlSample
 
 __all__ = ["COMPLETED", "PENDING", "REJECTED", "REQUEST_COLUMNS", "STEP_COLUMNS", "RequestMetrics",
            "StepMetrics", "summarize"]
@@ -74,14 +85,6 @@ class RequestMetrics:
             tpot = (self.finish_s - self.first_token_s) / (self.generation_len - 1)
         tpot[self.generation_len < 2] = np.nan
         return tpot
-
-
-def _stats(values: np.ndarray) -> dict[str, float | None]:
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"mean": _r(values.mean()), "p50": _r(p50), "p90": _r(p90), "p99": _r(p99)}
 
 
 def _r(x: float) -> float:
@@ -129,40 +132,54 @@ SUM_KEYS = ("busy_s", "held_s", "utilization_x_s", "allocated_fraction_x_s", "us
             "sharing_saved_x_s", "batched_x_s", "running_x_s", "swap_out_blocks", "swap_in_blocks", "cow_blocks")
 
 
-def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo_ttft_s: float, slo_tpot_s: float,
-              preemptions: dict[str, int], prefix_hit_rate: float | None, num_evictions: int) -> dict:
+def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preemptions: dict[str, int],
+              prefix_hit_rate: float | None, num_evictions: int, itl: ItlSample | None = None,
+              percentiles=DEFAULT_PERCENTILES) -> dict:
     done = requests.status == COMPLETED
     completed = int(done.sum())
+    submitted = len(requests.status)
     ttft, tpot, e2e = requests.ttft_s()[done], requests.tpot_s()[done], requests.e2e_s()[done]
     start = float(np.nanmin(requests.arrival_s)) if len(requests.arrival_s) else 0.0
     end = float(np.nanmax(requests.finish_s[done])) if completed else start
     duration = end - start
     tokens = int(requests.output_tokens[done].sum())
+    input_tokens = int(requests.prompt_tokens[done].sum())
     with np.errstate(invalid="ignore", divide="ignore"):
         normalized = e2e / requests.generation_len[done]
-    meets = (ttft <= slo_ttft_s) & (np.nan_to_num(tpot, nan=0.0) <= slo_tpot_s)
+    meets = slo.meets(ttft, tpot, e2e)
     sums = step_sums(steps)
     busy = sums["busy_s"]
 
     def per_s(x: float) -> float | None:
         return _r(x / duration) if duration > 0 else None
 
+    def stats(values, weights=None) -> dict:
+        return latency_stats(values, percentiles, weights)
+
+    sent, finished = requests.arrival_s[done], requests.finish_s[done]
     return {
-        "requests_total": len(requests.status),
+        "requests_total": submitted,
         "requests_completed": completed,
         "requests_rejected": int((requests.status == REJECTED).sum()),
         "rejection_reasons": dict(Counter(requests.reject_reasons.values()).most_common(3)),
         "duration_s": _r(duration),
         "throughput_rps": per_s(completed),
         "throughput_tokens_s": per_s(tokens),
+        "throughput_input_tokens_s": per_s(input_tokens),
+        "throughput_total_tokens_s": per_s(input_tokens + tokens),
         "goodput_rps": per_s(int(meets.sum())),
-        "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s, "attained": _r(meets.mean()) if completed else None},
-        "ttft_s": _stats(ttft),
-        "tpot_s": _stats(tpot),
-        "e2e_s": _stats(e2e),
-        "queueing_s": _stats((requests.first_scheduled_s - requests.arrival_s)[done]),
+        "slo": {**slo.to_dict(), "met": int(meets.sum()), "attained": _r(meets.sum() / submitted) if submitted else None},
+        "ttft_s": stats(ttft),
+        "tpot_s": stats(tpot),
+        "itl_s": stats(itl.values, itl.weights) if itl is not None else stats([]),
+        "e2e_s": stats(e2e),
+        "queueing_s": stats((requests.first_scheduled_s - requests.arrival_s)[done]),
         "normalized_latency_s_per_token": _r(normalized.mean()) if completed else None,
+        "input_tokens": input_tokens,
         "generated_tokens": tokens,
+        "max_concurrent_requests": bench_metrics.peak_in_flight(sent, finished),
+        "max_output_tokens_per_s": (bench_metrics.max_tokens_per_second(itl.token_times, itl.token_counts, float(sent.min()), end)
+                                    if itl is not None and completed else None),
         "memory_utilization": _ratio(sums["utilization_x_s"], sums["held_s"]),
         "memory_allocated_fraction": _ratio(sums["allocated_fraction_x_s"], busy),
         "memory_used_fraction": _ratio(sums["used_fraction_x_s"], busy),

@@ -131,7 +131,9 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
         return "-" if x is None else f"{100 * x:.1f}%"
 
     d = info["deployment"]
+    rejected = rejection_words(s)
     lines = [
+        *([f"NOTE: {rejected}", ""] if rejected else []),
         f"{info['trace']}",
         f"{d['model']} on {d['gpu']} x{d['tp']}{_cluster_words(s)}, {d['allocator']} KV cache: {d['num_gpu_blocks']} blocks of "
         f"{d['block_size']} tokens ({d['kv_cache_source']}), policy {d['policy']}",
@@ -139,15 +141,18 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
         f"requests   {s['requests_completed']} completed, {s['requests_rejected']} rejected, over "
         f"{num(s['duration_s'], '.1f')} s simulated",
         *(f"           rejected x{count}: {reason}" for reason, count in s["rejection_reasons"].items()),
-        f"throughput {num(s['throughput_rps'])} req/s, {num(s['throughput_tokens_s'])} tokens/s; goodput "
-        f"{num(s['goodput_rps'])} req/s (TTFT <= {s['slo']['ttft_s']} s and TPOT <= {s['slo']['tpot_s']} s: "
-        f"{pct(s['slo']['attained'])} of requests)",
+        f"throughput {num(s['throughput_rps'])} req/s; output {num(s['throughput_tokens_s'])} tokens/s, input "
+        f"{num(s['throughput_input_tokens_s'])}, total {num(s['throughput_total_tokens_s'])}; peak "
+        f"{s['max_concurrent_requests']} requests in flight, {num(s['max_output_tokens_per_s'])} output tokens in one second",
+        f"goodput    {num(s['goodput_rps'])} req/s ({slo_words(s['slo'])}: met by {s['slo']['met']} of "
+        f"{s['requests_total']} requests submitted, {pct(s['slo']['attained'])})",
         "",
-        f"{'latency (s)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+        f"{'latency (s)':<14}{'mean':>10}{'median':>10}{'std':>10}{'p90':>10}{'p99':>10}",
     ]
-    for label, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("end-to-end", "e2e_s"), ("queueing", "queueing_s")):
+    for label, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("end-to-end", "e2e_s"),
+                       ("queueing", "queueing_s")):
         row = s[key]
-        lines.append(f"{label:<14}" + "".join(f"{num(row[k]):>10}" for k in ("mean", "p50", "p90", "p99")))
+        lines.append(f"{label:<14}" + "".join(f"{num(row[k]):>10}" for k in ("mean", "median", "std", "p90", "p99")))
     lines += [
         f"normalized latency {num(s['normalized_latency_s_per_token'])} s/token",
         "",
@@ -169,6 +174,22 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
     rate = s["requests_total"] / wall_s if wall_s > 0 else float("inf")
     lines += ["", f"simulated in {wall_s:.2f} s wall ({rate:,.0f} requests per wall second)"]
     return "\n".join(lines)
+
+
+def rejection_words(summary: dict) -> str | None:
+    """"K of N requests (P%) were rejected ...", or None when none were."""
+    rejected, total = summary["requests_rejected"], summary["requests_total"]
+    if not rejected:
+        return None
+    reasons = "; ".join(f"{reason} (x{count})" for reason, count in summary["rejection_reasons"].items())
+    return (f"{rejected} of {total} requests ({100 * rejected / total:.1f}%) were rejected by the policy and never "
+            f"served; they count as failed and as missing every SLO" + (f": {reasons}" if reasons else ""))
+
+
+def slo_words(slo: dict) -> str:
+    parts = [f"{label} <= {slo[key]:g} s" for label, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2EL", "e2el_s"))
+             if slo.get(key) is not None]
+    return " and ".join(parts) or "no SLO"
 
 
 def _cluster_words(summary: dict) -> str:

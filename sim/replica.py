@@ -34,6 +34,7 @@ from engine.policy.progress import ProgressWatch
 from sim.cost.base import CostModel, StepWork
 from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics
 from sim.skip_ahead import decode_step_work, plan_skip, skip, timeout_until
+from sim.token_runs import TokenRuns
 from sim.workload import BeamModel
 
 
@@ -45,7 +46,9 @@ class Replica:
     def __init__(self, env: simpy.Environment, scheduler, cost_model: CostModel, *,
                  requests: RequestMetrics, steps: StepMetrics, beam_model: BeamModel,
                  overlap_swaps: bool = False, decision_sink: Callable[[str], object] | None = None,
-                 on_done: Callable[[int], object] | None = None, skip_ahead: bool = True):
+                 on_done: Callable[[int], object] | None = None, skip_ahead: bool = True,
+                 replica_index: int = 0, token_runs: TokenRuns | None = None,
+                 on_request_done: Callable[[int], object] | None = None):
         self.env = env
         self.scheduler = scheduler
         self.cost_model = cost_model
@@ -61,6 +64,10 @@ class Replica:
         self.observed = False
         self.decision_sink = decision_sink
         self.on_done = on_done or (lambda count: None)
+        # a closed-loop client sends its next request when one completes or is rejected (sim/client.py)
+        self.on_request_done = on_request_done
+        self.index = replica_index
+        self.token_runs = token_runs or TokenRuns(len(requests.status))  # when each request got tokens (ITL)
         self.preemptions = {"swap": 0, "recompute": 0}
         self._rows: dict[str, int] = {}  # unfinished request id -> trace row
         self._awaiting_first_token: set[str] = set()
@@ -89,6 +96,8 @@ class Replica:
             m.status[row] = REJECTED
             m.reject_reasons[row] = request.reject_reason or ""
             self.on_done(1)
+            if self.on_request_done is not None:
+                self.on_request_done(row)
             return
         rid = request.request_id
         self._rows[rid] = row
@@ -126,6 +135,7 @@ class Replica:
                 decode_step = None
                 out = sched.schedule()
                 work = StepWork.from_output(out, block_size, self._work_window)
+            rejected_rows = []
             for rid, reason in out.rejected.items():  # found unservable at the head of a queue, mid-run
                 row = rows.pop(rid, None)
                 if row is not None:
@@ -133,6 +143,7 @@ class Replica:
                     m.reject_reasons[row] = reason
                     awaiting.discard(rid)
                     self.on_done(1)
+                    rejected_rows.append(row)
             if progress.stalled(out, decoded=decode_step is not None) and sched.has_unfinished_requests:
                 raise SimulationStalled(  # (rejecting the last one is no stall)
                     f"step {out.step} at t={env.now:.6f}s scheduled nothing with {len(sched.waiting)} waiting, "
@@ -151,10 +162,16 @@ class Replica:
             end = env.now
             if not math.isfinite(end):
                 raise ValueError(f"simulated time overflowed at step {out.step} (step cost {cost.terms})")
+            step_row = len(self.steps)  # this step's row in the step table (recorded below)
+            runs = self.token_runs
             for s in out.scheduled:
-                if s.samples and s.request_id in awaiting:
-                    awaiting.discard(s.request_id)
-                    m.first_token_s[rows[s.request_id]] = end
+                if s.samples:
+                    runs.token(self.index, rows[s.request_id], step_row)
+                    if s.request_id in awaiting:
+                        awaiting.discard(s.request_id)
+                        m.first_token_s[rows[s.request_id]] = end
+            if decode_step is not None:  # the batch's decodes are not listed in out.scheduled
+                self._decoded(decode_step.run, step_row, step_row)
             if decode_step is not None:
                 finished = update_decode_step(decode_step)
             else:
@@ -166,17 +183,25 @@ class Replica:
                               usage, len(out.preempted), cost)
             if log:
                 self._flush_decisions()
+            if rejected_rows and self.on_request_done is not None:  # their client slots free now
+                for row in rejected_rows:
+                    self.on_request_done(row)
 
     def _completed(self, finished: list[Request], end: float) -> None:
         m = self.requests
+        done_rows = []
         for request in finished:
             row = self._rows.pop(request.request_id)
+            done_rows.append(row)
             m.finish_s[row] = end
             m.status[row] = COMPLETED
             lengths = [s.num_output_tokens for s in request.seqs if s.finish_reason != "pruned"]
             m.output_tokens[row] = sum(lengths)
             m.generation_len[row] = max(lengths)
         self.on_done(len(finished))
+        if self.on_request_done is not None:
+            for row in done_rows:
+                self.on_request_done(row)
 
     def _skip(self, run: DecodeRun):
         """Run, at once, the pure decode steps of ``run`` before the next arrival (skip_ahead.py);
@@ -185,6 +210,8 @@ class Replica:
                                    self.next_arrival_s, end_before_arrival=self.observed)
         if k == 0:
             return False
+        first_row = len(self.steps)
+        self._decoded(run, first_row, first_row + k - 1)  # (before skip(): its finishes retire the requests)
         end, finished = skip(self, run, k, terms, ends)
         if not math.isfinite(end):
             raise ValueError(f"simulated time overflowed skipping {k} steps from t={self.env.now}")
@@ -194,6 +221,12 @@ class Replica:
             self._completed(finished, end)
         self._flush_decisions()
         return True
+
+    def _decoded(self, run: DecodeRun, first_row: int, last_row: int) -> None:
+        """Every request of a decode batch received a token in each of steps ``first_row..last_row``."""
+        rows = self._rows
+        batch_rows = np.fromiter((rows[r.request_id] for r in run.requests), np.int64, len(run.requests))
+        self.token_runs.tokens(self.index, batch_rows, first_row, last_row)
 
     def _flush_decisions(self) -> None:
         log = self.scheduler.decision_log.records

@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.bench_metrics import DEFAULT_PERCENTILES, Slo
+from sim.client import ClosedLoopClient
 from sim.cost.base import CostModel
-from sim.metrics import RequestMetrics, StepMetrics, summarize
+from sim.metrics import COMPLETED, RequestMetrics, StepMetrics, summarize
 from sim.replica import Replica, arrival_process
+from sim.token_runs import ItlSample, itl_sample
 from sim.workload import BeamModel, RequestFactory
 from traces.trace import Trace
 
@@ -33,14 +36,23 @@ class SimOptions:
     beam_stay_prob: float = 0.8
     overlap_swaps: bool = False
     skip_ahead: bool = True  # advance pure decode stretches at once (sim/skip_ahead.py); same results
-    slo_ttft_s: float = 2.0  # goodput: time to first token at most this
-    slo_tpot_s: float = 0.1  # and time per output token at most this
+    # goodput SLOs in seconds (None: not asked); vLLM bench's --goodput sets only those it names
+    slo_ttft_s: float | None = 2.0  # time to first token at most this
+    slo_tpot_s: float | None = 0.1  # and time per output token at most this
+    slo_e2el_s: float | None = None  # and end-to-end latency at most this
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of every latency in the summary
+    max_concurrency: int | None = None  # a closed-loop client (sim/client.py): at most this many in flight
 
     def __post_init__(self) -> None:
-        if not (0 < self.slo_ttft_s < math.inf and 0 < self.slo_tpot_s < math.inf):
-            raise ValueError(f"SLOs must be positive, finite seconds (got TTFT {self.slo_ttft_s}, TPOT {self.slo_tpot_s})")
+        self.slo  # checks the SLOs
         if not 0.0 <= self.beam_stay_prob <= 1.0:
             raise ValueError(f"beam stay probability must be in [0, 1], got {self.beam_stay_prob}")
+        if self.max_concurrency is not None and (isinstance(self.max_concurrency, bool) or self.max_concurrency < 1):
+            raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency!r}")
+
+    @property
+    def slo(self) -> Slo:
+        return Slo(self.slo_ttft_s, self.slo_tpot_s, self.slo_e2el_s)
 
 
 @dataclass
@@ -71,7 +83,13 @@ class Simulation:
             overlap_swaps=self.options.overlap_swaps, decision_sink=decision_sink, on_done=progress,
             skip_ahead=self.options.skip_ahead,
         )
-        self.env.process(arrival_process(self.env, trace.arrival_s, factory.make, [self.replica], self.replica.submit))
+        send = self.replica.submit
+        self.client = None
+        if self.options.max_concurrency is not None:
+            self.client = ClosedLoopClient(self.env, self.options.max_concurrency, self.replica.submit)
+            self.replica.on_request_done = self.client.finished
+            send = self.client.send
+        self.env.process(arrival_process(self.env, trace.arrival_s, factory.make, [self.replica], send))
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -83,10 +101,22 @@ class Simulation:
         admitted = sched.num_prompt_tokens_admitted
         caches = getattr(sched, "paged", True) and sched.config.enable_prefix_caching
         summary = summarize(
-            self.request_metrics, self.step_metrics,
-            slo_ttft_s=self.options.slo_ttft_s, slo_tpot_s=self.options.slo_tpot_s,
-            preemptions=self.replica.preemptions,
+            self.request_metrics, self.step_metrics, slo=self.options.slo, percentiles=self.options.percentiles,
+            itl=replica_itl(self.replica), preemptions=self.replica.preemptions,
             prefix_hit_rate=(sched.num_prefix_hit_tokens / admitted) if admitted and caches else None,
             num_evictions=getattr(getattr(sched, "pool", None), "num_evictions", 0),
         )
         return SimResult(summary, self.request_metrics, self.step_metrics, sched, wall_s)
+
+
+def replica_itl(replica: Replica, rows=None) -> ItlSample:
+    """The inter-token gaps of the completed requests ``replica`` served (``rows``: those it was
+    routed; default all of the run's)."""
+    import numpy as np
+
+    m = replica.requests
+    if rows is None:
+        rows = np.arange(len(m.status))
+    done = rows[m.status[rows] == COMPLETED]
+    runs = replica.token_runs.runs(replica.index, done)
+    return itl_sample(runs, replica.steps.array("start_s"), replica.steps.array("duration_s"))

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from engine.policy.usage import KvUsage
 from sim.cost.base import TERMS, StepCost, StepWork
+from sim.bench_metrics import Slo
 from sim.metrics import COMPLETED, RequestMetrics, summarize
 from sim.step_metrics import STEP_COLUMNS, StepMetrics
 
@@ -206,7 +207,7 @@ def test_summary_does_not_depend_on_chunking():
     for chunk_rows in (7, 10_000):
         with StepMetrics(chunk_rows=chunk_rows) as steps:
             steps.record_many(columns, n)
-            summaries.append(summarize(requests, steps, slo_ttft_s=1.0, slo_tpot_s=1.0,
+            summaries.append(summarize(requests, steps, slo=Slo(ttft_s=1.0, tpot_s=1.0),
                                        preemptions={"swap": 0, "recompute": 0}, prefix_hit_rate=None,
                                        num_evictions=0))
     assert summaries[0] == summaries[1]

@@ -7,7 +7,16 @@ Every command that replays traffic (``trace stats``, ``trace gen``, and later ``
 - ``--trace PATH [--format F] [--columns MAP] [--time-unit U] [--burstgpt-model M] ...``,
   with ``--rate R`` rescaling the trace's arrivals to R requests/s (or, for a length-only file,
   drawing ``--arrival`` arrivals at R) and ``--num-requests K`` keeping the first K;
-- ``--workload NAME --rate R --num-requests K [--seed S]`` for a named synthetic workload.
+- ``--workload NAME --rate R --num-requests K [--seed S]`` for a named synthetic workload;
+- ``--dataset-name NAME [--dataset-path PATH] [--tokenizer TOK] --num-prompts K`` for a dataset
+  as ``vllm bench serve`` loads it (``traces.bench``), sent as vLLM bench sends it:
+  ``--request-rate R`` (default inf: all at t=0) and ``--burstiness B``
+  (``traces.generate.arrivals.bench_arrivals``).
+
+vLLM bench's names are aliases of pagesim's: ``--num-prompts`` is ``--num-requests``,
+``--request-rate`` is ``--rate`` (``inf``: every request at t=0, for any source), and
+``--burstiness B`` is gamma arrivals of shape B (coefficient of variation 1/sqrt(B); a workload's
+``--arrival gamma:cv=C``).
 
 Warnings about repaired input go to stderr as ``pagesim CMD: warning: ...`` (``--strict`` makes
 them errors).
@@ -16,6 +25,7 @@ them errors).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 from contextlib import contextmanager
@@ -44,17 +54,26 @@ def add_source_args(parser: argparse.ArgumentParser, *, trace_positional: bool =
                        help="BurstGPT: keep rows of this Log Type (e.g. 'Conversation log')")
     group.add_argument("--prefix-block-tokens", type=int, default=0, metavar="B",
                        help="generic JSONL: tokens each prefix_ids identity stands for")
-    group.add_argument("--rate", type=float, metavar="R",
-                       help="requests/s: a workload's rate, a trace rescaled to it, or a length file's arrivals")
+    group.add_argument("--rate", "--request-rate", dest="rate", type=float, metavar="R",
+                       help="requests/s: a workload's rate, a trace rescaled to it, or a length file's arrivals; "
+                            "inf sends every request at t=0 (vLLM bench's --request-rate)")
+    group.add_argument("--burstiness", type=float, metavar="B",
+                       help="gamma-distributed gaps of shape B at --rate (vLLM bench's: 1 = Poisson, < 1 burstier, "
+                            "> 1 more regular)")
     group.add_argument("--arrival", metavar="PROC",
                        help="arrival process for workloads and length-only files: poisson (default), "
                             "gamma:cv=C, constant (each at --rate), or piecewise:DUR@RATE,... (its own rates)")
-    group.add_argument("--num-requests", type=int, metavar="K", help="requests to generate, or to keep from a trace")
+    group.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=int, metavar="K",
+                       help="requests to generate, or to keep from a trace (vLLM bench's --num-prompts)")
     group.add_argument("--spread-ties", action="store_true",
                        help="spread requests logged with one timestamp over the gap to the next "
                             "(Mooncake logs batches about 3 s apart)")
     group.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     group.add_argument("--strict", action="store_true", help="treat repaired input (warnings) as errors")
+    if not trace_positional:
+        from traces.bench.cli import add_dataset_args
+
+        add_dataset_args(parser)
 
 
 @contextmanager
@@ -81,6 +100,11 @@ def reported_warnings(command: str, *, strict: bool):
             raise ValueError(f"{exc} (--strict)") from None
 
 
+def has_source(args: argparse.Namespace) -> bool:
+    """Whether the flags name a request source (else a command may fill in its default)."""
+    return any(getattr(args, name, None) is not None for name in ("trace", "workload", "dataset_name"))
+
+
 def trace_from_args(args: argparse.Namespace):
     """The ``Trace`` the flags describe (loaded or generated), cut and rescaled as asked."""
     from traces.generate.arrivals import parse_arrivals
@@ -92,15 +116,38 @@ def trace_from_args(args: argparse.Namespace):
         raise ValueError("--num-requests must be >= 1")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    rate, burstiness = args.rate, getattr(args, "burstiness", None)
+    if rate is not None and not rate > 0:
+        raise ValueError(f"--rate / --request-rate must be > 0 requests/s (or inf), got {rate}")
+    if burstiness is not None and not burstiness > 0:
+        raise ValueError(f"--burstiness must be > 0, got {burstiness}")
     path = getattr(args, "trace", None)
     workload = getattr(args, "workload", None)
-    if (path is None) == (workload is None):
-        raise ValueError("give --trace PATH or --workload NAME (one of them)")
+    dataset = getattr(args, "dataset_name", None)
+    given = [flag for flag, value in (("--trace", path), ("--workload", workload), ("--dataset-name", dataset))
+             if value is not None]
+    if len(given) != 1:
+        raise ValueError("give one request source: --trace PATH, --workload NAME or --dataset-name NAME"
+                         + (f" (got {' and '.join(given)})" if given else ""))
+    all_at_once = rate is not None and math.isinf(rate)
+    if dataset is not None:
+        return _dataset_trace(args, rate, burstiness)
+    if burstiness is not None:
+        if args.arrival is not None:
+            raise ValueError("--burstiness and --arrival both describe the arrival process: give one")
+        if all_at_once or rate is None:
+            raise ValueError("--burstiness shapes the gaps between arrivals at a finite --rate / --request-rate")
+        args.arrival = f"gamma:cv={1.0 / math.sqrt(burstiness)!r}"
+    if all_at_once and args.arrival is not None:
+        raise ValueError("--rate inf sends every request at t=0; --arrival does not apply")
     if workload is not None:
         if args.num_requests is None:
             raise ValueError(f"--workload {workload} needs --num-requests K")
-        return generate(workload_spec(workload, rate_rps=args.rate, num_requests=args.num_requests,
-                                      seed=args.seed, arrival=args.arrival))
+        trace = generate(workload_spec(workload, rate_rps=1.0 if all_at_once else rate,
+                                       num_requests=args.num_requests, seed=args.seed, arrival=args.arrival))
+        return _all_at_once(trace) if all_at_once else trace
+    if all_at_once:
+        rate = None  # (the file is read as it is; its times are replaced below)
 
     fmt = args.format or detect_format(path)
     if fmt in FIXED_FORMATS:
@@ -114,8 +161,8 @@ def trace_from_args(args: argparse.Namespace):
     columns = ColumnMap.parse(args.columns, time_unit=time_unit) if args.columns else None
     # a process for files without arrival times (used only if the file has none)
     arrivals = None
-    if fmt not in FIXED_FORMATS and (args.arrival is not None or args.rate is not None):
-        arrivals = parse_arrivals(args.arrival, rate_rps=args.rate)
+    if fmt not in FIXED_FORMATS and (args.arrival is not None or rate is not None):
+        arrivals = parse_arrivals(args.arrival, rate_rps=rate)
     trace = load_trace(path, fmt, columns=columns, model=args.burstgpt_model, log_type=args.burstgpt_log_type,
                        arrivals=arrivals, seed=args.seed, prefix_block_tokens=args.prefix_block_tokens,
                        time_unit=time_unit)
@@ -127,6 +174,42 @@ def trace_from_args(args: argparse.Namespace):
         trace = trace.spread_ties(args.seed)
     if args.num_requests is not None:
         trace = trace.head(args.num_requests)
-    if args.rate is not None and not drawn:
-        trace = trace.at_rate(args.rate)
+    if all_at_once:
+        return _all_at_once(trace)
+    if rate is not None and not drawn:
+        trace = trace.at_rate(rate)
     return trace
+
+
+def _all_at_once(trace):
+    """``--rate inf``: every request at t=0 (vLLM bench's ``--request-rate inf``)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    return replace(trace, arrival_s=np.zeros(len(trace)), has_arrivals=True,
+                   metadata={**trace.metadata, "arrivals": "all at t=0 (--request-rate inf)"})
+
+
+DEFAULT_NUM_PROMPTS = 1000  # vLLM bench's --num-prompts default
+
+
+def _dataset_trace(args, rate, burstiness):
+    """A vLLM bench dataset (``traces.bench``) with vLLM bench's send times."""
+    from dataclasses import replace
+
+    from traces.bench.cli import dataset_trace
+    from traces.generate.arrivals import bench_arrivals
+
+    if args.arrival is not None:
+        raise ValueError("--arrival is for --workload and length-only traces; a dataset is sent at "
+                         "--request-rate R with --burstiness B, as vLLM bench sends it")
+    if args.num_requests is None:
+        args.num_requests = DEFAULT_NUM_PROMPTS
+    trace = dataset_trace(args)
+    rate = math.inf if rate is None else rate
+    burstiness = 1.0 if burstiness is None else burstiness
+    times = bench_arrivals(len(trace), rate, burstiness, args.seed)
+    how = ("all at t=0 (--request-rate inf)" if math.isinf(rate) else
+           f"vLLM bench's at {rate:g} requests/s, burstiness {burstiness:g}, seed {args.seed}")
+    return replace(trace, arrival_s=times, has_arrivals=True, metadata={**trace.metadata, "arrivals": how})

@@ -52,7 +52,15 @@ def add_policy_args(parser: argparse.ArgumentParser):
                         "--scheduler NAME (a plug-in loaded but not selected is an error; repeatable; "
                         "see examples/)")
     s.add_argument("--prefix-caching", choices=["on", "off"], help="(default: the preset's)")
+    s.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_const", const="on",
+                   help="vLLM's name for --prefix-caching on")
+    s.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_const", const="off",
+                   help="vLLM's name for --prefix-caching off")
     s.add_argument("--chunked-prefill", choices=["on", "off"], help="(default: the preset's)")
+    s.add_argument("--enable-chunked-prefill", dest="chunked_prefill", action="store_const", const="on",
+                   help="vLLM's name for --chunked-prefill on")
+    s.add_argument("--no-enable-chunked-prefill", dest="chunked_prefill", action="store_const", const="off",
+                   help="vLLM's name for --chunked-prefill off")
     s.add_argument("--max-model-len", type=int, metavar="L", help="default: the model's context length")
     s.add_argument("--max-num-seqs", type=int, metavar="N", help="batch limit (default: the preset's)")
     s.add_argument("--max-num-batched-tokens", type=int, metavar="T", help="token budget per step")

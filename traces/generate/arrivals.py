@@ -21,6 +21,7 @@ rate_rps=2.0)`` builds one from the CLI's ``--arrival`` and ``--rate``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -163,3 +164,29 @@ def parse_arrivals(text: str | None, *, rate_rps: float | None):
     if args:
         raise ValueError(f"--arrival {kind} takes no options, got {text!r}")
     return Poisson(rate_rps) if kind == "poisson" else Constant(rate_rps)
+
+
+def bench_arrivals(count: int, rate_rps: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Send times as vLLM bench's ``get_request`` (vLLM 0.33, no ramp-up) makes them for
+    ``--request-rate R --burstiness B --seed S``: every request's delay drawn from a gamma
+    distribution of shape B and scale 1 / (R B) (exponential for B = 1, constant 1/R for B = inf)
+    with NumPy's legacy generator seeded by S, as ``np.random.seed(S)`` seeds it; cumulated from
+    the first request's own delay; then rescaled so the last is sent at exactly ``count / R``.
+    ``R = inf`` sends all at t=0. (The draws equal vLLM's when nothing else drew from NumPy's
+    global generator after its seeding, as with the ShareGPT, random and custom datasets.)"""
+    if count < 1:
+        raise ValueError("bench arrivals need at least one request")
+    if not rate_rps > 0:
+        raise ValueError(f"--request-rate must be > 0 (or inf), got {rate_rps}")
+    if not burstiness > 0:
+        raise ValueError(f"--burstiness must be > 0, got {burstiness}")
+    if math.isinf(rate_rps):
+        return np.zeros(count)
+    if math.isinf(burstiness):
+        delays = np.full(count, 1.0 / rate_rps)
+    else:
+        delays = np.random.RandomState(seed).gamma(shape=burstiness, scale=1.0 / (rate_rps * burstiness), size=count)
+    times = np.cumsum(delays)
+    if times[-1] != 0:
+        times = times * ((count / rate_rps) / times[-1])
+    return times

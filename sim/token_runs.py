@@ -1,0 +1,153 @@
+"""When each request received its tokens, kept as runs of consecutive steps: inter-token latency.
+
+vLLM bench's ITL is every gap between two consecutive tokens of a request. In the simulator a
+token arrives at the end of a step, so a request that received tokens in steps ``t-1`` and ``t``
+of its replica waited exactly step ``t``'s duration for the second (steps run back to back while
+it is unfinished: step ``t`` starts when ``t-1`` ends). The gaps are therefore the step times a
+request lived through, and a request's whole token history is a few **runs** of consecutive
+step-table rows: one run from its first token to its last, plus one more after each time it
+stopped receiving tokens (a preemption, a vLLM v0 prompt-only step, a step the token budget left
+it out of). Between two runs the gap is the end of the later run's first step minus the end of
+the earlier run's last step.
+
+So per request two integers (the open run's first and latest row, shared by all replicas: a row
+is served by one replica) and per interruption one closed run ``(request row, first, last)``
+kept by its replica. A skipped stretch of ``k`` decode steps extends every running request's run
+by ``k`` rows at once (vectorized), never O(steps x running).
+
+From the runs and the step table, after the run (``itl_sample``):
+- the ITL distribution as weighted values: step ``t``'s duration weighted by how many requests'
+  runs cover ``t`` past their first row, plus each between-run gap once (exactly the multiset of
+  every request's gaps; vLLM's percentiles over it are ``weighted_percentile``);
+- token events per step (how many requests received a token at each step's end), for vLLM's
+  ``max_output_tokens_per_s``;
+- a request's own gaps, in order (``request_itls``), for the result file's ``itls``.
+
+Invariant: every completed request with ``g`` tokens-receiving steps has ``g - 1`` gaps, and
+their sum is its last token time minus its first (so its mean ITL is its TPOT when one token
+arrives per step, as for ``n = 1``).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+NO_ROW = -1
+
+
+class TokenRuns:
+    """Runs of step-table rows in which each request received tokens (see the module docstring).
+
+    ``first`` and ``last`` are per request row (shared by the replicas of a cluster);
+    ``closed(replica)`` holds the runs that ended before the request's latest one, per replica.
+    """
+
+    def __init__(self, num_requests: int, num_replicas: int = 1):
+        self.first = np.full(num_requests, NO_ROW, np.int64)
+        self.last = np.full(num_requests, NO_ROW, np.int64)
+        self._closed = [array("q") for _ in range(num_replicas)]  # flat (row, first, last) triples
+
+    def token(self, replica: int, row: int, step_row: int) -> None:
+        """Request ``row`` received a token at the end of ``step_row`` (repeats in one step count once)."""
+        last = int(self.last[row])
+        if last == step_row:
+            return
+        if last == step_row - 1 and last != NO_ROW:
+            self.last[row] = step_row
+            return
+        if last != NO_ROW:
+            self._closed[replica].extend((row, int(self.first[row]), last))
+        self.first[row] = step_row
+        self.last[row] = step_row
+
+    def tokens(self, replica: int, rows: np.ndarray, first_row: int, last_row: int) -> None:
+        """Each request in ``rows`` (distinct) received a token at the end of every step
+        ``first_row..last_row``."""
+        if rows.size == 0:
+            return
+        last = self.last[rows]
+        continues = (last >= first_row - 1) & (last != NO_ROW)  # (a token already counted this step: too)
+        broken = ~continues
+        close = broken & (last != NO_ROW)
+        if close.any():
+            closed_rows = rows[close]
+            triples = np.column_stack((closed_rows, self.first[closed_rows], last[close])).ravel()
+            self._closed[replica].extend(triples.tolist())
+        self.first[rows[broken]] = first_row
+        self.last[rows] = last_row
+
+    def runs(self, replica: int, request_rows: np.ndarray) -> np.ndarray:
+        """All runs of the requests in ``request_rows`` served by ``replica``, as an ``[R, 3]`` array of
+        ``(request row, first step row, last step row)`` sorted by request and time."""
+        closed = np.frombuffer(self._closed[replica], dtype=np.int64).reshape(-1, 3) if self._closed[replica] \
+            else np.empty((0, 3), np.int64)
+        keep = np.zeros(len(self.first), bool)
+        keep[request_rows] = True
+        closed = closed[keep[closed[:, 0]]]
+        open_rows = request_rows[self.last[request_rows] != NO_ROW]
+        latest = np.column_stack((open_rows, self.first[open_rows], self.last[open_rows]))
+        runs = np.concatenate((closed, latest))
+        return runs[np.lexsort((runs[:, 1], runs[:, 0]))]
+
+
+@dataclass(frozen=True)
+class ItlSample:
+    """Every inter-token gap of some requests, as distinct-ish values with weights (counts), and
+    the number of token events at each step end (for the per-second token peak)."""
+
+    values: np.ndarray  # float64 seconds
+    weights: np.ndarray  # int64 counts, same length
+    token_times: np.ndarray  # float64: step end times
+    token_counts: np.ndarray  # int64: requests receiving a token at that time
+
+    @staticmethod
+    def merge(parts: list[ItlSample]) -> ItlSample:
+        return ItlSample(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.empty(0)
+                           for f in ("values", "weights", "token_times", "token_counts")))
+
+    @property
+    def count(self) -> int:
+        return int(self.weights.sum())
+
+
+def itl_sample(runs: np.ndarray, start_s: np.ndarray, duration_s: np.ndarray) -> ItlSample:
+    """The gaps of ``runs`` (``TokenRuns.runs``) over a step table's ``start_s`` / ``duration_s``."""
+    num_steps = len(duration_s)
+    end_s = start_s + duration_s
+    if len(runs) == 0 or num_steps == 0:
+        empty_f, empty_i = np.empty(0), np.empty(0, np.int64)
+        return ItlSample(empty_f, empty_i, empty_f, empty_i)
+    req, a, b = runs[:, 0], runs[:, 1], runs[:, 2]
+    # rows a+1..b of each run: one gap of that step's duration per run covering it
+    inner = np.zeros(num_steps + 1, np.int64)
+    np.add.at(inner, a + 1, 1)
+    np.add.at(inner, b + 1, -1)
+    inner = np.cumsum(inner[:-1])
+    # rows a..b: a token event each
+    events = inner.copy()
+    np.add.at(events, a, 1)
+    # between two runs of one request: end of the later run's first row - end of the earlier's last
+    same = req[1:] == req[:-1]
+    between = end_s[a[1:][same]] - end_s[b[:-1][same]]
+    covered = inner > 0
+    values = np.concatenate((duration_s[covered], between))
+    weights = np.concatenate((inner[covered], np.ones(len(between), np.int64)))
+    has_events = events > 0
+    return ItlSample(values, weights, end_s[has_events], events[has_events])
+
+
+def request_itls(runs: np.ndarray, start_s: np.ndarray, duration_s: np.ndarray) -> dict[int, list[float]]:
+    """Each request's own gaps, in order (``runs`` sorted as ``TokenRuns.runs`` sorts them)."""
+    end_s = start_s + duration_s
+    gaps: dict[int, list[float]] = {}
+    previous_row, previous_last = None, None
+    for row, first, last in runs.tolist():
+        mine = gaps.setdefault(row, [])
+        if row == previous_row:
+            mine.append(float(end_s[first] - end_s[previous_last]))
+        mine.extend(duration_s[first + 1:last + 1].tolist())
+        previous_row, previous_last = row, last
+    return gaps
