@@ -9,6 +9,7 @@ never as a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -27,11 +28,28 @@ SUBCOMMANDS: dict[str, str] = {
     "study": "reports.cli",
     "report": "reports.cli",
     "demo": "reports.cli",
+    "compare": "reports.compare",
 }
 
 
 class UsageError(Exception):
     """Raised by a subcommand for bad input; printed as a one-line error, exit status 2."""
+
+
+#: vLLM flags pagesim has no twin for, and what to do instead
+FOREIGN_FLAGS: dict[str, str] = {
+    "--base-url": "pagesim serves the requests itself; no server address is needed",
+    "--host": "pagesim serves the requests itself; no server address is needed",
+    "--port": "pagesim serves the requests itself; no server address is needed",
+    "--endpoint": "pagesim serves the requests itself; no endpoint is needed",
+    "--ignore-eos": "pagesim always stops at the dataset's output length, as --ignore-eos does",
+    "--data-parallel-size": "use --replicas N (with --router) for data parallelism",
+    "-dp": "use --replicas N (with --router) for data parallelism",
+    "--enable-expert-parallel": "use --ep N (simulate)",
+    "--trust-remote-code": "pagesim reads config.json itself; leave it out",
+    "--served-model-name": "leave it out: --model names the model",
+    "--save-detailed": "simulate and run write per-request lists with --save-result",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,12 +61,34 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     for module_name in dict.fromkeys(SUBCOMMANDS.values()):  # a module may define several
         importlib.import_module(module_name).add_parser(subparsers)
+    parser.set_defaults(_subparsers=subparsers)
     return parser
+
+
+def unknown_flags_message(subparser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """``unrecognized arguments: ...`` with, for each flag, the nearest known one or what to do."""
+    known = [opt for action in subparser._actions for opt in action.option_strings]
+    words = []
+    for k, extra in enumerate(extras):
+        flag = extra.split("=", 1)[0]
+        if not flag.startswith("-"):
+            if k == 0 or not extras[k - 1].startswith("-"):  # (not an unknown flag's value)
+                words.append(f"{extra!r}")
+            continue
+        hint = FOREIGN_FLAGS.get(flag)
+        if hint is None:
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else None
+        words.append(f"{flag} ({hint})" if hint else flag)
+    return "unrecognized arguments: " + ", ".join(words)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        subparser = args._subparsers.choices[args.command]
+        subparser.error(unknown_flags_message(subparser, extras))
     try:
         return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
