@@ -33,7 +33,7 @@ def chunk_identities(token_lists: list) -> tuple[np.ndarray, np.ndarray]:
     total = int(offsets[-1])
     if total == 0:
         return np.zeros(0, np.int64), offsets
-    flat = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists if len(t)]).astype(np.uint64)
+    flat = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists]).astype(np.uint64)
     # each token's chunk (global) and slot within it
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
     within = np.arange(len(flat)) - starts

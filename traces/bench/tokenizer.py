@@ -33,7 +33,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+    def encode_batch(self, texts: list[str]) -> list: ...  # each text's ids (a list or an int64 array)
 
     def count_batch(self, texts: list[str]) -> list[int]: ...
 
@@ -45,10 +45,27 @@ class EstimateTokenizer:
     num_special_tokens = 0
 
     def encode(self, text: str) -> list[int]:
-        return self.encode_array(text).tolist()
+        return self.encode_batch([text])[0].tolist()
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(text) for text in texts]
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's int64 ids, one per 4-character piece: the piece's code points mixed by
+        splitmix64 (all texts in one numpy pass)."""
+        lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+        pieces = -(-lengths // CHARS_PER_TOKEN)
+        offsets = np.zeros(len(texts) + 1, np.int64)
+        np.cumsum(pieces, out=offsets[1:])
+        points = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        within = np.arange(len(points)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        piece = np.repeat(offsets[:-1], lengths) + within // CHARS_PER_TOKEN
+        # NOTE: 0x110000 is above every code point, so a short last piece differs from any full one
+        matrix = np.full((int(offsets[-1]), CHARS_PER_TOKEN), 0x110000, np.uint64)
+        matrix[piece, within % CHARS_PER_TOKEN] = points
+        mixed = np.zeros(len(matrix), np.uint64)
+        with np.errstate(over="ignore"):
+            for k in range(CHARS_PER_TOKEN):
+                mixed = splitmix64(mixed ^ matrix[:, k])
+        ids = (mixed & _PSEUDO_ID_MASK).astype(np.int64)
+        return np.split(ids, offsets[1:-1])
 
     @staticmethod
     def count(text: str) -> int:
@@ -56,23 +73,6 @@ class EstimateTokenizer:
 
     def count_batch(self, texts: list[str]) -> list[int]:
         return [-(-len(text) // CHARS_PER_TOKEN) for text in texts]
-
-    @staticmethod
-    def encode_array(text: str) -> np.ndarray:
-        """int64 ids, one per 4-character piece: the code points mixed by splitmix64."""
-        if not text:
-            return np.zeros(0, np.int64)
-        points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
-        pad = -len(points) % CHARS_PER_TOKEN
-        if pad:
-            # NOTE: 0x110000 is above every code point, so a short last piece differs from any full one
-            points = np.r_[points, np.full(pad, 0x110000, np.uint64)]
-        pieces = points.reshape(-1, CHARS_PER_TOKEN)
-        mixed = np.zeros(len(pieces), np.uint64)
-        with np.errstate(over="ignore"):
-            for k in range(CHARS_PER_TOKEN):
-                mixed = splitmix64(mixed ^ pieces[:, k])
-        return (mixed & _PSEUDO_ID_MASK).astype(np.int64)
 
 
 class HFTokenizer:
