@@ -119,8 +119,9 @@ def bench_result(per: PerRequest, *, duration_s: float, percentile_metrics=DEFAU
         result[f"std_{metric}_ms"] = float(np.std(v)) * 1000
         for p in percentiles:
             result[f"{percentile_key(p)}_{metric}_ms"] = float(np.percentile(v, p)) * 1000
-    if pagesim is not None:
-        result["pagesim"] = pagesim
+    if pagesim is not None:  # vLLM 0.33's own count of concurrency, by whole seconds, beside the exact peak
+        result["pagesim"] = {**pagesim, "max_concurrent_requests_per_second_bucket":
+                             bench_metrics.concurrent_per_second_bucket(start, start + e2el)}
     return result
 
 

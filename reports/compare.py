@@ -18,6 +18,8 @@ import re
 
 import numpy as np
 
+from reports.validation.compare import ks_statistic
+
 SCALARS = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
            "request_goodput", "output_throughput", "total_token_throughput", "max_concurrent_requests",
            "max_output_tokens_per_s")
@@ -31,18 +33,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("b", metavar="B.json", help="another")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     p.set_defaults(func=run)
-
-
-def ks_statistic(x, y) -> float | None:
-    """Two-sample Kolmogorov-Smirnov statistic: max |F_x - F_y| over all values (None if either is empty)."""
-    x = np.sort(np.asarray(x, dtype=float)[np.isfinite(x)])
-    y = np.sort(np.asarray(y, dtype=float)[np.isfinite(y)])
-    if x.size == 0 or y.size == 0:
-        return None
-    grid = np.concatenate((x, y))
-    fx = np.searchsorted(x, grid, side="right") / x.size
-    fy = np.searchsorted(y, grid, side="right") / y.size
-    return float(np.max(np.abs(fx - fy)))
 
 
 def _successful(result: dict, key: str) -> list | None:
@@ -95,7 +85,7 @@ def compare(a: dict, b: dict) -> dict:
         rel = (vb - va) / va if va != 0 else (0.0 if vb == 0 else None)
         rows.append({"metric": key, "a": va, "b": vb, "relative_difference": rel})
     da, db = distributions(a), distributions(b)
-    ks = {name: ks_statistic(da[name], db[name]) for name in ("ttft", "e2el", "itl") if name in da and name in db}
+    ks = {name: ks_statistic(np.asarray(da[name], float), np.asarray(db[name], float)) for name in ("ttft", "e2el", "itl") if name in da and name in db}
     only = {"a": sorted(k for k in a if _LATENCY_KEY.match(k) and k not in b),
             "b": sorted(k for k in b if _LATENCY_KEY.match(k) and k not in a)}
     return {"metrics": rows, "ks_statistic": ks, "only_in": only,

@@ -56,7 +56,7 @@ def test_validate_reports_identical_decisions_and_every_error_key(profile, tmp_p
     for name in ("ttft", "tpot", "e2e"):
         assert {"mape", "mean_error", "p50_error", "p99_error", "ks"} <= set(report[name])
         assert 0 <= report[name]["ks"] <= 1
-    assert {"requests_per_s_error", "tokens_per_s_error"} <= set(report["throughput"])
+    assert {"throughput_rps_error", "throughput_tokens_s_error"} <= set(report["throughput"])
     assert set(report["noise"]) >= {"ttft", "tpot", "e2e", "step_time_mean_error", "step_time_mape", "repeats"}
     assert report["noise"]["replay_decisions_identical"] is True and report["noise"]["step_time_mape"] >= 0
     assert set(report["targets"]) == {"tpot_mean_within_3pct", "e2e_mean_within_3pct", "step_time_mape_within_5pct",

@@ -27,6 +27,7 @@ LONG_WAIT_S = 600.0  # a trace whose last arrival is later than this is worth a 
 
 def add_parser(subparsers) -> None:
     from engine.policy.cli_args import add_policy_args
+    from sim.bench_args import add_bench_args
     from traces.source import add_source_args
 
     p = subparsers.add_parser("run", help="serve a trace or workload on the real engine (paged KV tensors)",
@@ -44,7 +45,8 @@ def add_parser(subparsers) -> None:
                    help="attention kernels: triton on CUDA and torch on CPU by default; triton on CPU needs "
                         "TRITON_INTERPRET=1 (slow)")
     k = p.add_argument_group("KV cache")
-    k.add_argument("--num-gpu-blocks", type=int, metavar="N", help="KV-cache blocks (overrides the memory budget)")
+    k.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int, metavar="N",
+                   help="KV-cache blocks (overrides the memory budget; vLLM's --num-gpu-blocks-override)")
     k.add_argument("--kv-cache-gb", type=float, metavar="GIB",
                    help=f"KV-cache GiB (default on CPU: {CPU_KV_CACHE_GB:g})")
     k.add_argument("--gpu-memory-utilization", type=float, metavar="F",
@@ -67,15 +69,20 @@ def add_parser(subparsers) -> None:
     o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     o.add_argument("--out", metavar="DIR", help="write summary, tables, outputs and the decision log here")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_bench_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from sim.bench_args import bench_settings
     from traces.source import reported_warnings, trace_from_args
 
+    args.bench = bench_settings(args)
     offline = args.offline
     if args.workload is not None and args.rate is None and args.arrival is None:
         args.rate, offline = 1.0, True  # offline: the arrival times are replaced by 0 below
+    if offline and args.bench.max_concurrency is not None:  # a closed loop runs on the wall clock
+        args.rate, offline = float("inf"), False
     with reported_warnings("run", strict=args.strict):
         trace = trace_from_args(args)
     import torch
@@ -132,7 +139,8 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
         if offline:
             engine.run_lockstep(served, on_finish=progress.update if progress else None)
         else:
-            engine.run(served, on_finish=progress.update if progress else None)
+            engine.run(served, on_finish=progress.update if progress else None,
+                       max_concurrency=args.bench.max_concurrency)
     except EngineStalled as exc:
         raise ValueError(f"the scheduler stopped making progress: {exc}") from None
     except VLLM_V0_ABORTS as exc:  # the vllm-v0 preset stops where vLLM 0.6.3 aborts (as simulate does)
@@ -160,8 +168,17 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
         reference_wall_s = time.perf_counter() - t0
         if progress:
             progress.close()
-    summary = summarize(engine, wall_s, report, reference_wall_s, args, offline)
+    from sim.bench_args import summary_slo
+
+    summary = summarize(engine, wall_s, report, reference_wall_s, args, offline,
+                        slo=summary_slo(args.bench, None, None), percentiles=args.bench.summary_percentiles,
+                        max_concurrency=args.bench.max_concurrency)
     summary["interrupted"] = interrupted
+    if args.bench.save_result:
+        from engine.runtime.run_output import save_bench_result
+
+        path = save_bench_result(args, engine, summary, len(served))
+        print(f"pagesim run: wrote {path}", file=sys.stderr)
     if args.out:
         write_out(Path(args.out), engine, summary)
     if args.json:

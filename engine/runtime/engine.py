@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -69,6 +70,7 @@ class RequestRecord:
     reject_reason: str = ""
     preemptions: int = 0
     output_tokens: int = 0  # over all returned samples / beams
+    token_times_s: list[float] = field(default_factory=list)  # end of each step that gave it a token (ITL)
     outputs: dict[int, list[int]] = field(default_factory=dict)  # sequence index -> tokens (pruned beams left out)
 
 
@@ -305,6 +307,8 @@ class Engine:
                 record = self.records[s.request_id]
                 if record.first_token_s is None:
                     record.first_token_s = end
+                if not record.token_times_s or record.token_times_s[-1] != end:  # once per step per request
+                    record.token_times_s.append(end)
         for request in finished:
             record = self.records[request.request_id]
             record.finish_s = end
@@ -328,19 +332,37 @@ class Engine:
                                 f"{len(sched.running)} running and {len(sched.swapped)} swapped requests")
 
     # ----------------------------------------------------------------- runs
-    def run(self, requests: Iterable[Request] | Trace, sampling: SamplingParams | None = None, *, on_finish=None) -> None:
+    def run(self, requests: Iterable[Request] | Trace, sampling: SamplingParams | None = None, *, on_finish=None,
+            max_concurrency: int | None = None) -> None:
         """Serve ``requests`` (or every row of a ``Trace``, with pseudo-token prompts) against the wall
-        clock, each released at its ``arrival_time_s``."""
+        clock, each released at its ``arrival_time_s``.
+
+        ``max_concurrency`` makes it a closed loop, as ``vllm bench serve --max-concurrency`` (and the
+        simulator's ``sim.client``): a request due while that many are unfinished waits, in arrival
+        order, and is released when the step that finishes (or rejects) one ends; its arrival, from
+        which TTFT counts, is then that moment."""
         if isinstance(requests, Trace):
             requests = requests.requests(vocab_size=self.model.config.vocab_size)
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         pending = sorted(requests, key=lambda r: r.arrival_time_s)
         self._t0 = self._clock()
+        due: deque[Request] = deque()
+        in_flight = 0
+        slot_freed_s = 0.0  # when the latest slot freed (a waiting request is sent then)
         i = 0
-        while i < len(pending) or self.has_unfinished_requests:
+        while i < len(pending) or due or self.has_unfinished_requests:
             now = self.now()
             while i < len(pending) and pending[i].arrival_time_s <= now:
-                self.add_request(pending[i], sampling, arrival_s=pending[i].arrival_time_s)
+                due.append(pending[i])
                 i += 1
+            while due and (max_concurrency is None or in_flight < max_concurrency):
+                request = due.popleft()
+                request.arrival_time_s = max(request.arrival_time_s, slot_freed_s)
+                if self.add_request(request, sampling, arrival_s=request.arrival_time_s):
+                    in_flight += 1
+                else:
+                    slot_freed_s = self.now()  # refused at once: the slot is free again
             if not self.has_unfinished_requests:
                 if i < len(pending):  # in short naps (a far-off arrival must not overflow sleep()),
                     # spinning the last millisecond: a sleep overshoots by ~0.1 ms, a TTFT's few percent
@@ -348,9 +370,18 @@ class Engine:
                     if wait > SPIN_S:
                         time.sleep(min(1.0, wait - SPIN_S))
                 continue
+            before = self._num_done()
             finished = self.step()
+            freed = self._num_done() - before
+            if freed:
+                in_flight -= freed
+                slot_freed_s = self.steps[-1].start_s + self.steps[-1].duration_s
             if on_finish is not None and finished:
                 on_finish(len(finished))
+
+    def _num_done(self) -> int:
+        """Requests completed or rejected so far (a closed loop frees a slot for each)."""
+        return sum(1 for r in self.records.values() if r.status in ("completed", "rejected"))
 
     def run_lockstep(self, requests: Iterable[Request], release_steps: Mapping[str, int] | None = None,
                      sampling: SamplingParams | None = None, *, on_finish=None) -> None:

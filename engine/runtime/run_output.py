@@ -10,37 +10,47 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
 
-def summarize(engine, wall_s, report, reference_wall_s, args, offline) -> dict:
+def summarize(engine, wall_s, report, reference_wall_s, args, offline, *, slo=None, percentiles=None,
+              max_concurrency=None) -> dict:
+    """The run's summary; request figures under the simulator's names and definitions
+    (``sim.metrics``, ``sim.bench_metrics``), on the engine's wall clock."""
     import numpy as np
 
+    from sim.bench_metrics import DEFAULT_PERCENTILES, Slo, latency_stats, max_tokens_per_second, peak_in_flight
+
+    slo = slo or Slo(2.0, 0.1)
+    percentiles = percentiles or DEFAULT_PERCENTILES
     records = list(engine.records.values())
     done = [r for r in records if r.status == "completed"]
     stats = engine.stats
     sched = engine.scheduler
+    per = per_request_times(done)
 
-    def stats_of(values) -> dict:
-        v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
-        if not len(v):
-            return {"mean": None, "p50": None, "p99": None}
-        return {"mean": round(float(v.mean()), 6), "p50": round(float(np.percentile(v, 50)), 6),
-                "p99": round(float(np.percentile(v, 99)), 6)}
+    def stats_of(values, weights=None) -> dict:
+        return latency_stats(values, percentiles, weights)
 
-    ttft = [r.first_token_s - r.arrival_s for r in done]
-    e2e = [r.finish_s - r.arrival_s for r in done]
-    tpot = []
-    for r in done:
-        longest = max((len(t) for t in r.outputs.values()), default=0)
-        if longest > 1:
-            tpot.append((r.finish_s - r.first_token_s) / (longest - 1))
+    meets = slo.meets(per["ttft"], per["tpot"], per["e2e"])
+    start = min((r.arrival_s for r in done), default=0.0)
+    end = max((r.finish_s for r in done), default=start)
+    duration = end - start
+    prompt_tokens = sum(r.prompt_tokens for r in done)
+    tokens = sum(r.output_tokens for r in done)
+    token_times = np.asarray([t for r in done for t in r.token_times_s], dtype=float)
+
+    def per_s(x: float) -> float | None:
+        return round(x / duration, 6) if duration > 0 else None
+
     admitted = sched.num_prompt_tokens_admitted
     summary = {
-        "requests": len(records), "requests_completed": len(done),
+        "requests": len(records), "requests_total": len(records), "requests_completed": len(done),
         "requests_rejected": sum(r.status == "rejected" for r in records),
-        "tokens_generated": stats.tokens_generated, "prompt_tokens": sum(r.prompt_tokens for r in done),
+        "rejection_reasons": dict(Counter(r.reject_reason for r in records if r.status == "rejected").most_common(3)),
+        "tokens_generated": stats.tokens_generated, "prompt_tokens": prompt_tokens,
         "steps": len(engine.steps),
         "preemptions": dict(stats.preemptions), "cow_copies": stats.cow_copies,
         "swapped_blocks": stats.swap_out_blocks + stats.swap_in_blocks,
@@ -49,11 +59,25 @@ def summarize(engine, wall_s, report, reference_wall_s, args, offline) -> dict:
         "prefix_hit_rate": round(sched.num_prefix_hit_tokens / admitted, 6) if admitted else None,
         "outputs_match_reference": None if report is None else report.match,
         "wall_s": round(wall_s, 4),
-        "throughput_tokens_per_s": round(stats.tokens_generated / wall_s, 3) if wall_s > 0 else None,
-        "requests_per_s": round(len(done) / wall_s, 4) if wall_s > 0 else None,
+        "duration_s": round(duration, 6),
+        "throughput_rps": per_s(len(done)),
+        "throughput_tokens_s": per_s(tokens),
+        "throughput_input_tokens_s": per_s(prompt_tokens),
+        "throughput_total_tokens_s": per_s(prompt_tokens + tokens),
+        "goodput_rps": per_s(int(meets.sum())),
+        "slo": {**slo.to_dict(), "met": int(meets.sum()),
+                "attained": round(int(meets.sum()) / len(records), 6) if records else None},
+        "max_concurrent_requests": peak_in_flight(per["start"], per["finish"]),
+        "max_output_tokens_per_s": (max_tokens_per_second(token_times, np.ones(len(token_times), np.int64), start, end)
+                                    if done else None),
         "mean_step_s": round(float(np.mean([s.duration_s for s in engine.steps])), 6) if engine.steps else None,
-        "ttft_s": stats_of(ttft), "tpot_s": stats_of(tpot), "e2e_s": stats_of(e2e),
-        "arrivals": "offline (all at t=0)" if offline else "trace times on the wall clock",
+        "ttft_s": stats_of(per["ttft"]), "tpot_s": stats_of(per["tpot"]),
+        "itl_s": stats_of(np.concatenate(per["itls"]) if per["itls"] else []),
+        "e2e_s": stats_of(per["e2e"]),
+        "arrivals": ("offline (all at t=0)" if offline else
+                     "all due at t=0 on the wall clock" if getattr(args, "rate", None) == float("inf") else
+                     "trace times on the wall clock")
+                    + (f", closed loop of at most {max_concurrency} in flight" if max_concurrency else ""),
         "validation_mode": engine.validate,
         "model": engine.model.config.name, "dtype": str(engine.model.dtype).removeprefix("torch."),
         "device": str(engine.model.device), "backend": engine.backend,
@@ -67,6 +91,21 @@ def summarize(engine, wall_s, report, reference_wall_s, args, offline) -> dict:
     return summary
 
 
+def per_request_times(done) -> dict:
+    """Send, finish, TTFT, TPOT (NaN under two tokens: the longest sample's), E2E and ITL gaps of
+    completed request records."""
+    import numpy as np
+
+    start = np.asarray([r.arrival_s for r in done], dtype=float)
+    finish = np.asarray([r.finish_s for r in done], dtype=float)
+    first = np.asarray([r.first_token_s for r in done], dtype=float)
+    longest = np.asarray([max((len(t) for t in r.outputs.values()), default=0) for r in done], dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(longest > 1, (finish - first) / (longest - 1), np.nan)
+    return {"start": start, "finish": finish, "ttft": first - start, "tpot": tpot, "e2e": finish - start,
+            "itls": [np.diff(r.token_times_s) for r in done]}
+
+
 def print_summary(summary: dict) -> None:
     match = summary["outputs_match_reference"]
     lines = [
@@ -75,13 +114,16 @@ def print_summary(summary: dict) -> None:
         f"requests     {summary['requests_completed']} completed, {summary['requests_rejected']} rejected "
         f"({summary['arrivals']})",
         f"tokens       {summary['tokens_generated']} generated in {summary['steps']} steps, {summary['wall_s']:.3f} s "
-        f"({summary['throughput_tokens_per_s']} tokens/s)",
+        f"({summary['throughput_tokens_s']} tokens/s; peak {summary['max_concurrent_requests']} requests in flight)",
         f"preemptions  {summary['preemptions']['swap']} swap, {summary['preemptions']['recompute']} recompute; "
         f"{summary['swapped_blocks']} blocks swapped, {summary['cow_copies']} copy-on-write copies, "
         f"{summary['prefix_hit_tokens']} prefix-hit tokens",
         f"latency      TTFT p50 {summary['ttft_s']['p50']} s, TPOT p50 {summary['tpot_s']['p50']} s, "
-        f"end-to-end p50 {summary['e2e_s']['p50']} s",
+        f"ITL p50 {summary['itl_s']['p50']} s, end-to-end p50 {summary['e2e_s']['p50']} s",
     ]
+    if summary["requests_rejected"]:
+        lines.insert(0, f"NOTE: {summary['requests_rejected']} of {summary['requests_total']} requests were rejected "
+                        f"by the policy and never served; they count as failed and as missing every SLO")
     if match is not None:
         verdict = "all tokens match" if match else "MISMATCH"
         lines.append(f"reference    {verdict} ({summary['reference_checked_requests']} requests, "
@@ -121,3 +163,40 @@ def write_out(out: Path, engine, summary: dict) -> None:
             f.write(json.dumps({"request_id": r.request_id, "status": r.status,
                                 "outputs": {str(k): v for k, v in r.outputs.items()}}) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def save_bench_result(args, engine, summary: dict, num_prompts: int):
+    """``pagesim run --save-result``: the run as vLLM bench's result file (``reports.bench_result``);
+    a rejected request is a failed one; the ITLs are the gaps between the steps that gave each
+    request a token, on the wall clock."""
+    import math
+
+    import numpy as np
+
+    from reports.bench_result import PerRequest, bench_result, result_path, setup_keys, write_result
+
+    bench = args.bench
+    records = list(engine.records.values())
+    ok = [r.status == "completed" for r in records]
+    per = PerRequest(
+        input_lens=[r.prompt_tokens for r in records],
+        output_lens=[r.output_tokens if good else 0 for r, good in zip(records, ok)],
+        success=ok,
+        start_times=[r.arrival_s for r in records],
+        ttfts=[r.first_token_s - r.arrival_s if good else 0.0 for r, good in zip(records, ok)],
+        latencies=[r.finish_s - r.arrival_s if good else 0.0 for r, good in zip(records, ok)],
+        itls=[np.diff(r.token_times_s).tolist() if good else [] for r, good in zip(records, ok)],
+        errors=["" if good else f"{r.status}: {r.reject_reason}" for r, good in zip(records, ok)],
+    )
+    rate = math.inf if args.rate is None or summary["arrivals"].startswith("offline") else args.rate
+    setup = setup_keys(model_id=str(args.model), tokenizer_id=getattr(args, "tokenizer", None) or str(args.model),
+                       num_prompts=num_prompts, request_rate=rate,
+                       burstiness=args.burstiness if args.burstiness is not None else 1.0,
+                       max_concurrency=bench.max_concurrency)
+    document = bench_result(per, duration_s=summary["duration_s"], percentile_metrics=bench.percentile_metrics,
+                            percentiles=bench.result_percentiles, goodput=bench.goodput, setup=setup,
+                            pagesim={"summary": summary, "engine": True})
+    path = result_path(result_dir=bench.result_dir, result_filename=bench.result_filename, date=setup["date"],
+                       request_rate=rate, max_concurrency=bench.max_concurrency, model_id=str(args.model))
+    write_result(path, document)
+    return path

@@ -171,7 +171,7 @@ def text_summary(r: dict) -> str:
             line += f"   (engine vs engine: mean {_pct(n['mean_error'])}, p50 {_pct(n['p50_error'])}, KS {n['ks']})"
         lines.append(line)
     t = r["throughput"]
-    lines.append(f"  throughput  requests/s {_pct(t['requests_per_s_error'])}  tokens/s {_pct(t['tokens_per_s_error'])}")
+    lines.append(f"  throughput  requests/s {_pct(t['throughput_rps_error'])}  tokens/s {_pct(t['throughput_tokens_s_error'])}")
     if r.get("first_difference"):
         d = r["first_difference"]
         lines.append(f"  first difference at step {d['step']}: keys {', '.join(d['differing_keys'])}")

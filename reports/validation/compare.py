@@ -12,7 +12,8 @@ Definitions (``sim`` is the prediction, ``ref`` the engine's measurement; relati
   request's two values; ``mean_error``, ``p50_error``, ``p99_error`` compare the distributions'
   statistics; ``ks`` is the two-sample Kolmogorov-Smirnov statistic (the largest gap between the
   two empirical CDFs: 0 = the same distribution, 1 = disjoint);
-- **throughput**: completed requests and generated tokens per second of the run's duration.
+- **throughput**: completed requests (``throughput_rps``) and generated tokens (``throughput_tokens_s``)
+  per second of the run's duration, the names ``simulate`` and ``run`` use.
 """
 
 from __future__ import annotations
@@ -99,16 +100,17 @@ def latency_errors(sim: RequestMetrics, ref: RequestMetrics) -> dict[str, dict[s
 def throughput(m: RequestMetrics) -> dict[str, float | None]:
     done = m.status == COMPLETED
     if not done.any():
-        return {"requests_per_s": None, "tokens_per_s": None, "duration_s": None}
+        return {"throughput_rps": None, "throughput_tokens_s": None, "duration_s": None}
     duration = float(np.nanmax(m.finish_s[done]) - np.nanmin(m.arrival_s))
     if duration <= 0:
-        return {"requests_per_s": None, "tokens_per_s": None, "duration_s": _r(duration)}
-    return {"requests_per_s": _r(done.sum() / duration), "tokens_per_s": _r(m.output_tokens[done].sum() / duration),
+        return {"throughput_rps": None, "throughput_tokens_s": None, "duration_s": _r(duration)}
+    return {"throughput_rps": _r(done.sum() / duration),
+            "throughput_tokens_s": _r(m.output_tokens[done].sum() / duration),
             "duration_s": _r(duration)}
 
 
 def throughput_errors(sim: RequestMetrics, ref: RequestMetrics) -> dict[str, Any]:
     s, r = throughput(sim), throughput(ref)
-    return {"requests_per_s_error": relative_error(s["requests_per_s"], r["requests_per_s"]),
-            "tokens_per_s_error": relative_error(s["tokens_per_s"], r["tokens_per_s"]),
+    return {"throughput_rps_error": relative_error(s["throughput_rps"], r["throughput_rps"]),
+            "throughput_tokens_s_error": relative_error(s["throughput_tokens_s"], r["throughput_tokens_s"]),
             "simulator": s, "engine": r}
