@@ -23,6 +23,10 @@ dict (source + settings); its id is a hash of that dict, so the same run keeps i
 invocations (which is what lets a study resume). ``overrides`` (``KEY=VALUE`` with a dotted key into
 the document, the value in TOML syntax or a bare string) change the document before validation.
 
+vLLM's names for the same settings are accepted and renamed (``VLLM_SOURCE_NAMES``,
+``VLLM_SETTING_NAMES``): ``num_prompts``, ``request_rate``, ``tensor_parallel_size``,
+``num_gpu_blocks_override``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``swap_space``.
+
 ``plugins = ["my_victim.py:MyVictim", ...]`` (top level; paths relative to the working directory)
 loads the user's own policy pieces (``engine.policy.user_plugins``) before the settings are checked,
 so grid values may name them (``victim = ["running-tail", "my-victim"]``; a ``Scheduler`` subclass
@@ -70,6 +74,12 @@ SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator"
                  "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str),
                  "scheduler": str, "ep": int, "dtype": str, "kv_cache_dtype": str}
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper", "plugins"}
+# vLLM's names (``vllm serve`` / ``vllm bench serve`` flags, dashes as underscores) -> pagesim's: a spec may
+# use either; they are renamed before anything else, so a run's config (and id) is the same either way.
+VLLM_SOURCE_NAMES = {"num_prompts": "num_requests", "request_rate": "rate"}
+VLLM_SETTING_NAMES = {"tensor_parallel_size": "tp", "num_gpu_blocks_override": "num_gpu_blocks",
+                      "enable_prefix_caching": "prefix_caching", "enable_chunked_prefill": "chunked_prefill",
+                      "request_rate": "rate", "swap_space": "swap_space_gb"}
 PAPERS = ("kwon2023",)
 
 
@@ -191,9 +201,23 @@ def validate(doc: dict, origin: str = "spec") -> StudySpec:
     return spec
 
 
+def _vllm_names(table: Any, names: dict[str, str], where: str) -> Any:
+    """``table`` with vLLM's key names renamed to pagesim's (both given for one setting: an error)."""
+    if not isinstance(table, dict):
+        return table
+    out = dict(table)
+    for vllm_name, ours in names.items():
+        if vllm_name in out:
+            if ours in out:
+                raise SpecError(f"{where}: {vllm_name} (vLLM's name) and {ours} are the same setting: give one")
+            out[ours] = out.pop(vllm_name)
+    return out
+
+
 def _source(value: Any, origin: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SpecError(f"{origin}: a [source] table is required (workload = NAME or trace = PATH)")
+    value = _vllm_names(value, VLLM_SOURCE_NAMES, f"{origin}: source")
     unknown = set(value) - set(SOURCE_KEYS)
     if unknown:
         raise SpecError(f"{origin}: source: unknown key(s) {', '.join(sorted(unknown))} (allowed: {', '.join(SOURCE_KEYS)})")
@@ -236,6 +260,7 @@ def _plugins(value: Any, origin: str) -> dict[str, Any]:
 def _settings(table: Any, where: str, *, scalar: bool) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise SpecError(f"{where} must be a table")
+    table = _vllm_names(table, VLLM_SETTING_NAMES, where)
     if "plugins" in table:
         raise SpecError(f"{where}: plugins is a top-level key (plugins = [\"FILE.py:CLASS\"]), not a setting")
     unknown = set(table) - set(SETTINGS)

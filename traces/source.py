@@ -74,6 +74,10 @@ def add_source_args(parser: argparse.ArgumentParser, *, trace_positional: bool =
         from traces.bench.cli import add_dataset_args
 
         add_dataset_args(parser)
+    else:  # (a ShareGPT file read as a trace counts its tokens with it)
+        group.add_argument("--tokenizer", metavar="PATH",
+                           help="a Hugging Face tokenizer folder or tokenizer.json: exact token counts of a ShareGPT "
+                                "file (default: an estimate, 1 token per 4 characters)")
 
 
 @contextmanager
@@ -165,7 +169,7 @@ def trace_from_args(args: argparse.Namespace):
         arrivals = parse_arrivals(args.arrival, rate_rps=rate)
     trace = load_trace(path, fmt, columns=columns, model=args.burstgpt_model, log_type=args.burstgpt_log_type,
                        arrivals=arrivals, seed=args.seed, prefix_block_tokens=args.prefix_block_tokens,
-                       time_unit=time_unit)
+                       time_unit=time_unit, tokenizer=getattr(args, "tokenizer", None))
     drawn = "arrival_process" in trace.metadata
     if arrivals is not None and not drawn and args.arrival is not None:
         raise ValueError(f"{path} has its own arrival times; --arrival is for length-only files "
