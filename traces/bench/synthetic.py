@@ -96,7 +96,7 @@ def random_trace(tokenizer: Tokenizer, *, num_prompts: int, seed: int = 0, input
         prefix_len=prefix_len, num_special_tokens=tokenizer.num_special_tokens, seed=seed)
     prefix = pseudo_tokens(seed, "prefix", 0, prefix_len)
     prompts = [np.concatenate([prefix, pseudo_tokens(seed, "random", i, int(n))]) for i, n in enumerate(input_lens)]
-    metadata = {"dataset": "random", "tokenizer": tokenizer.describe, "seed": seed, "input_len": input_len,
+    metadata = {"dataset": "random", "tokenizer": _lengths_only(tokenizer), "seed": seed, "input_len": input_len,
                 "output_len": output_len, "range_ratio": list(parse_range_ratio(range_ratio)),
                 "prefix_len": prefix_len, "num_special_tokens": tokenizer.num_special_tokens,
                 "sampled_input_range": bounds["input"], "sampled_output_range": bounds["output"]}
@@ -146,9 +146,15 @@ def prefix_repetition_trace(tokenizer: Tokenizer, *, num_prompts: int, seed: int
     prefixes = [pseudo_tokens(seed, "prefix", p, prefix_len) for p in range(num_prefixes)]
     prompts = [np.concatenate([prefixes[p], pseudo_tokens(seed, "suffix", p * per_prefix + k, suffix_len)])
                for p, k in order]
-    metadata = {"dataset": "prefix_repetition", "tokenizer": tokenizer.describe, "seed": seed,
+    metadata = {"dataset": "prefix_repetition", "tokenizer": _lengths_only(tokenizer), "seed": seed,
                 "prefix_len": prefix_len, "suffix_len": suffix_len, "num_prefixes": num_prefixes,
                 "output_len": output_len, "requested": num_prompts,
                 "not_made_remainder": num_prompts - len(order), "shuffled": bool(shuffle)}
     return dataset_trace(prompt_tokens=prompts, output_len=np.full(len(order), output_len),
                          source=f"prefix_repetition:seed={seed}", metadata=metadata)
+
+
+def _lengths_only(tokenizer: Tokenizer) -> str:
+    """What the tokenizer did here: lengths are drawn in tokens, so it only counts special tokens."""
+    return f"{tokenizer.describe}; lengths drawn in tokens, so only its {tokenizer.num_special_tokens} special " \
+           f"token(s) per prompt matter"
