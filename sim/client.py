@@ -6,7 +6,9 @@ Closed loop (vLLM bench's ``--max-concurrency N``, with ``--request-rate`` as it
 requests are still *due* at their arrival times (all at once for ``--request-rate inf``), but at
 most N are in flight; a request due while N are outstanding waits, in arrival order, and is sent
 the instant one finishes (completes or is rejected: vLLM bench releases its semaphore on either).
-A request's arrival is when it is *sent* (``Request.arrival_time_s`` is set then): vLLM bench
+A request's arrival is when it is *sent* (a request that waited has ``Request.arrival_time_s`` set
+to that instant; one sent at once keeps its trace time, which the SimPy clock may read an ulp
+short of, so closed and open loops agree exactly when nothing waits): vLLM bench
 starts its TTFT clock at the send, so the queueing inside the engine still counts in TTFT, the
 client's own wait does not.
 
@@ -39,7 +41,7 @@ class ClosedLoopClient:
     def send(self, row: int, request: Request) -> None:
         """Request ``row`` is due now: sent at once if a slot is free, else when one frees."""
         if self.in_flight < self.max_concurrency:
-            self._send(row, request)
+            self._send(row, request)  # (its arrival stays the trace's: the clock may read an ulp short of it)
         else:
             self._due.append((row, request))
 
@@ -49,14 +51,15 @@ class ClosedLoopClient:
         if self.in_flight < 0:
             raise RuntimeError(f"request row {row} finished twice")
         if self._due:
-            self._send(*self._due.popleft())
+            row, request = self._due.popleft()
+            request.arrival_time_s = max(self.env.now, request.arrival_time_s)  # sent now, not when due
+            self._send(row, request)
 
     @property
     def num_due(self) -> int:
         return len(self._due)
 
     def _send(self, row: int, request: Request) -> None:
-        request.arrival_time_s = self.env.now
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self._submit(row, request)  # (a rejection there calls finished() before this returns)

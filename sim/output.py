@@ -181,9 +181,9 @@ def rejection_words(summary: dict) -> str | None:
     rejected, total = summary["requests_rejected"], summary["requests_total"]
     if not rejected:
         return None
-    reasons = "; ".join(f"{reason} (x{count})" for reason, count in summary["rejection_reasons"].items())
+    example = next(iter(summary["rejection_reasons"]), "")
     return (f"{rejected} of {total} requests ({100 * rejected / total:.1f}%) were rejected by the policy and never "
-            f"served; they count as failed and as missing every SLO" + (f": {reasons}" if reasons else ""))
+            f"served; they count as failed and as missing every SLO" + (f" (e.g. {example})" if example else ""))
 
 
 def slo_words(slo: dict) -> str:

@@ -75,7 +75,7 @@ def summarize(engine, wall_s, report, reference_wall_s, args, offline, *, slo=No
         "itl_s": stats_of(np.concatenate(per["itls"]) if per["itls"] else []),
         "e2e_s": stats_of(per["e2e"]),
         "arrivals": ("offline (all at t=0)" if offline else
-                     "all due at t=0 on the wall clock" if getattr(args, "rate", None) == float("inf") else
+                     "all due at t=0 on the wall clock" if _all_due_at_once(args) else
                      "trace times on the wall clock")
                     + (f", closed loop of at most {max_concurrency} in flight" if max_concurrency else ""),
         "validation_mode": engine.validate,
@@ -89,6 +89,12 @@ def summarize(engine, wall_s, report, reference_wall_s, args, offline, *, slo=No
         summary.update(report.to_dict())
         summary["reference_wall_s"] = round(reference_wall_s, 4)
     return summary
+
+
+def _all_due_at_once(args) -> bool:
+    """``--request-rate inf``, or a dataset sent without a rate (vLLM bench's default: inf)."""
+    rate = getattr(args, "rate", None)
+    return rate == float("inf") or (rate is None and getattr(args, "dataset_name", None) is not None)
 
 
 def per_request_times(done) -> dict:

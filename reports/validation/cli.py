@@ -32,7 +32,8 @@ def add_parser(subparsers) -> None:
                    "(default tiny)")
     g.add_argument("--model-seed", type=int, default=0, metavar="S", help="seed of random weights (default 0)")
     g.add_argument("--profile", required=True, metavar="FILE", help="calibration profile (pagesim calibrate)")
-    g.add_argument("--num-gpu-blocks", type=int, default=DEFAULT_GPU_BLOCKS, metavar="N",
+    g.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
+                   default=DEFAULT_GPU_BLOCKS, metavar="N",
                    help=f"KV-cache blocks (default {DEFAULT_GPU_BLOCKS})")
     g.add_argument("--num-cpu-blocks", type=int, default=DEFAULT_CPU_BLOCKS, metavar="N",
                    help=f"CPU swap blocks (default {DEFAULT_CPU_BLOCKS})")
@@ -52,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
     from sim.cost.profile import load_profile
     from traces.source import reported_warnings, trace_from_args
 
-    if args.trace is None and args.workload is None:
+    from traces.source import has_source
+
+    if not has_source(args):
         for key, value in DEFAULT_SOURCE.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
