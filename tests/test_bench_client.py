@@ -36,6 +36,7 @@ from sim.metrics import COMPLETED, REJECTED
 from sim.router import make_router
 from sim.simulator import SimOptions, Simulation
 from tests.conftest import scaled_examples
+from tests.test_sim_cli import simulate
 from tests.test_sim_properties import LinearCost
 from traces.trace import Trace
 
@@ -284,12 +285,6 @@ def test_closed_loop_timeline():
 
 
 # ---------------------------------------------------------------------------- the CLI
-def simulate(capsys, *args: str) -> tuple[int, str, str]:
-    rc = main(["simulate", "--no-progress", *args])
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
-
-
 def simulate_json(capsys, *args: str) -> dict:
     rc, out, err = simulate(capsys, "--json", *args)
     assert rc == 0, err
