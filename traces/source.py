@@ -156,7 +156,7 @@ def trace_from_args(args: argparse.Namespace):
     fmt = args.format or detect_format(path)
     if fmt in FIXED_FORMATS:
         for flag, value in (("--columns", args.columns), ("--time-unit", args.time_unit),
-                            ("--arrival", args.arrival)):
+                            ("--burstiness" if burstiness is not None else "--arrival", args.arrival)):
             if value is not None:
                 raise ValueError(f"{flag} does not apply to the {fmt} format (its columns and arrival times are fixed)")
     if fmt == "lengths" and args.time_unit is not None:
