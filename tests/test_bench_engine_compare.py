@@ -117,3 +117,15 @@ def test_compare_refuses_files_that_are_not_results(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["compare", str(a), str(other)])
     assert "share no vLLM bench metric" in capsys.readouterr().err
+
+
+def test_open_loop_arrivals_keep_their_times_when_a_step_frees_requests():
+    """Without a concurrency limit a request arriving during a step that finishes another is still
+    stamped with its own arrival (TTFT counts from it), not with that step's end."""
+    engine = make_engine(block_size=4, num_gpu_blocks=64)
+    first = request("r0", [5, 6, 7, 8, 9] * 8, 1)  # finishes at the end of the first step
+    second = request("r1", [9, 8, 7], 3, arrival_time_s=1e-5)  # arrives during that step
+    engine.run([first, second])
+    records = engine.records
+    assert records["r0"].finish_s > 1e-5
+    assert records["r1"].arrival_s == 1e-5

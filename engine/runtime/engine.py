@@ -348,21 +348,19 @@ class Engine:
         pending = sorted(requests, key=lambda r: r.arrival_time_s)
         self._t0 = self._clock()
         due: deque[Request] = deque()
-        in_flight = 0
-        slot_freed_s = 0.0  # when the latest slot freed (a waiting request is sent then)
+        # When the latest slot freed while all were taken: a request that waited is sent then. The
+        # requests in flight are the unfinished ones the engine holds (``_requests``).
+        slot_freed_s = 0.0
         i = 0
         while i < len(pending) or due or self.has_unfinished_requests:
             now = self.now()
             while i < len(pending) and pending[i].arrival_time_s <= now:
                 due.append(pending[i])
                 i += 1
-            while due and (max_concurrency is None or in_flight < max_concurrency):
+            while due and (max_concurrency is None or len(self._requests) < max_concurrency):
                 request = due.popleft()
                 request.arrival_time_s = max(request.arrival_time_s, slot_freed_s)
-                if self.add_request(request, sampling, arrival_s=request.arrival_time_s):
-                    in_flight += 1
-                else:
-                    slot_freed_s = self.now()  # refused at once: the slot is free again
+                self.add_request(request, sampling, arrival_s=request.arrival_time_s)
             if not self.has_unfinished_requests:
                 if i < len(pending):  # in short naps (a far-off arrival must not overflow sleep()),
                     # spinning the last millisecond: a sleep overshoots by ~0.1 ms, a TTFT's few percent
@@ -370,18 +368,12 @@ class Engine:
                     if wait > SPIN_S:
                         time.sleep(min(1.0, wait - SPIN_S))
                 continue
-            before = self._num_done()
+            full = max_concurrency is not None and len(self._requests) >= max_concurrency
             finished = self.step()
-            freed = self._num_done() - before
-            if freed:
-                in_flight -= freed
+            if full and len(self._requests) < max_concurrency:
                 slot_freed_s = self.steps[-1].start_s + self.steps[-1].duration_s
             if on_finish is not None and finished:
                 on_finish(len(finished))
-
-    def _num_done(self) -> int:
-        """Requests completed or rejected so far (a closed loop frees a slot for each)."""
-        return sum(1 for r in self.records.values() if r.status in ("completed", "rejected"))
 
     def run_lockstep(self, requests: Iterable[Request], release_steps: Mapping[str, int] | None = None,
                      sampling: SamplingParams | None = None, *, on_finish=None) -> None:
