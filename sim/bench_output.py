@@ -24,8 +24,9 @@ def per_request(result, replicas, *, with_itls: bool):
     ok = m.status == COMPLETED
     gaps: dict[int, list[float]] = {}
     if with_itls:
+        replica_of = _replica_of(result, n)
         for replica in replicas:
-            rows = np.flatnonzero(ok & (_replica_of(result, n) == replica.index))
+            rows = np.flatnonzero(ok & (replica_of == replica.index))
             runs = replica.token_runs.runs(replica.index, rows)
             gaps.update(request_itls(runs, replica.steps.array("start_s"), replica.steps.array("duration_s")))
     zero = np.zeros(n)

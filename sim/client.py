@@ -35,7 +35,6 @@ class ClosedLoopClient:
         self.max_concurrency = max_concurrency
         self._submit = submit
         self.in_flight = 0
-        self.peak_in_flight = 0
         self._due: deque[tuple[int, Request]] = deque()
 
     def send(self, row: int, request: Request) -> None:
@@ -55,11 +54,6 @@ class ClosedLoopClient:
             request.arrival_time_s = max(self.env.now, request.arrival_time_s)  # sent now, not when due
             self._send(row, request)
 
-    @property
-    def num_due(self) -> int:
-        return len(self._due)
-
     def _send(self, row: int, request: Request) -> None:
         self.in_flight += 1
-        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self._submit(row, request)  # (a rejection there calls finished() before this returns)

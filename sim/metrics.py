@@ -43,7 +43,7 @@ from collections import Counter
 import numpy as np
 
 from sim import bench_metrics
-from sim.bench_metrics import DEFAULT_PERCENTILES, Slo, latency_stats
+from sim.bench_metrics import DEFAULT_PERCENTILES, Slo, _r, latency_stats
 from sim.step_metrics import STEP_COLUMNS, StepMetrics
 from sim.token_runs import ItlSample
 
@@ -85,11 +85,6 @@ class RequestMetrics:
             tpot = (self.finish_s - self.first_token_s) / (self.generation_len - 1)
         tpot[self.generation_len < 2] = np.nan
         return tpot
-
-
-def _r(x: float) -> float:
-    """Round for reports: 6 significant digits keep summaries stable and readable."""
-    return float(f"{float(x):.6g}")
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.bench_metrics import Slo
 from sim.cost.base import TERMS
 from sim.metrics import COMPLETED, REJECTED, REQUEST_COLUMNS, STEP_COLUMNS
 
@@ -187,9 +188,8 @@ def rejection_words(summary: dict) -> str | None:
 
 
 def slo_words(slo: dict) -> str:
-    parts = [f"{label} <= {slo[key]:g} s" for label, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2EL", "e2el_s"))
-             if slo.get(key) is not None]
-    return " and ".join(parts) or "no SLO"
+    """The summary's ``slo`` entry in words (``Slo.describe``)."""
+    return Slo(slo.get("ttft_s"), slo.get("tpot_s"), slo.get("e2el_s")).describe()
 
 
 def _cluster_words(summary: dict) -> str:

@@ -15,16 +15,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 
-def summarize(engine, wall_s, report, reference_wall_s, args, offline, *, slo=None, percentiles=None,
+def summarize(engine, wall_s, report, reference_wall_s, args, offline, *, slo, percentiles,
               max_concurrency=None) -> dict:
     """The run's summary; request figures under the simulator's names and definitions
     (``sim.metrics``, ``sim.bench_metrics``), on the engine's wall clock."""
     import numpy as np
 
-    from sim.bench_metrics import DEFAULT_PERCENTILES, Slo, latency_stats, max_tokens_per_second, peak_in_flight
+    from sim.bench_metrics import latency_stats, max_tokens_per_second, peak_in_flight
 
-    slo = slo or Slo(2.0, 0.1)
-    percentiles = percentiles or DEFAULT_PERCENTILES
     records = list(engine.records.values())
     done = [r for r in records if r.status == "completed"]
     stats = engine.stats
