@@ -4,6 +4,7 @@ all end in (no arrival times: an arrival process is applied later)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 
@@ -50,6 +51,36 @@ def shuffled(count: int, seed: int) -> list[int]:
     order = list(range(count))
     random.Random(seed).shuffle(order)
     return order
+
+
+ENCODE_BATCH = 256  # candidates tokenized together while sampling
+
+
+def take_valid(candidates: list, wanted: int, encode: Callable[[list], tuple[list, list]],
+               reason_of: Callable[[list, int], str | None], skipped: dict[str, int]) -> tuple[list, list, int]:
+    """vLLM's sampling loop (ShareGPTDataset.sample, ConversationDataset.sample): walk the
+    candidates in order, a batch at a time (``encode(batch)`` gives their prompt token ids and
+    output lengths), skip each one ``reason_of(ids, output_len)`` names (counted in ``skipped``),
+    and stop once ``wanted`` are kept. Returns the kept prompts, their output lengths, and how many
+    candidates were examined."""
+    prompts: list = []
+    outputs: list[int] = []
+    examined = 0
+    for start in range(0, len(candidates), ENCODE_BATCH):
+        if len(prompts) >= wanted:
+            break
+        prompt_ids, output_lens = encode(candidates[start:start + ENCODE_BATCH])
+        for ids, out in zip(prompt_ids, output_lens):
+            if len(prompts) >= wanted:
+                break
+            examined += 1
+            reason = reason_of(ids, out)
+            if reason is not None:
+                skipped[reason] += 1
+                continue
+            prompts.append(ids)
+            outputs.append(out)
+    return prompts, outputs, examined
 
 
 def dataset_trace(*, prompt_tokens: list, output_len, source: str, metadata: dict) -> Trace:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from traces.bench.common import dataset_trace, invalid_reason, oversample_rows, shuffled
+from traces.bench.common import dataset_trace, invalid_reason, oversample_rows, shuffled, take_valid
 from traces.bench.custom import whole_count
 from traces.bench.reading import iter_jsonl
 from traces.bench.tokenizer import Tokenizer
@@ -126,30 +126,21 @@ def hf_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prompts:
     candidates = [rows[i] for i in order if rows[i] is not None]
     skipped = {"prompt_too_short": 0, "output_too_short": 0, "prompt_too_long": 0, "total_too_long": 0,
                "empty_prompt": 0}
-    prompts: list = []
-    outputs: list[int] = []
-    examined = 0
-    batch_size = 256
-    for start in range(0, len(candidates), batch_size):
-        if len(prompts) >= num_prompts:
-            break
-        batch = candidates[start:start + batch_size]
-        prompt_ids = tokenizer.encode_batch([p for p, _ in batch])
-        texts = [t if isinstance(t, str) else "" for _, t in batch]
-        counted = tokenizer.count_batch(texts) if output_len is None else [0] * len(batch)
-        for ids, (_, target), count in zip(prompt_ids, batch, counted):
-            if len(prompts) >= num_prompts:
-                break
-            examined += 1
-            out = output_len if output_len is not None else (target if isinstance(target, int) else count)
-            reason = invalid_reason(len(ids), out) if output_len is None else None
-            if reason is None and len(ids) == 0:
-                reason = "empty_prompt"  # a Trace cannot hold it (vLLM would send it)
-            if reason is not None:
-                skipped[reason] += 1
-                continue
-            prompts.append(ids)
-            outputs.append(out)
+
+    def encode(batch: list) -> tuple[list, list]:
+        if output_len is not None:
+            return tokenizer.encode_batch([p for p, _ in batch]), [output_len] * len(batch)
+        counted = tokenizer.count_batch([t if isinstance(t, str) else "" for _, t in batch])
+        return (tokenizer.encode_batch([p for p, _ in batch]),
+                [target if isinstance(target, int) else count for (_, target), count in zip(batch, counted)])
+
+    def reason_of(ids: list, out: int) -> str | None:
+        reason = invalid_reason(len(ids), out) if output_len is None else None
+        if reason is None and len(ids) == 0:
+            reason = "empty_prompt"  # a Trace cannot hold it (vLLM would send it)
+        return reason
+
+    prompts, outputs, examined = take_valid(candidates, num_prompts, encode, reason_of, skipped)
     num_sampled = len(prompts)
     extra = oversample_rows(num_sampled, num_prompts, seed) if oversample else []
     prompts += [prompts[row] for row in extra]

@@ -28,14 +28,11 @@ import os
 
 import numpy as np
 
-from traces.bench.common import dataset_trace, invalid_reason, oversample_rows, shuffled
+from traces.bench.common import dataset_trace, invalid_reason, oversample_rows, shuffled, take_valid
 from traces.bench.reading import iter_json_array
 from traces.bench.tokenizer import Tokenizer
 from traces.errors import TraceFormatError
 from traces.trace import Trace
-
-ENCODE_BATCH = 256  # entries tokenized together while sampling
-
 
 def read_sharegpt_pairs(path: str | os.PathLike[str], counts: dict) -> list[tuple[str, str]]:
     """Every entry's first two turns as ``(prompt, completion)``, in file order, for entries with
@@ -90,28 +87,16 @@ def sharegpt_trace(
     pairs = read_sharegpt_pairs(path, counts)
     order = shuffled(len(pairs), seed) if shuffle else range(len(pairs))
     skipped = {"prompt_too_short": 0, "output_too_short": 0, "prompt_too_long": 0, "total_too_long": 0}
-    prompts: list = []
-    outputs: list[int] = []
     wanted = len(pairs) if num_prompts is None else num_prompts
-    examined = 0
-    order = list(order)
-    for start in range(0, len(order), ENCODE_BATCH):
-        if len(prompts) >= wanted:
-            break
-        batch = [pairs[i] for i in order[start:start + ENCODE_BATCH]]
-        prompt_ids = tokenizer.encode_batch([p for p, _ in batch])
+
+    def encode(batch: list) -> tuple[list, list]:
         completion_lens = (tokenizer.count_batch([c for _, c in batch]) if output_len is None
                            else [output_len] * len(batch))
-        for ids, completion_len in zip(prompt_ids, completion_lens):
-            if len(prompts) >= wanted:
-                break
-            examined += 1
-            reason = invalid_reason(len(ids), completion_len, skip_min_output_len_check=output_len is not None)
-            if reason is not None:
-                skipped[reason] += 1
-                continue
-            prompts.append(ids)
-            outputs.append(completion_len)
+        return tokenizer.encode_batch([p for p, _ in batch]), completion_lens
+
+    prompts, outputs, examined = take_valid(
+        [pairs[i] for i in order], wanted, encode,
+        lambda ids, out: invalid_reason(len(ids), out, skip_min_output_len_check=output_len is not None), skipped)
     num_sampled = len(prompts)
     extra = oversample_rows(num_sampled, wanted, seed) if oversample and num_prompts is not None else []
     prompts += [prompts[row] for row in extra]
