@@ -69,6 +69,9 @@ class Replica:
         self.index = replica_index
         self.token_runs = token_runs or TokenRuns(len(requests.status))  # when each request got tokens (ITL)
         self.preemptions = {"swap": 0, "recompute": 0}
+        # Tokens computed again after recompute preemptions: at each resumption, the longest live
+        # sequence's tokens (prompt + output so far) minus the prefix-cache hit (exact for n = 1).
+        self.recomputed_tokens = 0
         self._rows: dict[str, int] = {}  # unfinished request id -> trace row
         self._awaiting_first_token: set[str] = set()
         self._has_beams = False
@@ -150,7 +153,7 @@ class Replica:
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped requests"
                 )
             usage = sched.kv_usage()
-            num_running = len(sched.running)
+            num_running, num_waiting = len(sched.running), len(sched.waiting)
             cost = cost_model.step_cost(work)
             start = env.now
             for rid in out.new:
@@ -158,6 +161,9 @@ class Replica:
             for rid, mode in out.preempted:
                 m.preemptions[rows[rid]] += 1
                 self.preemptions[mode] += 1
+            for rid, hit_tokens in out.resumed.items():
+                live = sched.requests[rid].live_seqs
+                self.recomputed_tokens += max(seq.num_tokens for seq in live) - hit_tokens
             yield from self._execute(cost)
             end = env.now
             if not math.isfinite(end):
@@ -179,8 +185,8 @@ class Replica:
                 finished = sched.update(out, None, choices)
             if finished:
                 self._completed(finished, end)
-            self.steps.record(out.step, start, end - start, len(out.num_scheduled_tokens), num_running, work,
-                              usage, len(out.preempted), cost)
+            self.steps.record(out.step, start, end - start, len(out.num_scheduled_tokens), num_running, num_waiting,
+                              work, usage, len(out.preempted), cost)
             if log:
                 self._flush_decisions()
             if rejected_rows and self.on_request_done is not None:  # their client slots free now

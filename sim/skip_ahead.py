@@ -139,7 +139,8 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray) -> tupl
     columns = {
         "step": np.arange(done.first_step, done.first_step + k, dtype=np.float64),
         "start_s": starts, "duration_s": ends[:k] - starts, "num_requests": num_requests,
-        "num_running": num_requests, "num_seqs": num_seqs, "num_tokens": num_seqs, "prefill_tokens": 0,
+        "num_running": num_requests,
+        "num_waiting": len(sched.waiting), "num_seqs": num_seqs, "num_tokens": num_seqs, "prefill_tokens": 0,
         "decode_seqs": num_seqs, "allocated_slots": allocated, "used_slots": allocated - idle,
         "cached_slots": (run.cached_blocks - evicts) * bs, "total_slots": pool.num_usable_blocks * bs,
         "unshared_slots": (run.table_blocks + allocs) * bs, "swap_out_blocks": 0, "swap_in_blocks": 0,

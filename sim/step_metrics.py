@@ -40,7 +40,7 @@ from engine.policy.usage import KvUsage
 from sim.cost.base import TERMS, StepCost, StepWork
 
 STEP_COLUMNS = (
-    "step", "start_s", "duration_s", "num_requests", "num_running", "num_seqs", "num_tokens", "prefill_tokens",
+    "step", "start_s", "duration_s", "num_requests", "num_running", "num_waiting", "num_seqs", "num_tokens", "prefill_tokens",
     "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots",
     "swap_out_blocks", "swap_in_blocks", "cow_blocks", "preempted",
 ) + tuple(f"{t}_s" for t in TERMS)
@@ -49,7 +49,7 @@ NUM_COLUMNS = len(STEP_COLUMNS)
 _INDEX = {name: j for j, name in enumerate(STEP_COLUMNS)}
 _COLUMN_SET = frozenset(STEP_COLUMNS)
 _TERM_INDEX = [_INDEX[f"{t}_s"] for t in TERMS]
-DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 27 columns x 8 bytes = 7 MiB in memory at most
+DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 28 columns x 8 bytes = 7 MiB in memory at most
 
 
 class StepMetrics:
@@ -70,13 +70,13 @@ class StepMetrics:
 
     # ----------------------------------------------------------------- writing
     def record(self, step: int, start_s: float, duration_s: float, num_requests: int, num_running: int,
-               work: StepWork, usage: KvUsage, num_preempted: int, cost: StepCost) -> None:
+               num_waiting: int, work: StepWork, usage: KvUsage, num_preempted: int, cost: StepCost) -> None:
         live = self._live
         terms = cost.terms
         # NOTE: one extend of a tuple (one C call) rather than an append per column: this is
         # the simulator's per-step hot path.
         live.extend((
-            step, start_s, duration_s, num_requests, num_running, work.num_seqs, work.num_tokens,
+            step, start_s, duration_s, num_requests, num_running, num_waiting, work.num_seqs, work.num_tokens,
             work.num_prefill_tokens, work.num_decode_seqs, usage.allocated_slots, usage.used_slots,
             usage.cached_slots, usage.total_slots, usage.unshared_slots, work.num_swap_out_blocks,
             work.num_swap_in_blocks, work.num_cow_blocks, num_preempted, *map(terms.__getitem__, TERMS),

@@ -39,7 +39,7 @@ def record_row(store: StepMetrics, row: dict[str, float]) -> None:
                     used_slots=row["used_slots"], cached_slots=row["cached_slots"],
                     unshared_slots=row["unshared_slots"])
     cost = StepCost({t: row[f"{t}_s"] for t in TERMS})
-    store.record(row["step"], row["start_s"], row["duration_s"], row["num_requests"], row["num_running"],
+    store.record(row["step"], row["start_s"], row["duration_s"], row["num_requests"], row["num_running"], row["num_waiting"],
                  work, usage, row["preempted"], cost)
 
 
