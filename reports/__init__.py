@@ -1,7 +1,10 @@
-"""What-if studies and their PDF reports.
+"""What-if studies and their reports.
 
-``spec`` (a TOML study: source, base settings, grids), ``runner`` (one run -> one record),
+``spec`` (a TOML study: source, base settings, grids, seeds), ``runner`` (one run -> one record),
 ``store`` (results.jsonl, appended as runs finish), ``execute`` (process pool or Ray, resumable),
-``results`` (slices, best settings, findings), ``pages`` / ``paper_pages`` / ``pdf`` (the report),
-``presets`` (``demo``, ``kwon2023``) and ``cli`` (``pagesim study / report / demo``).
+``results`` (runs, settings over seeds, slices, grids), ``noise`` (is a difference real),
+``load`` (below, near or past saturation), ``findings`` (sentences judged against noise), the
+report's pages (``style``, ``table_pages``, ``grid_pages``, ``load_pages``, ``pages``,
+``paper_pages``), ``pdf`` and ``html`` (the same pages as PDF or one HTML file), ``presets``
+(``demo``, ``kwon2023``) and ``cli`` (``pagesim study / report / demo``).
 """

@@ -1,9 +1,13 @@
 """``pagesim study``, ``pagesim report`` and ``pagesim demo``.
 
-- ``study SPEC -o DIR``: run a study (a TOML spec, or a preset name) into DIR; rerunning resumes.
-- ``report DIR -o report.pdf``: the PDF of a study folder.
-- ``demo``: the ``demo`` preset into ``out/demo-study``, then ``out/report.pdf``; prints the path and
-  the headline findings.
+- ``study SPEC -o DIR``: run a study (a TOML spec, or a preset name) into DIR; rerunning resumes;
+  prints the findings when done.
+- ``report DIR -o report.pdf [--html report.html]``: the PDF (and the HTML) report of a study folder.
+- ``demo``: the ``demo`` preset into ``out/demo-study``, then ``out/report.pdf`` and
+  ``out/report.html``; prints the paths and the findings.
+
+Findings call a difference only where it exceeds noise: the 95% intervals over seeds when the study
+lists seeds, otherwise ``--noise-threshold`` percent (default 2).
 """
 
 from __future__ import annotations
@@ -21,19 +25,38 @@ def add_parser(subparsers) -> None:
     _execution_args(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change the spec, e.g. source.num_requests=200 or grid.0.block_size=[8,16] (repeatable)")
-    p.add_argument("--report", metavar="PDF", help="also write the report here when the study is done")
+    p.add_argument("--report", metavar="PDF", help="also write the PDF report here when the study is done")
+    p.add_argument("--html", metavar="HTML", help="also write the report as one self-contained HTML file")
+    _threshold_arg(p)
     p.set_defaults(func=run_study_cmd)
 
-    r = subparsers.add_parser("report", help="write a study's PDF report", description="The PDF report of a study folder.")
+    r = subparsers.add_parser("report", help="write a study's PDF (and HTML) report",
+                              description="The PDF report of a study folder, and with --html the same pages as HTML.")
     r.add_argument("study_dir", metavar="DIR")
-    r.add_argument("-o", "--out", required=True, metavar="PDF")
+    r.add_argument("-o", "--out", metavar="PDF", help="the PDF to write")
+    r.add_argument("--html", metavar="HTML", help="the HTML report to write (one self-contained file)")
+    _threshold_arg(r)
     r.set_defaults(func=run_report_cmd)
 
     d = subparsers.add_parser("demo", help="a small study on an embedded workload, and its PDF report",
                               description="Run the demo study and write its report (out/report.pdf).")
     d.add_argument("-o", "--out", default="out", metavar="DIR", help="output folder (default out/)")
     _execution_args(d)
+    _threshold_arg(d)
     d.set_defaults(func=run_demo_cmd, executor="local", address=None)
+
+
+def _threshold_arg(p) -> None:
+    p.add_argument("--noise-threshold", type=float, default=2.0, metavar="PCT",
+                   help="without seeds, differences up to PCT%% (relative; points for rates) are reported as no "
+                        "measurable difference (default 2)")
+
+
+def _threshold(args) -> float:
+    pct = args.noise_threshold
+    if not 0 <= pct < 100:
+        raise ValueError(f"--noise-threshold is a percentage in [0, 100), got {pct}")
+    return pct / 100
 
 
 def _execution_args(p) -> None:
@@ -41,7 +64,8 @@ def _execution_args(p) -> None:
                    help="local: a process pool (default); ray: one Ray task per run")
     p.add_argument("--address", help="Ray cluster address (ray executor; default: start a local Ray)")
     p.add_argument("--workers", type=int, metavar="N", help="parallel runs (default: the CPUs)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (default: a bar on a terminal, else a line per finished run)")
 
 
 def _load(spec_arg: str, overrides: list[str]):
@@ -74,43 +98,61 @@ def _run(spec, out: Path, args) -> object:
     return outcome
 
 
+def _print_findings(out: Path, threshold: float) -> None:
+    from reports.findings import findings
+    from reports.results import load_study
+
+    study = load_study(out, threshold=threshold)
+    if study.ok:
+        print("\nFindings:")
+        for line in findings(study):
+            print(f"- {line}")
+
+
 def run_study_cmd(args) -> int:
+    threshold = _threshold(args)
     spec = _load(args.spec, args.set)
     out = Path(args.out)
     outcome = _run(spec, out, args)
-    if args.report:
+    _print_findings(out, threshold)
+    if args.report or args.html:
         from reports.pdf import build_report
 
-        pages = build_report(out, args.report)
-        print(f"wrote {args.report} ({len(pages)} pages)")
+        pages = build_report(out, args.report, html=args.html, threshold=threshold)
+        print("\nwrote " + " and ".join(p for p in (args.report, args.html) if p) + f" ({len(pages)} pages)")
     else:
-        print(f"report: pagesim report {out} -o {out}/report.pdf")
+        print(f"\nreport: pagesim report {out} -o {out}/report.pdf --html {out}/report.html")
     return 1 if outcome.failed else 0  # scripts can tell; the failures are in results.jsonl and the report
 
 
 def run_report_cmd(args) -> int:
     from reports.pdf import build_report
 
-    pages = build_report(args.study_dir, args.out)
-    print(f"wrote {args.out} ({len(pages)} pages: {', '.join(pages)})")
+    if not args.out and not args.html:
+        raise ValueError("pagesim report needs -o PDF, --html HTML, or both")
+    pages = build_report(args.study_dir, args.out, html=args.html, threshold=_threshold(args))
+    wrote = " and ".join(p for p in (args.out, args.html) if p)
+    print(f"wrote {wrote} ({len(pages)} pages: {', '.join(pages)})")
     return 0
 
 
 def run_demo_cmd(args) -> int:
     from reports.pdf import build_report
     from reports.presets import DEMO
-    from reports.results import findings, load_study
+    from reports.findings import findings
+    from reports.results import load_study
     from reports.spec import parse_spec
 
+    threshold = _threshold(args)
     out = Path(args.out)
     spec = parse_spec(DEMO, origin="preset demo")
     print(f"pagesim demo: {len(spec.runs())} simulations of {spec.source['num_requests']} requests "
-          f"({spec.source['workload']}, Llama 3 8B on A100 40 GB), block size x eviction x preemption, "
-          "load, memory baselines, cache size", file=sys.stderr)
+          f"({spec.source['workload']} at {spec.source['rate']:g} requests/s, Llama 3 8B on A100 40 GB), block size "
+          "x eviction x preemption, load, memory baselines, cache size", file=sys.stderr)
     outcome = _run(spec, out / "demo-study", args)
-    pdf = out / "report.pdf"
-    pages = build_report(out / "demo-study", pdf)
-    print(f"\nwrote {pdf} ({len(pages)} pages)\n\nFindings:")
-    for line in findings(load_study(out / "demo-study")):
+    pdf, html = out / "report.pdf", out / "report.html"
+    pages = build_report(out / "demo-study", pdf, html=html, threshold=threshold)
+    print(f"\nwrote {pdf} and {html} ({len(pages)} pages)\n\nFindings:")
+    for line in findings(load_study(out / "demo-study", threshold=threshold)):
         print(f"- {line}")
     return 1 if outcome.failed else 0

@@ -3,7 +3,8 @@
 Executors yield records in completion order; the driver appends each to ``results.jsonl`` at once
 (``ResultsStore``), so an interrupted study resumes where it stopped. A run that failed is a record
 with its error (the study goes on); the next invocation retries it. One study at a time writes a
-folder (a lock on ``DIR/.lock``).
+folder (a lock on ``DIR/.lock``). Progress: a bar on a terminal, otherwise a line per finished run
+(its id, settings and seconds), so logs and CI show it.
 
 - ``local``: a process pool of ``workers`` processes (default: the CPUs), or in-process for one.
 - ``ray``: one Ray task per run; ``ray.init(address=...)`` joins a cluster (``auto``, or
@@ -119,6 +120,7 @@ def _run_locked(spec: StudySpec, out: Path, executor: str, workers: int, address
     done = {i for i, r in store.load().items() if r["status"] == "ok"}
     todo = [c for c in runs if run_id(c) not in done]  # failed runs are retried
     bar = _bar(len(runs), len(runs) - len(todo), spec.name, progress)
+    lines = progress and bar is None  # no terminal: a line per finished run, for logs and CI
     ran = 0
     try:
         for record in RUNNERS[executor](todo, workers, address):
@@ -126,6 +128,9 @@ def _run_locked(spec: StudySpec, out: Path, executor: str, workers: int, address
             ran += 1
             if bar is not None:
                 bar.update(1)
+            if lines:
+                print(_progress_line(record, spec.base, len(runs) - len(todo) + ran, len(runs)), file=sys.stderr,
+                      flush=True)
             if record["status"] != "ok":
                 print(f"run {record['id']} failed: {record['error']}", file=sys.stderr)
     finally:
@@ -147,9 +152,18 @@ def _write_study(out: Path, spec: StudySpec, runs: list[RunConfig]) -> None:
 
 
 def _bar(total: int, initial: int, name: str, enabled: bool):
-    if not enabled:
+    """A progress bar on a terminal (or with PAGESIM_PROGRESS set); None otherwise."""
+    if not enabled or not (sys.stderr.isatty() or "PAGESIM_PROGRESS" in os.environ):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="run", desc=f"study {name}", file=sys.stderr,
-                disable=not sys.stderr.isatty() and "PAGESIM_PROGRESS" not in os.environ)
+    return tqdm(total=total, initial=initial, unit="run", desc=f"study {name}", file=sys.stderr)
+
+
+def _progress_line(record: dict[str, Any], base: dict[str, Any], done: int, total: int) -> str:
+    """E.g. ``[7/31] run 3f2a... block_size=8, preemption=swap: ok in 0.8 s``."""
+    from reports.results import describe_config
+
+    status = "ok" if record["status"] == "ok" else "failed"
+    return (f"[{done}/{total}] run {record['id']} {describe_config(record['config'], base)}: {status} in "
+            f"{record.get('wall_s', 0.0):.1f} s")

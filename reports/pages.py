@@ -1,27 +1,21 @@
-"""The report's figure pages. Each page function returns a matplotlib Figure, or None when the
-study has no runs for it (the cover then says which pages were left out and why).
+"""The report's figure pages about one aspect each: latency distributions, memory and activity over
+time, preemption, prefix caching. Each returns a ``Page``, or None when the study has nothing for
+it (the cover then says which pages were left out and why).
 
-Every page: a title, one sentence saying what it shows, axes with units, a legend. A page compares
-runs that differ only in the axes it plots (``Study.slice``), every other setting at the base.
+A page shows a slice (``Study.slice``: the runs that differ from the base only in the axes it
+plots) and its caption says how many completed runs are elsewhere. Titles name only what the
+study varies.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from reports.results import Study, metric  # noqa: E402
-
-PAGE = (11.69, 8.27)  # A4 landscape, inches
-
-
-def _name(value: Any) -> str:
-    return "preset default" if value is None else str(value)
+from reports.grid_pages import axis_label, value_label
+from reports.results import Study, describe_config, metric
+from reports.style import Page, from_zero, legend_rows, new_page, page_legend, plain_ticks, short
 
 
 def order(value: Any) -> tuple:
@@ -29,193 +23,206 @@ def order(value: Any) -> tuple:
     return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
 
 
-def new_page(title: str, sentence: str, nrows: int = 1, ncols: int = 2):
-    fig, axes = plt.subplots(nrows, ncols, figsize=PAGE, squeeze=False)
-    fig.suptitle(title, fontsize=15, fontweight="bold", x=0.02, ha="left", y=0.975)
-    fig.text(0.02, 0.915, sentence, fontsize=10.5, wrap=True, va="top")
-    fig.subplots_adjust(top=0.80, bottom=0.10, left=0.07, right=0.98, wspace=0.25, hspace=0.45)
-    return fig, axes.ravel()
+def elsewhere(study: Study, shown: int) -> str:
+    rest = len(study.ok) - shown
+    return (f" Shows {shown} of the {len(study.ok)} completed runs; the other {rest} are in the all-runs table and "
+            "the grid pages." if rest > 0 else " Shows every completed run.")
 
 
-def _lines(ax, records, x_axis: str, group_axis: str, key: str, *, ylabel: str, xlabel: str, title: str,
-           scale: float = 1.0, group_label: str = "") -> None:
-    groups: dict[Any, list] = {}
-    for r in records:
-        v = metric(r, key)
-        if v is not None:
-            groups.setdefault(r["config"][group_axis], []).append((r["config"][x_axis], v * scale))
-    for g in sorted(groups, key=order):
-        pts = sorted(groups[g])
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{group_label}{_name(g)}")
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+def _label(study: Study, record: dict[str, Any], axes: tuple[str, ...]) -> str:
+    parts = [f"{a}={value_label(record['config'].get(a))}" for a in axes]
+    if study.seeded:
+        parts.append(f"seed={record['config'].get('seed')}")
+    return ", ".join(parts) or "base settings"
 
 
-def _bars(ax, records, x_axis: str, group_axis: str, key: str, *, ylabel: str, xlabel: str, title: str,
-          scale: float = 1.0, group_label: str = "") -> None:
-    xs = sorted({r["config"][x_axis] for r in records}, key=order)
-    groups = sorted({r["config"][group_axis] for r in records}, key=order)
-    width = 0.8 / max(len(groups), 1)
-    for j, g in enumerate(groups):
-        vals = []
-        for x in xs:
-            match = [metric(r, key) for r in records if r["config"][x_axis] == x and r["config"][group_axis] == g]
-            match = [m for m in match if m is not None]
-            vals.append(np.mean(match) * scale if match else np.nan)
-        ax.bar(np.arange(len(xs)) + (j - (len(groups) - 1) / 2) * width, vals, width,
-               label=f"{group_label}{_name(g)}")
-    ax.set_xticks(np.arange(len(xs)), [_name(x) for x in xs])
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-
-
-def throughput_vs_rate(study: Study):
-    runs = study.slice("block_size", "rate_scale")
-    if not (study.varies("rate_scale") and len({r["config"]["rate_scale"] for r in runs}) > 1):
-        return None
-    source_rate = study.meta["source"].get("rate")
-    known = source_rate is not None or all(r["config"].get("rate") is not None for r in runs)
-    xlabel = "request rate (requests/s)" if known else "request-rate scale (x the trace's rate)"
-    for r in runs:
-        rate = r["config"].get("rate") if r["config"].get("rate") is not None else source_rate
-        r["config"]["_rate"] = r["config"]["rate_scale"] * (rate if known and rate is not None else 1.0)
-    fig, (a, b) = new_page("Throughput and latency vs load",
-                           "As requests arrive faster, throughput rises until the KV cache or compute saturates, "
-                           "and normalized latency (end-to-end time per output token) climbs; one line per "
-                           "block size, every other setting at the study's base.")
-    _lines(a, runs, "_rate", "block_size", "throughput_tokens_s", ylabel="throughput (tokens/s)", xlabel=xlabel,
-           title="Throughput", group_label="block size ")
-    _lines(b, runs, "_rate", "block_size", "normalized_latency_s_per_token", ylabel="normalized latency (s/token)",
-           xlabel=xlabel, title="Normalized latency (mean)", group_label="block size ")
-    return fig
-
-
-def latency_cdfs(study: Study):
-    axis = "block_size" if study.varies("block_size") else next((k for k in study.axes() if study.varies(k)), None)
-    runs = study.slice(axis) if axis else study.ok[:1]
-    runs = [r for r in runs if r["series"]["latency_quantiles"]["ttft_s"]]
+def latency_cdfs(study: Study) -> Page | None:
+    preferred = ("block_size", "preemption", "eviction", "kv_cache_gb")
+    axes = sorted((a for a in study.varying() if a not in ("rate_scale", "rate")),
+                  key=lambda a: preferred.index(a) if a in preferred else len(preferred))
+    axis = axes[0] if axes else None
+    runs = study.slice(axis) if axis else study.slice()
+    runs = [r for r in runs if (r.get("series") or {}).get("latency_quantiles", {}).get("ttft_s")]
     if not runs:
         return None
-    fig, axes = new_page("Latency distributions",
-                         f"Cumulative distributions of time to first token, time per output token and end-to-end "
-                         f"latency over all completed requests, one line per {axis or 'run'} (others at base).",
-                         ncols=3)
-    q = np.linspace(0, 1, 101)
+    runs = sorted(runs, key=lambda r: order(r["config"].get(axis)))[:12]
+    what = f"one line per {axis_label(axis).lower()}" if axis else "the base run"
+    title = "Latency distributions" + (f" per {axis_label(axis).lower()}" if axis else "")
+    caption = ("Cumulative distributions of time to first token, time per output token and end-to-end latency over "
+               f"each run's completed requests, {what} (every other setting at the base)." + elsewhere(study, len(runs)))
+    fig, axes = new_page(title, caption, ncols=3, legend_rows=legend_rows(len(runs)))
+    q = np.linspace(0, 100, 101)
     for ax, (key, label) in zip(axes, (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_s", "end-to-end (s)"))):
-        for r in sorted(runs, key=lambda r: order(r["config"].get(axis))):
+        for r in runs:
             values = r["series"]["latency_quantiles"][key]
             if values:
-                ax.plot(values, q, label=f"{axis} {_name(r['config'].get(axis))}" if axis else "run")
-        ax.set(xlabel=label, ylabel="fraction of requests", title=label.split(" (")[0] + " CDF")
+                ax.plot(values, q, label=_label(study, r, (axis,) if axis else ()))
+        ax.set(xlabel=label, ylabel="requests at or below (%)", title=label.split(" (")[0] + " CDF", ylim=(0, 100))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return fig
+        from_zero(ax, x=True, y=False)
+        plain_ticks(ax, "x")
+    page_legend(fig, axes)
+    return Page(title, caption, fig)
 
 
-def memory_over_time(study: Study):
-    runs = study.slice("allocator") if study.varies("allocator") else study.slice()[:1]
-    empty = [r["config"]["allocator"] for r in runs if not r["series"]["memory"]["time_s"]]
-    runs = [r for r in runs if r["series"]["memory"]["time_s"]]
+MEMORY_COLORS = {"used": "#2b8a3e", "fragmentation": "#e8590c", "cached": "#1c7ed6", "free": "#dee2e6"}
+MEMORY_LABELS = ("used (holding tokens)", "allocated, empty", "prefix-cached", "free")
+ALLOCATORS = ("paged", "oracle", "pow2", "max")
+
+
+def memory_over_time(study: Study) -> Page | None:
+    if not study.varies("allocator"):
+        return None
+    runs = [r for r in study.slice("allocator") if r["series"]["memory"]["time_s"]]
     if not runs:
         return None
-    runs = sorted(runs, key=lambda r: ["paged", "oracle", "pow2", "max"].index(r["config"]["allocator"])
-                  if r["config"]["allocator"] in ("paged", "oracle", "pow2", "max") else 9)
-    ncols = min(len(runs), 4)
-    fig, axes = new_page("KV-cache memory over time",
-                         "Where the KV cache's token slots go during the run: holding tokens (used), allocated but "
-                         "empty (internal fragmentation: partly filled last blocks under paging, reservations for "
-                         "tokens not yet generated under the contiguous Orca baselines), kept by the prefix cache, "
-                         "and free." + (f" Not shown ({', '.join(empty)}): no request was ever admitted." if empty else ""),
-                         ncols=ncols)
-    colors = {"used": "#2b8a3e", "fragmentation": "#e8590c", "cached": "#1c7ed6", "free": "#dee2e6"}
-    labels = ["used (holding tokens)", "allocated, empty", "prefix-cached", "free"]
+    runs = sorted(runs, key=lambda r: ALLOCATORS.index(r["config"]["allocator"])
+                  if r["config"]["allocator"] in ALLOCATORS else 9)[:4]
+    title = "KV-cache memory over time: paging vs contiguous reservation"
+    caption = ("Where the KV cache's token slots go during the run: holding tokens (used), allocated but empty "
+               "(internal fragmentation: partly filled last blocks under paging, reservations for tokens not yet "
+               "generated under the contiguous Orca baselines), kept by the prefix cache, and free."
+               + elsewhere(study, len(runs)))
+    fig, axes = new_page(title, caption, ncols=len(runs), legend_rows=1)
     for ax, r in zip(axes, runs):
-        mem = r["series"]["memory"]
-        if mem["time_s"]:
-            ax.stackplot(mem["time_s"], *(np.array(mem[k]) * 100 for k in colors), labels=labels,
-                         colors=list(colors.values()))
+        _memory_stack(ax, r)
         name = r["config"]["allocator"]
-        ax.set(xlabel="simulated time (s)", ylabel="share of KV slots (%)", ylim=(0, 100),
-               title=("paged (pagesim)" if name == "paged" else f"Orca {name}"))
-        ax.legend(fontsize=7, loc="lower right")
-    return fig
+        ax.set_title("paged (pagesim)" if name == "paged" else f"Orca {name}")
+    page_legend(fig, axes[:1], ncol=4)
+    return Page(title, caption, fig)
 
 
-def preemption_page(study: Study):
-    if not study.varies("preemption"):
-        return None
-    runs = study.slice("preemption", "block_size")
+def _memory_stack(ax, record: dict[str, Any]) -> None:
+    mem = record["series"]["memory"]
+    ax.stackplot(mem["time_s"], *(np.array(mem[k]) * 100 for k in MEMORY_COLORS), labels=MEMORY_LABELS,
+                 colors=list(MEMORY_COLORS.values()))
+    ax.set(xlabel="simulated time (s)", ylabel="share of KV slots (%)", ylim=(0, 100))
+    from_zero(ax, x=True, y=False)
+    plain_ticks(ax, "x")
+
+
+def activity_over_time(study: Study) -> Page | None:
+    """Queue, running, batch and swap pool over time beside the KV memory, for the base run and,
+    when the study varies preemption, the same run under each mode."""
+    axis = "preemption" if study.varies("preemption") else None
+    runs = [r for r in (study.slice(axis) if axis else study.slice())
+            if (r.get("series") or {}).get("activity", {}).get("time_s")]
+    if study.seeded:
+        base_seed = study.base.get("seed")
+        runs = [r for r in runs if r["config"].get("seed") == base_seed]
     if not runs:
         return None
-    for r in runs:
-        moved = r["summary"].get("swapped_blocks") or {}
-        r["summary"]["_swap_gb"] = (moved.get("out", 0) + moved.get("in", 0)) * r["deployment"]["block_bytes"] / 2**30
-    fig, (a, b, c) = new_page("Preemption: swap vs recompute",
-                              "When the cache runs out, a request is preempted: its blocks are swapped to CPU memory "
-                              "or dropped and recomputed later. Preemptions, data moved over the host link, and "
-                              "the resulting time to first token, per mode and block size.", ncols=3)
-    _bars(a, runs, "block_size", "preemption", "preemptions_total", ylabel="preemptions (count)",
-          xlabel="block size (tokens)", title="Preemptions")
-    _bars(b, runs, "block_size", "preemption", "_swap_gb", ylabel="swap traffic (GiB, out + in)",
-          xlabel="block size (tokens)", title="Swap traffic")
-    _bars(c, runs, "block_size", "preemption", "ttft_s.p99", ylabel="TTFT p99 (s)", xlabel="block size (tokens)",
-          title="TTFT p99")
-    return fig
-
-
-def prefix_cache_page(study: Study):
-    if not study.varies("eviction"):
-        return None
-    runs = study.slice("eviction", "kv_cache_gb")
-    if not runs:
-        return None
-    sized = study.varies("kv_cache_gb")
-    fig, (a, b) = new_page("Prefix caching: hit rate vs cache size",
-                           "Share of prompt tokens served from the prefix cache, and the resulting throughput, per "
-                           "eviction policy" + (" as the KV cache grows." if sized else "."))
-    draw = _lines if sized else _bars
-    x = "kv_cache_gb" if sized else "eviction"
-    draw(a, runs, x, "eviction", "prefix_hit_rate", ylabel="prefix hit rate (%)", scale=100.0,
-         xlabel="KV cache (GiB per GPU)" if sized else "eviction policy", title="Prefix hit rate")
-    draw(b, runs, x, "eviction", "throughput_tokens_s", ylabel="throughput (tokens/s)",
-         xlabel="KV cache (GiB per GPU)" if sized else "eviction policy", title="Throughput")
-    return fig
-
-
-def block_size_page(study: Study):
-    runs = study.slice("block_size")
-    if not study.varies("block_size") or len(runs) < 2:
-        return None
-    runs = sorted(runs, key=lambda r: r["config"]["block_size"])
-    fig, axes = new_page("Block-size sensitivity",
-                         "Small blocks waste less memory in each sequence's last block but cost more in the attention "
-                         "kernel (block-table lookups); large blocks share prefixes only in whole blocks. Each metric "
-                         "against block size, every other setting at base.", ncols=4)
-    xs = [r["config"]["block_size"] for r in runs]
-    for ax, (key, label, scale) in zip(axes, (
-        ("throughput_tokens_s", "throughput (tokens/s)", 1.0),
-        ("normalized_latency_s_per_token", "normalized latency (s/token)", 1.0),
-        ("memory_utilization", "KV memory utilization (%)", 100.0),
-        ("prefix_hit_rate", "prefix hit rate (%)", 100.0),
-    )):
-        pts = [(x, metric(r, key)) for x, r in zip(xs, runs)]
-        pts = [(x, y * scale) for x, y in pts if y is not None]  # a metric a run lacks is not a zero
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="paged (base settings)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.set(xlabel="block size (tokens)", ylabel=label, title=label.split(" (")[0])
+    runs = sorted(runs, key=lambda r: order(r["config"].get(axis)))[:4]
+    shown = "the base run" + (" under each preemption mode" if axis else "")
+    title = "Queue, batch and memory over time" + (" per preemption mode" if axis else "")
+    caption = (f"The life of {shown}: requests waiting for admission, running, and in each step's batch, blocks held "
+               "in the CPU swap pool, and the KV memory of the first run shown. A queue that grows to the end of the "
+               "arrivals means the run is past saturation." + elsewhere(study, len(runs)))
+    fig, axes = new_page(title, caption, nrows=2, ncols=3, legend_rows=legend_rows(len(runs) + 4))
+    panels = (("waiting", "requests waiting (count)", "Waiting queue"), ("running", "requests running (count)",
+              "Running requests"), ("batch_requests", "requests in the step (count)", "Batch size"),
+              ("swap_blocks", "blocks in the swap pool (count)", "Swap pool"),
+              ("batch_tokens", "tokens in the step (count)", "Batched tokens"))
+    for ax, (key, ylabel, name) in zip(axes, panels):
+        for r in runs:
+            act = r["series"]["activity"]
+            ax.plot(act["time_s"], act[key], lw=1, label=_label(study, r, (axis,) if axis else ()))
+        ax.set(xlabel="simulated time (s)", ylabel=ylabel, title=name)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return fig
+        from_zero(ax, x=True)
+        plain_ticks(ax)
+        plain_ticks(ax, "x")
+    mem_ax = axes[5]
+    if runs[0]["series"]["memory"]["time_s"]:
+        _memory_stack(mem_ax, runs[0])
+        mem_ax.set_title(f"KV memory ({_label(study, runs[0], (axis,) if axis else ())})", fontsize=10)
+    else:
+        mem_ax.axis("off")
+    page_legend(fig, axes, ncol=4)
+    return Page(title, caption, fig)
+
+
+def preemption_page(study: Study) -> Page | None:
+    if not any(metric(r, "preemptions_total") for r in study.ok):
+        return None
+    axes = tuple(a for a in ("preemption", "block_size") if study.varies(a)) or tuple(study.varying()[:1])
+    runs = sorted(study.slice(*axes), key=lambda r: tuple(order(r["config"].get(a)) for a in axes))
+    runs = [r for r in runs if "preemption" in r] or []
+    if not runs:
+        return None
+    runs = runs[:16]
+    labels = [short(describe_config(r["config"], study.base) if axes else "base", 28) for r in runs]
+    title = "Preemptions: swap vs recompute, and what they cost"
+    caption = ("When the cache runs out a running request is preempted: its blocks are swapped to CPU memory or "
+               "dropped and recomputed later (a swap falls back to recompute when the swap pool is full). Per run: "
+               "preemptions by the mode actually used, tokens computed again after recompute preemptions, bytes "
+               "moved over the host link (out and in), and TTFT p99." + elsewhere(study, len(runs)))
+    fig, panels = new_page(title, caption, ncols=4, legend_rows=1)
+    x = np.arange(len(runs))
+    swap = [r["preemption"].get("swap", 0) for r in runs]
+    recompute = [r["preemption"].get("recompute", 0) for r in runs]
+    a, b, c, d = panels
+    a.bar(x, recompute, color="#1c7ed6", label="recompute")
+    a.bar(x, swap, bottom=recompute, color="#f08c00", label="swap")
+    a.set(ylabel="preemptions (count)", title="Preemptions by mode")
+    b.bar(x, [r["preemption"].get("recomputed_tokens", 0) / 1e3 for r in runs], color="#1c7ed6")
+    b.set(ylabel="tokens recomputed (thousands)", title="Recomputation")
+    c.bar(x, [r["preemption"].get("swapped_bytes", 0) / 2**30 for r in runs], color="#f08c00")
+    c.set(ylabel="bytes swapped, out + in (GiB)", title="Swap traffic")
+    d.bar(x, [metric(r, "ttft_s.p99") or 0 for r in runs], color="#868e96")
+    d.set(ylabel="TTFT p99 (s)", title="TTFT p99")
+    for ax in panels:
+        ax.set_xticks(x, labels, rotation=40, ha="right", fontsize=7)
+        ax.set_xlabel("run (its settings that differ from the base)", fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+        from_zero(ax)
+        plain_ticks(ax)
+    fig.subplots_adjust(bottom=0.30)
+    page_legend(fig, [a], ncol=2)
+    return Page(title, caption, fig)
+
+
+def prefix_cache_page(study: Study) -> Page | None:
+    sized = study.varies("kv_cache_gb")
+    if not sized:
+        return None
+    runs = study.slice("eviction", "kv_cache_gb") if study.varies("eviction") else study.slice("kv_cache_gb")
+    if not runs:
+        return None
+    per_policy = study.varies("eviction")
+    title = "Prefix hit rate and throughput vs cache size" + (" per eviction policy" if per_policy else "")
+    caption = ("Share of admitted prompt tokens served from the prefix cache, and the resulting throughput, as the "
+               "KV cache grows" + (", one line per eviction policy." if per_policy else ".") + elsewhere(study, len(runs)))
+    groups: dict[Any, list] = {}
+    for r in runs:
+        groups.setdefault(r["config"].get("eviction"), []).append(r)
+    fig, panels = new_page(title, caption, legend_rows=legend_rows(len(groups)))
+    for ax, key, ylabel, scale in zip(panels, ("prefix_hit_rate", "throughput_tokens_s"),
+                                      ("prefix hit rate (%)", "throughput (output tokens/s)"), (100.0, 1.0)):
+        for k, (policy, members) in enumerate(sorted(groups.items(), key=lambda kv: order(kv[0]))):
+            by_size: dict[float, list[float]] = {}
+            for r in members:
+                v = metric(r, key)
+                if v is not None:
+                    by_size.setdefault(r["config"]["kv_cache_gb"], []).append(v * scale)
+            xs = sorted(by_size)
+            # NOTE: offset markers so policies with identical values stay visible
+            ax.plot(xs, [np.mean(by_size[x]) for x in xs], marker="osD^v<>"[k % 7], ms=7 - k, alpha=0.85,
+                    label=f"eviction {value_label(policy)}" if per_policy else "base settings")
+        ax.set(xlabel="KV cache (GiB per GPU)", ylabel=ylabel, title=ylabel.split(" (")[0])
+        ax.grid(alpha=0.3)
+        from_zero(ax, x=True)
+        plain_ticks(ax)
+        if key == "prefix_hit_rate":
+            ax.set_ylim(0, 100)
+    page_legend(fig, panels)
+    return Page(title, caption, fig)
 
 
 FIGURE_PAGES = (
-    ("Throughput and latency vs load", throughput_vs_rate, "needs a rate_scale axis"),
     ("Latency distributions", latency_cdfs, "no completed requests"),
-    ("KV-cache memory over time", memory_over_time, "no runs at the base settings"),
-    ("Preemption: swap vs recompute", preemption_page, "needs a preemption axis"),
-    ("Prefix caching: hit rate vs cache size", prefix_cache_page, "needs an eviction axis"),
-    ("Block-size sensitivity", block_size_page, "needs a block_size axis"),
+    ("Queue, batch and memory over time", activity_over_time, "no run at the base settings"),
+    ("KV-cache memory over time: paging vs contiguous reservation", memory_over_time, "needs an allocator axis"),
+    ("Preemptions: swap vs recompute, and what they cost", preemption_page, "no run was preempted"),
+    ("Prefix hit rate vs cache size", prefix_cache_page, "needs a kv_cache_gb axis"),
 )

@@ -9,8 +9,8 @@ recompute). The paper's values are ``sim.paper.PAPER``; what the runs mean is in
 
 from __future__ import annotations
 
-from reports.pages import new_page
 from reports.results import Study, metric
+from reports.style import Page, Table, from_zero, new_page
 
 SYSTEMS = (("Orca (Max)", "max"), ("Orca (Pow2)", "pow2"), ("Orca (Oracle)", "oracle"), ("vLLM / pagesim", "paged"))
 WORKLOADS = {"ShareGPT @ 2 req/s": {}, "Alpaca @ 30 req/s": {"workload": "kwon2023-alpaca", "rate": 30.0}}
@@ -51,18 +51,27 @@ def comparison_rows(study: Study) -> list[list[str]]:
     return rows
 
 
-def paper_pages(study: Study) -> list[tuple[str, object]]:
+def paper_pages(study: Study) -> list[Page]:
     if study.meta.get("paper") != "kwon2023":
         raise ValueError(f"no comparison pages for paper {study.meta.get('paper')!r} (known: kwon2023)")
-    return [("Paper comparison", _table_page(study)), ("Paper comparison: block size and preemption", _plots_page(study))]
+    return [_table_page(study), _plots_page(study)]
 
 
-def _table_page(study: Study):
-    fig, (ax,) = new_page(
-        "PagedAttention (Kwon et al., SOSP 2023): the paper's numbers beside ours",
-        "OPT-13B on one A100 40 GB with 12 GiB of KV cache; vLLM is pagesim's vllm-v0 preset, the Orca baselines "
-        "reserve the maximum, the next power of two or the true length. The per-step engine overhead is fitted to "
-        "one value (vLLM, ShareGPT @ 2, Fig. 13); every other number is a prediction (see sim/paper.py).", ncols=1)
+TABLE_CAPTION = ("OPT-13B on one A100 40 GB with 12 GiB of KV cache; vLLM is pagesim's vllm-v0 preset, the Orca "
+                 "baselines reserve the maximum, the next power of two or the true length. The per-step engine "
+                 "overhead is fitted to one value (vLLM, ShareGPT @ 2, Fig. 13); every other number is a prediction "
+                 "(see sim/paper.py).")
+PLOTS_CAPTION = (
+    "The paper plots these without numbers: normalized latency is lowest for block sizes 16 to 128 "
+    "(small blocks use the GPU poorly, large ones waste memory and share less); swapping is costly at "
+    "small block sizes, where it moves many small blocks, while recomputation's cost does not depend on "
+    "block size, and for block sizes 16 to 64 the two perform comparably end to end. Ours, from this "
+    "study's runs:")
+
+
+def _table_page(study: Study) -> Page:
+    title = "Paper comparison: PagedAttention (Kwon et al., SOSP 2023), the paper's numbers beside ours"
+    fig, (ax,) = new_page(title, TABLE_CAPTION, ncols=1)
     ax.axis("off")
     rows = comparison_rows(study)
     table = ax.table(cellText=rows, colLabels=["figure", "system / setting", "paper", "pagesim"], loc="upper center",
@@ -70,18 +79,12 @@ def _table_page(study: Study):
     table.auto_set_font_size(False)
     table.set_fontsize(8.5)
     table.scale(1, 1.25)
-    return fig
+    return Page(title, TABLE_CAPTION, fig, Table(["figure", "system / setting", "paper", "pagesim"], rows))
 
 
-def _plots_page(study: Study):
-    fig, (a, b) = new_page(
-        "Paper comparison: block size (Fig. 18b) and swap vs recompute (Fig. 19)",
-        (
-            "The paper plots these without numbers: normalized latency is lowest for block sizes 16 to 128 "
-            "(small blocks use the GPU poorly, large ones waste memory and share less); swapping is costly at "
-            "small block sizes, where it moves many small blocks, while recomputation's cost does not depend on "
-            "block size, and for block sizes 16 to 64 the two perform comparably end to end. Ours, from this "
-            "study's runs:"))
+def _plots_page(study: Study) -> Page:
+    title = "Paper comparison: block size (Fig. 18b) and swap vs recompute (Fig. 19)"
+    fig, (a, b) = new_page(title, PLOTS_CAPTION, legend_rows=3)
     for wl_label, fixed in WORKLOADS.items():
         runs = sorted(study.slice("block_size", *fixed, **fixed), key=lambda r: r["config"]["block_size"])
         runs = [r for r in runs if all(r["config"].get(k) == v for k, v in fixed.items())]
@@ -92,7 +95,7 @@ def _plots_page(study: Study):
     a.set_xticks([1, 2, 4, 8, 16, 32, 64, 128, 256], ["1", "2", "4", "8", "16", "32", "64", "128", "256"])
     a.set(xlabel="block size (tokens)", ylabel="normalized latency (s/token)", title="Fig. 18b: block size")
     a.grid(alpha=0.3)
-    a.legend(fontsize=8)
+    a.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, frameon=False)
     runs = study.slice("block_size", "preemption", "rate")  # the Fig. 19 grid runs at its own rate
     for mode in ("swap", "recompute"):
         pts = sorted((r["config"]["block_size"], metric(r, "normalized_latency_s_per_token"))
@@ -105,7 +108,9 @@ def _plots_page(study: Study):
           title="Fig. 19: preemption by swap vs recompute")
     b.grid(alpha=0.3)
     if b.lines:
-        b.legend(fontsize=8)
+        b.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, frameon=False)
     else:
         b.text(0.5, 0.5, "no preemption runs in this study", ha="center", transform=b.transAxes)
-    return fig
+    for ax in (a, b):
+        from_zero(ax)
+    return Page(title, PLOTS_CAPTION, fig)

@@ -1,9 +1,12 @@
 """``pagesim report DIR -o report.pdf``: a study's results as a PDF a serving engineer can forward.
 
-Pages, in order: cover (what was run, on what, with which versions, when; which pages are absent
-and why), summary (the best setting per metric and the findings in words), the figure pages of
-``reports.pages`` that the study has data for, the paper comparison for a paper preset, and the
-failed runs if any. Written to a temporary file and renamed, so a report is never half-written.
+Pages, in order (``report_pages``): cover (what was run, on what, the load regimes, the noise
+rule, versions; which pages are absent and why), summary (the best setting per metric, judged
+against noise, and the findings in words), the all-runs table, every grid drawn whole, the load
+curves (throughput vs tail latency, goodput vs rate), the aspect pages of ``reports.pages``, the
+paper comparison for a paper preset, and the failed runs if any. Every title and caption is
+generated from the study's data. Written to a temporary file and renamed, so a report is never
+half-written; ``reports.html`` writes the same pages as one HTML file.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import platform
 import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -20,8 +24,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from reports.pages import FIGURE_PAGES, PAGE, new_page  # noqa: E402
-from reports.results import Study, best_settings, describe_config, findings, load_study  # noqa: E402
+from reports.findings import best_settings, findings, load_findings  # noqa: E402
+from reports.grid_pages import grid_pages  # noqa: E402
+from reports.load import RULE  # noqa: E402
+from reports.load_pages import goodput_page, throughput_latency_page  # noqa: E402
+from reports.noise import DEFAULT_THRESHOLD, rule_words  # noqa: E402
+from reports.pages import FIGURE_PAGES  # noqa: E402
+from reports.results import Study, describe_config, load_study  # noqa: E402
+from reports.style import PAGE, Page, Table, new_page  # noqa: E402
+from reports.table_pages import table_pages  # noqa: E402
+
+LOAD_PAGES = (
+    ("Throughput vs tail latency as the request rate grows", throughput_latency_page,
+     "needs a setting run at two or more request rates (a rate_scale or rate axis)"),
+    ("Goodput vs request rate", goodput_page, "needs a setting run at two or more request rates"),
+)
 
 
 def versions() -> dict[str, str]:
@@ -42,94 +59,150 @@ def _text_page(title: str, sentence: str, body: list[str], *, size: float = 9.5)
     return fig
 
 
-def cover(study: Study, omitted: list[tuple[str, str]]):
+def _kv_cache_words(study: Study) -> str:
+    base = study.base
+    if base.get("kv_cache_gb") is not None:
+        return f"{base['kv_cache_gb']:g} GiB per GPU"
+    if base.get("num_gpu_blocks") is not None:
+        return f"{base['num_gpu_blocks']:,} blocks"
+    sized = [r["deployment"]["kv_cache_source"] for r in study.slice() if (r.get("deployment") or {}).get("kv_cache_source")]
+    return sized[0] if sized else "sized from the GPU memory budget (no run at the base settings completed to say how much)"
+
+
+def cover_lines(study: Study, omitted: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The cover's fields as (name, value); every value is non-empty."""
     meta = study.meta
     src = meta["source"]
-    what = (f"workload {src['workload']}" if "workload" in src else f"trace {src['trace']}")
+    what = f"workload {src['workload']}" if "workload" in src else f"trace {src['trace']}"
     if src.get("rate"):
         what += f" at {src['rate']:g} requests/s"
     if src.get("num_requests"):
         what += f", {src['num_requests']:,} requests"
     base = meta["base"]
-    axes = {k: v for k, v in meta["axes"].items()}
-    body = [
-        f"date            {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"source          {what}",
-        f"deployment      {base['model']} on {base['gpu']} (tp {base['tp']}), policy {base['policy']}, "
-        f"KV cache {base['kv_cache_gb'] or 'from the memory budget'} GiB, swap {base['swap_space_gb']:g} GiB",
-        "base settings   " + ", ".join(f"{k}={v}" for k, v in base.items() if v is not None
-                                        and k not in ("model", "gpu", "tp", "policy", "kv_cache_gb", "swap_space_gb")),
-        "grid axes       " + ("; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in axes.items()) or "none"),
-        f"runs            {len(meta['run_ids'])} in the study: {len(study.ok)} completed, {len(study.failed)} failed, "
-        f"{len(meta['run_ids']) - len(study.records)} not run yet",
-        "cost model      roofline (no calibration profile: calibration and simulated-vs-measured pages absent)",
-        "versions        " + ", ".join(f"{k} {v}" for k, v in versions().items()),
-        "",
+    shown = ("model", "gpu", "tp", "policy", "kv_cache_gb", "swap_space_gb")
+    lines = [
+        ("date", f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"),
+        ("source", what),
+        ("deployment", f"{base['model']} on {base['gpu']} (tp {base['tp']}), policy {base['policy']}, KV cache "
+                       f"{_kv_cache_words(study)}, swap space {base['swap_space_gb']:g} GiB"),
+        ("base settings", ", ".join(f"{k}={v}" for k, v in base.items() if v is not None and k not in shown
+                                    and k not in ("plugins", "plugins_digest")) or "the defaults"),
+        ("grid axes", "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in meta["axes"].items()) or "none"),
+        ("runs", f"{len(meta['run_ids'])} in the study: {len(study.ok)} completed, {len(study.failed)} failed, "
+                 f"{len(meta['run_ids']) - len(study.records)} not run yet"),
+        ("load", " ".join(load_findings(study)) or "no completed runs"),
+        ("load rule", RULE),
+        ("noise rule", rule_words(study.seeded, study.threshold)),
+        ("cost model", "roofline (no calibration profile: calibration and simulated-vs-measured pages absent)"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in versions().items())),
     ]
     if meta.get("description"):
-        body += ["about           " + meta["description"], ""]
+        lines.append(("about", meta["description"]))
     if omitted:
-        body.append("pages left out  " + "; ".join(f"{t} ({why})" for t, why in omitted))
-    body = [wrapped for line in body
-            for wrapped in (textwrap.wrap(line, 125, subsequent_indent=" " * 16) or [""])]
-    return _text_page(f"pagesim study: {meta['name']}",
-                      "What was simulated and how; every later page compares runs of this study that differ only "
-                      "in the settings it plots, all others at the base settings above.", body)
+        lines.append(("pages left out", "; ".join(f"{t} ({why})" for t, why in omitted)))
+    return lines
 
 
-def summary_page(study: Study):
+def cover(study: Study, omitted: list[tuple[str, str]]) -> Page:
+    fields = cover_lines(study, omitted)
+    body = [wrapped for name, value in fields
+            for wrapped in (textwrap.wrap(f"{name:<15} {value}", 125, subsequent_indent=" " * 16) or [""])]
+    title = f"pagesim study: {study.meta['name']}"
+    caption = ("What was simulated and how, and in which load regime. Later pages show every run: a table, each grid "
+               "whole, and pages that compare runs differing only in the settings they plot.")
+    return Page(title, caption, _text_page(title, caption, body), Table(["field", "value"], [list(f) for f in fields]))
+
+
+def summary_page(study: Study) -> Page:
     rows = best_settings(study)
-    fig, (ax,) = new_page("Summary: the best setting per metric",
-                          "For each metric, the best run among those at the base load, workload, cache size, "
-                          "allocator and seed (so they differ in policy only), and the settings that distinguish it "
-                          "from the base; below, what the study found, in words.", ncols=1)
+    title = "Summary: the best setting per metric, and what the study found"
+    caption = ("For each metric, the best setting among the runs at the base load, workload, cache size and allocator "
+               "(so they differ in policy only), and whether it is ahead by more than noise ("
+               + rule_words(study.seeded, study.threshold) + "). Below, the findings in words.")
+    fig, (ax,) = new_page(title, caption, ncols=1)
+    ax.set_position([0.02, 0.50, 0.96, 0.30])
     ax.axis("off")
-    if rows:
-        cells = [[r["metric"], f"{r['value']:,.4g} {r['unit']}", "higher" if r["better"] == "max" else "lower",
-                  r["setting"]] for r in rows]
-        table = ax.table(cellText=cells, colLabels=["metric", "best value", "better", "setting"], loc="upper center",
-                         cellLoc="left", colWidths=[0.18, 0.16, 0.07, 0.59])
+    header = ["metric", "best value", "better", "setting", "verdict"]
+    cells = [[r["metric"], r["value"], r["better"], r["setting"], r["verdict"]] for r in rows]
+    if cells:
+        table = ax.table(cellText=cells, colLabels=header, loc="upper center", cellLoc="left",
+                         colWidths=[0.14, 0.15, 0.06, 0.33, 0.32])
         table.auto_set_font_size(False)
-        table.set_fontsize(9)
-        table.scale(1, 1.5)
-    found = findings(study) or ["No comparison to draw: the study varies nothing the findings look at."]
-    text = "\n".join("- " + "\n  ".join(textwrap.wrap(line, 150)) for line in found)
-    fig.text(0.04, 0.30, "Findings", fontsize=12, fontweight="bold", va="top")
-    fig.text(0.04, 0.26, text, fontsize=10, va="top")
-    return fig
+        table.set_fontsize(8)
+        table.scale(1, 1.3)
+    found = findings(study)
+    wrapped = [w for line in found for w in textwrap.wrap("- " + line, 175, subsequent_indent="  ")]
+    size = 9 if len(wrapped) <= 22 else 7.5
+    fig.text(0.02, 0.45, "Findings", fontsize=12, fontweight="bold", va="top")
+    fig.text(0.02, 0.41, "\n".join(wrapped[:40]), fontsize=size, va="top")
+    return Page(title, caption, fig, Table(header, cells), notes=found)
 
 
-def failures_page(study: Study):
+def failures_page(study: Study) -> Page:
     lines = []
     for r in study.failed:
         setting = describe_config(r["config"], study.base)
         lines += textwrap.wrap(f"{r['id']}  {setting}: {r['error']}", 140, subsequent_indent="    ")
-    return _text_page("Failed runs", "Runs that raised; each is recorded with its error and left out of every figure.",
-                      lines[:45] + ([f"... and {len(lines) - 45} more lines"] if len(lines) > 45 else []))
+    title = "Failed runs"
+    caption = "Runs that raised; each is recorded with its error and left out of every figure."
+    body = lines[:45] + ([f"... and {len(lines) - 45} more lines"] if len(lines) > 45 else [])
+    rows = [[r["id"], describe_config(r["config"], study.base), r["error"]] for r in study.failed]
+    return Page(title, caption, _text_page(title, caption, body), Table(["run", "settings", "error"], rows))
 
 
-def build_report(study_dir: str | Path, out_pdf: str | Path) -> list[str]:
-    """Write the PDF; returns the page titles, in order."""
-    study = load_study(study_dir)
-    if not study.records:
-        raise ValueError(f"{study_dir}: the study has no finished runs yet")
-    figures, omitted = [], []
-    for title, page, why in FIGURE_PAGES:
-        fig = page(study) if study.ok else None
-        (figures.append((title, fig)) if fig is not None else omitted.append((title, why)))
-    pages = [("Cover", cover(study, omitted)), ("Summary", summary_page(study)), *figures]
+def report_pages(study: Study) -> list[Page]:
+    """Every page of the report, in order."""
+    figures: list[Page] = []
+    omitted: list[tuple[str, str]] = []
+    if study.ok:
+        figures += grid_pages(study)
+    for title, make, why in (*LOAD_PAGES, *FIGURE_PAGES):
+        page = make(study) if study.ok else None
+        (figures.append(page) if page is not None else omitted.append((title, why)))
+    pages = [cover(study, omitted), summary_page(study), *table_pages(study), *figures]
     if study.meta.get("paper"):
         from reports.paper_pages import paper_pages
 
         pages += paper_pages(study)
     if study.failed:
-        pages.append(("Failed runs", failures_page(study)))
+        pages.append(failures_page(study))
+    return pages
+
+
+def open_study(study_dir: str | Path, threshold: float = DEFAULT_THRESHOLD) -> Study:
+    study = load_study(study_dir, threshold=threshold)
+    if not study.records:
+        raise ValueError(f"{study_dir}: the study has no finished runs yet")
+    return study
+
+
+def write_pdf(pages: list[Page], out_pdf: str | Path, meta: dict[str, Any]) -> None:
     out = Path(out_pdf)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    with PdfPages(tmp, metadata={"Title": f"pagesim study {study.meta['name']}", "Creator": "pagesim"}) as pdf:
-        for _, fig in pages:
-            pdf.savefig(fig)
-            plt.close(fig)
+    with PdfPages(tmp, metadata={"Title": f"pagesim study {meta['name']}", "Creator": "pagesim"}) as pdf:
+        for page in pages:
+            pdf.savefig(page.figure)
     tmp.replace(out)
-    return [title for title, _ in pages]
+
+
+def close(pages: list[Page]) -> None:
+    for page in pages:
+        plt.close(page.figure)
+
+
+def build_report(study_dir: str | Path, out_pdf: str | Path | None, *, html: str | Path | None = None,
+                 threshold: float = DEFAULT_THRESHOLD) -> list[str]:
+    """Write the PDF (and the HTML report if asked); returns the page titles, in order."""
+    study = open_study(study_dir, threshold)
+    pages = report_pages(study)
+    try:
+        if out_pdf is not None:
+            write_pdf(pages, out_pdf, study.meta)
+        if html is not None:
+            from reports.html import write_html
+
+            write_html(pages, html, study.meta)
+    finally:
+        close(pages)
+    return [page.title for page in pages]

@@ -3,18 +3,19 @@
 ``demo`` is the README's first command: a small study a laptop finishes in a couple of minutes,
 on a workload embedded in pagesim (``shared-system-prompt``: requests sharing a few long system
 prompts, so prefix caching, eviction and block size all matter) with a KV cache small enough
-that requests get preempted, so swap and recompute differ.
+that requests get preempted, so swap and recompute differ. The base rate is near saturation (the
+regime where a policy decides capacity), and the load grid covers one rate below and one past it.
 """
 
 from __future__ import annotations
 
 DEMO = """
 name = "demo"
-description = "Llama 3 8B on one A100 40 GB with a 2 GiB KV cache, serving requests that share a few long system prompts: which block size, eviction policy and preemption mode, and how paging compares with contiguous reservation."
+description = "Llama 3 8B on one A100 40 GB with a 2 GiB KV cache, serving requests that share a few long system prompts: which block size, eviction policy and preemption mode, and how paging compares with contiguous reservation. The base rate, 4 requests/s, is near saturation: the KV cache is full and about one request in three is preempted, but the queue stays short, so the policies' differences show; the load grid adds 2 requests/s (below saturation) and 6 (past it)."
 
 [source]
 workload = "shared-system-prompt"
-rate = 6.0
+rate = 4.0
 num_requests = 300
 seed = 0
 

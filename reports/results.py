@@ -1,33 +1,86 @@
-"""Reading a finished (or partly finished) study: its records, slices of them, and what they say.
+"""Reading a finished (or partly finished) study: its records, its settings, slices and grids.
 
-A slice varies some axes and holds every other setting at the study's base value, so a figure of
-"throughput vs block size" compares runs that differ in block size only. ``best_settings`` picks the
-best run per metric; ``findings`` turns the study into the few sentences ``pagesim demo`` prints
-and the report's summary page opens with.
+- A **run** is one record (one config, one seed). A **setting** is a config without its seed: a
+  study that lists seeds has several runs per setting, and reports each metric of a setting as
+  their mean with a 95% interval (``reports.noise``).
+- A **slice** varies some axes and holds every other setting at the study's base value (seeds
+  all kept), so a figure of "throughput vs block size" compares runs that differ in block size only.
+- A **grid** is one ``[[grid]]`` table of the spec with the runs it made; the report draws every
+  grid whole (heatmaps, small multiples), so no run is only in the all-runs table.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from reports.store import ResultsStore
 
-NEGLIGIBLE = 0.01  # a relative difference (or share-points) below this is reported as no difference
+from reports.noise import DEFAULT_THRESHOLD, Estimate, estimate
 
-# metric key in the summary (dotted), label, unit, better ("max" | "min")
-METRICS = (
-    ("throughput_tokens_s", "throughput", "tokens/s", "max"),
-    ("goodput_rps", "goodput (SLO met)", "requests/s", "max"),
-    ("ttft_s.p99", "TTFT p99", "s", "min"),
-    ("tpot_s.p99", "TPOT p99", "s", "min"),
-    ("normalized_latency_s_per_token", "normalized latency", "s/token", "min"),
-    ("memory_utilization", "KV memory utilization", "fraction", "max"),
-    ("prefix_hit_rate", "prefix hit rate", "fraction", "max"),
-    ("preemptions_total", "preemptions", "count", "min"),
-)
+SEED = "seed"  # the replicate axis: never a plotted axis, averaged over
+RATE_AXES = ("rate_scale", "rate")  # load axes: plotted as curves over request rate
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # dotted path into a run's summary (``metric``)
+    label: str
+    unit: str  # "fraction" values are shown as percentages
+    better: str  # "max" | "min"
+
+    @property
+    def fraction(self) -> bool:
+        return self.unit == "fraction"
+
+    def format(self, value: float | None, half_width: float | None = None) -> str:
+        if value is None:
+            return "-"
+        if self.fraction:
+            text = f"{value:.1%}"
+            return text + (f" ± {half_width * 100:.1f}" if half_width else "")
+        digits = _digits(value)
+        text = f"{value:,.{digits}f}"
+        return text + (f" ± {half_width:,.{digits}f}" if half_width else "")
+
+    def with_unit(self, value: float | None, half_width: float | None = None) -> str:
+        text = self.format(value, half_width)
+        return text if self.fraction or value is None or self.unit == "count" else f"{text} {self.unit}"
+
+
+def _digits(value: float) -> int:
+    """Decimals that show 3-4 significant figures of ``value`` without exponent notation."""
+    magnitude = abs(value)
+    if magnitude >= 100 or magnitude == 0:
+        return 0 if magnitude >= 100 or value == int(value) else 2
+    if magnitude >= 1:
+        return 2
+    return min(6, 2 - int(math.floor(math.log10(magnitude))))
+
+
+M = {m.key: m for m in (
+    Metric("throughput_tokens_s", "throughput", "tokens/s", "max"),
+    Metric("throughput_rps", "request throughput", "requests/s", "max"),
+    Metric("goodput_rps", "goodput (SLO met)", "requests/s", "max"),
+    Metric("ttft_s.p50", "TTFT p50", "s", "min"),
+    Metric("ttft_s.p99", "TTFT p99", "s", "min"),
+    Metric("tpot_s.p50", "TPOT p50", "s", "min"),
+    Metric("tpot_s.p99", "TPOT p99", "s", "min"),
+    Metric("e2e_s.p50", "E2E p50", "s", "min"),
+    Metric("e2e_s.p99", "E2E p99", "s", "min"),
+    Metric("normalized_latency_s_per_token", "normalized latency", "s/token", "min"),
+    Metric("memory_utilization", "KV memory utilization", "fraction", "max"),
+    Metric("prefix_hit_rate", "prefix hit rate", "fraction", "max"),
+    Metric("preemptions_total", "preemptions", "count", "min"),
+)}
+# The summary's best-per-metric table, and the metrics findings compare.
+METRICS = tuple(M[k] for k in ("throughput_tokens_s", "goodput_rps", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99",
+                               "normalized_latency_s_per_token", "memory_utilization", "prefix_hit_rate",
+                               "preemptions_total"))
+HEADLINE = tuple(M[k] for k in ("throughput_tokens_s", "goodput_rps", "ttft_s.p99", "e2e_s.p99"))
 
 
 @dataclass
@@ -35,6 +88,8 @@ class Study:
     out_dir: Path
     meta: dict[str, Any]  # study.json
     records: list[dict[str, Any]]  # in the study's run order; missing runs absent
+    threshold: float = DEFAULT_THRESHOLD  # the no-seed noise rule (reports.noise)
+    _grids: list | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> list[dict[str, Any]]:
@@ -57,15 +112,67 @@ class Study:
         out = []
         for r in self.ok:
             config = r["config"]
-            if all(config.get(k) == v for k, v in want.items() if k not in vary):
+            if all(config.get(k) == v for k, v in want.items() if k not in vary and k != SEED):
                 out.append(r)
         return out
 
     def varies(self, axis: str) -> bool:
         return len(self.axes().get(axis, [])) > 1
 
+    def varying(self) -> list[str]:
+        """The axes the study varies, seeds aside, in the spec's order."""
+        return [k for k, v in self.axes().items() if len(v) > 1 and k != SEED]
 
-def load_study(out_dir: str | Path) -> Study:
+    @property
+    def seeded(self) -> bool:
+        return self.varies(SEED)
+
+    def grids(self) -> list[tuple[dict[str, list], list[dict[str, Any]]]]:
+        """Each ``[[grid]]`` of the spec with its completed runs (a run two grids share is in both)."""
+        if self._grids is None:
+            from reports.spec import StudySpec, run_id
+
+            by_id = {r["id"]: r for r in self.ok}
+            grids = self.meta.get("grids") or [self.axes()]
+            self._grids = []
+            for grid in grids:
+                spec = StudySpec(self.meta["name"], self.meta["source"], self.base, [grid])
+                ids = [run_id(c) for c in spec.runs()]
+                self._grids.append((grid, [by_id[i] for i in ids if i in by_id]))
+        return self._grids
+
+
+@dataclass
+class Setting:
+    """Runs that differ only in their seed; ``config`` is the first one's, seed removed."""
+
+    config: dict[str, Any]
+    records: list[dict[str, Any]]
+
+    def estimate(self, key: str) -> Estimate | None:
+        return estimate([metric(r, key) for r in self.records])
+
+    def value(self, key: str) -> float | None:
+        est = self.estimate(key)
+        return None if est is None else est.mean
+
+
+def setting_key(config: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in config.items() if k != SEED}, sort_keys=True)
+
+
+def settings(records: list[dict[str, Any]]) -> list[Setting]:
+    """``records`` grouped by setting (seed aside), in first-seen order."""
+    groups: dict[str, Setting] = {}
+    for r in records:
+        key = setting_key(r["config"])
+        if key not in groups:
+            groups[key] = Setting({k: v for k, v in r["config"].items() if k != SEED}, [])
+        groups[key].records.append(r)
+    return list(groups.values())
+
+
+def load_study(out_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD) -> Study:
     out = Path(out_dir)
     meta_path = out / "study.json"
     if not meta_path.exists():
@@ -77,7 +184,9 @@ def load_study(out_dir: str | Path) -> Study:
         raise ValueError(f"{meta_path}: not a study description ({exc}); rerun the study to rewrite it") from None
     records = ResultsStore(out / "results.jsonl").load(repair=False)
     ordered = [records[i] for i in meta["run_ids"] if i in records]
-    return Study(out, meta, ordered)
+    if not 0 <= threshold < 1:
+        raise ValueError(f"the noise threshold is a fraction in [0, 1), got {threshold}")
+    return Study(out, meta, ordered, threshold)
 
 
 def metric(record: dict[str, Any], key: str) -> float | None:
@@ -91,89 +200,14 @@ def metric(record: dict[str, Any], key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def describe_config(config: dict[str, Any], base: dict[str, Any]) -> str:
+def describe_config(config: dict[str, Any], base: dict[str, Any], *, seed: bool = True) -> str:
     """The settings that distinguish a run from the study's base (or "base settings")."""
-    diff = [f"{k}={v}" for k, v in config.items() if k != "source" and k in base and base[k] != v]
+    diff = [f"{k}={_value(v)}" for k, v in config.items()
+            if k != "source" and k in base and base[k] != v and (seed or k != SEED)]
     return ", ".join(diff) or "base settings"
 
 
-# Not policy choices: load, workload, resources, baselines and seeds. The summary ranks only runs that
-# have these at the base, so "best" never means "less traffic" or "a bigger GPU".
-CONTEXT_KEYS = ("rate_scale", "rate", "workload", "n", "beam_width", "seed", "kv_cache_gb", "num_gpu_blocks",
-                "gpu", "tp", "model", "allocator", "swap_space_gb", "replicas", "sample_lengths")
+def _value(value: Any) -> str:
+    return "preset default" if value is None else str(value)
 
 
-def comparable(study: Study) -> list[dict[str, Any]]:
-    """OK runs at the base load, workload, resources, allocator and seed: they differ in policy only."""
-    base = study.base
-    return [r for r in study.ok if all(r["config"].get(k) == base.get(k) for k in CONTEXT_KEYS)]
-
-
-def best_settings(study: Study) -> list[dict[str, Any]]:
-    rows = []
-    for key, label, unit, better in METRICS:
-        scored = [(metric(r, key), r) for r in comparable(study)]
-        scored = [(v, r) for v, r in scored if v is not None]
-        if not scored:
-            continue
-        value, record = (max if better == "max" else min)(scored, key=lambda vr: vr[0])
-        rows.append({"metric": label, "unit": unit, "better": better, "value": value,
-                     "setting": describe_config(record["config"], study.base), "id": record["id"]})
-    return rows
-
-
-def _mean_by(records: list[dict[str, Any]], axis: str, key: str) -> dict[Any, float]:
-    groups: dict[Any, list[float]] = {}
-    for r in records:
-        v = metric(r, key)
-        if v is not None and r["config"][axis] is not None:  # None: the preset's default, named elsewhere
-            groups.setdefault(r["config"][axis], []).append(v)
-    return {k: sum(v) / len(v) for k, v in groups.items()}
-
-
-def findings(study: Study) -> list[str]:
-    """Plain sentences of what the study found, for the terminal and the summary page."""
-    lines = []
-    by_bs = _mean_by(study.slice("block_size"), "block_size", "throughput_tokens_s")
-    if len(by_bs) > 1:
-        best = max(by_bs, key=by_bs.get)
-        worst = min(by_bs, key=by_bs.get)
-        gain = by_bs[best] / by_bs[worst] - 1
-        if gain < NEGLIGIBLE:
-            lines.append(f"Block size hardly matters here: throughput within {gain:.1%} across "
-                         f"{', '.join(map(str, sorted(by_bs)))}.")
-        else:
-            lines.append(f"Block size {best} gives the highest throughput ({by_bs[best]:,.0f} tokens/s), "
-                         f"{gain:.1%} above block size {worst}.")
-    modes = study.slice("preemption", "block_size")
-    # compare modes over the block sizes every mode has
-    sizes = set.intersection(*({r["config"]["block_size"] for r in modes if r["config"]["preemption"] == m}
-                               for m in {r["config"]["preemption"] for r in modes})) if modes else set()
-    modes = [r for r in modes if r["config"]["block_size"] in sizes]
-    thr = _mean_by(modes, "preemption", "throughput_tokens_s")
-    ttft = _mean_by(modes, "preemption", "ttft_s.p99")
-    if len(thr) > 1:
-        ordered = sorted(thr, key=thr.get, reverse=True)
-        a, b = ordered[0], ordered[-1]
-        faster = min(ttft, key=ttft.get) if ttft else None
-        lines.append(f"Preemption by {a} gives more throughput than {b} ({thr[a]:,.0f} vs {thr[b]:,.0f} tokens/s); "
-                     f"TTFT p99 is {ttft.get(a, float('nan')):.2f} vs {ttft.get(b, float('nan')):.2f} s"
-                     + (f", lower with {faster}" if faster else "") + " (means over block sizes).")
-    hits = _mean_by(study.slice("eviction", "kv_cache_gb"), "eviction", "prefix_hit_rate")
-    if len(hits) > 1:
-        best = max(hits, key=hits.get)
-        spread = hits[best] - min(hits.values())
-        others = ", ".join(f"{k} {v:.1%}" for k, v in sorted(hits.items()) if k != best)
-        if spread < NEGLIGIBLE:
-            lines.append(f"Eviction policies barely differ here: prefix hit rates within {spread:.1%} points "
-                         f"({best} {hits[best]:.1%}, {others}; mean over cache sizes).")
-        else:
-            lines.append(f"Eviction policy {best} keeps the most prefix hits ({hits[best]:.1%} mean over cache "
-                         f"sizes; {others}).")
-    alloc = _mean_by(study.slice("allocator"), "allocator", "memory_utilization")
-    if "paged" in alloc and len(alloc) > 1:
-        others = ", ".join(f"Orca {k} {v:.0%}" for k, v in alloc.items() if k != "paged")
-        lines.append(f"Paging keeps {alloc['paged']:.0%} of allocated KV memory holding tokens ({others}).")
-    if study.failed:
-        lines.append(f"{len(study.failed)} run(s) failed; the report lists them.")
-    return lines

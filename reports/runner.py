@@ -1,10 +1,15 @@
 """One run of a study: a ``RunConfig`` in, one JSON-able record out (never an exception).
 
 The record holds the run's summary (``sim.metrics.summarize``; with ``replicas`` > 1 the cluster's,
-``sim.cluster_metrics``, behind the run's ``router``) and the few series the report
-draws, kept small whatever the trace length: 101 quantiles of TTFT, TPOT and end-to-end latency,
-and KV-cache occupancy over time at no more than ``MEMORY_POINTS`` steps. A run that raises is a
-record too, with ``status = "error"`` and the error, so a study goes on past it.
+``sim.cluster_metrics``, behind the run's ``router``), what its preemptions cost (``preemption``:
+tokens recomputed, bytes swapped) and the few series the report draws, kept small whatever the
+trace length: 101 quantiles of TTFT, TPOT and end-to-end latency, and, at no more than
+``MEMORY_POINTS`` evenly spaced steps, KV-cache occupancy and the activity (waiting queue, running
+requests, batch, swap pool). A run that raises is a record too, with ``status = "error"`` and the
+error, so a study goes on past it.
+
+The run's ``seed`` seeds the simulator and is added to the source's seed for the workload, so a
+study listing seeds repeats each setting on independently drawn requests (seed 0: the source's).
 
 Contiguous baselines (``allocator`` max / pow2 / oracle) have no blocks to cache, evict or preempt:
 the paged-only settings of the run's config are not passed to them.
@@ -66,7 +71,7 @@ def build_trace(config: RunConfig):
     source, scale = config["source"], config["rate_scale"]
     workload = config["workload"] or source.get("workload")
     rate = config["rate"] if config["rate"] is not None else source.get("rate")
-    seed = source.get("seed", config["seed"])
+    seed = source.get("seed", 0) + config["seed"]
     if workload is not None:
         spec = workload_spec(workload, rate_rps=None if rate is None else rate * scale,
                              num_requests=source["num_requests"], seed=seed, arrival=source.get("arrival"))
@@ -150,8 +155,22 @@ def _simulate(config: RunConfig) -> dict[str, Any]:
                        "block_bytes": built.deployment.block_bytes_per_gpu(config["block_size"])},
         "trace": {"requests": len(trace), "rate_rps": trace.rate_rps, "source": trace.source},
         # a cluster's memory series is replica 0's (the replicas' steps do not line up in time)
-        "series": {"latency_quantiles": _latency_quantiles(result.requests), "memory": _memory(result.replicas[0].steps)},
+        "preemption": _preemption(result, built.deployment.block_bytes_per_gpu(config["block_size"])),
+        "series": {"latency_quantiles": _latency_quantiles(result.requests), "memory": _memory(result.replicas[0].steps),
+                   "activity": _activity(result.replicas[0].steps)},
     }
+
+
+def _preemption(result, block_bytes: int) -> dict[str, Any]:
+    """Preemptions by mode, the tokens recomputed after them and the bytes swapped (both ways)."""
+    modes = {"swap": 0, "recompute": 0}
+    for replica in result.replicas:
+        for mode, count in replica.preemptions.items():
+            modes[mode] = modes.get(mode, 0) + count
+    moved = sum(float(replica.steps.array(c).sum()) for replica in result.replicas
+                for c in ("swap_out_blocks", "swap_in_blocks"))
+    return {**modes, "recomputed_tokens": sum(replica.recomputed_tokens for replica in result.replicas),
+            "swapped_bytes": int(moved * block_bytes)}
 
 
 def _quantiles(values: np.ndarray) -> list[float] | None:
@@ -164,12 +183,32 @@ def _latency_quantiles(requests) -> dict[str, list[float] | None]:
             "e2e_s": _quantiles(requests.e2e_s())}
 
 
+def _sampled_steps(steps) -> np.ndarray:
+    n = len(steps)
+    return np.unique(np.linspace(0, n - 1, min(n, MEMORY_POINTS)).astype(np.int64)) if n else np.zeros(0, np.int64)
+
+
+def _activity(steps) -> dict[str, list[float]]:
+    """At the sampled steps: requests waiting, running, in the step's batch; tokens in the batch;
+    blocks held in the CPU swap pool (swapped out minus swapped in so far)."""
+    idx = _sampled_steps(steps)
+    if not len(idx):
+        return {"time_s": [], "waiting": [], "running": [], "batch_requests": [], "batch_tokens": [],
+                "swap_blocks": []}
+    swap = np.cumsum(steps.array("swap_out_blocks") - steps.array("swap_in_blocks"))
+    return {"time_s": np.round(steps.array("start_s")[idx], 4).tolist(),
+            "waiting": steps.array("num_waiting")[idx].astype(int).tolist(),
+            "running": steps.array("num_running")[idx].astype(int).tolist(),
+            "batch_requests": steps.array("num_requests")[idx].astype(int).tolist(),
+            "batch_tokens": steps.array("num_tokens")[idx].astype(int).tolist(),
+            "swap_blocks": swap[idx].astype(int).tolist()}
+
+
 def _memory(steps) -> dict[str, list[float]]:
     """KV slots over time at evenly spaced steps: used, internal fragmentation, cached, free."""
-    n = len(steps)
-    if n == 0:
+    idx = _sampled_steps(steps)
+    if not len(idx):
         return {"time_s": [], "used": [], "fragmentation": [], "cached": [], "free": []}
-    idx = np.unique(np.linspace(0, n - 1, min(n, MEMORY_POINTS)).astype(np.int64))
     col = {name: steps.array(name)[idx] for name in ("start_s", "allocated_slots", "used_slots", "cached_slots",
                                                       "total_slots")}
     total = col["total_slots"]

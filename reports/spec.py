@@ -27,6 +27,11 @@ vLLM's names for the same settings are accepted and renamed (``VLLM_SOURCE_NAMES
 ``VLLM_SETTING_NAMES``): ``num_prompts``, ``request_rate``, ``tensor_parallel_size``,
 ``num_gpu_blocks_override``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``swap_space``.
 
+``seed = [0, 1, 2]`` in ``[base]`` repeats every grid once per seed (a grid may also list its own
+``seed`` axis); the report then gives each setting's metrics as a mean with a 95% interval and calls
+a difference only where intervals separate (``reports.noise``). A run's seed seeds the simulator and
+shifts the workload's seed, so seeds draw different requests.
+
 ``plugins = ["my_victim.py:MyVictim", ...]`` (top level; paths relative to the working directory)
 loads the user's own policy pieces (``engine.policy.user_plugins``) before the settings are checked,
 so grid values may name them (``victim = ["running-tail", "my-victim"]``; a ``Scheduler`` subclass
@@ -184,13 +189,23 @@ def validate(doc: dict, origin: str = "spec") -> StudySpec:
     source = _source(doc.get("source"), origin)
     base = {k: v for k, v in SETTINGS.items()}
     base.update(_plugins(doc.get("plugins", []), origin))
-    base.update(_settings(doc.get("base", {}), f"{origin}: base", scalar=True))
+    base_doc = doc.get("base", {})
+    seeds = None
+    if isinstance(base_doc, dict) and isinstance(base_doc.get("seed"), list):
+        # ``seed = [0, 1, 2]`` in [base]: every grid repeated once per seed (the noise the report judges by)
+        seeds = _settings({"seed": base_doc["seed"]}, f"{origin}: base", scalar=False)["seed"]
+        if len(set(seeds)) != len(seeds):
+            raise SpecError(f"{origin}: base.seed lists a seed twice: {seeds}")
+        base_doc = {**base_doc, "seed": seeds[0]}
+    base.update(_settings(base_doc, f"{origin}: base", scalar=True))
     grids_doc = doc.get("grid", [])
     if isinstance(grids_doc, dict):
         grids_doc = [grids_doc]
     if not isinstance(grids_doc, list):
         raise SpecError(f"{origin}: grid must be a table or an array of tables ([[grid]])")
     grids = [_settings(g, f"{origin}: grid[{i}]", scalar=False) for i, g in enumerate(grids_doc)]
+    if seeds is not None:
+        grids = [{**g, "seed": g.get("seed", seeds)} for g in (grids or [{}])]
     paper = doc.get("paper")
     if paper is not None and paper not in PAPERS:
         raise SpecError(f"{origin}: paper = {paper!r}: the report compares with {', '.join(PAPERS)} only")

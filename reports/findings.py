@@ -1,0 +1,188 @@
+"""What a study found, in sentences with numbers, claiming only differences larger than noise.
+
+Three kinds of statement, all judged by ``reports.noise`` (intervals over seeds, or the study's
+threshold without seeds):
+
+- ``axis_findings``: for each axis the study varies (load and seed aside), the settings along it
+  with everything else at the base, and per metric either the best value and how far it is from
+  the next, or "no measurable difference";
+- ``best_settings``: per metric, the best setting among the runs that differ in policy only (base
+  load, workload, resources, allocator), with the settings within noise of it; no single "best"
+  where the best is not measurably ahead;
+- ``load_findings``: per offered rate, the regime the runs are in (``reports.load``), so a reader
+  knows what the conclusions hold for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from reports.load import REGIMES, run_load
+from reports.noise import Estimate, compare, relative_difference, rule_words
+from reports.results import HEADLINE, METRICS, M, RATE_AXES, SEED, Metric, Setting, Study, describe_config, settings
+
+# Not policy choices: load, workload, resources, baselines and seeds. The summary ranks only runs that
+# have these at the base, so "best" never means "less traffic" or "a bigger GPU".
+CONTEXT_KEYS = ("rate_scale", "rate", "workload", "n", "beam_width", "seed", "kv_cache_gb", "num_gpu_blocks",
+                "gpu", "tp", "model", "allocator", "swap_space_gb", "replicas", "sample_lengths")
+AXIS_METRICS = (*HEADLINE, M["memory_utilization"], M["prefix_hit_rate"], M["preemptions_total"])
+AXIS_NAMES = {"block_size": "Block size", "eviction": "Eviction policy", "preemption": "Preemption mode",
+              "kv_cache_gb": "KV cache GiB", "allocator": "Allocator", "victim": "Victim policy",
+              "scheduler": "Scheduler", "policy": "Policy preset", "router": "Router", "replicas": "Replicas",
+              "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens"}
+
+
+@dataclass
+class Ranking:
+    """Settings ranked on one metric: ``best`` first; ``tied`` the others within noise of it."""
+
+    metric: Metric
+    scored: list[tuple[Setting, Estimate]]  # best first
+    tied: list[tuple[Setting, Estimate]]  # within noise of the best (the best itself excluded)
+
+    @property
+    def all_tied(self) -> bool:
+        return len(self.tied) == len(self.scored) - 1
+
+    @property
+    def unique(self) -> bool:
+        return not self.tied
+
+
+def rank(group: list[Setting], metric: Metric, threshold: float) -> Ranking | None:
+    scored = [(s, e) for s in group if (e := s.estimate(metric.key)) is not None]
+    if len(scored) < 2:
+        return None
+    scored.sort(key=lambda se: se[1].mean, reverse=metric.better == "max")
+    best = scored[0][1]
+    tied = [(s, e) for s, e in scored[1:] if compare(e, best, threshold=threshold, fraction=metric.fraction) == 0]
+    return Ranking(metric, scored, tied)
+
+
+def _gap(metric: Metric, a: float, b: float) -> str:
+    """How far ``a`` is from ``b``, in words (enough digits to compare with a 2% threshold)."""
+    if metric.fraction:
+        return f"{abs(a - b) * 100:.2g} points {'higher' if a > b else 'lower'}"
+    rel = relative_difference(a, b)
+    return f"{rel:.{2 if rel < 0.1 else 1}%} {'higher' if a > b else 'lower'}"
+
+
+def _regimes(records: list[dict[str, Any]]) -> str:
+    """E.g. "at 6.41 requests/s, all past saturation" for the runs a comparison rests on."""
+    loads = [run_load(r) for r in records]
+    rates = sorted({round(ld.offered_rps, 3) for ld in loads if ld.offered_rps})
+    counts = {k: sum(ld.regime == k for ld in loads) for k in REGIMES}
+    counts = {k: v for k, v in counts.items() if v}
+    if len(counts) == 1:
+        regime = f"all {next(iter(counts))} saturation"
+    else:
+        regime = ", ".join(f"{v} {k}" for k, v in counts.items()) + " saturation"
+    at = f"at {', '.join(f'{r:.3g}' for r in rates)} requests/s, " if rates else ""
+    return at + regime
+
+
+def _name(axis: str, setting: Setting) -> str:
+    value = setting.config.get(axis)
+    return "preset default" if value is None else str(value)
+
+
+def axis_findings(study: Study) -> list[str]:
+    lines = []
+    for axis in study.varying():
+        if axis in RATE_AXES:
+            continue
+        group = settings(study.slice(axis))
+        if len({setting.config.get(axis) for setting in group}) < 2:
+            continue
+        values = ", ".join(_name(axis, s) for s in sorted(group, key=lambda s: _order(s.config.get(axis))))
+        claims, flat = [], []
+        for metric in AXIS_METRICS:
+            ranking = rank(group, metric, study.threshold)
+            if ranking is None:
+                continue
+            if ranking.all_tied:
+                flat.append(metric.label)
+                continue
+            (best, best_e), (worst, worst_e) = ranking.scored[0], ranking.scored[-1]
+            if ranking.unique:
+                second, second_e = ranking.scored[1]
+                claims.append(f"{metric.label} best at {_name(axis, best)} ({metric.with_unit(best_e.mean)}; "
+                              f"{_gap(metric, best_e.mean, second_e.mean)} than the next, {_name(axis, second)})")
+            else:
+                tied = ", ".join(_name(axis, s) for s, _ in ranking.tied)
+                claims.append(f"{metric.label} best at {_name(axis, best)} ({metric.with_unit(best_e.mean)}) with "
+                              f"{tied} within noise; {_name(axis, worst)} {_gap(metric, worst_e.mean, best_e.mean)} "
+                              f"({metric.with_unit(worst_e.mean)})")
+        records = [r for s in group for r in s.records]
+        head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {len(records)} runs {_regimes(records)}, every other "
+                "setting at the base): ")
+        text = "; ".join(claims)
+        if flat:
+            text += ("; " if text else "") + f"no measurable difference in {_join(flat)}"
+        lines.append(head + text + ".")
+    return lines
+
+
+def _join(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _order(value: Any) -> tuple:
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+
+def comparable(study: Study) -> list[dict[str, Any]]:
+    """OK runs at the base load, workload, resources, allocator: they differ in policy (and seed) only."""
+    base = study.base
+    return [r for r in study.ok if all(r["config"].get(k) == base.get(k) for k in CONTEXT_KEYS if k != SEED)]
+
+
+def best_settings(study: Study) -> list[dict[str, Any]]:
+    """Per metric: the best setting and the verdict ("best", "tied with k", "no measurable difference")."""
+    group = settings(comparable(study))
+    rows = []
+    for metric in METRICS:
+        ranking = rank(group, metric, study.threshold)
+        if ranking is None:
+            continue
+        best, est = ranking.scored[0]
+        n = len(ranking.scored)
+        if ranking.all_tied:
+            verdict, setting = f"no measurable difference among the {n} settings", "-"
+        elif ranking.unique:
+            second_e = ranking.scored[1][1]
+            verdict = f"best, {_gap(metric, est.mean, second_e.mean)} than the next"
+            setting = describe_config(best.config, study.base, seed=False)
+        else:
+            verdict = f"best with {len(ranking.tied)} other setting(s) within noise"
+            setting = describe_config(best.config, study.base, seed=False)
+        rows.append({"metric": metric.label, "value": metric.with_unit(est.mean, est.half_width),
+                     "better": "higher" if metric.better == "max" else "lower", "setting": setting, "verdict": verdict})
+    return rows
+
+
+def load_findings(study: Study) -> list[str]:
+    """Per offered rate: how many runs are below, near or past saturation."""
+    by_rate: dict[float, dict[str, int]] = {}
+    for r in study.ok:
+        load = run_load(r)
+        key = round(load.offered_rps, 3) if load.offered_rps else float("nan")
+        counts = by_rate.setdefault(key, dict.fromkeys(REGIMES, 0))
+        counts[load.regime] += 1
+    lines = []
+    for rate in sorted(by_rate, key=lambda x: (x != x, x)):
+        counts = {k: v for k, v in by_rate[rate].items() if v}
+        what = ", ".join(f"{v} {k} saturation" if k != "unknown" else f"{v} unknown" for k, v in counts.items())
+        where = f"At {rate:.3g} requests/s offered" if rate == rate else "At an unknown rate"
+        lines.append(f"{where}: {what} ({sum(counts.values())} runs).")
+    return lines
+
+
+def findings(study: Study) -> list[str]:
+    """The sentences ``pagesim study`` and ``pagesim demo`` print and the summary page shows."""
+    lines = load_findings(study) + axis_findings(study)
+    lines.append("Differences judged with " + rule_words(study.seeded, study.threshold) + ".")
+    if study.failed:
+        lines.append(f"{len(study.failed)} run(s) failed; the report lists them.")
+    return lines

@@ -1,0 +1,190 @@
+"""Each ``[[grid]]`` of the study drawn whole, so no run is only a row in a table.
+
+- one varying axis: the headline metrics as bars over its values (95% intervals with seeds);
+- two: a heatmap per headline metric, the axis values as labels and the number in each cell;
+- three or more: small multiples, a page per headline metric with a heatmap of the first two
+  axes for each combination of the rest (six to a page).
+
+Seeds are never an axis: a cell is the mean of the setting's seeds. Grids that vary only the load
+(``rate_scale`` / ``rate``) are drawn as curves by ``reports.load_pages``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from reports.findings import AXIS_NAMES
+from reports.noise import Estimate
+from reports.results import HEADLINE, RATE_AXES, SEED, Metric, Setting, Study, settings
+from reports.style import Page, from_zero, new_page, plain_ticks
+
+PANELS_PER_PAGE = 6
+
+
+def axis_label(axis: str) -> str:
+    return AXIS_NAMES.get(axis, axis)
+
+
+def value_label(value: Any) -> str:
+    return "preset default" if value is None else str(value)
+
+
+def _order(value: Any) -> tuple:
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+
+def grid_axes(grid: dict[str, list]) -> list[str]:
+    return [k for k, v in grid.items() if len(v) > 1 and k != SEED]
+
+
+def _fixed_words(grid: dict[str, list], axes: list[str]) -> str:
+    fixed = [f"{k}={value_label(v[0])}" for k, v in grid.items() if k not in axes and k != SEED]
+    return ("; fixed in this grid: " + ", ".join(fixed)) if fixed else ""
+
+
+def _cell_estimates(group: list[Setting], metric: Metric, row_axis: str, col_axis: str,
+                    rows: list, cols: list) -> list[list[Estimate | None]]:
+    out: list[list[Estimate | None]] = [[None] * len(cols) for _ in rows]
+    for s in group:
+        i, j = rows.index(s.config.get(row_axis)), cols.index(s.config.get(col_axis))
+        out[i][j] = s.estimate(metric.key)
+    return out
+
+
+def _top(group: list[Setting], metric: Metric) -> float:
+    """The colour scale's top for ``metric`` on a page: its largest value (the bottom is zero)."""
+    values = [e.mean for s in group if (e := s.estimate(metric.key)) is not None]
+    top = max(values, default=0.0) * (100.0 if metric.fraction else 1.0)
+    return top if top > 0 else 1.0
+
+
+def _heatmap(ax, fig, cells: list[list[Estimate | None]], metric: Metric, rows: list, cols: list,
+             row_axis: str, col_axis: str, title: str, top: float) -> None:
+    """Colour from zero to ``top``, shared by a page's panels: a 1% difference looks like 1%."""
+    scale = 100.0 if metric.fraction else 1.0
+    data = np.array([[np.nan if c is None else c.mean * scale for c in row] for row in cells], dtype=float)
+    cmap = "viridis" if metric.better == "max" else "viridis_r"
+    lo, hi = 0.0, top
+    image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, aspect="auto", vmin=lo, vmax=hi if hi > lo else lo + 1)
+    for i, row in enumerate(cells):
+        for j, est in enumerate(row):
+            if est is None:
+                ax.text(j, i, "no run", ha="center", va="center", fontsize=7, color="#868e96")
+                continue
+            text = metric.format(est.mean, est.half_width)
+            shade = (est.mean * scale - lo) / (hi - lo) if hi > lo else 0.5
+            dark = shade > 0.55 if metric.better == "max" else shade < 0.45
+            ax.text(j, i, text.replace(" ± ", "\n± "), ha="center", va="center", fontsize=7.5,
+                    color="black" if dark else "white")
+    ax.set_xticks(range(len(cols)), [value_label(c) for c in cols], fontsize=8)
+    ax.set_yticks(range(len(rows)), [value_label(r) for r in rows], fontsize=8)
+    ax.set_xlabel(axis_label(col_axis))
+    ax.set_ylabel(axis_label(row_axis))
+    ax.set_title(title, fontsize=10)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    unit = "%" if metric.fraction else metric.unit
+    bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
+    bar.set_label(f"{metric.label} ({unit}); {'higher' if metric.better == 'max' else 'lower'} is better", fontsize=7.5)
+    bar.ax.tick_params(labelsize=7)
+
+
+def _caption(study: Study, index: int, grid: dict, axes: list[str], runs: int, what: str) -> str:
+    over = ("the mean of its seeds with the 95% interval" if study.seeded else "one run")
+    values = "; ".join(f"{axis_label(a)}: {', '.join(value_label(v) for v in grid[a])}" for a in axes)
+    return (f"Grid {index + 1} of the study, all {runs} of its completed runs ({values}{_fixed_words(grid, axes)}; "
+            f"every other setting at the base). {what} Each cell is {over}.")
+
+
+def _two_axis_page(study: Study, index: int, grid: dict, axes: list[str], records: list) -> Page:
+    row_axis, col_axis = axes
+    group = settings(records)
+    rows = sorted({s.config.get(row_axis) for s in group}, key=_order)
+    cols = sorted({s.config.get(col_axis) for s in group}, key=_order)
+    title = f"{axis_label(row_axis)} × {axis_label(col_axis)}: throughput, goodput and tail latency"
+    caption = _caption(study, index, grid, axes, len(records),
+                       "One heatmap per headline metric; colour runs from zero to the largest value, bright where better.")
+    fig, panels = new_page(title, caption, nrows=2, ncols=2)
+    for ax, metric in zip(panels, HEADLINE):
+        cells = _cell_estimates(group, metric, row_axis, col_axis, rows, cols)
+        _heatmap(ax, fig, cells, metric, rows, cols, row_axis, col_axis, metric.label, _top(group, metric))
+    return Page(title, caption, fig)
+
+
+def _multi_axis_pages(study: Study, index: int, grid: dict, axes: list[str], records: list) -> list[Page]:
+    row_axis, col_axis, *rest = axes
+    group = settings(records)
+    rows = sorted({s.config.get(row_axis) for s in group}, key=_order)
+    cols = sorted({s.config.get(col_axis) for s in group}, key=_order)
+    combos = [c for c in itertools.product(*(sorted({s.config.get(a) for s in group}, key=_order) for a in rest))]
+    pages = []
+    for metric in HEADLINE:
+        for start in range(0, len(combos), PANELS_PER_PAGE):
+            chunk = combos[start:start + PANELS_PER_PAGE]
+            part = (f" ({start // PANELS_PER_PAGE + 1} of {-(-len(combos) // PANELS_PER_PAGE)})"
+                    if len(combos) > PANELS_PER_PAGE else "")
+            title = f"{metric.label}: {axis_label(row_axis)} × {axis_label(col_axis)} per {_join(rest)}{part}"
+            caption = _caption(study, index, grid, axes, len(records),
+                               f"{metric.label} as a heatmap of {axis_label(row_axis)} and {axis_label(col_axis)}, "
+                               f"one panel per {_join(rest)}; colour from zero to the largest value on the page, bright where better"
+                               + (f": panels {start + 1}-{start + len(chunk)} of "
+                                                                 f"{len(combos)}, the rest on the next page"
+                                                                 if part else "") + ".")
+            ncols = min(len(chunk), 3)
+            nrows = -(-len(chunk) // ncols)
+            fig, panels = new_page(title, caption, nrows=nrows, ncols=ncols)
+            for ax, combo in zip(panels, chunk):
+                members = [s for s in group if all(s.config.get(a) == v for a, v in zip(rest, combo))]
+                cells = _cell_estimates(members, metric, row_axis, col_axis, rows, cols)
+                name = ", ".join(f"{a}={value_label(v)}" for a, v in zip(rest, combo))
+                _heatmap(ax, fig, cells, metric, rows, cols, row_axis, col_axis, name, _top(group, metric))
+            for ax in panels[len(chunk):]:
+                ax.axis("off")
+            pages.append(Page(title, caption, fig))
+    return pages
+
+
+def _join(axes: list[str]) -> str:
+    names = [axis_label(a) for a in axes]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _one_axis_page(study: Study, index: int, grid: dict, axis: str, records: list) -> Page:
+    group = sorted(settings(records), key=lambda s: _order(s.config.get(axis)))
+    title = f"Throughput, goodput and tail latency per {axis_label(axis).lower()}"
+    caption = _caption(study, index, grid, [axis], len(records),
+                       "The headline metrics per value" + (" with 95% intervals over seeds." if study.seeded else "."))
+    fig, panels = new_page(title, caption, ncols=4)
+    labels = [value_label(s.config.get(axis)) for s in group]
+    for ax, metric in zip(panels, HEADLINE):
+        ests = [s.estimate(metric.key) for s in group]
+        scale = 100.0 if metric.fraction else 1.0
+        heights = [np.nan if e is None else e.mean * scale for e in ests]
+        errors = [0.0 if e is None or e.half_width is None else e.half_width * scale for e in ests]
+        ax.bar(range(len(group)), heights, yerr=errors if any(errors) else None, color="#4c6ef5", capsize=3)
+        ax.set_xticks(range(len(group)), labels, rotation=30 if max(map(len, labels)) > 6 else 0,
+                      ha="right" if max(map(len, labels)) > 6 else "center", fontsize=8)
+        unit = "%" if metric.fraction else metric.unit
+        ax.set(xlabel=axis_label(axis), ylabel=f"{metric.label} ({unit})", title=metric.label)
+        ax.grid(alpha=0.3, axis="y")
+        from_zero(ax)
+        plain_ticks(ax)
+    return Page(title, caption, fig)
+
+
+def grid_pages(study: Study) -> list[Page]:
+    pages = []
+    for index, (grid, records) in enumerate(study.grids()):
+        axes = grid_axes(grid)
+        if not records or not axes or all(a in RATE_AXES for a in axes):
+            continue
+        if len(axes) == 1:
+            pages.append(_one_axis_page(study, index, grid, axes[0], records))
+        elif len(axes) == 2:
+            pages.append(_two_axis_page(study, index, grid, axes, records))
+        else:
+            pages += _multi_axis_pages(study, index, grid, axes, records)
+    return pages

@@ -1,0 +1,85 @@
+"""Which regime a run is in: below, near or past saturation, from the run's own numbers.
+
+Conclusions about a policy hold in the regime they were measured in: past saturation, TTFT is
+mostly queueing and a better policy mostly shortens the queue. Under continuous batching a request
+is admitted the moment the batch and the KV cache have room, so waiting in the queue is the sign:
+
+- ``queue_share``: mean queueing time (arrival to first scheduled) over mean service time
+  (end-to-end minus queueing): about 0 below saturation, growing without bound past it;
+- ``preemptions_per_request``: the KV cache cannot hold the batch it admitted;
+- ``served_share``: achieved request throughput over the offered rate. Shown, not used to
+  classify: a finite trace's last requests drain after the last arrival, so even an idle server
+  reads below 1 (by about one latency over the arrival span).
+
+Rule (``classify``): past if queue_share >= 0.5 or preemptions_per_request >= 0.5; near if
+queue_share >= 0.1 or preemptions_per_request >= 0.05; below otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PAST_QUEUE, NEAR_QUEUE = 0.5, 0.1
+PAST_PREEMPT, NEAR_PREEMPT = 0.5, 0.05
+RULE = (f"below saturation: requests wait in the queue under {NEAR_QUEUE:.0%} of their service time and under "
+        f"{NEAR_PREEMPT:g} preemptions per request; past: waiting at least {PAST_QUEUE:.0%} of the service time or "
+        f"{PAST_PREEMPT:g} preemptions per request; near: between")
+
+
+@dataclass(frozen=True)
+class Load:
+    offered_rps: float | None  # the trace's arrivals per second (requests / arrival span)
+    achieved_rps: float | None  # completed requests per second, first arrival to last finish
+    queue_share: float | None
+    preemptions_per_request: float | None
+    regime: str  # "below" | "near" | "past" | "unknown"
+
+    @property
+    def served_share(self) -> float | None:
+        if self.offered_rps and self.achieved_rps is not None:
+            return self.achieved_rps / self.offered_rps
+        return None
+
+    def words(self) -> str:
+        """E.g. "past saturation: 3.6 of 6.4 requests/s served, queueing 1.4x the service time"."""
+        if self.regime == "unknown":
+            return "load unknown (no completed requests)"
+        parts = []
+        if self.achieved_rps is not None and self.offered_rps:
+            parts.append(f"{self.achieved_rps:.3g} of {self.offered_rps:.3g} requests/s served")
+        if self.queue_share is not None:
+            parts.append(f"queueing {self.queue_share:.0%} of the service time")
+        if self.preemptions_per_request:
+            parts.append(f"{self.preemptions_per_request:.2g} preemptions per request")
+        return f"{self.regime} saturation" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def classify(queue_share: float | None, preemptions_per_request: float | None) -> str:
+    if queue_share is None:
+        return "unknown"
+    pre = preemptions_per_request or 0.0
+    if queue_share >= PAST_QUEUE or pre >= PAST_PREEMPT:
+        return "past"
+    if queue_share >= NEAR_QUEUE or pre >= NEAR_PREEMPT:
+        return "near"
+    return "below"
+
+
+def run_load(record: dict[str, Any]) -> Load:
+    summary = record.get("summary") or {}
+    offered = (record.get("trace") or {}).get("rate_rps")
+    achieved = summary.get("throughput_rps")
+    queueing = (summary.get("queueing_s") or {}).get("mean")
+    e2e = (summary.get("e2e_s") or {}).get("mean")
+    share = None
+    if queueing is not None and e2e is not None:
+        service = e2e - queueing
+        share = queueing / service if service > 0 else None
+    total = summary.get("requests_total") or 0
+    pre = summary.get("preemptions") or {}
+    per_request = sum(pre.values()) / total if total else None
+    return Load(offered, achieved, share, per_request, classify(share, per_request))
+
+
+REGIMES = ("below", "near", "past", "unknown")
