@@ -99,14 +99,13 @@ def _run(spec, out: Path, args) -> object:
 
 
 def _print_findings(out: Path, threshold: float) -> None:
-    from reports.findings import findings
+    from reports.findings import outline_lines
     from reports.results import load_study
 
     study = load_study(out, threshold=threshold)
     if study.ok:
         print("\nFindings:")
-        for line in findings(study):
-            print(f"- {line}")
+        print("\n".join(outline_lines(study)))
 
 
 def run_study_cmd(args) -> int:
@@ -139,8 +138,6 @@ def run_report_cmd(args) -> int:
 def run_demo_cmd(args) -> int:
     from reports.pdf import build_report
     from reports.presets import DEMO
-    from reports.findings import findings
-    from reports.results import load_study
     from reports.spec import parse_spec
 
     threshold = _threshold(args)
@@ -152,7 +149,6 @@ def run_demo_cmd(args) -> int:
     outcome = _run(spec, out / "demo-study", args)
     pdf, html = out / "report.pdf", out / "report.html"
     pages = build_report(out / "demo-study", pdf, html=html, threshold=threshold)
-    print(f"\nwrote {pdf} and {html} ({len(pages)} pages)\n\nFindings:")
-    for line in findings(load_study(out / "demo-study", threshold=threshold)):
-        print(f"- {line}")
+    print(f"\nwrote {pdf} and {html} ({len(pages)} pages)")
+    _print_findings(out / "demo-study", threshold)
     return 1 if outcome.failed else 0

@@ -28,9 +28,9 @@ CONTEXT_KEYS = ("rate_scale", "rate", "workload", "n", "beam_width", "seed", "kv
                 "gpu", "tp", "model", "allocator", "swap_space_gb", "replicas", "sample_lengths")
 AXIS_METRICS = (*HEADLINE, M["memory_utilization"], M["prefix_hit_rate"], M["preemptions_total"])
 AXIS_NAMES = {"block_size": "Block size", "eviction": "Eviction policy", "preemption": "Preemption mode",
-              "kv_cache_gb": "KV cache GiB", "allocator": "Allocator", "victim": "Victim policy",
+              "kv_cache_gb": "KV cache size", "allocator": "Allocator", "victim": "Victim policy",
               "scheduler": "Scheduler", "policy": "Policy preset", "router": "Router", "replicas": "Replicas",
-              "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens"}
+              "max_num_seqs": "max_num_seqs", "rate_scale": "Rate scale", "rate": "Request rate (requests/s)", "max_num_batched_tokens": "max_num_batched_tokens"}
 
 
 @dataclass
@@ -82,13 +82,28 @@ def _regimes(records: list[dict[str, Any]]) -> str:
     return at + regime
 
 
+VALUE_UNITS = {"kv_cache_gb": " GiB", "swap_space_gb": " GiB"}
+
+
 def _name(axis: str, setting: Setting) -> str:
     value = setting.config.get(axis)
-    return "preset default" if value is None else str(value)
+    return "preset default" if value is None else f"{value:g}{VALUE_UNITS[axis]}" if axis in VALUE_UNITS else str(value)
 
 
-def axis_findings(study: Study) -> list[str]:
-    lines = []
+@dataclass
+class Finding:
+    """What one axis changes: ``head`` names the axis, its values and the runs; ``claims`` one per metric."""
+
+    head: str
+    claims: list[str]
+
+    @property
+    def sentence(self) -> str:
+        return f"{self.head}: {'; '.join(self.claims)}."
+
+
+def axis_finding_items(study: Study) -> list[Finding]:
+    out = []
     for axis in study.varying():
         if axis in RATE_AXES:
             continue
@@ -114,14 +129,17 @@ def axis_findings(study: Study) -> list[str]:
                 claims.append(f"{metric.label} best at {_name(axis, best)} ({metric.with_unit(best_e.mean)}) with "
                               f"{tied} within noise; {_name(axis, worst)} {_gap(metric, worst_e.mean, best_e.mean)} "
                               f"({metric.with_unit(worst_e.mean)})")
+        if flat:
+            claims.append(f"no measurable difference in {_join(flat)}")
         records = [r for s in group for r in s.records]
         head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {len(records)} runs {_regimes(records)}, every other "
-                "setting at the base): ")
-        text = "; ".join(claims)
-        if flat:
-            text += ("; " if text else "") + f"no measurable difference in {_join(flat)}"
-        lines.append(head + text + ".")
-    return lines
+                "setting at the base)")
+        out.append(Finding(head, claims))
+    return out
+
+
+def axis_findings(study: Study) -> list[str]:
+    return [f.sentence for f in axis_finding_items(study)]
 
 
 def _join(words: list[str]) -> str:
@@ -179,10 +197,36 @@ def load_findings(study: Study) -> list[str]:
     return lines
 
 
+def outline(study: Study) -> list[tuple[int, str]]:
+    """The findings as (level, text): level 0 a statement, level 1 one claim under its axis; what
+    ``pagesim study`` and ``demo`` print and the report's Findings page shows."""
+    items = axis_finding_items(study)
+    out = [(0, line) for line in load_findings(study)]
+    for item in items:
+        out.append((0, item.head + ":"))
+        out += [(1, claim) for claim in item.claims]
+    out += [(0, line) for line in _closing(study)]
+    return out
+
+
+def outline_lines(study: Study, width: int | None = None) -> list[str]:
+    """``outline`` as text lines ("- " statements, "    • " claims), wrapped at ``width`` if given."""
+    import textwrap
+
+    lines = []
+    for level, text in outline(study):
+        first, rest = ("- ", "  ") if level == 0 else ("    • ", "      ")
+        lines += textwrap.wrap(first + text, width, subsequent_indent=rest) if width else [first + text]
+    return lines
+
+
 def findings(study: Study) -> list[str]:
     """The sentences ``pagesim study`` and ``pagesim demo`` print and the summary page shows."""
-    lines = load_findings(study) + axis_findings(study)
-    lines.append("Differences judged with " + rule_words(study.seeded, study.threshold) + ".")
+    return load_findings(study) + axis_findings(study) + _closing(study)
+
+
+def _closing(study: Study) -> list[str]:
+    lines = ["Differences judged with " + rule_words(study.seeded, study.threshold) + "."]
     if study.failed:
         lines.append(f"{len(study.failed)} run(s) failed; the report lists them.")
     return lines

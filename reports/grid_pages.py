@@ -24,8 +24,18 @@ from reports.style import Page, from_zero, new_page, plain_ticks
 PANELS_PER_PAGE = 6
 
 
+AXIS_UNITS = {"block_size": "tokens", "kv_cache_gb": "GiB per GPU", "rate_scale": "x the source's rate",
+              "swap_space_gb": "GiB", "max_num_seqs": "sequences", "max_num_batched_tokens": "tokens"}
+
+
 def axis_label(axis: str) -> str:
     return AXIS_NAMES.get(axis, axis)
+
+
+def axis_title(axis: str) -> str:
+    """A plot axis's label: the setting's name and its unit, or "(name)" for a category."""
+    unit = AXIS_UNITS.get(axis)
+    return f"{axis_label(axis)} ({unit})" if unit else f"{axis_label(axis)} (name)"
 
 
 def value_label(value: Any) -> str:
@@ -81,14 +91,14 @@ def _heatmap(ax, fig, cells: list[list[Estimate | None]], metric: Metric, rows: 
                     color="black" if dark else "white")
     ax.set_xticks(range(len(cols)), [value_label(c) for c in cols], fontsize=8)
     ax.set_yticks(range(len(rows)), [value_label(r) for r in rows], fontsize=8)
-    ax.set_xlabel(axis_label(col_axis))
-    ax.set_ylabel(axis_label(row_axis))
+    ax.set_xlabel(axis_title(col_axis))
+    ax.set_ylabel(axis_title(row_axis))
     ax.set_title(title, fontsize=10)
     for spine in ax.spines.values():
         spine.set_visible(False)
     unit = "%" if metric.fraction else metric.unit
     bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
-    bar.set_label(f"{metric.label} ({unit}); {'higher' if metric.better == 'max' else 'lower'} is better", fontsize=7.5)
+    bar.set_label(f"{metric.label} ({unit})", fontsize=7.5)
     bar.ax.tick_params(labelsize=7)
 
 
@@ -108,6 +118,7 @@ def _two_axis_page(study: Study, index: int, grid: dict, axes: list[str], record
     caption = _caption(study, index, grid, axes, len(records),
                        "One heatmap per headline metric; colour runs from zero to the largest value, bright where better.")
     fig, panels = new_page(title, caption, nrows=2, ncols=2)
+    fig.subplots_adjust(right=0.93)  # room for the colorbars' labels
     for ax, metric in zip(panels, HEADLINE):
         cells = _cell_estimates(group, metric, row_axis, col_axis, rows, cols)
         _heatmap(ax, fig, cells, metric, rows, cols, row_axis, col_axis, metric.label, _top(group, metric))
@@ -126,7 +137,8 @@ def _multi_axis_pages(study: Study, index: int, grid: dict, axes: list[str], rec
             chunk = combos[start:start + PANELS_PER_PAGE]
             part = (f" ({start // PANELS_PER_PAGE + 1} of {-(-len(combos) // PANELS_PER_PAGE)})"
                     if len(combos) > PANELS_PER_PAGE else "")
-            title = f"{metric.label}: {axis_label(row_axis)} × {axis_label(col_axis)} per {_join(rest)}{part}"
+            heading = metric.label[0].upper() + metric.label[1:]
+            title = f"{heading}: {axis_label(row_axis)} × {axis_label(col_axis)} per {_join(rest)}{part}"
             caption = _caption(study, index, grid, axes, len(records),
                                f"{metric.label} as a heatmap of {axis_label(row_axis)} and {axis_label(col_axis)}, "
                                f"one panel per {_join(rest)}; colour from zero to the largest value on the page, bright where better"
@@ -136,6 +148,7 @@ def _multi_axis_pages(study: Study, index: int, grid: dict, axes: list[str], rec
             ncols = min(len(chunk), 3)
             nrows = -(-len(chunk) // ncols)
             fig, panels = new_page(title, caption, nrows=nrows, ncols=ncols)
+            fig.subplots_adjust(right=0.93)  # room for the colorbars' labels
             for ax, combo in zip(panels, chunk):
                 members = [s for s in group if all(s.config.get(a) == v for a, v in zip(rest, combo))]
                 cells = _cell_estimates(members, metric, row_axis, col_axis, rows, cols)
@@ -168,7 +181,7 @@ def _one_axis_page(study: Study, index: int, grid: dict, axis: str, records: lis
         ax.set_xticks(range(len(group)), labels, rotation=30 if max(map(len, labels)) > 6 else 0,
                       ha="right" if max(map(len, labels)) > 6 else "center", fontsize=8)
         unit = "%" if metric.fraction else metric.unit
-        ax.set(xlabel=axis_label(axis), ylabel=f"{metric.label} ({unit})", title=metric.label)
+        ax.set(xlabel=axis_title(axis), ylabel=f"{metric.label} ({unit})", title=metric.label)
         ax.grid(alpha=0.3, axis="y")
         from_zero(ax)
         plain_ticks(ax)

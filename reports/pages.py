@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from reports.grid_pages import axis_label, value_label
-from reports.results import Study, describe_config, metric
+from reports.grid_pages import axis_label, axis_title, value_label
+from reports.results import Study, metric
 from reports.style import Page, from_zero, legend_rows, new_page, page_legend, plain_ticks, short
 
 
@@ -129,6 +129,10 @@ def activity_over_time(study: Study) -> Page | None:
             ax.plot(act["time_s"], act[key], lw=1, label=_label(study, r, (axis,) if axis else ()))
         ax.set(xlabel="simulated time (s)", ylabel=ylabel, title=name)
         ax.grid(alpha=0.3)
+        if not any(any(r["series"]["activity"][key]) for r in runs):
+            ax.set_ylim(0, 1)
+            ax.set_yticks([0, 1])
+            ax.text(0.5, 0.5, "zero throughout", transform=ax.transAxes, ha="center", color="#868e96")
         from_zero(ax, x=True)
         plain_ticks(ax)
         plain_ticks(ax, "x")
@@ -143,21 +147,20 @@ def activity_over_time(study: Study) -> Page | None:
 
 
 def preemption_page(study: Study) -> Page | None:
-    if not any(metric(r, "preemptions_total") for r in study.ok):
-        return None
     axes = tuple(a for a in ("preemption", "block_size") if study.varies(a)) or tuple(study.varying()[:1])
     runs = sorted(study.slice(*axes), key=lambda r: tuple(order(r["config"].get(a)) for a in axes))
-    runs = [r for r in runs if "preemption" in r] or []
-    if not runs:
-        return None
-    runs = runs[:16]
-    labels = [short(describe_config(r["config"], study.base) if axes else "base", 28) for r in runs]
+    runs = [r for r in runs if "preemption" in r][:16]
+    if not any(r["preemption"].get("swap", 0) + r["preemption"].get("recompute", 0) for r in runs):
+        return None  # (nothing to split: the all-runs table says how many preemptions each run had)
+    labels = ["\n".join(short(value_label(r["config"].get(a)), 12) for a in axes) or "base" for r in runs]
+    xlabel = " / ".join(axis_title(a).lower() for a in axes) or "run"
     title = "Preemptions: swap vs recompute, and what they cost"
     caption = ("When the cache runs out a running request is preempted: its blocks are swapped to CPU memory or "
                "dropped and recomputed later (a swap falls back to recompute when the swap pool is full). Per run: "
                "preemptions by the mode actually used, tokens computed again after recompute preemptions, bytes "
                "moved over the host link (out and in), and TTFT p99." + elsewhere(study, len(runs)))
-    fig, panels = new_page(title, caption, ncols=4, legend_rows=1)
+    fig, panels = new_page(title, caption, nrows=2, ncols=2, legend_rows=1)
+    fig.subplots_adjust(hspace=0.75)
     x = np.arange(len(runs))
     swap = [r["preemption"].get("swap", 0) for r in runs]
     recompute = [r["preemption"].get("recompute", 0) for r in runs]
@@ -168,16 +171,17 @@ def preemption_page(study: Study) -> Page | None:
     b.bar(x, [r["preemption"].get("recomputed_tokens", 0) / 1e3 for r in runs], color="#1c7ed6")
     b.set(ylabel="tokens recomputed (thousands)", title="Recomputation")
     c.bar(x, [r["preemption"].get("swapped_bytes", 0) / 2**30 for r in runs], color="#f08c00")
-    c.set(ylabel="bytes swapped, out + in (GiB)", title="Swap traffic")
+    c.set(ylabel="swapped, out + in (GiB)", title="Swap traffic")
     d.bar(x, [metric(r, "ttft_s.p99") or 0 for r in runs], color="#868e96")
     d.set(ylabel="TTFT p99 (s)", title="TTFT p99")
+    crowded = len(runs) > 8
     for ax in panels:
-        ax.set_xticks(x, labels, rotation=40, ha="right", fontsize=7)
-        ax.set_xlabel("run (its settings that differ from the base)", fontsize=8)
+        ax.set_xticks(x, [label.replace("\n", " ") if crowded else label for label in labels], fontsize=7,
+                      rotation=35 if crowded else 0, ha="right" if crowded else "center")
+        ax.set_xlabel(xlabel, fontsize=8)
         ax.grid(alpha=0.3, axis="y")
         from_zero(ax)
         plain_ticks(ax)
-    fig.subplots_adjust(bottom=0.30)
     page_legend(fig, [a], ncol=2)
     return Page(title, caption, fig)
 
@@ -223,6 +227,7 @@ FIGURE_PAGES = (
     ("Latency distributions", latency_cdfs, "no completed requests"),
     ("Queue, batch and memory over time", activity_over_time, "no run at the base settings"),
     ("KV-cache memory over time: paging vs contiguous reservation", memory_over_time, "needs an allocator axis"),
-    ("Preemptions: swap vs recompute, and what they cost", preemption_page, "no run was preempted"),
+    ("Preemptions: swap vs recompute, and what they cost", preemption_page,
+     "no run at the base settings (or along the preemption and block-size axes) was preempted"),
     ("Prefix hit rate vs cache size", prefix_cache_page, "needs a kv_cache_gb axis"),
 )

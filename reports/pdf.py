@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from reports.findings import best_settings, findings, load_findings  # noqa: E402
+from reports.findings import best_settings, findings, load_findings, outline_lines  # noqa: E402
 from reports.grid_pages import grid_pages  # noqa: E402
 from reports.load import RULE  # noqa: E402
 from reports.load_pages import goodput_page, throughput_latency_page  # noqa: E402
@@ -115,12 +115,12 @@ def cover(study: Study, omitted: list[tuple[str, str]]) -> Page:
 
 def summary_page(study: Study) -> Page:
     rows = best_settings(study)
-    title = "Summary: the best setting per metric, and what the study found"
+    title = "Summary: the best setting per metric"
     caption = ("For each metric, the best setting among the runs at the base load, workload, cache size and allocator "
                "(so they differ in policy only), and whether it is ahead by more than noise ("
-               + rule_words(study.seeded, study.threshold) + "). Below, the findings in words.")
+               + rule_words(study.seeded, study.threshold) + "). Below, the load each offered rate put on the server.")
     fig, (ax,) = new_page(title, caption, ncols=1)
-    ax.set_position([0.02, 0.50, 0.96, 0.30])
+    ax.set_position([0.02, 0.40, 0.96, 0.40])
     ax.axis("off")
     header = ["metric", "best value", "better", "setting", "verdict"]
     cells = [[r["metric"], r["value"], r["better"], r["setting"], r["verdict"]] for r in rows]
@@ -128,14 +128,33 @@ def summary_page(study: Study) -> Page:
         table = ax.table(cellText=cells, colLabels=header, loc="upper center", cellLoc="left",
                          colWidths=[0.14, 0.15, 0.06, 0.33, 0.32])
         table.auto_set_font_size(False)
-        table.set_fontsize(8)
-        table.scale(1, 1.3)
+        table.set_fontsize(8.5)
+        table.scale(1, 1.4)
+    load = load_findings(study) or ["No completed run: the load is unknown."]
+    wrapped = [w for line in load for w in textwrap.wrap("- " + line, 150, subsequent_indent="  ")]
+    fig.text(0.02, 0.33, "Load", fontsize=12, fontweight="bold", va="top")
+    fig.text(0.02, 0.29, "\n".join(wrapped[:14] + ([f"... {len(wrapped) - 14} more lines in the HTML report"]
+                                                  if len(wrapped) > 14 else [])) + "\n\n" + "\n".join(
+        textwrap.wrap("Rule: " + RULE + ".", 150)), fontsize=9.5, va="top")
+    return Page(title, caption, fig, Table(header, cells), notes=load)
+
+
+def findings_page(study: Study) -> Page:
     found = findings(study)
-    wrapped = [w for line in found for w in textwrap.wrap("- " + line, 175, subsequent_indent="  ")]
-    size = 9 if len(wrapped) <= 22 else 7.5
-    fig.text(0.02, 0.45, "Findings", fontsize=12, fontweight="bold", va="top")
-    fig.text(0.02, 0.41, "\n".join(wrapped[:40]), fontsize=size, va="top")
-    return Page(title, caption, fig, Table(header, cells), notes=found)
+    title = "Findings"
+    caption = ("What the study found, setting by setting, each claim with its numbers, the runs it rests on and their "
+               "load; a difference is named only where it exceeds noise (" + rule_words(study.seeded, study.threshold)
+               + ").")
+    fig = plt.figure(figsize=PAGE)
+    fig.suptitle(title, fontsize=15, fontweight="bold", x=0.02, ha="left", y=0.975)
+    fig.text(0.02, 0.925, caption, fontsize=10, wrap=True, va="top")
+    wrapped = outline_lines(study, 165)
+    size = 9.5 if len(wrapped) <= 44 else 8
+    limit = 44 if size == 9.5 else 56
+    body = wrapped[:limit] + ([f"... {len(wrapped) - limit} more lines: the HTML report and `pagesim study` print "
+                               "them all"] if len(wrapped) > limit else [])
+    fig.text(0.02, 0.85, "\n".join(body), fontsize=size, va="top")
+    return Page(title, caption, fig, notes=found)
 
 
 def failures_page(study: Study) -> Page:
@@ -159,7 +178,7 @@ def report_pages(study: Study) -> list[Page]:
     for title, make, why in (*LOAD_PAGES, *FIGURE_PAGES):
         page = make(study) if study.ok else None
         (figures.append(page) if page is not None else omitted.append((title, why)))
-    pages = [cover(study, omitted), summary_page(study), *table_pages(study), *figures]
+    pages = [cover(study, omitted), summary_page(study), findings_page(study), *table_pages(study), *figures]
     if study.meta.get("paper"):
         from reports.paper_pages import paper_pages
 
@@ -180,10 +199,13 @@ def write_pdf(pages: list[Page], out_pdf: str | Path, meta: dict[str, Any]) -> N
     out = Path(out_pdf)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    with PdfPages(tmp, metadata={"Title": f"pagesim study {meta['name']}", "Creator": "pagesim"}) as pdf:
-        for page in pages:
-            pdf.savefig(page.figure)
-    tmp.replace(out)
+    try:
+        with PdfPages(tmp, metadata={"Title": f"pagesim study {meta['name']}", "Creator": "pagesim"}) as pdf:
+            for page in pages:
+                pdf.savefig(page.figure)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)  # after a failure (a full disk): no half-written file left behind
 
 
 def close(pages: list[Page]) -> None:

@@ -22,6 +22,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 PAGE = (11.69, 8.27)  # A4 landscape, inches
 plt.rcParams.update({"axes.formatter.useoffset": False, "axes.formatter.limits": (-9, 12),
+                     "figure.max_open_warning": 0,  # a report holds its pages (figures) until written
                      "axes.spines.top": False, "axes.spines.right": False})
 
 

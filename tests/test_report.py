@@ -31,11 +31,11 @@ def _texts(pdf_path) -> list[str]:
 def test_report_pages_and_texts(study_dir, tmp_path):
     pdf = tmp_path / "report.pdf"
     titles = build_report(study_dir, pdf)
-    assert titles[:3] == ["pagesim study: small", "Summary: the best setting per metric, and what the study found",
-                          "All runs"]
-    for expected in ("Block size × Preemption mode: throughput, goodput and tail latency",
+    assert titles[:4] == ["pagesim study: small", "Summary: the best setting per metric", "Findings", "All runs"]
+    for expected in ("Summary: the best setting per metric", "Findings",
+                     "Block size × Preemption mode: throughput, goodput and tail latency",
                      "Throughput, goodput and tail latency per allocator",
-                     "Eviction policy × KV cache GiB: throughput, goodput and tail latency",
+                     "Eviction policy × KV cache size: throughput, goodput and tail latency",
                      "Throughput vs tail latency as the request rate grows", "Goodput vs request rate",
                      "Latency distributions per block size", "Queue, batch and memory over time per preemption mode",
                      "KV-cache memory over time: paging vs contiguous reservation",
@@ -48,7 +48,8 @@ def test_report_pages_and_texts(study_dir, tmp_path):
     assert "pagesim study: small" in texts[0] and "14 in the study: 13 completed, 1 failed" in texts[0]
     assert "pagesim 0.1.0" in texts[0] and "workload shared-system-prompt at 6 requests/s" in texts[0]
     assert "KV cache 1 GiB per GPU" in texts[0] and "saturation" in texts[0]
-    assert "Findings" in texts[1] and "throughput" in texts[1]
+    assert "throughput" in texts[1] and "Load" in texts[1]
+    assert "Findings" in texts[2] and "Block size (8, 16;" in texts[2]
     assert "Failed runs" in texts[-1] and "max_model_len=100000" in texts[-1]
     for title, text in zip(titles, texts):
         assert " ".join(title.split())[:30] in text, title
@@ -63,7 +64,7 @@ def test_all_runs_table_lists_every_run(study_dir, tmp_path):
     assert len(failed) == 1
     pdf = tmp_path / "r.pdf"
     build_report(study_dir, pdf)
-    text = _texts(pdf)[2]
+    text = _texts(pdf)[3]
     for r in study.records:
         assert r["id"][:8] in text
 
@@ -72,7 +73,7 @@ def test_every_figure_holds_data(study_dir):
     study = load_study(study_dir)
     import matplotlib.pyplot as plt
 
-    for page in report_pages(study)[3:]:
+    for page in report_pages(study)[4:]:
         if page.title == "Failed runs":
             continue
         for ax in page.figure.axes:

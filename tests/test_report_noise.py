@@ -88,5 +88,5 @@ def test_identical_settings_under_two_names_never_have_a_best(tmp_path):
 def test_a_difference_larger_than_the_seed_spread_is_called(tmp_path):
     study = _run(tmp_path, BASE + '[[grid]]\nkv_cache_gb = [0.5, 4.0]\n')
     (line,) = axis_findings(study)
-    assert line.startswith("KV cache GiB (0.5, 4.0; 6 runs")
-    assert "TTFT p99 best at 4.0" in line and "throughput best at 4.0" in line
+    assert line.startswith("KV cache size (0.5 GiB, 4 GiB; 6 runs")
+    assert "TTFT p99 best at 4 GiB" in line and "throughput best at 4 GiB" in line

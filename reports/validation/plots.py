@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from reports.pages import new_page  # noqa: E402
+from reports.style import new_page  # noqa: E402
 from sim.cost.profile import Profile  # noqa: E402
 from sim.metrics import COMPLETED, RequestMetrics  # noqa: E402
 

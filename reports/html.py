@@ -1,0 +1,192 @@
+"""``pagesim report DIR --html report.html``: the report's pages as one self-contained HTML file.
+
+The same ``Page`` list the PDF draws (``reports.pdf.report_pages``), so both say the same words:
+each page is a ``<section>`` with its title (an anchor the table of contents links to), its
+caption, its figure inlined as SVG (a base64 PNG when the SVG would be huge), its table and its
+notes (the findings) as a list. Invariants:
+
+- nothing is fetched: no external script, style, font or image; the one script is inline;
+- every piece of text is escaped (``html.escape``); header line breaks become ``<br>``;
+- the all-runs table, which the PDF splits over pages ("All runs (1 of 2)", ...), is ONE table in
+  the first such section, so sorting covers every run; the later pages' titles are named there.
+  It is drawn as a table only (the PDF's picture of a table would repeat it), and so is a page
+  whose figure is text only (no axes: the cover, the failed runs) and which has a table;
+- tables whose header starts with "run" are sortable: a click on a column header sorts by it
+  (numbers numerically, after dropping "," and "%" and a trailing " ± x"; "-" last), another
+  click reverses; the script ends by setting ``document.body.dataset.ready = "1"``;
+- SVG ids are prefixed per figure, so figures inlined side by side never share an id;
+- written to ``out + ".tmp"`` and renamed; figures are left open (the caller closes them).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from reports.style import Page, Table
+
+ALL_RUNS = "All runs"
+SVG_LIMIT = 3_000_000  # bytes of SVG per figure above which a PNG is inlined instead
+
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0 auto;max-width:1300px;
+ padding:1em 2em;color:#212529;line-height:1.4}
+h1{font-size:1.6em}h2{font-size:1.3em;border-top:1px solid #dee2e6;padding-top:1em;margin-top:2em}
+nav ol{columns:2}figure{margin:0}svg,img.fig{max-width:100%;height:auto;display:block}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+th,td{border:1px solid #dee2e6;padding:.25em .5em;vertical-align:top}
+th{background:#e9ecef;text-align:left}
+table.sortable td{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+table.sortable th{cursor:pointer;user-select:none}
+table.sortable th[data-dir=asc]::after{content:" \\25B2"}table.sortable th[data-dir=desc]::after{content:" \\25BC"}
+tbody tr:nth-child(even){background:#f8f9fa}.note{color:#6c757d;font-size:.9em}.wide{overflow-x:auto}
+"""
+
+SCRIPT = r"""
+(function () {
+  function key(text, asText) {
+    var t = text.trim();
+    if (t === "-" || t === "") return null;
+    if (asText) return t;
+    var s = t.replace(/\s*\u00b1.*$/, "").replace(/[,%]/g, "").trim();
+    var n = Number(s);
+    return s === "" || isNaN(n) ? t : n;
+  }
+  function order(a, b, dir) {
+    if (a === null || b === null) return a === b ? 0 : (a === null ? 1 : -1);  // "-" last either way
+    if (typeof a !== typeof b) return dir * (typeof a === "number" ? -1 : 1);  // numbers before words
+    return dir * (a < b ? -1 : a > b ? 1 : 0);
+  }
+  document.querySelectorAll("table.sortable").forEach(function (table) {
+    var heads = table.tHead.rows[0].cells;
+    Array.prototype.forEach.call(heads, function (th, col) {
+      th.addEventListener("click", function () {
+        var dir = th.dataset.dir === "asc" ? -1 : 1;
+        Array.prototype.forEach.call(heads, function (h) { delete h.dataset.dir; });
+        th.dataset.dir = dir === 1 ? "asc" : "desc";
+        var body = table.tBodies[0], asText = th.dataset.type === "text";
+        var rows = Array.prototype.slice.call(body.rows);
+        rows.sort(function (r, s) {
+          return order(key(r.cells[col].textContent, asText), key(s.cells[col].textContent, asText), dir);
+        });
+        rows.forEach(function (r) { body.appendChild(r); });
+      });
+    });
+  });
+  document.body.dataset.ready = "1";
+})();
+"""
+
+
+def _merge_all_runs(pages: list[Page]) -> list[tuple[Page, list[str]]]:
+    """Pages paired with the titles of the pages folded into them: consecutive "All runs" pages
+    become one page whose table holds all their rows."""
+    out: list[tuple[Page, list[str]]] = []
+    for page in pages:
+        prev = out[-1][0] if out else None
+        if (page.title.startswith(ALL_RUNS) and prev is not None and prev.title.startswith(ALL_RUNS)
+                and prev.table is not None and page.table is not None):
+            out[-1][1].append(page.title)
+            prev.table.rows.extend(page.table.rows)
+            continue
+        if page.title.startswith(ALL_RUNS) and page.table is not None:  # a copy: the caller's pages stay as they were
+            page = Page(page.title, page.caption, page.figure, Table(list(page.table.header), list(page.table.rows)),
+                        list(page.notes))
+        out.append((page, [page.title]))
+    return out
+
+
+def _svg(fig, prefix: str) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg")
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE
+    ids = set(re.findall(r'\bid="([^"]+)"', text))
+    if ids:
+        text = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m.group(1)}"', text)
+        text = re.sub(r'#([A-Za-z_][\w.\-]*)', lambda m: f"#{prefix}{m.group(1)}" if m.group(1) in ids else m.group(0),
+                      text)
+    return text
+
+
+def _figure(fig, prefix: str) -> str:
+    svg = _svg(fig, prefix)
+    if len(svg.encode()) <= SVG_LIMIT:
+        return f"<figure>{svg}</figure>"
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<figure><img class="fig" alt="figure" src="data:image/png;base64,{data}"></figure>'
+
+
+def _header_cell(text: str, col: int, sortable: bool) -> str:
+    label = "<br>".join(html.escape(line) for line in text.split("\n"))
+    kind = ' data-type="text"' if sortable and col == 0 else ""  # run ids are words, even all-digit ones
+    title = ' title="click to sort"' if sortable else ""
+    return f"<th{kind}{title}>{label}</th>"
+
+
+def _table(table: Table) -> str:
+    sortable = bool(table.header) and table.header[0].startswith("run")
+    head = "".join(_header_cell(h, j, sortable) for j, h in enumerate(table.header))
+    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in table.rows)
+    cls = ' class="sortable"' if sortable else ""
+    return f'<div class="wide"><table{cls}><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table></div>'
+
+
+def _slug(k: int, title: str) -> str:
+    return f"p{k}-" + (re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40] or "page")
+
+
+def _section(k: int, page: Page, folded: list[str]) -> str:
+    parts = [f'<section id="{_slug(k, page.title)}">']
+    if page.title.startswith(ALL_RUNS):
+        title = ALL_RUNS if len(folded) > 1 else page.title
+        caption = page.caption
+        if page.table is not None:  # the first PDF page's "rows 1-26 of 40" is now the whole table
+            n = len(page.table.rows)
+            caption = re.sub(r"rows \d+-\d+ of (\d+)", f"rows 1-{n} of {n}", caption, count=1)
+        parts += [f"<h2>{html.escape(title)}</h2>", f"<p>{html.escape(caption)}</p>"]
+        if len(folded) > 1:
+            parts.append(f'<p class="note">One table here; in the PDF it spans the pages '
+                         f'{html.escape(", ".join(folded))}. Click a column header to sort.</p>')
+    else:
+        parts += [f"<h2>{html.escape(page.title)}</h2>", f"<p>{html.escape(page.caption)}</p>"]
+        if page.table is None or page.figure.axes:  # a text-only figure would repeat the table
+            parts.append(_figure(page.figure, f"f{k}-"))
+    if page.table is not None:
+        parts.append(_table(page.table))
+    if page.notes:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in page.notes) + "</ul>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def render_html(pages: list[Page], meta: dict[str, Any]) -> str:
+    merged = _merge_all_runs(pages)
+    name = f"pagesim study: {meta['name']}"
+    toc = "\n".join(f'<li><a href="#{_slug(k, p.title)}">{html.escape(ALL_RUNS if len(f) > 1 else p.title)}</a></li>'
+                    for k, (p, f) in enumerate(merged))
+    sections = "\n".join(_section(k, p, f) for k, (p, f) in enumerate(merged))
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{html.escape(name)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+            f"<h1>{html.escape(name)}</h1>\n<nav><h2>Contents</h2><ol>\n{toc}\n</ol></nav>\n"
+            f"{sections}\n<script>{SCRIPT}</script>\n</body>\n</html>\n")
+
+
+def write_html(pages: list[Page], out: str | Path, meta: dict[str, Any]) -> None:
+    """Write the report's pages as one HTML file at ``out`` (atomically)."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(render_html(pages, meta), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # after a failure (a full disk): no half-written file left behind
