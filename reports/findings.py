@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from reports.load import REGIMES, run_load
+from reports.load import REGIMES, nominal_rps, run_load
 from reports.noise import Estimate, compare, relative_difference, rule_words
 from reports.results import HEADLINE, METRICS, M, RATE_AXES, SEED, Metric, Setting, Study, describe_config, settings
 
@@ -71,7 +71,7 @@ def _gap(metric: Metric, a: float, b: float) -> str:
 def _regimes(records: list[dict[str, Any]]) -> str:
     """E.g. "at 6.41 requests/s, all past saturation" for the runs a comparison rests on."""
     loads = [run_load(r) for r in records]
-    rates = sorted({round(ld.offered_rps, 3) for ld in loads if ld.offered_rps})
+    rates = sorted({k for r in records if (k := _rate_key(r)) is not None})
     counts = {k: sum(ld.regime == k for ld in loads) for k in REGIMES}
     counts = {k: v for k, v in counts.items() if v}
     if len(counts) == 1:
@@ -107,7 +107,8 @@ def axis_finding_items(study: Study) -> list[Finding]:
     for axis in study.varying():
         if axis in RATE_AXES:
             continue
-        group = settings(study.slice(axis))
+        fixed = _anchor(study, axis)
+        group = settings(study.slice(axis, **fixed))
         if len({setting.config.get(axis) for setting in group}) < 2:
             continue
         values = ", ".join(_name(axis, s) for s in sorted(group, key=lambda s: _order(s.config.get(axis))))
@@ -132,10 +133,24 @@ def axis_finding_items(study: Study) -> list[Finding]:
         if flat:
             claims.append(f"no measurable difference in {_join(flat)}")
         records = [r for s in group for r in s.records]
-        head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {len(records)} runs {_regimes(records)}, every other "
-                "setting at the base)")
+        held = "".join(f"{k}={'preset default' if v is None else v}, " for k, v in fixed.items())
+        head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {_runs(len(records))} {_regimes(records)}, {held}every "
+                "other setting at the base)")
         out.append(Finding(head, claims))
     return out
+
+
+def _anchor(study: Study, axis: str) -> dict[str, Any]:
+    """Where to compare ``axis``: at the base, except for the other axes of a grid that varies it
+    whose values never include the base's (a grid of preemption [recompute, swap] x block size
+    compares block sizes at preemption=recompute)."""
+    if len({r["config"].get(axis) for r in study.slice(axis)}) >= 2:
+        return {}
+    for grid, _ in study.grids():
+        if axis in grid and len(grid[axis]) > 1:
+            return {k: v[0] for k, v in grid.items()
+                    if k not in (axis, SEED) and study.base.get(k) not in v}
+    return {}
 
 
 def axis_findings(study: Study) -> list[str]:
@@ -180,20 +195,40 @@ def best_settings(study: Study) -> list[dict[str, Any]]:
     return rows
 
 
+def _rate_key(record: dict[str, Any]) -> float | None:
+    nominal = nominal_rps(record)
+    if nominal is not None:
+        return round(nominal, 6)
+    offered = run_load(record).offered_rps
+    return round(offered, 3) if offered else None
+
+
+def _rate_words(key: float | None, records: list[dict[str, Any]]) -> str:
+    """E.g. "5 requests/s (4.66-6.01 offered as drawn)"."""
+    if key is None:
+        return "an unknown rate"
+    offered = sorted({round(o, 2) for r in records if (o := run_load(r).offered_rps)})
+    if not offered or nominal_rps(records[0]) is None:
+        return f"{key:.3g} requests/s"
+    drawn = f"{offered[0]:.3g}" if len(offered) == 1 else f"{offered[0]:.3g}-{offered[-1]:.3g}"
+    return f"{key:.3g} requests/s ({drawn} offered as drawn)"
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
 def load_findings(study: Study) -> list[str]:
-    """Per offered rate: how many runs are below, near or past saturation."""
-    by_rate: dict[float, dict[str, int]] = {}
+    """Per request rate: how many runs are below, near or past saturation."""
+    by_rate: dict[float | None, list[dict[str, Any]]] = {}
     for r in study.ok:
-        load = run_load(r)
-        key = round(load.offered_rps, 3) if load.offered_rps else float("nan")
-        counts = by_rate.setdefault(key, dict.fromkeys(REGIMES, 0))
-        counts[load.regime] += 1
+        by_rate.setdefault(_rate_key(r), []).append(r)
     lines = []
-    for rate in sorted(by_rate, key=lambda x: (x != x, x)):
-        counts = {k: v for k, v in by_rate[rate].items() if v}
+    for key in sorted(by_rate, key=lambda x: (x is None, x or 0.0)):
+        records = by_rate[key]
+        counts = {k: v for k in REGIMES if (v := sum(run_load(r).regime == k for r in records))}
         what = ", ".join(f"{v} {k} saturation" if k != "unknown" else f"{v} unknown" for k, v in counts.items())
-        where = f"At {rate:.3g} requests/s offered" if rate == rate else "At an unknown rate"
-        lines.append(f"{where}: {what} ({sum(counts.values())} runs).")
+        lines.append(f"At {_rate_words(key, records)}: {what} ({_runs(len(records))}).")
     return lines
 
 

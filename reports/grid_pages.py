@@ -33,9 +33,9 @@ def axis_label(axis: str) -> str:
 
 
 def axis_title(axis: str) -> str:
-    """A plot axis's label: the setting's name and its unit, or "(name)" for a category."""
+    """A plot axis's label: the setting's name and, for a quantity, its unit."""
     unit = AXIS_UNITS.get(axis)
-    return f"{axis_label(axis)} ({unit})" if unit else f"{axis_label(axis)} (name)"
+    return f"{axis_label(axis)} ({unit})" if unit else axis_label(axis)
 
 
 def value_label(value: Any) -> str:

@@ -83,3 +83,11 @@ def run_load(record: dict[str, Any]) -> Load:
 
 
 REGIMES = ("below", "near", "past", "unknown")
+
+
+def nominal_rps(record: dict[str, Any]) -> float | None:
+    """The rate the study asked for (the run's or the source's rate times its rate scale); None for a
+    trace replayed at its own timestamps. Seeds draw different arrivals around it."""
+    config = record.get("config") or {}
+    rate = config.get("rate") if config.get("rate") is not None else (config.get("source") or {}).get("rate")
+    return None if rate is None else rate * config.get("rate_scale", 1.0)

@@ -42,7 +42,7 @@ def _spec(name: str):
     if name == "demo":
         from reports.presets import DEMO
 
-        return parse_spec(DEMO, ["source.num_requests=120"], origin="demo")
+        return parse_spec(DEMO, ["source.num_requests=120", "source.rate=6.0"], origin="demo")  # rate 6: preempts
     from tests.test_study import SMALL
 
     return parse_spec(SMALL.split("[[grid]]")[0] + "[[grid]]\n" + TWO_AXES)
@@ -128,6 +128,12 @@ def test_every_page_draws_to_png(checked):
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000, title
     if checked.study == "demo":  # the checks below would pass vacuously on pages without these
         assert checked.legends >= 5 and checked.tick_labels >= 200
+        titles = [title for title, _, _ in checked.pages]
+        for kind in ("All runs", "Findings", "per Preemption mode", "Block size × Rate scale", "per allocator",
+                     "Throughput vs tail latency", "Goodput vs request rate", "Latency distributions",
+                     "Queue, batch and memory", "KV-cache memory over time", "Preemptions: swap vs recompute",
+                     "Prefix hit rate and throughput vs cache size"):
+            assert any(kind in title for title in titles), kind
 
 
 def test_a_page_legend_moved_onto_the_data_is_found(checked):
