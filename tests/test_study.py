@@ -186,6 +186,30 @@ def test_study_cli_errors_are_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "engine.cli", "study", str(failing), "-o", str(tmp_path / "f"),
                           "--workers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "2 runs (0 from before, 2 now, 1 failed)" in out.stdout, out.stderr
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(tmp_path / "f")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "needs -o PDF, --html HTML, or both" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(tmp_path / "f"), "--html",
+                          str(tmp_path / "r.html"), "--noise-threshold", "100"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "--noise-threshold is a percentage in [0, 100)" in out.stderr
+
+
+def test_study_off_a_terminal_prints_a_line_per_run_and_the_findings(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SMALL.split("[[grid]]")[0] + "[[grid]]\nblock_size = [8, 16]\n")
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "study", str(spec), "-o", str(tmp_path / "s"),
+                          "--workers", "1", "--html", str(tmp_path / "s.html")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("[")]
+    assert len(lines) == 2 and lines[0].startswith("[1/2] run ") and lines[1].startswith("[2/2] run ")
+    assert any("block_size=8: ok in " in line for line in lines), lines
+    assert "Findings:" in out.stdout and "- Block size (8, 16; 2 runs at 6 requests/s" in out.stdout
+    assert (tmp_path / "s.html").stat().st_size > 10_000 and f"wrote {tmp_path / 's.html'}" in out.stdout
+    quiet = subprocess.run([sys.executable, "-m", "engine.cli", "study", str(spec), "-o", str(tmp_path / "s"),
+                            "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and "[1/2]" not in quiet.stderr and "2 from before" in quiet.stdout
 
 
 def test_ctrl_c_on_a_process_pool_keeps_finished_runs_and_leaves_no_worker(tmp_path):
