@@ -10,7 +10,8 @@ notes (the findings) as a list. Invariants:
 - the all-runs table, which the PDF splits over pages ("All runs (1 of 2)", ...), is ONE table in
   the first such section, so sorting covers every run; the later pages' titles are named there.
   It is drawn as a table only (the PDF's picture of a table would repeat it), and so is a page
-  whose figure is text only (no axes: the cover, the failed runs) and which has a table;
+  whose figure is text only (no visible axes: the cover, the summary, the findings, the failed
+  runs) and which has a table or notes;
 - tables whose header starts with "run" are sortable: a click on a column header sorts by it
   (numbers numerically, after dropping "," and "%" and a trailing " ± x"; "-" last), another
   click reverses; the script ends by setting ``document.body.dataset.ready = "1"``;
@@ -101,9 +102,22 @@ def _merge_all_runs(pages: list[Page]) -> list[tuple[Page, list[str]]]:
     return out
 
 
+def _save(fig, buf, **kwargs) -> None:
+    """Save without the page's title and caption (the section's heading and paragraph say them),
+    cropped to what is left; the figure is as it was afterwards."""
+    hidden = [t for t in (*fig.texts, fig._suptitle) if t is not None and t.get_visible()]
+    for t in hidden:
+        t.set_visible(False)
+    try:
+        fig.savefig(buf, bbox_inches="tight", pad_inches=0.1, **kwargs)
+    finally:
+        for t in hidden:
+            t.set_visible(True)
+
+
 def _svg(fig, prefix: str) -> str:
     buf = io.StringIO()
-    fig.savefig(buf, format="svg")
+    _save(fig, buf, format="svg")
     text = buf.getvalue()
     text = text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE
     ids = set(re.findall(r'\bid="([^"]+)"', text))
@@ -119,7 +133,7 @@ def _figure(fig, prefix: str) -> str:
     if len(svg.encode()) <= SVG_LIMIT:
         return f"<figure>{svg}</figure>"
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    _save(fig, buf, format="png", dpi=110)
     data = base64.b64encode(buf.getvalue()).decode("ascii")
     return f'<figure><img class="fig" alt="figure" src="data:image/png;base64,{data}"></figure>'
 
@@ -157,7 +171,8 @@ def _section(k: int, page: Page, folded: list[str]) -> str:
                          f'{html.escape(", ".join(folded))}. Click a column header to sort.</p>')
     else:
         parts += [f"<h2>{html.escape(page.title)}</h2>", f"<p>{html.escape(page.caption)}</p>"]
-        if page.table is None or page.figure.axes:  # a text-only figure would repeat the table
+        drawn = any(ax.axison for ax in page.figure.axes)
+        if drawn or (page.table is None and not page.notes):  # a text-only figure repeats the table or notes
             parts.append(_figure(page.figure, f"f{k}-"))
     if page.table is not None:
         parts.append(_table(page.table))
