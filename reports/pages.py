@@ -225,7 +225,9 @@ def prefix_cache_page(study: Study) -> Page | None:
 
 FIGURE_PAGES = (
     ("Latency distributions", latency_cdfs, "no completed requests"),
-    ("Queue, batch and memory over time", activity_over_time, "no run at the base settings"),
+    ("Queue, batch and memory over time", activity_over_time,
+     "no completed run at the base settings with an activity series (runs recorded by an earlier pagesim lack it: "
+     "run the study again into a new folder)"),
     ("KV-cache memory over time: paging vs contiguous reservation", memory_over_time, "needs an allocator axis"),
     ("Preemptions: swap vs recompute, and what they cost", preemption_page,
      "no run at the base settings (or along the preemption and block-size axes) was preempted"),
