@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reports.load import REGIMES, nominal_rps, run_load
-from reports.noise import Estimate, compare, relative_difference, rule_words
+from reports.noise import Estimate, compare, rule_words
 from reports.results import HEADLINE, METRICS, M, RATE_AXES, SEED, Metric, Setting, Study, describe_config, settings
 
 # Not policy choices: load, workload, resources, baselines and seeds. The summary ranks only runs that
@@ -64,7 +64,11 @@ def _gap(metric: Metric, a: float, b: float) -> str:
     """How far ``a`` is from ``b``, in words (enough digits to compare with a 2% threshold)."""
     if metric.fraction:
         return f"{abs(a - b) * 100:.2g} points {'higher' if a > b else 'lower'}"
-    rel = relative_difference(a, b)
+    if b == 0:
+        return f"{'higher' if a > b else 'lower'}: {metric.format(a)} vs 0"
+    rel = abs(a - b) / abs(b)  # relative to the value compared with: 2.5x is "150% higher"
+    if rel >= 1:
+        return f"{a / b:.3g}x as {'high' if a > b else 'low'}"
     return f"{rel:.{2 if rel < 0.1 else 1}%} {'higher' if a > b else 'lower'}"
 
 
@@ -74,10 +78,11 @@ def _regimes(records: list[dict[str, Any]]) -> str:
     rates = sorted({k for r in records if (k := _rate_key(r)) is not None})
     counts = {k: sum(ld.regime == k for ld in loads) for k in REGIMES}
     counts = {k: v for k, v in counts.items() if v}
+    words = {k: (f"{k} saturation" if k != "unknown" else "of unknown load") for k in counts}
     if len(counts) == 1:
-        regime = f"all {next(iter(counts))} saturation"
+        regime = f"all {words[next(iter(counts))]}"
     else:
-        regime = ", ".join(f"{v} {k}" for k, v in counts.items()) + " saturation"
+        regime = ", ".join(f"{v} {words[k]}" for k, v in counts.items())
     at = f"at {', '.join(f'{r:.3g}' for r in rates)} requests/s, " if rates else ""
     return at + regime
 
@@ -167,7 +172,7 @@ def _order(value: Any) -> tuple:
 
 def comparable(study: Study) -> list[dict[str, Any]]:
     """OK runs at the base load, workload, resources, allocator: they differ in policy (and seed) only."""
-    base = study.base
+    base = {**study.base, **study.anchor()}
     return [r for r in study.ok if all(r["config"].get(k) == base.get(k) for k in CONTEXT_KEYS if k != SEED)]
 
 

@@ -55,12 +55,17 @@ def _fixed_words(grid: dict[str, list], axes: list[str]) -> str:
     return ("; fixed in this grid: " + ", ".join(fixed)) if fixed else ""
 
 
+NO_VALUE = Estimate(float("nan"), None, 0)  # a cell whose runs completed without this metric
+
+
 def _cell_estimates(group: list[Setting], metric: Metric, row_axis: str, col_axis: str,
                     rows: list, cols: list) -> list[list[Estimate | None]]:
+    """Per cell the setting's estimate; None where no run completed, ``NO_VALUE`` where runs did
+    but without the metric."""
     out: list[list[Estimate | None]] = [[None] * len(cols) for _ in rows]
     for s in group:
         i, j = rows.index(s.config.get(row_axis)), cols.index(s.config.get(col_axis))
-        out[i][j] = s.estimate(metric.key)
+        out[i][j] = s.estimate(metric.key) or NO_VALUE
     return out
 
 
@@ -75,14 +80,16 @@ def _heatmap(ax, fig, cells: list[list[Estimate | None]], metric: Metric, rows: 
              row_axis: str, col_axis: str, title: str, top: float) -> None:
     """Colour from zero to ``top``, shared by a page's panels: a 1% difference looks like 1%."""
     scale = 100.0 if metric.fraction else 1.0
-    data = np.array([[np.nan if c is None else c.mean * scale for c in row] for row in cells], dtype=float)
+    data = np.array([[np.nan if c is None or c is NO_VALUE else c.mean * scale for c in row] for row in cells],
+                    dtype=float)
     cmap = "viridis" if metric.better == "max" else "viridis_r"
     lo, hi = 0.0, top
     image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, aspect="auto", vmin=lo, vmax=hi if hi > lo else lo + 1)
     for i, row in enumerate(cells):
         for j, est in enumerate(row):
-            if est is None:
-                ax.text(j, i, "no run", ha="center", va="center", fontsize=7, color="#868e96")
+            if est is None or est is NO_VALUE:
+                ax.text(j, i, "no run" if est is None else "no value", ha="center", va="center", fontsize=7,
+                        color="#868e96")
                 continue
             text = metric.format(est.mean, est.half_width)
             shade = (est.mean * scale - lo) / (hi - lo) if hi > lo else 0.5
@@ -103,7 +110,8 @@ def _heatmap(ax, fig, cells: list[list[Estimate | None]], metric: Metric, rows: 
 
 
 def _caption(study: Study, index: int, grid: dict, axes: list[str], runs: int, what: str) -> str:
-    over = ("the mean of its seeds with the 95% interval" if study.seeded else "one run")
+    seeded = len(grid.get(SEED, [])) > 1
+    over = "the mean of its seeds with the 95% interval" if seeded else "one run"
     values = "; ".join(f"{axis_label(a)}: {', '.join(value_label(v) for v in grid[a])}" for a in axes)
     return (f"Grid {index + 1} of the study, all {runs} of its completed runs ({values}{_fixed_words(grid, axes)}; "
             f"every other setting at the base). {what} Each cell is {over}.")
@@ -169,7 +177,8 @@ def _one_axis_page(study: Study, index: int, grid: dict, axis: str, records: lis
     group = sorted(settings(records), key=lambda s: _order(s.config.get(axis)))
     title = f"Throughput, goodput and tail latency per {axis_label(axis).lower()}"
     caption = _caption(study, index, grid, [axis], len(records),
-                       "The headline metrics per value" + (" with 95% intervals over seeds." if study.seeded else "."))
+                       "The headline metrics per value" + (" with 95% intervals over seeds."
+                                                           if len(grid.get(SEED, [])) > 1 else "."))
     fig, panels = new_page(title, caption, ncols=4)
     labels = [value_label(s.config.get(axis)) for s in group]
     for ax, metric in zip(panels, HEADLINE):

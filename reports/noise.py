@@ -8,7 +8,9 @@ difference exceeds a stated threshold (``DEFAULT_THRESHOLD``, 2%; for fractions 
 rate, the threshold is in percentage points, since 0.1% vs 0.2% is a doubling of nothing).
 
 Invariants: an ``Estimate`` of n values has ``half_width is None`` iff n == 1; ``compare`` is
-antisymmetric (``compare(a, b) == -compare(b, a)``) and never calls identical values different.
+antisymmetric (``compare(a, b) == -compare(b, a)``) and never calls identical values different;
+seeds that give identical values (zero spread) are judged by the threshold, never by a zero-width
+interval.
 """
 
 from __future__ import annotations
@@ -70,14 +72,22 @@ def relative_difference(a: float, b: float, *, fraction: bool = False) -> float:
 def compare(a: Estimate, b: Estimate, *, threshold: float = DEFAULT_THRESHOLD, fraction: bool = False) -> int:
     """+1 if ``a`` is measurably above ``b``, -1 if below, 0 for "no measurable difference".
 
-    With intervals on both sides (seeds), the intervals must separate; otherwise the difference
+    With intervals on both sides (seeds), the intervals must separate; with one, the other side's
+    single value must lie outside it (and beyond the threshold); with none, or seeds whose runs
+    came out identical (a trace replayed at its own timestamps ignores the seed), the difference
     must exceed ``threshold`` (relative, or points for a fraction)."""
-    if a.half_width is not None and b.half_width is not None:
+    spread = [e for e in (a, b) if e.half_width is not None and e.half_width > 1e-9 * max(abs(e.mean), 1e-12)]
+    if len(spread) == 2:  # both seeded: the intervals must separate
         if a.low > b.high:
             return 1
         if b.low > a.high:
             return -1
         return 0
+    if len(spread) == 1:  # one seeded, one single run: the single value must lie outside the interval
+        seeded, single = spread[0], (b if spread[0] is a else a)
+        if seeded.low <= single.mean <= seeded.high:
+            return 0
+    # no spread on either side (one run each, or seeds that changed nothing): the threshold decides
     if relative_difference(a.mean, b.mean, fraction=fraction) <= threshold:
         return 0
     return 1 if a.mean > b.mean else -1
@@ -88,4 +98,5 @@ def rule_words(seeded: bool, threshold: float) -> str:
     if seeded:
         return "means over seeds; a difference counts only where the 95% intervals separate"
     return (f"one run per setting (no seeds); differences up to {threshold:.0%} (relative; percentage points for "
-            "rates) count as no measurable difference")
+            "rates) count as no measurable difference, and larger ones are not tested against what changing the seed "
+            "changes (list seed = [0, 1, 2] in [base] for that)")

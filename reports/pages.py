@@ -36,6 +36,19 @@ def _label(study: Study, record: dict[str, Any], axes: tuple[str, ...]) -> str:
     return ", ".join(parts) or "base settings"
 
 
+def _base_seed(study: Study, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of each setting's seeds, the base seed's run (a page of one bar or line per run)."""
+    if not study.seeded:
+        return runs
+    seed = study.base.get("seed")
+    return [r for r in runs if r["config"].get("seed") == seed]
+
+
+def _replica_words(runs: list[dict[str, Any]]) -> str:
+    replicas = max((r["config"].get("replicas") or 1 for r in runs), default=1)
+    return f" With {replicas} replicas, the series are replica 0's." if replicas > 1 else ""
+
+
 def latency_cdfs(study: Study) -> Page | None:
     preferred = ("block_size", "preemption", "eviction", "kv_cache_gb")
     axes = sorted((a for a in study.varying() if a not in ("rate_scale", "rate")),
@@ -107,17 +120,16 @@ def activity_over_time(study: Study) -> Page | None:
     axis = "preemption" if study.varies("preemption") else None
     runs = [r for r in (study.slice(axis) if axis else study.slice())
             if (r.get("series") or {}).get("activity", {}).get("time_s")]
-    if study.seeded:
-        base_seed = study.base.get("seed")
-        runs = [r for r in runs if r["config"].get("seed") == base_seed]
+    runs = _base_seed(study, runs)
     if not runs:
         return None
     runs = sorted(runs, key=lambda r: order(r["config"].get(axis)))[:4]
     shown = "the base run" + (" under each preemption mode" if axis else "")
     title = "Queue, batch and memory over time" + (" per preemption mode" if axis else "")
-    caption = (f"The life of {shown}: requests waiting for admission, running, and in each step's batch, blocks held "
-               "in the CPU swap pool, and the KV memory of the first run shown. A queue that grows to the end of the "
-               "arrivals means the run is past saturation." + elsewhere(study, len(runs)))
+    caption = (f"The life of {shown}: requests waiting for admission (swapped-out requests not counted), running, and "
+               "in each step's batch, blocks held in the CPU swap pool, and the KV memory of the first run shown. A "
+               "queue that grows to the end of the arrivals means the run is past saturation."
+               + _replica_words(runs) + elsewhere(study, len(runs)))
     fig, axes = new_page(title, caption, nrows=2, ncols=3, legend_rows=legend_rows(len(runs) + 4))
     panels = (("waiting", "requests waiting (count)", "Waiting queue"), ("running", "requests running (count)",
               "Running requests"), ("batch_requests", "requests in the step (count)", "Batch size"),
@@ -148,7 +160,7 @@ def activity_over_time(study: Study) -> Page | None:
 
 def preemption_page(study: Study) -> Page | None:
     axes = tuple(a for a in ("preemption", "block_size") if study.varies(a)) or tuple(study.varying()[:1])
-    runs = sorted(study.slice(*axes), key=lambda r: tuple(order(r["config"].get(a)) for a in axes))
+    runs = sorted(_base_seed(study, study.slice(*axes)), key=lambda r: tuple(order(r["config"].get(a)) for a in axes))
     runs = [r for r in runs if "preemption" in r][:16]
     if not any(r["preemption"].get("swap", 0) + r["preemption"].get("recompute", 0) for r in runs):
         return None  # (nothing to split: the all-runs table says how many preemptions each run had)
@@ -171,7 +183,7 @@ def preemption_page(study: Study) -> Page | None:
     b.bar(x, [r["preemption"].get("recomputed_tokens", 0) / 1e3 for r in runs], color="#1c7ed6")
     b.set(ylabel="tokens recomputed (thousands)", title="Recomputation")
     c.bar(x, [r["preemption"].get("swapped_bytes", 0) / 2**30 for r in runs], color="#f08c00")
-    c.set(ylabel="swapped, out + in (GiB)", title="Swap traffic")
+    c.set(ylabel="swapped per GPU, out + in (GiB)", title="Swap traffic")
     d.bar(x, [metric(r, "ttft_s.p99") or 0 for r in runs], color="#868e96")
     d.set(ylabel="TTFT p99 (s)", title="TTFT p99")
     crowded = len(runs) > 8

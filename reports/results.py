@@ -42,7 +42,7 @@ class Metric:
         if self.fraction:
             text = f"{value:.1%}"
             return text + (f" ± {half_width * 100:.1f}" if half_width else "")
-        digits = _digits(value)
+        digits = 0 if self.unit == "count" and value == int(value) else _digits(value)
         text = f"{value:,.{digits}f}"
         return text + (f" ± {half_width:,.{digits}f}" if half_width else "")
 
@@ -90,6 +90,7 @@ class Study:
     records: list[dict[str, Any]]  # in the study's run order; missing runs absent
     threshold: float = DEFAULT_THRESHOLD  # the no-seed noise rule (reports.noise)
     _grids: list | None = field(default=None, repr=False)
+    _anchor: dict | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> list[dict[str, Any]]:
@@ -106,9 +107,23 @@ class Study:
     def axes(self) -> dict[str, list]:
         return self.meta["axes"]
 
+    def anchor(self) -> dict[str, Any]:
+        """Settings whose base value no completed run has (a spec whose grids all list rates other
+        than the source's, say), each held at the value most completed runs have instead."""
+        if self._anchor is None:
+            self._anchor = {}
+            for key, value in self.base.items():
+                if key == SEED or not self.ok:
+                    continue
+                seen = [json.dumps(r["config"].get(key), sort_keys=True) for r in self.ok]
+                if json.dumps(value, sort_keys=True) not in seen:
+                    self._anchor[key] = json.loads(max(dict.fromkeys(seen), key=seen.count))
+        return self._anchor
+
     def slice(self, *vary: str, **fixed: Any) -> list[dict[str, Any]]:
-        """OK runs that differ from the base only in ``vary`` (other keys at base, or as ``fixed``)."""
-        want = {**self.base, **fixed}
+        """OK runs that differ from the base only in ``vary`` (other keys at base, or as ``fixed``;
+        a base value no run has is replaced by ``anchor``'s)."""
+        want = {**self.base, **self.anchor(), **fixed}
         out = []
         for r in self.ok:
             config = r["config"]
@@ -191,9 +206,9 @@ def load_study(out_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD) -> 
 
 def metric(record: dict[str, Any], key: str) -> float | None:
     summary = record.get("summary") or {}
-    if key == "preemptions_total":
-        pre = summary.get("preemptions") or {}
-        return float(sum(pre.values())) if pre else 0.0
+    if key == "preemptions_total":  # a run that does not report preemptions has no count, not zero
+        pre = summary.get("preemptions")
+        return float(sum(pre.values())) if isinstance(pre, dict) else None
     value: Any = summary
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None

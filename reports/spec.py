@@ -196,6 +196,8 @@ def validate(doc: dict, origin: str = "spec") -> StudySpec:
         seeds = _settings({"seed": base_doc["seed"]}, f"{origin}: base", scalar=False)["seed"]
         if len(set(seeds)) != len(seeds):
             raise SpecError(f"{origin}: base.seed lists a seed twice: {seeds}")
+        if any(seed < 0 for seed in seeds):
+            raise SpecError(f"{origin}: base.seed: seeds are non-negative integers, got {seeds}")
         base_doc = {**base_doc, "seed": seeds[0]}
     base.update(_settings(base_doc, f"{origin}: base", scalar=True))
     grids_doc = doc.get("grid", [])
@@ -348,6 +350,8 @@ def _check_run(config: RunConfig, origin: str) -> None:
     for key in ("block_size", "tp", "replicas", "ep"):  # (ep may be left out: 1)
         if config.get(key) is not None and config[key] < 1:
             raise SpecError(f"{origin}: {key} must be >= 1, got {config[key]}")
+    if config["seed"] < 0:
+        raise SpecError(f"{origin}: seed must be a non-negative integer, got {config['seed']}")
     if config["rate_scale"] <= 0 or not math.isfinite(config["rate_scale"]):
         raise SpecError(f"{origin}: rate_scale must be a positive number, got {config['rate_scale']}")
     if config["rate"] is not None and not 0 < config["rate"] < math.inf:

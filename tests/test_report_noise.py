@@ -90,3 +90,39 @@ def test_a_difference_larger_than_the_seed_spread_is_called(tmp_path):
     (line,) = axis_findings(study)
     assert line.startswith("KV cache size (0.5 GiB, 4 GiB; 6 runs")
     assert "TTFT p99 best at 4 GiB" in line and "throughput best at 4 GiB" in line
+
+
+def test_seeds_that_change_nothing_and_one_sided_seeds_fall_back_to_the_threshold():
+    flat_a, flat_b = Estimate(100.0, 0.0, 3), Estimate(100.5, 0.0, 3)  # e.g. a trace at its own timestamps
+    assert compare(flat_a, flat_b) == 0 and compare(flat_a, Estimate(110.0, 0.0, 3)) == -1
+    seeded, single = Estimate(1000.0, 745.0, 3), Estimate(1050.0, None, 1)
+    assert compare(single, seeded) == 0  # inside the seeded interval: no claim, whatever the threshold says
+    assert compare(Estimate(2000.0, None, 1), seeded) == 1
+
+
+def test_gaps_are_relative_to_the_value_compared_with():
+    from reports.findings import _gap
+    from reports.results import M
+
+    thr = M["throughput_tokens_s"]
+    assert _gap(thr, 1270.0, 507.5) == "2.5x as high"
+    assert _gap(thr, 110.0, 100.0) == "10.0% higher" and _gap(thr, 90.0, 100.0) == "10.0% lower"
+    assert _gap(M["preemptions_total"], 105.0, 0.0) == "higher: 105 vs 0"
+    assert _gap(M["prefix_hit_rate"], 0.824, 0.764) == "6 points higher"
+
+
+def test_a_run_without_preemption_counts_has_none_not_zero():
+    from reports.results import metric
+
+    assert metric({"summary": {}}, "preemptions_total") is None
+    assert metric({"summary": {"preemptions": {}}}, "preemptions_total") == 0.0
+    assert metric({"summary": {"preemptions": {"swap": 2, "recompute": 3}}}, "preemptions_total") == 5.0
+
+
+def test_a_base_value_no_run_has_is_replaced_by_the_runs_value(tmp_path):
+    """A grid of rates none of which is the source's: pages and findings still find their runs."""
+    study = _run(tmp_path, BASE.replace("seed = [0, 1, 2]\n", "") + "[[grid]]\nrate = [3.0, 6.0]\nblock_size = [8, 16]\n")
+    assert study.anchor() == {"rate": 3.0}
+    assert len(study.slice("block_size")) == 2
+    (line,) = axis_findings(study)
+    assert line.startswith("Block size (8, 16; 2 runs at 3 requests/s")
