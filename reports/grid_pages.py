@@ -12,6 +12,7 @@ Seeds are never an axis: a cell is the mean of the setting's seeds. Grids that v
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,12 @@ def _heatmap(ax, fig, cells: list[list[Estimate | None]], metric: Metric, rows: 
                     dtype=float)
     cmap = "viridis" if metric.better == "max" else "viridis_r"
     lo, hi = 0.0, top
-    image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, aspect="auto", vmin=lo, vmax=hi if hi > lo else lo + 1)
+    # NOTE: vector cells (pcolormesh), not imshow: a PDF keeps every image in memory until it is
+    # closed, which made a large study's report grow by megabytes per heatmap.
+    image = ax.pcolormesh(np.arange(len(cols) + 1) - 0.5, np.arange(len(rows) + 1) - 0.5, np.ma.masked_invalid(data),
+                          cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1)
+    ax.set_xlim(-0.5, len(cols) - 0.5)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # the first row on top, as a table reads
     for i, row in enumerate(cells):
         for j, est in enumerate(row):
             if est is None or est is NO_VALUE:
@@ -105,6 +111,8 @@ def _heatmap(ax, fig, cells: list[list[Estimate | None]], metric: Metric, rows: 
         spine.set_visible(False)
     unit = "%" if metric.fraction else metric.unit
     bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
+    if bar.solids is not None:  # vectors: a rasterized colorbar is an image the PDF holds until closed
+        bar.solids.set_rasterized(False)
     bar.set_label(f"{metric.label} ({unit})", fontsize=7.5)
     bar.ax.tick_params(labelsize=7)
 
@@ -133,13 +141,12 @@ def _two_axis_page(study: Study, index: int, grid: dict, axes: list[str], record
     return Page(title, caption, fig)
 
 
-def _multi_axis_pages(study: Study, index: int, grid: dict, axes: list[str], records: list) -> list[Page]:
+def _multi_axis_pages(study: Study, index: int, grid: dict, axes: list[str], records: list) -> Iterator[Page]:
     row_axis, col_axis, *rest = axes
     group = settings(records)
     rows = sorted({s.config.get(row_axis) for s in group}, key=_order)
     cols = sorted({s.config.get(col_axis) for s in group}, key=_order)
     combos = [c for c in itertools.product(*(sorted({s.config.get(a) for s in group}, key=_order) for a in rest))]
-    pages = []
     for metric in HEADLINE:
         for start in range(0, len(combos), PANELS_PER_PAGE):
             chunk = combos[start:start + PANELS_PER_PAGE]
@@ -164,8 +171,7 @@ def _multi_axis_pages(study: Study, index: int, grid: dict, axes: list[str], rec
                 _heatmap(ax, fig, cells, metric, rows, cols, row_axis, col_axis, name, _top(group, metric))
             for ax in panels[len(chunk):]:
                 ax.axis("off")
-            pages.append(Page(title, caption, fig))
-    return pages
+            yield Page(title, caption, fig)
 
 
 def _join(axes: list[str]) -> str:
@@ -197,16 +203,15 @@ def _one_axis_page(study: Study, index: int, grid: dict, axis: str, records: lis
     return Page(title, caption, fig)
 
 
-def grid_pages(study: Study) -> list[Page]:
-    pages = []
+def grid_pages(study: Study) -> Iterator[Page]:
+    """The grid pages, one at a time (the report closes each once it is written)."""
     for index, (grid, records) in enumerate(study.grids()):
         axes = grid_axes(grid)
         if not records or not axes or all(a in RATE_AXES for a in axes):
             continue
         if len(axes) == 1:
-            pages.append(_one_axis_page(study, index, grid, axes[0], records))
+            yield _one_axis_page(study, index, grid, axes[0], records)
         elif len(axes) == 2:
-            pages.append(_two_axis_page(study, index, grid, axes, records))
+            yield _two_axis_page(study, index, grid, axes, records)
         else:
-            pages += _multi_axis_pages(study, index, grid, axes, records)
-    return pages
+            yield from _multi_axis_pages(study, index, grid, axes, records)

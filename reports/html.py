@@ -84,24 +84,6 @@ SCRIPT = r"""
 """
 
 
-def _merge_all_runs(pages: list[Page]) -> list[tuple[Page, list[str]]]:
-    """Pages paired with the titles of the pages folded into them: consecutive "All runs" pages
-    become one page whose table holds all their rows."""
-    out: list[tuple[Page, list[str]]] = []
-    for page in pages:
-        prev = out[-1][0] if out else None
-        if (page.title.startswith(ALL_RUNS) and prev is not None and prev.title.startswith(ALL_RUNS)
-                and prev.table is not None and page.table is not None):
-            out[-1][1].append(page.title)
-            prev.table.rows.extend(page.table.rows)
-            continue
-        if page.title.startswith(ALL_RUNS) and page.table is not None:  # a copy: the caller's pages stay as they were
-            page = Page(page.title, page.caption, page.figure, Table(list(page.table.header), list(page.table.rows)),
-                        list(page.notes))
-        out.append((page, [page.title]))
-    return out
-
-
 def _save(fig, buf, **kwargs) -> None:
     """Save without the page's title and caption (the section's heading and paragraph say them),
     cropped to what is left; the figure is as it was afterwards."""
@@ -182,26 +164,73 @@ def _section(k: int, page: Page, folded: list[str]) -> str:
     return "\n".join(parts)
 
 
+class HtmlReport:
+    """The report built a page at a time, so the caller can close each figure once it is drawn
+    (``add`` renders the page's figure at once); consecutive "All runs" pages fold into one table."""
+
+    def __init__(self, meta: dict[str, Any]):
+        self.meta = meta
+        self._sections: list[str] = []
+        self._toc: list[str] = []
+        self._runs: tuple[Page, list[str]] | None = None  # the all-runs table being gathered
+
+    def add(self, page: Page) -> None:
+        if page.title.startswith(ALL_RUNS) and page.table is not None:
+            if self._runs is not None:
+                self._runs[0].table.rows.extend(page.table.rows)
+                self._runs[1].append(page.title)
+                return
+            # a copy (the caller's page stays as it was) without the figure: the table is drawn as HTML
+            table = Table(list(page.table.header), list(page.table.rows))
+            self._runs = (Page(page.title, page.caption, None, table, list(page.notes)), [page.title])
+            return
+        self._flush_runs()
+        self._append(page, [page.title])
+
+    def _flush_runs(self) -> None:
+        if self._runs is not None:
+            page, folded = self._runs
+            self._runs = None
+            self._append(page, folded)
+
+    def _append(self, page: Page, folded: list[str]) -> None:
+        k = len(self._sections)
+        self._sections.append(_section(k, page, folded))
+        self._toc.append(f'<li><a href="#{_slug(k, page.title)}">'
+                         f'{html.escape(ALL_RUNS if len(folded) > 1 else page.title)}</a></li>')
+
+    def render(self) -> str:
+        self._flush_runs()
+        name = f"pagesim study: {self.meta['name']}"
+        toc, sections = "\n".join(self._toc), "\n".join(self._sections)
+        return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+                f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+                f"<title>{html.escape(name)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+                f"<h1>{html.escape(name)}</h1>\n<nav><h2>Contents</h2><ol>\n{toc}\n</ol></nav>\n"
+                f"{sections}\n<script>{SCRIPT}</script>\n</body>\n</html>\n")
+
+    def write(self, out: str | Path) -> None:
+        """Write the HTML file at ``out`` (atomically)."""
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(self.render(), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # after a failure (a full disk): no half-written file left behind
+
+
 def render_html(pages: list[Page], meta: dict[str, Any]) -> str:
-    merged = _merge_all_runs(pages)
-    name = f"pagesim study: {meta['name']}"
-    toc = "\n".join(f'<li><a href="#{_slug(k, p.title)}">{html.escape(ALL_RUNS if len(f) > 1 else p.title)}</a></li>'
-                    for k, (p, f) in enumerate(merged))
-    sections = "\n".join(_section(k, p, f) for k, (p, f) in enumerate(merged))
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{html.escape(name)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
-            f"<h1>{html.escape(name)}</h1>\n<nav><h2>Contents</h2><ol>\n{toc}\n</ol></nav>\n"
-            f"{sections}\n<script>{SCRIPT}</script>\n</body>\n</html>\n")
+    report = HtmlReport(meta)
+    for page in pages:
+        report.add(page)
+    return report.render()
 
 
 def write_html(pages: list[Page], out: str | Path, meta: dict[str, Any]) -> None:
     """Write the report's pages as one HTML file at ``out`` (atomically)."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(render_html(pages, meta), encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # after a failure (a full disk): no half-written file left behind
+    report = HtmlReport(meta)
+    for page in pages:
+        report.add(page)
+    report.write(out)

@@ -11,12 +11,13 @@ half-written; ``reports.html`` writes the same pages as one HTML file.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import platform
 import textwrap
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
@@ -169,23 +170,37 @@ def failures_page(study: Study) -> Page:
     return Page(title, caption, _text_page(title, caption, body), Table(["run", "settings", "error"], rows))
 
 
-def report_pages(study: Study) -> list[Page]:
-    """Every page of the report, in order."""
-    figures: list[Page] = []
-    omitted: list[tuple[str, str]] = []
-    if study.ok:
-        figures += grid_pages(study)
+def iter_report_pages(study: Study) -> Iterator[Page]:
+    """Every page of the report, in order, one at a time: the consumer closes each figure once it
+    has drawn it, so memory holds one page whatever the study's size. (The cover names the pages
+    left out, so the optional pages are made once beforehand to see which exist, and closed.)"""
+    present, omitted = [], []
     for title, make, why in (*LOAD_PAGES, *FIGURE_PAGES):
         page = make(study) if study.ok else None
-        (figures.append(page) if page is not None else omitted.append((title, why)))
-    pages = [cover(study, omitted), summary_page(study), findings_page(study), *table_pages(study), *figures]
+        if page is None:
+            omitted.append((title, why))
+        else:
+            plt.close(page.figure)
+            present.append(make)
+    yield cover(study, omitted)
+    yield summary_page(study)
+    yield findings_page(study)
+    yield from table_pages(study)
+    if study.ok:
+        yield from grid_pages(study)
+    for make in present:
+        yield make(study)
     if study.meta.get("paper"):
         from reports.paper_pages import paper_pages
 
-        pages += paper_pages(study)
+        yield from paper_pages(study)
     if study.failed:
-        pages.append(failures_page(study))
-    return pages
+        yield failures_page(study)
+
+
+def report_pages(study: Study) -> list[Page]:
+    """Every page of the report, in order, all held (the caller closes their figures)."""
+    return list(iter_report_pages(study))
 
 
 def open_study(study_dir: str | Path, threshold: float = DEFAULT_THRESHOLD) -> Study:
@@ -195,36 +210,37 @@ def open_study(study_dir: str | Path, threshold: float = DEFAULT_THRESHOLD) -> S
     return study
 
 
-def write_pdf(pages: list[Page], out_pdf: str | Path, meta: dict[str, Any]) -> None:
-    out = Path(out_pdf)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        with PdfPages(tmp, metadata={"Title": f"pagesim study {meta['name']}", "Creator": "pagesim"}) as pdf:
-            for page in pages:
-                pdf.savefig(page.figure)
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)  # after a failure (a full disk): no half-written file left behind
-
-
-def close(pages: list[Page]) -> None:
-    for page in pages:
-        plt.close(page.figure)
-
-
 def build_report(study_dir: str | Path, out_pdf: str | Path | None, *, html: str | Path | None = None,
                  threshold: float = DEFAULT_THRESHOLD) -> list[str]:
-    """Write the PDF (and the HTML report if asked); returns the page titles, in order."""
-    study = open_study(study_dir, threshold)
-    pages = report_pages(study)
-    try:
-        if out_pdf is not None:
-            write_pdf(pages, out_pdf, study.meta)
-        if html is not None:
-            from reports.html import write_html
+    """Write the PDF (and the HTML report if asked), a page at a time; returns the page titles."""
+    from reports.html import HtmlReport
 
-            write_html(pages, html, study.meta)
+    study = open_study(study_dir, threshold)
+    pdf_path = Path(out_pdf) if out_pdf is not None else None
+    tmp = pdf_path.with_name(pdf_path.name + ".tmp") if pdf_path is not None else None
+    report = HtmlReport(study.meta) if html is not None else None
+    titles = []
+    try:
+        with contextlib.ExitStack() as stack:
+            pdf = None
+            if pdf_path is not None:
+                pdf_path.parent.mkdir(parents=True, exist_ok=True)
+                pdf = stack.enter_context(PdfPages(tmp, metadata={"Title": f"pagesim study {study.meta['name']}",
+                                                                  "Creator": "pagesim"}))
+            for page in iter_report_pages(study):
+                try:
+                    titles.append(page.title)
+                    if pdf is not None:
+                        pdf.savefig(page.figure)
+                    if report is not None:
+                        report.add(page)
+                finally:
+                    plt.close(page.figure)
+        if tmp is not None:
+            tmp.replace(pdf_path)
+        if report is not None:
+            report.write(html)
     finally:
-        close(pages)
-    return [page.title for page in pages]
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)  # after a failure (a full disk): no half-written file left behind
+    return titles

@@ -8,6 +8,8 @@ returns the rows as strings (what the PDF draws and the HTML report sorts).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from reports.load import run_load
 from reports.results import M, SEED, Study, metric
 from reports.style import Page, Table, new_page
@@ -50,10 +52,9 @@ def all_runs(study: Study) -> Table:
     return Table(header, rows)
 
 
-def table_pages(study: Study) -> list[Page]:
+def table_pages(study: Study) -> Iterator[Page]:
     table = all_runs(study)
     chunks = [table.rows[i:i + ROWS_PER_PAGE] for i in range(0, len(table.rows), ROWS_PER_PAGE)] or [[]]
-    pages = []
     for k, rows in enumerate(chunks):
         first = k * ROWS_PER_PAGE + 1
         title = "All runs" + (f" ({k + 1} of {len(chunks)})" if len(chunks) > 1 else "")
@@ -75,8 +76,7 @@ def table_pages(study: Study) -> list[Page]:
                     cell.set_text_props(fontweight="bold")
                     cell.set_facecolor("#e9ecef")
                     cell.set_height(cell.get_height() * 2)
-        pages.append(Page(title, caption, fig, Table(table.header, rows)))
-    return pages
+        yield Page(title, caption, fig, Table(table.header, rows))
 
 
 def _widths(header: list[str], rows: list[list[str]]) -> list[float]:
