@@ -113,6 +113,7 @@ def _heatmap(ax, fig, cells: list[list[Estimate | None]], metric: Metric, rows: 
     bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
     if bar.solids is not None:  # vectors: a rasterized colorbar is an image the PDF holds until closed
         bar.solids.set_rasterized(False)
+        bar.solids.set_edgecolor("face")  # (no seams between the bands)
     bar.set_label(f"{metric.label} ({unit})", fontsize=7.5)
     bar.ax.tick_params(labelsize=7)
 
