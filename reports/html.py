@@ -221,13 +221,6 @@ class HtmlReport:
             tmp.unlink(missing_ok=True)  # after a failure (a full disk): no half-written file left behind
 
 
-def render_html(pages: list[Page], meta: dict[str, Any]) -> str:
-    report = HtmlReport(meta)
-    for page in pages:
-        report.add(page)
-    return report.render()
-
-
 def write_html(pages: list[Page], out: str | Path, meta: dict[str, Any]) -> None:
     """Write the report's pages as one HTML file at ``out`` (atomically)."""
     report = HtmlReport(meta)
