@@ -20,7 +20,8 @@ from typing import Any
 
 from reports.load import REGIMES, nominal_rps, run_load
 from reports.noise import Estimate, compare, rule_words
-from reports.results import HEADLINE, METRICS, M, RATE_AXES, SEED, Metric, Setting, Study, describe_config, settings
+from reports.results import (HEADLINE, METRICS, RATE_AXES, SEED, M, Metric, Setting, Study, describe_config, metric,
+                             settings)
 
 # Not policy choices: load, workload, resources, baselines and seeds. The summary ranks only runs that
 # have these at the base, so "best" never means "less traffic" or "a bigger GPU".
@@ -265,8 +266,24 @@ def findings(study: Study) -> list[str]:
     return load_findings(study) + axis_findings(study) + _closing(study)
 
 
+def seeds_change_nothing(study: Study) -> bool:
+    """A seeded study whose seeds gave identical headline metrics for every setting (a trace
+    replayed at its own or rescaled timestamps draws nothing from the seed)."""
+    repeated = [s for s in settings(study.ok) if len(s.records) > 1]
+    return bool(repeated) and all(len({metric(r, m.key) for r in s.records}) == 1 for s in repeated for m in HEADLINE)
+
+
+def noise_rule(study: Study) -> str:
+    """The rule this study's comparisons rest on, in words."""
+    if study.seeded and seeds_change_nothing(study):
+        return (f"the threshold, as the seeds changed nothing (every setting's runs are identical: this source draws "
+                f"nothing from the seed): differences up to {study.threshold:.0%} (relative; percentage points for "
+                "rates) count as no measurable difference")
+    return rule_words(study.seeded, study.threshold)
+
+
 def _closing(study: Study) -> list[str]:
-    lines = ["Differences judged with " + rule_words(study.seeded, study.threshold) + "."]
+    lines = ["Differences judged with " + noise_rule(study) + "."]
     if study.failed:
         lines.append(f"{len(study.failed)} run(s) failed; the report lists them.")
     return lines

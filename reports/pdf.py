@@ -25,11 +25,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from reports.findings import best_settings, findings, load_findings, outline_lines  # noqa: E402
+from reports.findings import best_settings, findings, load_findings, noise_rule, outline_lines  # noqa: E402
 from reports.grid_pages import grid_pages  # noqa: E402
 from reports.load import RULE  # noqa: E402
 from reports.load_pages import goodput_page, throughput_latency_page  # noqa: E402
-from reports.noise import DEFAULT_THRESHOLD, rule_words  # noqa: E402
+from reports.noise import DEFAULT_THRESHOLD  # noqa: E402
 from reports.pages import FIGURE_PAGES  # noqa: E402
 from reports.results import Study, describe_config, load_study  # noqa: E402
 from reports.style import PAGE, Page, Table, new_page  # noqa: E402
@@ -93,7 +93,7 @@ def cover_lines(study: Study, omitted: list[tuple[str, str]]) -> list[tuple[str,
                  f"{len(meta['run_ids']) - len(study.records)} not run yet"),
         ("load", " ".join(load_findings(study)) or "no completed runs"),
         ("load rule", RULE),
-        ("noise rule", rule_words(study.seeded, study.threshold)),
+        ("noise rule", noise_rule(study)),
         ("cost model", "roofline (no calibration profile: calibration and simulated-vs-measured pages absent)"),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions().items())),
     ]
@@ -119,7 +119,7 @@ def summary_page(study: Study) -> Page:
     title = "Summary: the best setting per metric"
     caption = ("For each metric, the best setting among the runs at the base load, workload, cache size and allocator "
                "(so they differ in policy only), and whether it is ahead by more than noise ("
-               + rule_words(study.seeded, study.threshold) + "). Below, the load each offered rate put on the server.")
+               + noise_rule(study) + "). Below, the load each offered rate put on the server.")
     fig, (ax,) = new_page(title, caption, ncols=1)
     ax.set_position([0.02, 0.40, 0.96, 0.40])
     ax.axis("off")
@@ -144,7 +144,7 @@ def findings_page(study: Study) -> Page:
     found = findings(study)
     title = "Findings"
     caption = ("What the study found, setting by setting, each claim with its numbers, the runs it rests on and their "
-               "load; a difference is named only where it exceeds noise (" + rule_words(study.seeded, study.threshold)
+               "load; a difference is named only where it exceeds noise (" + noise_rule(study)
                + ").")
     fig = plt.figure(figsize=PAGE)
     fig.suptitle(title, fontsize=15, fontweight="bold", x=0.02, ha="left", y=0.975)

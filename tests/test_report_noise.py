@@ -126,3 +126,18 @@ def test_a_base_value_no_run_has_is_replaced_by_the_runs_value(tmp_path):
     assert len(study.slice("block_size")) == 2
     (line,) = axis_findings(study)
     assert line.startswith("Block size (8, 16; 2 runs at 3 requests/s")
+
+
+def test_seeds_that_change_nothing_are_named_and_judged_by_the_threshold(tmp_path):
+    """A trace rescaled to a rate draws nothing from the seed: the findings say so."""
+    from reports.findings import noise_rule
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i // 10:02d}.{(i % 10) * 100000:06d},{200 + 37 * i % 300},{20 + 11 * i % 60}\n"
+        for i in range(40)))
+    text = (f'name = "t"\n[source]\ntrace = "{trace}"\nrate = 4.0\n[base]\nkv_cache_gb = 1.0\nseed = [0, 1]\n'
+            "[[grid]]\nblock_size = [8, 16]\n")
+    study = _run(tmp_path / "s", text)
+    assert study.seeded and noise_rule(study).startswith("the threshold, as the seeds changed nothing")
+    assert findings(study)[-1].startswith("Differences judged with the threshold, as the seeds changed nothing")
