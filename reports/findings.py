@@ -21,7 +21,7 @@ from typing import Any
 from reports.load import REGIMES, nominal_rps, run_load
 from reports.noise import Estimate, compare, rule_words
 from reports.results import (HEADLINE, METRICS, RATE_AXES, SEED, M, Metric, Setting, Study, describe_config, metric,
-                             settings)
+                             order, settings, value_label)
 
 # Not policy choices: load, workload, resources, baselines and seeds. The summary ranks only runs that
 # have these at the base, so "best" never means "less traffic" or "a bigger GPU".
@@ -93,7 +93,7 @@ VALUE_UNITS = {"kv_cache_gb": " GiB", "swap_space_gb": " GiB"}
 
 def _name(axis: str, setting: Setting) -> str:
     value = setting.config.get(axis)
-    return "preset default" if value is None else f"{value:g}{VALUE_UNITS[axis]}" if axis in VALUE_UNITS else str(value)
+    return f"{value:g}{VALUE_UNITS[axis]}" if value is not None and axis in VALUE_UNITS else value_label(value)
 
 
 @dataclass
@@ -117,7 +117,7 @@ def axis_finding_items(study: Study) -> list[Finding]:
         group = settings(study.slice(axis, **fixed))
         if len({setting.config.get(axis) for setting in group}) < 2:
             continue
-        values = ", ".join(_name(axis, s) for s in sorted(group, key=lambda s: _order(s.config.get(axis))))
+        values = ", ".join(_name(axis, s) for s in sorted(group, key=lambda s: order(s.config.get(axis))))
         claims, flat = [], []
         for metric in AXIS_METRICS:
             ranking = rank(group, metric, study.threshold)
@@ -139,7 +139,7 @@ def axis_finding_items(study: Study) -> list[Finding]:
         if flat:
             claims.append(f"no measurable difference in {_join(flat)}")
         records = [r for s in group for r in s.records]
-        held = "".join(f"{k}={'preset default' if v is None else v}, " for k, v in fixed.items())
+        held = "".join(f"{k}={value_label(v)}, " for k, v in fixed.items())
         head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {_runs(len(records))} {_regimes(records)}, {held}every "
                 "other setting at the base)")
         out.append(Finding(head, claims))
@@ -165,10 +165,6 @@ def axis_findings(study: Study) -> list[str]:
 
 def _join(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
-
-
-def _order(value: Any) -> tuple:
-    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
 
 
 def comparable(study: Study) -> list[dict[str, Any]]:

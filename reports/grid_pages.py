@@ -19,7 +19,7 @@ import numpy as np
 
 from reports.findings import AXIS_NAMES
 from reports.noise import Estimate
-from reports.results import HEADLINE, RATE_AXES, SEED, Metric, Setting, Study, settings
+from reports.results import HEADLINE, RATE_AXES, SEED, Metric, Setting, Study, order, settings, value_label
 from reports.style import Page, from_zero, new_page, plain_ticks
 
 PANELS_PER_PAGE = 6
@@ -37,14 +37,6 @@ def axis_title(axis: str) -> str:
     """A plot axis's label: the setting's name and, for a quantity, its unit."""
     unit = AXIS_UNITS.get(axis)
     return f"{axis_label(axis)} ({unit})" if unit else axis_label(axis)
-
-
-def value_label(value: Any) -> str:
-    return "preset default" if value is None else str(value)
-
-
-def _order(value: Any) -> tuple:
-    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
 
 
 def grid_axes(grid: dict[str, list]) -> list[str]:
@@ -129,8 +121,8 @@ def _caption(study: Study, index: int, grid: dict, axes: list[str], runs: int, w
 def _two_axis_page(study: Study, index: int, grid: dict, axes: list[str], records: list) -> Page:
     row_axis, col_axis = axes
     group = settings(records)
-    rows = sorted({s.config.get(row_axis) for s in group}, key=_order)
-    cols = sorted({s.config.get(col_axis) for s in group}, key=_order)
+    rows = sorted({s.config.get(row_axis) for s in group}, key=order)
+    cols = sorted({s.config.get(col_axis) for s in group}, key=order)
     title = f"{axis_label(row_axis)} × {axis_label(col_axis)}: throughput, goodput and tail latency"
     caption = _caption(study, index, grid, axes, len(records),
                        "One heatmap per headline metric; colour runs from zero to the largest value, bright where better.")
@@ -145,9 +137,9 @@ def _two_axis_page(study: Study, index: int, grid: dict, axes: list[str], record
 def _multi_axis_pages(study: Study, index: int, grid: dict, axes: list[str], records: list) -> Iterator[Page]:
     row_axis, col_axis, *rest = axes
     group = settings(records)
-    rows = sorted({s.config.get(row_axis) for s in group}, key=_order)
-    cols = sorted({s.config.get(col_axis) for s in group}, key=_order)
-    combos = [c for c in itertools.product(*(sorted({s.config.get(a) for s in group}, key=_order) for a in rest))]
+    rows = sorted({s.config.get(row_axis) for s in group}, key=order)
+    cols = sorted({s.config.get(col_axis) for s in group}, key=order)
+    combos = [c for c in itertools.product(*(sorted({s.config.get(a) for s in group}, key=order) for a in rest))]
     for metric in HEADLINE:
         for start in range(0, len(combos), PANELS_PER_PAGE):
             chunk = combos[start:start + PANELS_PER_PAGE]
@@ -181,7 +173,7 @@ def _join(axes: list[str]) -> str:
 
 
 def _one_axis_page(study: Study, index: int, grid: dict, axis: str, records: list) -> Page:
-    group = sorted(settings(records), key=lambda s: _order(s.config.get(axis)))
+    group = sorted(settings(records), key=lambda s: order(s.config.get(axis)))
     title = f"Throughput, goodput and tail latency per {axis_label(axis).lower()}"
     caption = _caption(study, index, grid, [axis], len(records),
                        "The headline metrics per value" + (" with 95% intervals over seeds."

@@ -7,9 +7,9 @@ is admitted the moment the batch and the KV cache have room, so waiting in the q
 - ``queue_share``: mean queueing time (arrival to first scheduled) over mean service time
   (end-to-end minus queueing): about 0 below saturation, growing without bound past it;
 - ``preemptions_per_request``: the KV cache cannot hold the batch it admitted;
-- ``served_share``: achieved request throughput over the offered rate. Shown, not used to
-  classify: a finite trace's last requests drain after the last arrival, so even an idle server
-  reads below 1 (by about one latency over the arrival span).
+- achieved request throughput over the offered rate is kept (``achieved_rps``, ``offered_rps``)
+  but not used to classify: a finite trace's last requests drain after the last arrival, so even
+  an idle server reads below 1 (by about one latency over the arrival span).
 
 Rule (``classify``): past if queue_share >= 0.5 or preemptions_per_request >= 0.5; near if
 queue_share >= 0.1 or preemptions_per_request >= 0.05; below otherwise.
@@ -34,25 +34,6 @@ class Load:
     queue_share: float | None
     preemptions_per_request: float | None
     regime: str  # "below" | "near" | "past" | "unknown"
-
-    @property
-    def served_share(self) -> float | None:
-        if self.offered_rps and self.achieved_rps is not None:
-            return self.achieved_rps / self.offered_rps
-        return None
-
-    def words(self) -> str:
-        """E.g. "past saturation: 3.6 of 6.4 requests/s served, queueing 1.4x the service time"."""
-        if self.regime == "unknown":
-            return "load unknown (no completed requests)"
-        parts = []
-        if self.achieved_rps is not None and self.offered_rps:
-            parts.append(f"{self.achieved_rps:.3g} of {self.offered_rps:.3g} requests/s served")
-        if self.queue_share is not None:
-            parts.append(f"queueing {self.queue_share:.0%} of the service time")
-        if self.preemptions_per_request:
-            parts.append(f"{self.preemptions_per_request:.2g} preemptions per request")
-        return f"{self.regime} saturation" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def classify(queue_share: float | None, preemptions_per_request: float | None) -> str:

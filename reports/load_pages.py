@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from reports.load import run_load
-from reports.results import RATE_AXES, SEED, Study, metric
+from reports.noise import estimate
+from reports.results import RATE_AXES, SEED, Study, metric, value_label
 from reports.style import Page, from_zero, legend_rows, new_page, page_legend, plain_ticks
 
 MARKERS = {"below": "o", "near": "s", "past": "X", "unknown": "d"}
@@ -41,7 +42,7 @@ def curves(study: Study) -> tuple[list[dict[str, Any]], int]:
               and len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1]
     out = []
     for key, config in zip(kept, configs):
-        label = ", ".join(f"{k}={'preset default' if config.get(k) is None else config.get(k)}" for k in differ)
+        label = ", ".join(f"{k}={value_label(config.get(k))}" for k in differ)
         points = []
         for runs in kept[key].values():
             loads = [run_load(r) for r in runs]
@@ -55,8 +56,8 @@ def curves(study: Study) -> tuple[list[dict[str, Any]], int]:
 
 
 def _mean(runs: list, key: str) -> float | None:
-    values = [v for r in runs if (v := metric(r, key)) is not None]
-    return float(np.mean(values)) if values else None
+    est = estimate([metric(r, key) for r in runs])
+    return None if est is None else est.mean
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -13,14 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from reports.grid_pages import axis_label, axis_title, value_label
-from reports.results import Study, metric
+from reports.grid_pages import axis_label, axis_title
+from reports.results import Study, metric, order, value_label
 from reports.style import Page, from_zero, legend_rows, new_page, page_legend, plain_ticks, short
-
-
-def order(value: Any) -> tuple:
-    """Sort key putting numbers in numeric order, then everything else by name."""
-    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
 
 
 def elsewhere(study: Study, shown: int) -> str:

@@ -167,10 +167,6 @@ class Setting:
     def estimate(self, key: str) -> Estimate | None:
         return estimate([metric(r, key) for r in self.records])
 
-    def value(self, key: str) -> float | None:
-        est = self.estimate(key)
-        return None if est is None else est.mean
-
 
 def setting_key(config: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in config.items() if k != SEED}, sort_keys=True)
@@ -217,12 +213,18 @@ def metric(record: dict[str, Any], key: str) -> float | None:
 
 def describe_config(config: dict[str, Any], base: dict[str, Any], *, seed: bool = True) -> str:
     """The settings that distinguish a run from the study's base (or "base settings")."""
-    diff = [f"{k}={_value(v)}" for k, v in config.items()
+    diff = [f"{k}={value_label(v)}" for k, v in config.items()
             if k != "source" and k in base and base[k] != v and (seed or k != SEED)]
     return ", ".join(diff) or "base settings"
 
 
-def _value(value: Any) -> str:
+def value_label(value: Any) -> str:
+    """A setting's value as the report writes it (None: the preset's default)."""
     return "preset default" if value is None else str(value)
+
+
+def order(value: Any) -> tuple:
+    """Sort key putting numbers in numeric order, then everything else by name."""
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
 
 

@@ -162,15 +162,12 @@ def _simulate(config: RunConfig) -> dict[str, Any]:
 
 
 def _preemption(result, block_bytes: int) -> dict[str, Any]:
-    """Preemptions by mode, the tokens recomputed after them and the bytes swapped (both ways)."""
-    modes = {"swap": 0, "recompute": 0}
-    for replica in result.replicas:
-        for mode, count in replica.preemptions.items():
-            modes[mode] = modes.get(mode, 0) + count
-    moved = sum(float(replica.steps.array(c).sum()) for replica in result.replicas
-                for c in ("swap_out_blocks", "swap_in_blocks"))
-    return {**modes, "recomputed_tokens": sum(replica.recomputed_tokens for replica in result.replicas),
-            "swapped_bytes": int(moved * block_bytes)}
+    """Preemptions by mode and the blocks swapped (both ways), as the summary counts them over all
+    replicas, in bytes; and the tokens recomputed after recompute preemptions."""
+    moved = result.summary["swapped_blocks"]
+    return {**result.summary["preemptions"],
+            "recomputed_tokens": sum(replica.recomputed_tokens for replica in result.replicas),
+            "swapped_bytes": (moved["out"] + moved["in"]) * block_bytes}
 
 
 def _quantiles(values: np.ndarray) -> list[float] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from reports.load import run_load
-from reports.results import M, SEED, Study, metric
+from reports.results import M, SEED, Study, metric, value_label
 from reports.style import Page, Table, new_page
 
 COLUMNS = (
@@ -43,7 +43,7 @@ def all_runs(study: Study) -> Table:
     rows = []
     for r in study.records:
         config = r["config"]
-        settings = ["preset default" if config.get(a) is None else str(config.get(a)) for a in axes]
+        settings = [value_label(config.get(a)) for a in axes]
         if r["status"] != "ok":
             rows.append([r["id"][:8], *settings, "failed", *("-" for _ in COLUMNS)])
             continue
