@@ -58,6 +58,8 @@ class Replica:
         self.beam_model = beam_model
         self.overlap_swaps = overlap_swaps
         self.skip_ahead = skip_ahead and isinstance(scheduler, Scheduler)  # skip_ahead.py
+        if not skip_ahead and getattr(getattr(scheduler, "kv", None), "lazy_keys", False):
+            scheduler.kv.lazy_keys = False  # the reference path: every block key made when due
         self.steps_skipped = 0
         # Whether anything reads this replica's state between its steps (a load-aware router): then
         # a skipped step must end before the next arrival, not merely start before it.

@@ -231,3 +231,68 @@ def test_cli_summary_is_the_same_without_skip_ahead(capsys, extra):
         summary.pop("sim_wall_s")  # the one figure that should differ
         summaries.append(summary)
     assert summaries[0] == summaries[1]
+
+
+# ----------------------------------------------------------------------------- lazy block keys
+# The fast path also registers blocks whose content is unique to their sequence with lazy keys
+# (KVCacheManager.lazy_from); the reference path (skip-ahead off) makes every key when due.
+
+def recompute_hits_own_blocks() -> tuple[Trace, dict]:
+    """A tight pool, recompute preemption and prefix caching: preempted requests come back and
+    hit blocks they registered themselves (lazily, on the fast path)."""
+    trace = decode_heavy(16)
+    trace = Trace(arrival_s=trace.arrival_s, prompt_len=trace.prompt_len, output_len=trace.output_len,
+                  n=np.ones(16, dtype=np.int64), beam_width=trace.beam_width)
+    settings_ = dict(block_size=4, num_gpu_blocks=60, max_model_len=256, preemption_mode="recompute",
+                     enable_prefix_caching=True)
+    return trace, settings_
+
+
+def own_hits(log: list[str]) -> int:
+    return sum(sum(json.loads(line)["resumed_cached"].values()) for line in log)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "fifo", "lfu"])
+def test_recomputed_requests_hit_their_own_lazily_keyed_blocks(eviction):
+    trace, settings_ = recompute_hits_own_blocks()
+    settings_["eviction_policy"] = eviction
+    assert_same(trace, "pagesim", settings_, roofline)
+    _, log, _ = run(trace, "pagesim", settings_, roofline(), skip_ahead=True)
+    assert own_hits(log) > 0
+
+
+def test_lazy_keys_comparison_has_teeth(monkeypatch):
+    """A lazily keyed block that never gets its real key cannot be found by its recomputed owner:
+    fewer hits, other decisions; caught."""
+    from engine.policy.kv_manager import KVCacheManager
+
+    trace, settings_ = recompute_hits_own_blocks()
+    monkeypatch.setattr(KVCacheManager, "_materialize", lambda self, seq: None)
+    with pytest.raises(AssertionError, match="decision record"):
+        assert_same(trace, "pagesim", settings_, roofline)
+
+
+def test_lazy_keys_only_where_content_is_unique():
+    """Named prompts keep eager keys (another request may share them); a prompt of unique content
+    is lazy from block 0; one with prefix identities from the first block past them; n > 1 never."""
+    from engine.policy import Request
+    from engine.policy.block_pool import LAZY_KEY
+    from engine.policy.kv_manager import NEVER
+
+    config = make_config("pagesim", block_size=4, num_gpu_blocks=64, max_model_len=256, enable_prefix_caching=True)
+    sched = Scheduler(config)
+    kv = sched.kv
+    assert kv.lazy_keys
+    cases = [(Request("a", prompt_len=10, max_tokens=4), 0),
+             (Request("b", prompt_len=10, max_tokens=4, prefix_block_ids=(7,), prefix_block_tokens=4), 1),
+             (Request("c", prompt_len=10, max_tokens=4, prompt_token_ids=list(range(10))), NEVER),
+             (Request("d", prompt_len=10, max_tokens=4, n=2), NEVER)]
+    for request, expected in cases:
+        seq = request.seqs[0]
+        assert kv.lazy_from(seq) == expected, request.request_id
+    request = cases[0][0]
+    assert sched.add_request(request)
+    out = sched.schedule()
+    assert out.num_scheduled_tokens["a"] == 10
+    table = request.seqs[0].block_table
+    assert [sched.pool.keys[b] is LAZY_KEY for b in table] == [True, True, False]

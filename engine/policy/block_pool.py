@@ -23,6 +23,13 @@ Allocation order (vLLM's, which the oracle logs pin down):
 Blocks are ints (their ids); per-block state lives in flat lists indexed by id, which keeps the hot
 path (allocate + free) to a few list operations. Block 0 can be reserved as vLLM v1's null block.
 
+**Lazy keys.** A full block whose content is unique to its own sequence (an unnamed generated
+block, a prompt tail no other request can share; ``KVCacheManager`` decides) may be registered
+with the marker ``LAZY_KEY`` instead of its key (``cache_lazy``): it is cached all the same (it
+joins the eviction order when released, and taking it counts as an eviction), but it is not in the
+index, because nobody else could look it up. Its owner asks for the real key (``materialize``)
+before it could look the block up itself (a recompute), so a lookup never sees a difference.
+
 ``on_release`` (default ``None``) is called with a block id whenever the pool stops caring what
 the block holds: it went back to the free list, or its cached content was evicted. The engine's
 validation mode fills such blocks with NaN; the policy itself never looks at contents.
@@ -37,6 +44,18 @@ from collections.abc import Callable, Iterable, Sequence
 from engine.policy.block_key import BlockKey
 from engine.policy.eviction import EvictionPolicy, make_eviction_policy
 from engine.policy.prefix_cache import PrefixCacheIndex
+
+
+class _LazyKey:
+    """The marker of a block registered with a lazy key (see the module docstring)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LAZY_KEY"
+
+
+LAZY_KEY: BlockKey = _LazyKey()  # type: ignore[assignment]  # stands where a BlockKey would
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -95,9 +114,20 @@ class BlockPool:
         return block_id
 
     def allocate_many(self, num_blocks: int) -> list[int]:
+        """``num_blocks`` calls of ``allocate``, in one pass: the plain free blocks first, then
+        evictions, in the order (and with the hooks) that one-by-one allocation makes them."""
         if num_blocks > self.num_free_blocks:
             raise NoFreeBlocksError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
-        return [self.allocate() for _ in range(num_blocks)]
+        free = self._free
+        plain = num_blocks if num_blocks <= len(free) else len(free)
+        popleft = free.popleft
+        blocks = [popleft() for _ in range(plain)]
+        if plain < num_blocks:
+            blocks += self._evict_many(num_blocks - plain)
+        ref_counts = self.ref_counts
+        for block_id in blocks:
+            ref_counts[block_id] = 1
+        return blocks
 
     def _evict(self) -> int:
         block_id = self.eviction.pop()
@@ -107,13 +137,33 @@ class BlockPool:
         key = keys[block_id]
         assert key is not None and self.ref_counts[block_id] == 0
         keys[block_id] = None
-        new_leaf = self.cache.remove(key, block_id)
-        if new_leaf is not None:
-            self.eviction.on_leaf(new_leaf)
+        if key is not LAZY_KEY:
+            new_leaf = self.cache.remove(key, block_id)
+            if new_leaf is not None:
+                self.eviction.on_leaf(new_leaf)
         self.num_evictions += 1
         if self.on_release is not None:
             self.on_release(block_id)
         return block_id
+
+    def _evict_many(self, count: int) -> list[int]:
+        """``count`` evictions, as ``count`` calls of ``_evict`` make them."""
+        eviction = self.eviction
+        if not eviction.batches:  # e.g. a leaf found by one eviction may be the next one's victim
+            return [self._evict() for _ in range(count)]
+        blocks = eviction.pop_many(count)
+        if len(blocks) < count:
+            raise NoFreeBlocksError("no free or cached block left")
+        keys, remove, hook = self.keys, self.cache.remove, self.on_release
+        for block_id in blocks:
+            key = keys[block_id]
+            keys[block_id] = None
+            if key is not LAZY_KEY:
+                remove(key, block_id)
+            if hook is not None:
+                hook(block_id)
+        self.num_evictions += count
+        return blocks
 
     def incref(self, block_id: int) -> None:
         """Share an in-use block with one more table (fork)."""
@@ -138,8 +188,10 @@ class BlockPool:
     def free_table(self, block_ids: Sequence[int]) -> None:
         """Release a whole block table, last block first (see the module docstring for the order)."""
         ref_counts, keys, release_tick = self.ref_counts, self.keys, self.release_tick
-        make_evictable = self.eviction.add
+        eviction = self.eviction
         unkeyed_in_walk_order = []
+        keyed_in_walk_order: list[int] = []
+        make_evictable = keyed_in_walk_order.append if eviction.batches else eviction.add
         tick = self._tick
         for block_id in reversed(block_ids):
             count = ref_counts[block_id] - 1
@@ -153,6 +205,8 @@ class BlockPool:
                 else:
                     make_evictable(block_id)
         self._tick = tick
+        if keyed_in_walk_order:
+            eviction.add_many(keyed_in_walk_order)
         # extendleft reverses, so the walk's first block ends up at the very front.
         self._free.extendleft(reversed(unkeyed_in_walk_order))
         if self.on_release is not None:
@@ -180,6 +234,23 @@ class BlockPool:
         self._tick = tick = self._tick + 1
         self.cached_tick[block_id] = tick
         self.hit_count[block_id] = 0
+        self.cache.insert(key, block_id)
+
+    def cache_lazy(self, block_ids: Sequence[int]) -> None:
+        """``cache_block`` with ``LAZY_KEY`` for each of these in-use, unkeyed, full blocks, in order."""
+        keys, cached_tick, hit_count = self.keys, self.cached_tick, self.hit_count
+        tick = self._tick
+        for block_id in block_ids:
+            tick += 1
+            keys[block_id] = LAZY_KEY
+            cached_tick[block_id] = tick
+            hit_count[block_id] = 0
+        self._tick = tick
+
+    def materialize(self, block_id: int, key: BlockKey) -> None:
+        """Replace a block's ``LAZY_KEY`` by its real key, so a lookup of ``key`` finds it."""
+        assert self.keys[block_id] is LAZY_KEY, f"block {block_id} carries no lazy key"
+        self.keys[block_id] = key
         self.cache.insert(key, block_id)
 
     # ------------------------------------------- eviction.BlockStats protocol
@@ -222,6 +293,6 @@ class BlockPool:
             if block_id in cached:
                 assert self.keys[block_id] is not None
             key = self.keys[block_id]
-            if key is not None:
+            if key is not None and key is not LAZY_KEY:
                 assert block_id in self.cache.blocks_with(key)
         assert self.num_free_blocks + self.num_used_blocks == self.num_usable_blocks

@@ -71,6 +71,26 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def __contains__(self, block_id: object) -> bool: ...
 
+    #: ``add_many`` and ``pop_many`` may stand for a run of ``add`` / ``pop`` calls with the
+    #: pool's bookkeeping done before or after the whole run (the policy's order reads nothing
+    #: that changes in between). Only built-in policies that know it say so.
+    batches: ClassVar[bool] = False
+
+    def add_many(self, block_ids: list[int]) -> None:
+        """``add`` each, in order (a policy may do it at once)."""
+        for block_id in block_ids:
+            self.add(block_id)
+
+    def pop_many(self, count: int) -> list[int]:
+        """Up to ``count`` victims, as ``count`` calls of ``pop`` give them (fewer if it runs dry)."""
+        victims = []
+        for _ in range(count):
+            block_id = self.pop()
+            if block_id is None:
+                break
+            victims.append(block_id)
+        return victims
+
     def on_leaf(self, key: BlockKey) -> None:  # noqa: B027 - optional hook
         """``key`` no longer has a cached child. Only structure-aware policies care."""
 
@@ -87,6 +107,7 @@ class LRUPolicy(EvictionPolicy):
 
     name = "lru"
     uses_key_tree = False
+    batches = True  # the order is release order alone
 
     def __init__(self, stats: BlockStats):
         super().__init__(stats)
@@ -102,6 +123,16 @@ class LRUPolicy(EvictionPolicy):
         if not self._order:
             return None
         return self._order.popitem(last=False)[0]
+
+    def add_many(self, block_ids: list[int]) -> None:
+        self._order.update(dict.fromkeys(block_ids))  # (one C call; order kept)
+
+    def pop_many(self, count: int) -> list[int]:
+        order = self._order
+        if count > len(order):
+            count = len(order)
+        popitem = order.popitem
+        return [popitem(False)[0] for _ in range(count)]
 
     def __len__(self) -> int:
         return len(self._order)

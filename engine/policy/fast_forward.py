@@ -284,10 +284,7 @@ def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, al
             allocations[j - 1] += 1
             evictions[j - 1] += pool.num_evictions - evicted
         else:
-            index = (computed[i] + j) // bs - 1  # the block its step-j token completes
-            block_id = seq.block_table[index]
-            if pool.keys[block_id] is None:
-                pool.cache_block(block_id, kv.block_key(seq, index))
+            kv.register_block(seq, (computed[i] + j) // bs - 1)  # the block its step-j token completes
         e += 1
     return e
 

@@ -376,7 +376,7 @@ class HybridKVCacheManager(KVCacheManager):
     def share_prefix(self, leader: Sequence, seq: Sequence, num_blocks: int) -> None:
         raise AssertionError("a hybrid KV cache never parks sequences (each re-prefills its own)")
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence, *, final: bool = False) -> None:
         pool = self.pool
         for table in (seq.block_table, *(seq.extra_tables or ())):
             held = [b for b in table if b is not None]

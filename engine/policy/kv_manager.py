@@ -10,7 +10,13 @@ What it does for one sequence:
   so the last known token is always recomputed (vLLM v1: a prompt of exactly ``k`` cached blocks
   hits ``k - 1``); hit blocks are touched (taken out of the eviction order);
 - **register** full blocks in the prefix cache as their tokens are scheduled (vLLM v1 registers at
-  schedule time, so a request admitted later in the same step can hit them);
+  schedule time, so a request admitted later in the same step can hit them). A block whose content
+  is unique to its sequence (``lazy_from``: a prompt with no token ids and no prefix identity, or
+  unnamed generated tokens, for a request with one sample) gets the pool's ``LAZY_KEY`` instead of
+  its chained key: only its own sequence could ever look it up, after a recompute preemption, so
+  its key is made (``materialize``) when its table is released with the request unfinished.
+  Eviction order, counts and every lookup are as with eager keys; one key per full block was the
+  simulator's largest cost (issue 23). Only with a built-in eviction policy that never reads keys.
 - **fork** a child that shares every block (reference count + 1);
 - **free** a table (last block first; see ``BlockPool``);
 - **swap out / in** a request's sequences to and from CPU blocks, with the mappings the executor
@@ -27,9 +33,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from engine.policy.block_key import BlockKey, HashFn, default_hash
-from engine.policy.block_pool import BlockPool
+from engine.policy.block_pool import LAZY_KEY, BlockPool
 from engine.policy.request import Request, Sequence
 from engine.policy.swap_pool import SwapPool
+
+
+#: ``lazy_from`` of a sequence none of whose blocks is unique to it.
+NEVER = 1 << 62
 
 
 def cdiv(a: int, b: int) -> int:
@@ -56,6 +66,11 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_fn = hash_fn
+        # Lazy keys need a policy that never reads a cached block's key (a built-in one: a
+        # plug-in may look) and one table per sequence.
+        self.lazy_keys = (enable_prefix_caching and not self.hybrid
+                          and type(block_pool.eviction).__module__ == "engine.policy.eviction"
+                          and not block_pool.eviction.uses_key_tree)
 
     # ------------------------------------------------------------ counting
     def blocks_to_reserve(self, seq: Sequence, start: int, end: int) -> int:
@@ -186,11 +201,53 @@ class KVCacheManager:
         pool = self.pool
         keys = pool.keys
         table = seq.block_table
-        for i in range(first, num_full):
+        lazy = (seq.lazy_from if seq.lazy_from >= 0 else self.lazy_from(seq)) if self.lazy_keys else NEVER
+        for i in range(first, num_full if num_full < lazy else lazy):
             block_id = table[i]
             if keys[block_id] is None:
                 pool.cache_block(block_id, self.block_key(seq, i))
+        if num_full > lazy:
+            pool.cache_lazy([b for b in table[max(first, lazy):num_full] if keys[b] is None])
         seq.num_registered_blocks = num_full
+
+    def register_block(self, seq: Sequence, index: int) -> None:
+        """Give ``seq``'s full block ``index`` its key, if it has none (one block of ``register``)."""
+        block_id = seq.block_table[index]
+        pool = self.pool
+        if pool.keys[block_id] is None:
+            lazy = (seq.lazy_from if seq.lazy_from >= 0 else self.lazy_from(seq)) if self.lazy_keys else NEVER
+            if index >= lazy:
+                pool.cache_lazy((block_id,))
+            else:
+                pool.cache_block(block_id, self.block_key(seq, index))
+
+    def lazy_from(self, seq: Sequence) -> int:
+        """The first block index from which ``seq``'s content is unique to it (``NEVER``: none).
+
+        A block's key chains every block before it, so once a block holds a segment no other
+        request can have, every later block is unique too: a prompt token with no identity
+        (``Request.block_content``'s ``("prompt", request_id, ...)``), or an unnamed generated
+        token (``("out", request_id, index, ...)``). A request with several samples shares its
+        prompt blocks between them, so it never has lazy keys. A prompt of token ids
+        (another request may send the same tokens) is unique only from its first output on, when the
+        simulator leaves outputs unnamed. Remembered in ``seq.lazy_from`` once known."""
+        request = seq.request
+        prompt_len = request.prompt_len
+        if request.n > 1 or request.beam_width > 1:
+            seq.lazy_from = NEVER
+            return NEVER
+        ids, size = request.prefix_block_ids, request.prefix_block_tokens
+        if request.prompt_token_ids is not None:
+            named = prompt_len
+        else:
+            named = 0 if ids is None or not size else min(prompt_len, len(ids) * size)
+        if named < prompt_len:
+            seq.lazy_from = named // self.block_size
+        elif seq.output_token_ids:  # the block holding the first output is unique if it is unnamed
+            seq.lazy_from = prompt_len // self.block_size if seq.output_token_ids[0] is None else NEVER
+        else:
+            return NEVER  # only prompt blocks can be full yet: decide at the first output
+        return seq.lazy_from
 
     # ------------------------------------------------------ fork and free
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -213,14 +270,26 @@ class KVCacheManager:
         seq.num_computed_tokens = seq.num_filled_tokens = num_blocks * self.block_size
         seq.num_registered_blocks = min(leader.num_registered_blocks, num_blocks)
 
-    def free(self, seq: Sequence) -> None:
-        """Release ``seq``'s GPU table (its cached blocks stay findable until evicted)."""
+    def free(self, seq: Sequence, *, final: bool = False) -> None:
+        """Release ``seq``'s GPU table (its cached blocks stay findable until evicted). Unless the
+        sequence is leaving for good (``final``: finished, aborted, rejected), its lazily keyed
+        blocks get their real keys first: it may look them up when it is recomputed."""
         if seq.block_table:
+            if not final and 0 <= seq.lazy_from < seq.num_registered_blocks:
+                self._materialize(seq)
             self.pool.free_table(seq.block_table)
         seq.block_table = []
         seq.table_snapshot = None
         seq.num_filled_tokens = 0
         seq.num_registered_blocks = 0
+
+    def _materialize(self, seq: Sequence) -> None:
+        pool = self.pool
+        keys = pool.keys
+        table = seq.block_table
+        for i in range(seq.lazy_from, seq.num_registered_blocks):
+            if keys[table[i]] is LAZY_KEY:
+                pool.materialize(table[i], self.block_key(seq, i))
 
     def free_cpu(self, seq: Sequence) -> None:
         for block_id in seq.cpu_block_table:
@@ -303,8 +372,7 @@ def grow_table(pool: BlockPool, table: list[int], block_size: int, start: int, e
     old_len = len(table)
     num_end_blocks = -(-end // bs)  # cdiv, inlined: a hot path
     if num_end_blocks > old_len:
-        for _ in range(num_end_blocks - old_len):
-            table.append(pool.allocate())
+        table += pool.allocate_many(num_end_blocks - old_len)
     copies: list[tuple[int, int]] = []
     if end > start:
         ref_counts = pool.ref_counts

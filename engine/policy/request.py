@@ -225,6 +225,9 @@ class Sequence:
     num_filled_tokens: int = 0  # token slots written into the table (v0's "filled")
     block_keys: list[BlockKey] = field(default_factory=list)  # keys of full blocks, in order
     num_registered_blocks: int = 0  # leading blocks given their key in the prefix cache
+    # The first block index from which this sequence's content is unique to it (its blocks get
+    # lazy keys: KVCacheManager.lazy_from); -1 until known.
+    lazy_from: int = -1
     finished: bool = False
     finish_reason: str | None = None
     # After a recompute preemption of a multi-sequence request, the sequences other than the

@@ -83,7 +83,7 @@ class OutputProcessor:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.num_seqs_finished += 1
-        self.kv.free(seq)
+        self.kv.free(seq, final=True)
         seq.request.retire_seq(seq, reason)
 
     def _fork_samples(self, request: Request, parent: Sequence, sampled: SampledTokens) -> None:

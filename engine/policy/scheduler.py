@@ -123,7 +123,7 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
         for seq in list(request.live_seqs):
-            self.kv.free(seq)
+            self.kv.free(seq, final=True)
             self.kv.free_cpu(seq)
             request.retire_seq(seq, "aborted")
         request.status = RequestStatus.FINISHED
@@ -287,7 +287,7 @@ class Scheduler:
         """Reject a request already taken off its queue, releasing whatever it holds."""
         del self.requests[request.request_id]
         for seq in request.seqs:
-            self.kv.free(seq)
+            self.kv.free(seq, final=True)
             self.kv.free_cpu(seq)
         self._reject(request, reason)
 
