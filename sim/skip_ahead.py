@@ -23,6 +23,7 @@ what the step-by-step loop produces:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import fields
@@ -33,6 +34,7 @@ import simpy
 from engine.policy.decode_step import DecodeStep
 from engine.policy.fast_forward import DecodeRun, advance
 from sim.cost.base import TERMS, CostModel, StepWork
+from sim.step_metrics import COLUMN_INDEX, NUM_COLUMNS
 
 #: At most this many steps are costed at once (bounds the arrays; a longer run continues next time).
 MAX_CHUNK = 1 << 15
@@ -59,11 +61,14 @@ def decode_step_work(step: DecodeStep, block_size: int | None) -> StepWork:
 SUMMED = tuple(f.name for f in fields(StepWork) if f.name != "block_size")
 
 
-def step_terms(cost_model: CostModel, work: StepWork, k: int) -> tuple[dict[str, np.ndarray | float], np.ndarray]:
+def step_terms(cost_model: CostModel, work: StepWork, k: int,
+               first: dict[str, float] | None = None) -> tuple[dict[str, np.ndarray | float], np.ndarray]:
     """Per-term costs and totals of ``k`` decode steps from ``work`` (step j's decode context is
-    ``work.decode_context_tokens + j * work.num_decode_seqs``)."""
+    ``work.decode_context_tokens + j * work.num_decode_seqs``); ``first`` is the first step's
+    terms when the caller has them."""
     contexts = work.decode_context_tokens + work.num_decode_seqs * np.arange(k, dtype=np.int64)
-    first = cost_model.step_cost(work).terms
+    if first is None:
+        first = cost_model.step_cost(work).terms
     decode = cost_model.decode_attention_s(work, contexts)
     if decode is not None:
         terms: dict[str, np.ndarray | float] = dict(first)
@@ -73,8 +78,11 @@ def step_terms(cost_model: CostModel, work: StepWork, k: int) -> tuple[dict[str,
         terms = {t: np.array([r[t] for r in rows]) for t in first}
     total: np.ndarray | float = 0
     for value in terms.values():  # StepCost.total_s: sum(terms.values()), left to right
-        total = total + value
-    return terms, np.broadcast_to(np.asarray(total, dtype=np.float64), (k,))
+        if not (value.__class__ is float and value == 0.0):  # (x + 0.0 is x: the sum never is -0.0)
+            total = total + value
+    if isinstance(total, np.ndarray):
+        return terms, total
+    return terms, np.full(k, total, dtype=np.float64)
 
 
 def _with_context(work: StepWork, context: int) -> StepWork:
@@ -89,15 +97,17 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     ``next_arrival_s`` (the caller's ``now`` is before it), with their terms and end times."""
     work = decode_work(run, block_size)
     usage = cost_model.usage_snapshot()  # costing steps not taken must not count as using them
-    first = cost_model.step_cost(work).total_s
+    first_cost = cost_model.step_cost(work)
+    first = first_cost.total_s
     limit = min(run.max_steps, MAX_CHUNK)
     if math.isfinite(next_arrival_s) and first > 0:
         guess = min(limit, int((next_arrival_s - now) / first) + 2)
     else:
         guess = limit
     while True:
-        terms, durations = step_terms(cost_model, work, guess)
-        ends = np.add.accumulate(np.concatenate(([now], durations)))[1:]
+        terms, durations = step_terms(cost_model, work, guess, first_cost.terms)
+        durations[0] += now  # (in place: the array is step_terms' own) the running sum from now
+        ends = np.add.accumulate(durations)
         if end_before_arrival:
             k = int(np.searchsorted(ends, next_arrival_s, side="left"))  # ends < next arrival
         else:  # starts < next arrival: the first step, and each after an end before it
@@ -113,44 +123,68 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
 
 
 def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray) -> tuple[float, list]:
-    """Apply ``k`` steps of ``run`` to the scheduler and record their metrics; returns the end
-    time and the requests the last step finished."""
+    """Apply ``k`` steps of ``run`` to the scheduler and record their metrics (one span: a
+    ``[k, columns]`` block); returns the end time and the requests the last step finished."""
     sched = replica.scheduler
     pool = sched.pool
     done = advance(run, k)
     bs = sched.block_size
-    allocs = np.cumsum(np.asarray(done.allocations, dtype=np.int64))
-    evicts = np.cumsum(np.asarray(done.evictions, dtype=np.int64))
-    allocated = (run.used_blocks + allocs) * bs
-    # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after its
-    # step-j write, (-(c + j)) mod bs, summed over sequences.
-    computed = np.asarray(run.computed, dtype=np.int64)
-    j = np.arange(1, k + 1, dtype=np.int64)
-    if len(computed) * k <= 1 << 16:
-        idle = ((-(computed[:, None] + j)) % bs).sum(axis=0)
-    else:  # by residue of c, to bound the temporary
-        residues = np.bincount(computed % bs, minlength=bs)
-        idle = np.zeros(k, dtype=np.int64)
-        for r in np.flatnonzero(residues):
-            idle += residues[r] * ((-(r + j)) % bs)
     num_seqs = len(run.seqs)
     num_requests = len(run.requests)
-    starts = np.concatenate(([replica.env.now], ends[: k - 1]))
-    columns = {
-        "step": np.arange(done.first_step, done.first_step + k, dtype=np.float64),
-        "start_s": starts, "duration_s": ends[:k] - starts, "num_requests": num_requests,
-        "num_running": num_requests,
-        "num_waiting": len(sched.waiting), "num_seqs": num_seqs, "num_tokens": num_seqs, "prefill_tokens": 0,
-        "decode_seqs": num_seqs, "allocated_slots": allocated, "used_slots": allocated - idle,
-        "cached_slots": (run.cached_blocks - evicts) * bs, "total_slots": pool.num_usable_blocks * bs,
-        "unshared_slots": (run.table_blocks + allocs) * bs, "swap_out_blocks": 0, "swap_in_blocks": 0,
-        "cow_blocks": 0, "preempted": 0,
-    }
-    for t in TERMS:
+    block = np.empty((k, NUM_COLUMNS))
+    row = _SPAN_ROW.copy()  # the columns every step of the span shares
+    row[_NUM_REQUESTS] = row[_NUM_RUNNING] = num_requests
+    row[_NUM_WAITING] = len(sched.waiting)
+    row[_NUM_SEQS] = row[_NUM_TOKENS] = row[_DECODE_SEQS] = num_seqs
+    row[_TOTAL_SLOTS] = pool.num_usable_blocks * bs
+    for t, j in _TERM_COLUMNS:
         value = terms.get(t, 0.0)
-        columns[f"{t}_s"] = value[:k] if isinstance(value, np.ndarray) else value
-    replica.steps.record_many(columns, k)
+        if not isinstance(value, np.ndarray):
+            row[j] = value
+    block[:] = row
+    for t, j in _TERM_COLUMNS:
+        value = terms.get(t)
+        if isinstance(value, np.ndarray):
+            block[:, j] = value[:k]
+    block[:, _STEP] = np.arange(done.first_step, done.first_step + k)
+    block[0, _START] = replica.env.now
+    block[1:, _START] = ends[:k - 1]
+    np.subtract(ends[:k], block[:, _START], out=block[:, _DURATION])
+    allocations = done.allocations
+    if any(allocations):
+        allocs = np.array(allocations, dtype=np.int64).cumsum()
+        evicts = np.array(done.evictions, dtype=np.int64).cumsum()
+    else:
+        allocs = evicts = 0
+    allocated = block[:, _ALLOCATED]
+    np.multiply(run.used_blocks + allocs, bs, out=allocated)
+    # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after its
+    # step-j write, (-(c + j)) mod bs, summed over sequences; periodic in j with period bs, so
+    # one period from the count of sequences per residue of c, repeated.
+    residues = np.bincount(np.asarray(run.computed, dtype=np.int64) % bs, minlength=bs)
+    idle = np.resize(residues @ _idle_pattern(bs), k)
+    np.subtract(allocated, idle, out=block[:, _USED])
+    block[:, _CACHED] = (run.cached_blocks - evicts) * bs
+    block[:, _UNSHARED] = (run.table_blocks + allocs) * bs
+    replica.steps.record_span(block)
     return float(ends[k - 1]), done.finished
+
+
+@functools.lru_cache(maxsize=64)
+def _idle_pattern(bs: int) -> np.ndarray:
+    """``[r, j - 1] = (-(r + j)) mod bs`` for residues ``r`` and steps ``j = 1..bs``."""
+    r = np.arange(bs, dtype=np.int64)[:, None]
+    j = np.arange(1, bs + 1, dtype=np.int64)[None, :]
+    return (-(r + j)) % bs
+
+
+# The row layout of a span (sim.step_metrics.STEP_COLUMNS); zero where a pure decode step has none.
+_SPAN_ROW = np.zeros(NUM_COLUMNS)
+(_STEP, _START, _DURATION, _NUM_REQUESTS, _NUM_RUNNING, _NUM_WAITING, _NUM_SEQS, _NUM_TOKENS, _DECODE_SEQS,
+ _ALLOCATED, _USED, _CACHED, _TOTAL_SLOTS, _UNSHARED) = (COLUMN_INDEX[c] for c in (
+    "step", "start_s", "duration_s", "num_requests", "num_running", "num_waiting", "num_seqs", "num_tokens",
+    "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots"))
+_TERM_COLUMNS = tuple((t, COLUMN_INDEX[f"{t}_s"]) for t in TERMS)
 
 
 def timeout_until(env, when: float):

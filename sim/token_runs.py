@@ -69,6 +69,9 @@ class TokenRuns:
         if rows.size == 0:
             return
         last = self.last[rows]
+        if first_row >= 1 and last.min() >= first_row - 1:  # every run goes on (the common case)
+            self.last[rows] = last_row
+            return
         continues = (last >= first_row - 1) & (last != NO_ROW)  # (a token already counted this step: too)
         broken = ~continues
         close = broken & (last != NO_ROW)
