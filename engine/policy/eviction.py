@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -99,46 +99,95 @@ class LRUPolicy(EvictionPolicy):
     """Least recently released first: vLLM v1's order.
 
     Blocks join at the back when their count reaches 0 and leave from the front. Because a finished
-    request's table is released tail first, a chain's tail is evicted before its prefix. Removal of a
-    cache hit from the middle is O(1): an ``OrderedDict`` is a hash map threaded on a doubly linked
-    list (in C), the same structure as vLLM's intrusive free-block queue without per-node Python
-    objects.
+    request's table is released tail first, a chain's tail is evicted before its prefix.
+
+    The order is a ``deque`` of block ids (C, contiguous: joining and leaving in bulk cost one
+    call each) plus the set of blocks it holds. A cache hit takes a block out of the middle in
+    O(1) by leaving its entry behind as *stale*: ``_stale[b]`` counts the stale entries of ``b``
+    still queued. They are always older than ``b``'s live entry (a block has at most one, the one
+    added last), so the front's entry of ``b`` is stale exactly when that count is positive, and
+    is skipped. Stale entries are dropped in one pass when they outnumber the live ones. (The
+    same order as vLLM's intrusive free-block queue, without per-node Python objects.)
     """
 
     name = "lru"
     uses_key_tree = False
     batches = True  # the order is release order alone
+    compact_slack = 1024  # stale entries allowed beyond the live ones
 
     def __init__(self, stats: BlockStats):
         super().__init__(stats)
-        self._order: OrderedDict[int, None] = OrderedDict()
+        self._queue: deque[int] = deque()
+        self._members: set[int] = set()
+        self._stale: dict[int, int] = {}
+        self._num_stale = 0
 
     def add(self, block_id: int) -> None:
-        self._order[block_id] = None
-
-    def remove(self, block_id: int) -> None:
-        del self._order[block_id]
-
-    def pop(self) -> int | None:
-        if not self._order:
-            return None
-        return self._order.popitem(last=False)[0]
+        self._queue.append(block_id)
+        self._members.add(block_id)
 
     def add_many(self, block_ids: list[int]) -> None:
-        self._order.update(dict.fromkeys(block_ids))  # (one C call; order kept)
+        self._queue.extend(block_ids)
+        self._members.update(block_ids)
+
+    def remove(self, block_id: int) -> None:
+        self._members.remove(block_id)
+        stale = self._stale
+        stale[block_id] = stale.get(block_id, 0) + 1
+        self._num_stale += 1
+        if self._num_stale > len(self._members) + self.compact_slack:
+            self._compact()
+
+    def pop(self) -> int | None:
+        if not self._members:
+            return None
+        queue = self._queue
+        stale = self._stale
+        while True:
+            block_id = queue.popleft()
+            if stale and block_id in stale:
+                self._drop_stale(block_id)
+                continue
+            self._members.remove(block_id)
+            return block_id
 
     def pop_many(self, count: int) -> list[int]:
-        order = self._order
-        if count > len(order):
-            count = len(order)
-        popitem = order.popitem
-        return [popitem(False)[0] for _ in range(count)]
+        if count > len(self._members):
+            count = len(self._members)
+        if self._stale:
+            return [self.pop() for _ in range(count)]  # type: ignore[misc]
+        popleft = self._queue.popleft
+        victims = [popleft() for _ in range(count)]
+        self._members.difference_update(victims)
+        return victims
+
+    def _drop_stale(self, block_id: int) -> None:
+        left = self._stale[block_id] - 1
+        if left:
+            self._stale[block_id] = left
+        else:
+            del self._stale[block_id]
+        self._num_stale -= 1
+
+    def _compact(self) -> None:
+        stale = self._stale
+        kept = deque()
+        for block_id in self._queue:  # oldest first: a block's first entries are its stale ones
+            left = stale.get(block_id, 0)
+            if left:
+                stale[block_id] = left - 1
+            else:
+                kept.append(block_id)
+        self._queue = kept
+        self._stale = {}
+        self._num_stale = 0
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._members)
 
     def __contains__(self, block_id: object) -> bool:
-        return block_id in self._order
+        return block_id in self._members
+
 
 
 class _HeapPolicy(EvictionPolicy):
