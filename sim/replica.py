@@ -26,8 +26,8 @@ import numpy as np
 import simpy
 
 from engine.policy import Request
-from engine.policy.decode_step import schedule_decode_step, update_decode_step
-from engine.policy.fast_forward import DecodeRun, decode_batch, waiting_stays_refused
+from engine.policy.fast_forward import (DecodeRun, decode_batch, schedule_decode_step, update_decode_step,
+                                        waiting_stays_refused)
 from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch

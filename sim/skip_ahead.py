@@ -31,8 +31,7 @@ from dataclasses import fields
 import numpy as np
 import simpy
 
-from engine.policy.decode_step import DecodeStep
-from engine.policy.fast_forward import DecodeRun, advance
+from engine.policy.fast_forward import DecodeRun, DecodeStep, advance
 from sim.cost.base import TERMS, CostModel, StepWork
 from sim.step_metrics import COLUMN_INDEX, NUM_COLUMNS
 
