@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import math
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 import simpy
@@ -122,68 +123,123 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
 
 
 def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray) -> tuple[float, list]:
-    """Apply ``k`` steps of ``run`` to the scheduler and record their metrics (one span: a
-    ``[k, columns]`` block); returns the end time and the requests the last step finished."""
+    """Apply ``k`` steps of ``run`` to the scheduler and record their metrics (one ``DecodeSpan``);
+    returns the end time and the requests the last step finished."""
     sched = replica.scheduler
     pool = sched.pool
     done = advance(run, k)
     bs = sched.block_size
-    num_seqs = len(run.seqs)
     num_requests = len(run.requests)
-    block = np.empty((k, NUM_COLUMNS))
-    row = _SPAN_ROW.copy()  # the columns every step of the span shares
-    row[_NUM_REQUESTS] = row[_NUM_RUNNING] = num_requests
-    row[_NUM_WAITING] = len(sched.waiting)
-    row[_NUM_SEQS] = row[_NUM_TOKENS] = row[_DECODE_SEQS] = num_seqs
-    row[_TOTAL_SLOTS] = pool.num_usable_blocks * bs
-    for t, j in _TERM_COLUMNS:
-        value = terms.get(t, 0.0)
-        if not isinstance(value, np.ndarray):
-            row[j] = value
-    block[:] = row
-    for t, j in _TERM_COLUMNS:
-        value = terms.get(t)
-        if isinstance(value, np.ndarray):
-            block[:, j] = value[:k]
-    block[:, _STEP] = np.arange(done.first_step, done.first_step + k)
-    block[0, _START] = replica.env.now
-    block[1:, _START] = ends[:k - 1]
-    np.subtract(ends[:k], block[:, _START], out=block[:, _DURATION])
-    allocations = done.allocations
-    if any(allocations):
-        allocs = np.array(allocations, dtype=np.int64).cumsum()
-        evicts = np.array(done.evictions, dtype=np.int64).cumsum()
-    else:
-        allocs = evicts = 0
-    allocated = block[:, _ALLOCATED]
-    np.multiply(run.used_blocks + allocs, bs, out=allocated)
-    # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after its
-    # step-j write, (-(c + j)) mod bs, summed over sequences; periodic in j with period bs, so
-    # one period from the count of sequences per residue of c, repeated.
     residues = np.bincount(np.asarray(run.computed, dtype=np.int64) % bs, minlength=bs)
-    idle = np.resize(residues @ _idle_pattern(bs), k)
-    np.subtract(allocated, idle, out=block[:, _USED])
-    block[:, _CACHED] = (run.cached_blocks - evicts) * bs
-    block[:, _UNSHARED] = (run.table_blocks + allocs) * bs
-    replica.steps.record_span(block)
+    replica.steps.record_deferred(DecodeSpan(
+        k, done.first_step, replica.env.now, ends[:k], tuple(_first(terms.get(t, 0.0), k) for t in TERMS),
+        (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
+        run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, residues))
     return float(ends[k - 1]), done.finished
+
+
+def _first(value, k: int):
+    return value[:k] if isinstance(value, np.ndarray) else value
+
+
+@dataclass(slots=True)
+class DecodeSpan:
+    """The step rows of ``rows`` skipped decode steps, from what ``skip`` knew (``StepMetrics``
+    writes them with ``fill``, many spans at once). Each row is what the step-by-step loop
+    records for that step: cost terms (an array of ``rows`` values, or one value for all), start
+    and duration from the running end times, and KV usage in ``Scheduler.kv_usage``'s terms from
+    the blocks allocated and evicted in each step."""
+
+    rows: int
+    first_step: int
+    start_s: float
+    ends: np.ndarray  # [rows] end times
+    terms: tuple  # per TERMS: float, or [rows] array
+    counts: tuple  # num_requests, num_running, num_waiting, num_seqs (= tokens = decodes), total_slots
+    used_blocks: int  # before the first step
+    cached_blocks: int
+    table_blocks: int
+    allocations: list[int]  # per step
+    evictions: list[int]
+    block_size: int
+    residues: np.ndarray  # [block_size]: sequences whose computed tokens have each residue
+
+    @staticmethod
+    def fill(spans: list[DecodeSpan], offsets: list[int], block: np.ndarray) -> None:
+        """Write every span's rows into ``block`` at its row offset (vectorized over the spans)."""
+        ks = np.fromiter((span.rows for span in spans), np.int64, len(spans))
+        total = int(ks.sum())
+        first = np.cumsum(ks) - ks  # each span's first row among the spans' rows
+        sid = np.repeat(np.arange(len(spans)), ks)
+        j = np.arange(total) - first[sid]  # step within its span, from 0
+        out = np.zeros((total, NUM_COLUMNS))
+        out[:, _STEP] = np.fromiter((span.first_step for span in spans), np.int64, len(spans))[sid] + j
+        ends = np.concatenate([span.ends for span in spans])
+        starts = out[:, _START]
+        starts[1:] = ends[:-1]
+        starts[first] = [span.start_s for span in spans]
+        np.subtract(ends, starts, out=out[:, _DURATION])
+        counts = np.array([span.counts for span in spans], dtype=np.float64)[sid]
+        out[:, _NUM_REQUESTS] = counts[:, 0]
+        out[:, _NUM_RUNNING] = counts[:, 1]
+        out[:, _NUM_WAITING] = counts[:, 2]
+        out[:, _NUM_SEQS] = out[:, _NUM_TOKENS] = out[:, _DECODE_SEQS] = counts[:, 3]
+        out[:, _TOTAL_SLOTS] = counts[:, 4]
+        for i, (_, column) in enumerate(_TERM_COLUMNS):
+            values = [span.terms[i] for span in spans]
+            if all(isinstance(v, np.ndarray) for v in values):
+                out[:, column] = np.concatenate(values)
+            elif not any(isinstance(v, np.ndarray) for v in values):
+                out[:, column] = np.array(values, dtype=np.float64)[sid]
+            else:
+                out[:, column] = np.concatenate([v if isinstance(v, np.ndarray) else np.full(k, v)
+                                                 for v, k in zip(values, ks.tolist())])
+        # Blocks allocated and evicted through each step: cumulative sums within each span.
+        allocs = np.fromiter(itertools.chain.from_iterable(span.allocations for span in spans), np.int64, total)
+        evicts = np.fromiter(itertools.chain.from_iterable(span.evictions for span in spans), np.int64, total)
+        allocs = _segment_cumsum(allocs, first, sid)
+        evicts = _segment_cumsum(evicts, first, sid)
+        per_span = np.array([(span.used_blocks, span.cached_blocks, span.table_blocks, span.block_size)
+                             for span in spans], dtype=np.int64)[sid]
+        bs = per_span[:, 3]
+        allocated = (per_span[:, 0] + allocs) * bs
+        out[:, _ALLOCATED] = allocated
+        # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after
+        # its step-j write, (-(c + j)) mod bs, summed over sequences; periodic in j with period
+        # bs, so one period per span from its count of sequences per residue of c.
+        idle = np.empty(total, dtype=np.int64)
+        for size in set(span.block_size for span in spans):
+            mine = np.flatnonzero(bs == size)
+            members = [i for i, span in enumerate(spans) if span.block_size == size]
+            periods = np.array([spans[i].residues for i in members]) @ _idle_pattern(size)  # [spans, size]
+            where = np.searchsorted(members, sid[mine])
+            idle[mine] = periods[where, j[mine] % size]
+        out[:, _USED] = allocated - idle
+        out[:, _CACHED] = (per_span[:, 1] - evicts) * bs
+        out[:, _UNSHARED] = (per_span[:, 2] + allocs) * bs
+        block[np.repeat(np.asarray(offsets, dtype=np.int64) - first, ks) + np.arange(total)] = out
 
 
 @functools.lru_cache(maxsize=64)
 def _idle_pattern(bs: int) -> np.ndarray:
-    """``[r, j - 1] = (-(r + j)) mod bs`` for residues ``r`` and steps ``j = 1..bs``."""
+    """``[r, j] = (-(r + j + 1)) mod bs`` for residues ``r`` and steps ``j + 1 = 1..bs``."""
     r = np.arange(bs, dtype=np.int64)[:, None]
     j = np.arange(1, bs + 1, dtype=np.int64)[None, :]
     return (-(r + j)) % bs
 
 
 # The row layout of a span (sim.step_metrics.STEP_COLUMNS); zero where a pure decode step has none.
-_SPAN_ROW = np.zeros(NUM_COLUMNS)
 (_STEP, _START, _DURATION, _NUM_REQUESTS, _NUM_RUNNING, _NUM_WAITING, _NUM_SEQS, _NUM_TOKENS, _DECODE_SEQS,
  _ALLOCATED, _USED, _CACHED, _TOTAL_SLOTS, _UNSHARED) = (COLUMN_INDEX[c] for c in (
     "step", "start_s", "duration_s", "num_requests", "num_running", "num_waiting", "num_seqs", "num_tokens",
     "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots"))
 _TERM_COLUMNS = tuple((t, COLUMN_INDEX[f"{t}_s"]) for t in TERMS)
+
+
+def _segment_cumsum(values: np.ndarray, first: np.ndarray, sid: np.ndarray) -> np.ndarray:
+    """Cumulative sums of ``values`` restarting at each segment's first index (integers: exact)."""
+    cum = np.cumsum(values)
+    return cum - (cum[first] - values[first])[sid]
 
 
 def timeout_until(env, when: float):

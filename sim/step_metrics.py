@@ -8,6 +8,12 @@ file per column (native float64) in a private temporary directory, made at the f
 (``tempfile.mkdtemp`` under ``spill_dir``) and removed by ``close()``, by leaving a ``with``
 block, or when the store is garbage collected.
 
+**Deferred spans.** A run of steps whose rows follow from a few numbers (skip-ahead's decode
+spans: ``sim.skip_ahead.DecodeSpan``) can be recorded as one object (``record_deferred``): its
+rows are written later, many spans at once, by its class's ``fill(spans, offsets, block)``,
+vectorized over all of them. Rows recorded meanwhile wait behind the spans, so the order is
+kept; every read (and a few thousand waiting rows) writes them out first. ``len()`` counts them.
+
 ``array(name)`` reads one whole column back (disk, then the live chunk): O(steps) memory only
 when a caller asks, one column at a time. ``iter_chunks()`` streams the rows in chunks for
 writers that need every column.
@@ -20,7 +26,8 @@ Invariants:
   term's column: spilled chunks are folded in with ``np.add.accumulate`` (sequential by
   definition, unlike ``np.sum``'s pairwise order), the live chunk when asked;
 - ``record_many(columns, k)`` leaves the store exactly as ``k`` calls of ``record`` with the
-  same values would, bit for bit, chunk boundaries included.
+  same values would, bit for bit, chunk boundaries included; so does ``record_deferred`` with
+  the rows its span's ``fill`` writes.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ COLUMN_INDEX = _INDEX  # a column's position in a row (``record_span``'s blocks)
 _COLUMN_SET = frozenset(STEP_COLUMNS)
 _TERM_INDEX = [_INDEX[f"{t}_s"] for t in TERMS]
 DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 28 columns x 8 bytes = 7 MiB in memory at most
+#: Deferred rows (spans' and those waiting behind them) written out at once beyond this.
+DEFERRED_ROWS = 8_192
 
 
 class StepMetrics:
@@ -68,22 +77,69 @@ class StepMetrics:
         self._path: Path | None = None
         self._finalizer: weakref.finalize | None = None
         self._closed = False
+        self._deferred: list = []  # spans (record_deferred) and the row tuples recorded behind them
+        self._num_deferred_rows = 0
 
     # ----------------------------------------------------------------- writing
     def record(self, step: int, start_s: float, duration_s: float, num_requests: int, num_running: int,
                num_waiting: int, work: StepWork, usage: KvUsage, num_preempted: int, cost: StepCost) -> None:
-        live = self._live
         terms = cost.terms
-        # NOTE: one extend of a tuple (one C call) rather than an append per column: this is
-        # the simulator's per-step hot path.
-        live.extend((
+        row = (
             step, start_s, duration_s, num_requests, num_running, num_waiting, work.num_seqs, work.num_tokens,
             work.num_prefill_tokens, work.num_decode_seqs, usage.allocated_slots, usage.used_slots,
             usage.cached_slots, usage.total_slots, usage.unshared_slots, work.num_swap_out_blocks,
             work.num_swap_in_blocks, work.num_cow_blocks, num_preempted, *map(terms.__getitem__, TERMS),
-        ))
+        )
+        if self._deferred:  # behind the spans waiting to be written
+            self._deferred.append(row)
+            self._num_deferred_rows += 1
+            if self._num_deferred_rows >= DEFERRED_ROWS:
+                self._write_deferred()
+            return
+        # NOTE: one extend of a tuple (one C call) rather than an append per column: this is
+        # the simulator's per-step hot path.
+        live = self._live
+        live.extend(row)
         if len(live) >= self._live_limit:
             self._spill()
+
+    def record_deferred(self, span) -> None:
+        """Record ``span.rows`` steps whose rows ``type(span).fill`` writes later (module docstring)."""
+        self._check_open()
+        self._deferred.append(span)
+        self._num_deferred_rows += span.rows
+        if self._num_deferred_rows >= DEFERRED_ROWS:
+            self._write_deferred()
+
+    def _write_deferred(self) -> None:
+        """Write the deferred rows, in recording order: each span class fills its spans' rows at once."""
+        pieces = self._deferred
+        if not pieces:
+            return
+        block = np.empty((self._num_deferred_rows, NUM_COLUMNS))
+        self._deferred = []
+        self._num_deferred_rows = 0
+        row_at: list[int] = []
+        rows: list[tuple] = []
+        spans: dict[type, tuple[list, list[int]]] = {}
+        offset = 0
+        for piece in pieces:
+            if type(piece) is tuple:
+                row_at.append(offset)
+                rows.append(piece)
+                offset += 1
+            else:
+                group = spans.get(type(piece))
+                if group is None:
+                    group = spans[type(piece)] = ([], [])
+                group[0].append(piece)
+                group[1].append(offset)
+                offset += piece.rows
+        if rows:
+            block[row_at] = rows
+        for cls, (group, offsets) in spans.items():
+            cls.fill(group, offsets, block)
+        self._append_block(block)
 
     def record_many(self, columns: Mapping[str, np.ndarray | float | int], count: int) -> None:
         """Append ``count`` rows at once: ``columns`` maps every name of ``STEP_COLUMNS`` to an
@@ -108,6 +164,10 @@ class StepMetrics:
         """Append the rows of ``block`` (``[rows, NUM_COLUMNS]`` float64, C order, columns in
         ``STEP_COLUMNS`` order): a span of steps recorded at the cost of one."""
         self._check_open()
+        self._write_deferred()
+        self._append_block(block)
+
+    def _append_block(self, block: np.ndarray) -> None:
         count = len(block)
         done = 0
         while done < count:  # fill the live chunk, spill, repeat: memory stays one chunk
@@ -136,11 +196,12 @@ class StepMetrics:
 
     # ----------------------------------------------------------------- reading
     def __len__(self) -> int:
-        return self._num_spilled + len(self._live) // NUM_COLUMNS
+        return self._num_spilled + len(self._live) // NUM_COLUMNS + self._num_deferred_rows
 
     @property
     def num_buffered_rows(self) -> int:
         """Rows held in memory (the live chunk); always fewer than ``chunk_rows``."""
+        self._write_deferred()
         return len(self._live) // NUM_COLUMNS
 
     @property
@@ -152,6 +213,7 @@ class StepMetrics:
     def term_totals_s(self) -> dict[str, float]:
         """Seconds per cost term over all steps, summed row by row in recording order."""
         self._check_open()
+        self._write_deferred()
         totals = _fold_terms(self._spilled_term_totals, self._live_block())
         return {t: float(v) for t, v in zip(TERMS, totals)}
 
@@ -159,6 +221,7 @@ class StepMetrics:
         """One column, every row in order, as a new float64 array."""
         j = _INDEX[name]
         self._check_open()
+        self._write_deferred()
         out = np.empty(len(self))
         spilled = self._num_spilled
         if spilled:
@@ -172,6 +235,7 @@ class StepMetrics:
         """Every row in order, up to ``chunk_rows`` at a time: ``{column: values}`` per chunk
         (for writers of whole tables; record nothing while iterating)."""
         self._check_open()
+        self._write_deferred()
         spilled = self._num_spilled
         if spilled:
             files = [open(self._path / f"{name}.f64", "rb") for name in STEP_COLUMNS]
@@ -195,6 +259,8 @@ class StepMetrics:
         if self._finalizer is not None:
             self._finalizer()
         del self._live[:]
+        self._deferred = []
+        self._num_deferred_rows = 0
         self._closed = True
         self._live_limit = 0  # so the next record() spills, and _spill raises: no check on the hot path
 
