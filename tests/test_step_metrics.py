@@ -214,8 +214,21 @@ def test_summary_does_not_depend_on_chunking():
     assert summaries[0]["steps"] == n
 
 
+class RowsSpan:
+    """A deferred span whose rows are given (``StepMetrics.record_deferred``'s protocol)."""
+
+    def __init__(self, rows: list[dict[str, float]]):
+        self.rows = len(rows)
+        self.values = np.array([[r[name] for name in STEP_COLUMNS] for r in rows], dtype=np.float64)
+
+    @staticmethod
+    def fill(spans, offsets, block):
+        for span, offset in zip(spans, offsets):
+            block[offset:offset + span.rows] = span.values
+
+
 class StoreAgainstModel(RuleBasedStateMachine):
-    """Random interleavings of ``record`` and ``record_many`` against the list-of-rows model."""
+    """Random interleavings of ``record``, ``record_many`` and deferred spans against the list-of-rows model."""
 
     def __init__(self):
         super().__init__()
@@ -243,6 +256,26 @@ class StoreAgainstModel(RuleBasedStateMachine):
         rows = [random_row(self.rng) for _ in range(count)]
         self.store.record_many(as_columns(rows), count)
         self.rows += rows
+
+    @precondition(lambda self: self.store is not None)
+    @rule(pieces=st.lists(st.integers(0, 7), max_size=8), limit=st.sampled_from([1, 5, 8192]))
+    def record_deferred(self, pieces: list[int], limit: int):
+        """A mix of deferred spans (k > 0 rows each) and rows recorded behind them, with nothing
+        read in between, written out whenever ``limit`` deferred rows wait."""
+        import sim.step_metrics as module
+
+        saved, module.DEFERRED_ROWS = module.DEFERRED_ROWS, limit
+        try:
+            for k in pieces:
+                rows = [random_row(self.rng) for _ in range(max(k, 1))]
+                if k == 0:
+                    record_row(self.store, rows[0])
+                else:
+                    self.store.record_deferred(RowsSpan(rows))
+                self.rows += rows
+                assert len(self.store) == len(self.rows)
+        finally:
+            module.DEFERRED_ROWS = saved
 
     @invariant()
     def bounded_and_equal(self):
