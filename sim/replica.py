@@ -61,6 +61,7 @@ class Replica:
         if not skip_ahead and getattr(getattr(scheduler, "kv", None), "lazy_keys", False):
             scheduler.kv.lazy_keys = False  # the reference path: every block key made when due
         self.steps_skipped = 0
+        self.skips_past_finish = 0  # skips that went on past a finish (_skip)
         # Whether anything reads this replica's state between its steps (a load-aware router): then
         # a skipped step must end before the next arrival, not merely start before it.
         self.observed = False
@@ -215,22 +216,43 @@ class Replica:
 
     def _skip(self, run: DecodeRun):
         """Run, at once, the pure decode steps of ``run`` before the next arrival (skip_ahead.py);
-        returns whether it ran any (the loop then looks again, as after any step)."""
-        k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, self.env.now,
-                                   self.next_arrival_s, end_before_arrival=self.observed)
-        if k == 0:
-            return False
-        first_row = len(self.steps)
-        self._decoded(run, first_row, first_row + k - 1)  # (before skip(): its finishes retire the requests)
-        end, finished = skip(self, run, k, terms, ends)
-        if not math.isfinite(end):
-            raise ValueError(f"simulated time overflowed skipping {k} steps from t={self.env.now}")
-        self.steps_skipped += k
-        yield timeout_until(self.env, end)
-        if finished:
-            self._completed(finished, end)
-        self._flush_decisions()
-        return True
+        returns whether it ran any (the loop then looks again, as after any step).
+
+        A run lasts until its first finish. When that leaves the waiting queue empty (so nothing
+        could be admitted in its place), nobody waits for completions (a closed-loop client sends
+        its next request then) and time is still before the next arrival, the next step would be
+        another pure decode of the rest: the skip goes on with the new batch, and the replica
+        yields to SimPy once, at the end of the last step."""
+        sched = self.scheduler
+        now = self.env.now
+        ran = False
+        completions = []  # (requests, end): reported once the clock is there (a client sends then)
+        while run is not None:
+            k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, now,
+                                       self.next_arrival_s, end_before_arrival=self.observed)
+            if k == 0:
+                break
+            first_row = len(self.steps)
+            self._decoded(run, first_row, first_row + k - 1)  # (before skip(): its finishes retire the requests)
+            end, finished = skip(self, run, k, terms, ends, now)
+            if not math.isfinite(end):
+                raise ValueError(f"simulated time overflowed skipping {k} steps from t={now}")
+            self.steps_skipped += k
+            ran = True
+            now = end
+            if finished:
+                completions.append((finished, end))
+            if (not finished or sched.waiting or self.on_request_done is not None or not now < self.next_arrival_s
+                    or not sched.has_unfinished_requests):
+                break
+            run = decode_batch(sched)
+            self.skips_past_finish += run is not None
+        if ran:
+            yield timeout_until(self.env, now)
+            for finished, end in completions:
+                self._completed(finished, end)
+            self._flush_decisions()
+        return ran
 
     def _decoded(self, run: DecodeRun, first_row: int, last_row: int) -> None:
         """Every request of a decode batch received a token in each of steps ``first_row..last_row``."""

@@ -122,9 +122,10 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     return k, terms, ends
 
 
-def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray) -> tuple[float, list]:
-    """Apply ``k`` steps of ``run`` to the scheduler and record their metrics (one ``DecodeSpan``);
-    returns the end time and the requests the last step finished."""
+def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s: float) -> tuple[float, list]:
+    """Apply ``k`` steps of ``run``, the first starting at ``start_s``, to the scheduler and
+    record their metrics (one ``DecodeSpan``); returns the end time and the requests the last
+    step finished."""
     sched = replica.scheduler
     pool = sched.pool
     done = advance(run, k)
@@ -132,7 +133,7 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray) -> tupl
     num_requests = len(run.requests)
     residues = np.bincount(np.asarray(run.computed, dtype=np.int64) % bs, minlength=bs)
     replica.steps.record_deferred(DecodeSpan(
-        k, done.first_step, replica.env.now, ends[:k], tuple(_first(terms.get(t, 0.0), k) for t in TERMS),
+        k, done.first_step, start_s, ends[:k], tuple(_first(terms.get(t, 0.0), k) for t in TERMS),
         (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
         run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, residues))
     return float(ends[k - 1]), done.finished

@@ -133,7 +133,11 @@ def run(trace: Trace, preset: str, settings_: dict, cost_model: CostModel, *, sk
         result = sim.run()
     except (SwapSpaceExhausted, VllmV0Abort) as exc:
         result = exc
+    RUN_STATS["past_finish"] = sim.replica.skips_past_finish
     return result, lines, sim.replica.steps_skipped
+
+
+RUN_STATS: dict[str, int] = {}  # of the last run(): how often a skip went on past a finish
 
 
 def assert_same(trace: Trace, preset: str, settings_: dict, cost_model_factory) -> int:
@@ -167,6 +171,7 @@ def test_skip_ahead_changes_no_decision_and_no_metric(data):
     cost = data.draw(st.sampled_from([roofline, ContextCost]))
     skipped = assert_same(trace, preset, settings_, cost)
     event("skipped steps" if skipped else "no step skipped")
+    event("a skip went on past a finish" if RUN_STATS["past_finish"] else "no skip past a finish")
 
 
 def decode_heavy(num: int = 12) -> Trace:
@@ -182,6 +187,7 @@ def test_decode_heavy_runs_mostly_skip(cost, caching):
     trace = decode_heavy()
     settings_ = dict(block_size=4, num_gpu_blocks=400, max_model_len=256, enable_prefix_caching=caching)
     skipped = assert_same(trace, "pagesim", settings_, cost)
+    assert RUN_STATS["past_finish"] > 0  # (of the skip-ahead run, the second)
     plain, _, _ = run(trace, "pagesim", settings_, cost(), skip_ahead=False)
     assert skipped > 0.7 * plain.summary["steps"]
 
