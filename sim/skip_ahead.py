@@ -131,11 +131,10 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s
     done = advance(run, k)
     bs = sched.block_size
     num_requests = len(run.requests)
-    residues = np.bincount(np.asarray(run.computed, dtype=np.int64) % bs, minlength=bs)
     replica.steps.record_deferred(DecodeSpan(
         k, done.first_step, start_s, ends[:k], tuple(_first(terms.get(t, 0.0), k) for t in TERMS),
         (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
-        run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, residues))
+        run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, run.computed))
     return float(ends[k - 1]), done.finished
 
 
@@ -163,7 +162,7 @@ class DecodeSpan:
     allocations: list[int]  # per step
     evictions: list[int]
     block_size: int
-    residues: np.ndarray  # [block_size]: sequences whose computed tokens have each residue
+    computed: list[int]  # each sequence's computed tokens before the first step
 
     @staticmethod
     def fill(spans: list[DecodeSpan], offsets: list[int], block: np.ndarray) -> None:
@@ -210,11 +209,15 @@ class DecodeSpan:
         # bs, so one period per span from its count of sequences per residue of c.
         idle = np.empty(total, dtype=np.int64)
         for size in set(span.block_size for span in spans):
-            mine = np.flatnonzero(bs == size)
             members = [i for i, span in enumerate(spans) if span.block_size == size]
-            periods = np.array([spans[i].residues for i in members]) @ _idle_pattern(size)  # [spans, size]
-            where = np.searchsorted(members, sid[mine])
-            idle[mine] = periods[where, j[mine] % size]
+            lens = [len(spans[i].computed) for i in members]
+            computed = np.fromiter(itertools.chain.from_iterable(spans[i].computed for i in members), np.int64,
+                                   sum(lens))
+            owner = np.repeat(np.arange(len(members)), lens)  # (sequences of a span: its residue counts)
+            residues = np.bincount(owner * size + computed % size, minlength=len(members) * size)
+            periods = residues.reshape(len(members), size) @ _idle_pattern(size)  # [spans, size]
+            mine = np.flatnonzero(bs == size)
+            idle[mine] = periods[np.searchsorted(members, sid[mine]), j[mine] % size]
         out[:, _USED] = allocated - idle
         out[:, _CACHED] = (per_span[:, 1] - evicts) * bs
         out[:, _UNSHARED] = (per_span[:, 2] + allocs) * bs
