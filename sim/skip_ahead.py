@@ -3,8 +3,9 @@
 The policy side (``engine.policy.fast_forward``) says when a replica's scheduler is decoding
 steadily and how many steps it can stay so, and applies them. This module does what the
 replica's step loop would have done for each of those steps: ask the cost model for their
-durations, advance simulated time, and record their step metrics. Everything is bit for bit
-what the step-by-step loop produces:
+durations (``plan_skip``), apply them and record their step metrics (``skip``). Its one caller
+is ``Replica._skip``, which also goes on past a finish when nothing could take the finished
+request's place. Everything is bit for bit what the step-by-step loop produces:
 
 - step costs come from the cost model's own ``step_cost`` for the first step, and the only term
   that changes from step to step, decode attention (its context grows by one token per sequence),
@@ -18,7 +19,10 @@ what the step-by-step loop produces:
   replica's state at arrivals (a load-aware router), a skipped step must also *end* before it, so
   the reader finds the replica in the same state, mid-step, as without skipping;
 - KV usage per step is counted from the allocations and evictions ``advance`` reports, in the
-  definitions of ``Scheduler.kv_usage``.
+  definitions of ``Scheduler.kv_usage``;
+- a skipped stretch is recorded as one ``DecodeSpan`` (its first step, its end times and cost
+  terms, its sequences' computed tokens, the blocks allocated and evicted per step), whose rows
+  ``StepMetrics`` writes later, many spans at once (``DecodeSpan.fill``).
 """
 
 from __future__ import annotations
