@@ -112,20 +112,34 @@ class Slo:
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """``np.percentile(np.repeat(values, weights), q)`` (linear interpolation) without repeating."""
+    return weighted_percentiles(values, weights, [q])[0]
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> list[float]:
+    """``weighted_percentile`` at each of ``qs``, sorting once (the values can be a long run's
+    millions of inter-token gaps)."""
     order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order]
+    w = weights[order]
     keep = w > 0
-    v, w = v[keep], w[keep]
+    if keep.all():
+        v = values[order]
+    else:
+        v, w = values[order][keep], w[keep]
+    del order, keep
     total = int(w.sum())
     if total == 0:
         raise ValueError("no values")
-    position = (total - 1) * q / 100.0
-    lo = int(np.floor(position))
-    hi = min(lo + 1, total - 1)
     ends = np.cumsum(w)  # element k of the expanded list is v[searchsorted(ends, k, 'right')]
-    v_lo = v[int(np.searchsorted(ends, lo, side="right"))]
-    v_hi = v[int(np.searchsorted(ends, hi, side="right"))]
-    return float(v_lo + (v_hi - v_lo) * (position - lo))
+    del w
+    out = []
+    for q in qs:
+        position = (total - 1) * q / 100.0
+        lo = int(np.floor(position))
+        hi = min(lo + 1, total - 1)
+        v_lo = v[int(np.searchsorted(ends, lo, side="right"))]
+        v_hi = v[int(np.searchsorted(ends, hi, side="right"))]
+        out.append(float(v_lo + (v_hi - v_lo) * (position - lo)))
+    return out
 
 
 def latency_stats(values, percentiles=DEFAULT_PERCENTILES, weights=None) -> dict[str, float | None]:
@@ -134,15 +148,18 @@ def latency_stats(values, percentiles=DEFAULT_PERCENTILES, weights=None) -> dict
     values = np.asarray(values, dtype=float)
     weights = np.ones(len(values), np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
     finite = np.isfinite(values) & (weights > 0)
-    values, weights = values[finite], weights[finite]
+    if not finite.all():
+        values, weights = values[finite], weights[finite]
+    del finite
     keys = ["mean", "median", "std", *(percentile_key(p) for p in percentiles)]
     if values.size == 0:
         return dict.fromkeys(keys)
     mean = float(np.average(values, weights=weights))
     std = float(np.sqrt(np.average((values - mean) ** 2, weights=weights)))
-    out = {"mean": _r(mean), "median": _r(weighted_percentile(values, weights, 50.0)), "std": _r(std)}
-    for p in percentiles:
-        out[percentile_key(p)] = _r(weighted_percentile(values, weights, p))
+    median, *rest = weighted_percentiles(values, weights, [50.0, *percentiles])
+    out = {"mean": _r(mean), "median": _r(median), "std": _r(std)}
+    for p, value in zip(percentiles, rest):
+        out[percentile_key(p)] = _r(value)
     return out
 
 

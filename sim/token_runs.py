@@ -136,9 +136,13 @@ def itl_sample(runs: np.ndarray, start_s: np.ndarray, duration_s: np.ndarray) ->
     same = req[1:] == req[:-1]
     between = end_s[a[1:][same]] - end_s[b[:-1][same]]
     covered = inner > 0
-    values = np.concatenate((duration_s[covered], between))
-    weights = np.concatenate((inner[covered].astype(np.int64), np.ones(len(between), np.int64)))
-    del covered
+    num_covered = int(np.count_nonzero(covered))
+    values = np.empty(num_covered + len(between))  # (filled in place: no concatenated copies)
+    np.compress(covered, duration_s, out=values[:num_covered])
+    values[num_covered:] = between
+    weights = np.ones(len(values), np.int64)
+    weights[:num_covered] = inner[covered]
+    del covered, between
     # rows a..b: a token event each
     events = inner
     np.add.at(events, a, 1)
