@@ -189,7 +189,6 @@ class LRUPolicy(EvictionPolicy):
         return block_id in self._members
 
 
-
 class _HeapPolicy(EvictionPolicy):
     """A policy that evicts the smallest ``priority(block_id)``; a heap with lazy deletion.
 

@@ -201,7 +201,7 @@ class KVCacheManager:
         pool = self.pool
         keys = pool.keys
         table = seq.block_table
-        lazy = (seq.lazy_from if seq.lazy_from >= 0 else self.lazy_from(seq)) if self.lazy_keys else NEVER
+        lazy = self._lazy_start(seq)
         for i in range(first, num_full if num_full < lazy else lazy):
             block_id = table[i]
             if keys[block_id] is None:
@@ -215,11 +215,16 @@ class KVCacheManager:
         block_id = seq.block_table[index]
         pool = self.pool
         if pool.keys[block_id] is None:
-            lazy = (seq.lazy_from if seq.lazy_from >= 0 else self.lazy_from(seq)) if self.lazy_keys else NEVER
-            if index >= lazy:
+            if index >= self._lazy_start(seq):
                 pool.cache_lazy((block_id,))
             else:
                 pool.cache_block(block_id, self.block_key(seq, index))
+
+    def _lazy_start(self, seq: Sequence) -> int:
+        """Where ``seq``'s lazy keys start in this cache (``NEVER`` with lazy keys off)."""
+        if not self.lazy_keys:
+            return NEVER
+        return seq.lazy_from if seq.lazy_from >= 0 else self.lazy_from(seq)
 
     def lazy_from(self, seq: Sequence) -> int:
         """The first block index from which ``seq``'s content is unique to it (``NEVER``: none).
