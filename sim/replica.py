@@ -242,10 +242,9 @@ class Replica:
             now = end
             if finished:
                 completions.append((finished, end))
-            if (not finished or sched.waiting or self.on_request_done is not None or not now < self.next_arrival_s
-                    or not sched.has_unfinished_requests):
+            if not finished or sched.waiting or self.on_request_done is not None or not now < self.next_arrival_s:
                 break
-            run = decode_batch(sched)
+            run = decode_batch(sched)  # (None when nothing runs any more)
             self.skips_past_finish += run is not None
         if ran:
             yield timeout_until(self.env, now)

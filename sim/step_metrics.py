@@ -54,7 +54,7 @@ STEP_COLUMNS = (
 
 NUM_COLUMNS = len(STEP_COLUMNS)
 _INDEX = {name: j for j, name in enumerate(STEP_COLUMNS)}
-COLUMN_INDEX = _INDEX  # a column's position in a row (``record_span``'s blocks)
+COLUMN_INDEX = _INDEX  # a column's position in a row (for span classes' ``fill``)
 _COLUMN_SET = frozenset(STEP_COLUMNS)
 _TERM_INDEX = [_INDEX[f"{t}_s"] for t in TERMS]
 DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 28 columns x 8 bytes = 7 MiB in memory at most
@@ -155,19 +155,16 @@ class StepMetrics:
         for name, value in zip(STEP_COLUMNS, values):
             if value.ndim != 0 and value.shape != (count,):
                 raise ValueError(f"column {name!r} has shape {value.shape}, expected a scalar or ({count},)")
+        self._check_open()
         block = np.empty((count, NUM_COLUMNS))  # row-major, as the live chunk
         for j, value in enumerate(values):
             block[:, j] = value
-        self.record_span(block)
-
-    def record_span(self, block: np.ndarray) -> None:
-        """Append the rows of ``block`` (``[rows, NUM_COLUMNS]`` float64, C order, columns in
-        ``STEP_COLUMNS`` order): a span of steps recorded at the cost of one."""
-        self._check_open()
         self._write_deferred()
         self._append_block(block)
 
     def _append_block(self, block: np.ndarray) -> None:
+        """Append the rows of ``block`` (``[rows, NUM_COLUMNS]`` float64, C order) to the live
+        chunk, spilling at each chunk boundary."""
         count = len(block)
         done = 0
         while done < count:  # fill the live chunk, spill, repeat: memory stays one chunk
