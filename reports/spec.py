@@ -36,7 +36,13 @@ shifts the workload's seed, so seeds draw different requests.
 loads the user's own policy pieces (``engine.policy.user_plugins``) before the settings are checked,
 so grid values may name them (``victim = ["running-tail", "my-victim"]``; a ``Scheduler`` subclass
 by ``scheduler = ["default", "MyScheduler"]``). Every run then carries the spec strings, which each
-worker loads again, and a digest of the files, so an edited plug-in gets new run ids.
+worker loads again, and a digest of the files, so an edited plug-in gets new run ids. Loading a
+plug-in runs its file, so a spec that lists plug-ins is refused unless the caller allows them
+(``allow_plugins``; ``pagesim study --allow-plugins``): running someone else's study file must
+not run their code unasked.
+
+A study is bounded before anything is enumerated: its grids may make at most ``max_runs`` runs
+(``MAX_RUNS`` unless the caller raises it; ``--max-runs``), counted from the axes' lengths.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ VLLM_SETTING_NAMES = {"tensor_parallel_size": "tp", "num_gpu_blocks_override": "
                       "enable_prefix_caching": "prefix_caching", "enable_chunked_prefill": "chunked_prefill",
                       "request_rate": "rate", "swap_space": "swap_space_gb"}
 PAPERS = ("kwon2023",)
+MAX_RUNS = 10_000  # runs a study may make unless --max-runs says more
 
 
 class SpecError(ValueError):
@@ -132,23 +139,25 @@ class StudySpec:
         return list(configs.values())
 
 
-def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> StudySpec:
+def load_spec(path: str | Path, overrides: Iterable[str] = (), *, allow_plugins: bool = False,
+              max_runs: int = MAX_RUNS) -> StudySpec:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read study spec {path}: {exc.strerror or exc}") from None
-    return parse_spec(text, overrides, origin=str(path))
+    return parse_spec(text, overrides, origin=str(path), allow_plugins=allow_plugins, max_runs=max_runs)
 
 
-def parse_spec(text: str, overrides: Iterable[str] = (), *, origin: str = "spec") -> StudySpec:
+def parse_spec(text: str, overrides: Iterable[str] = (), *, origin: str = "spec", allow_plugins: bool = False,
+               max_runs: int = MAX_RUNS) -> StudySpec:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{origin}: not valid TOML: {exc}") from None
     for item in overrides:
         apply_override(doc, item)
-    return validate(doc, origin)
+    return validate(doc, origin, allow_plugins=allow_plugins, max_runs=max_runs)
 
 
 def apply_override(doc: dict, item: str) -> None:
@@ -176,7 +185,7 @@ def apply_override(doc: dict, item: str) -> None:
     node[parts[-1]] = value
 
 
-def validate(doc: dict, origin: str = "spec") -> StudySpec:
+def validate(doc: dict, origin: str = "spec", *, allow_plugins: bool = False, max_runs: int = MAX_RUNS) -> StudySpec:
     unknown = set(doc) - TOP_KEYS
     if unknown:
         raise SpecError(f"{origin}: unknown top-level key(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(TOP_KEYS))})")
@@ -188,7 +197,7 @@ def validate(doc: dict, origin: str = "spec") -> StudySpec:
                         "issue); runs use the roofline cost model")
     source = _source(doc.get("source"), origin)
     base = {k: v for k, v in SETTINGS.items()}
-    base.update(_plugins(doc.get("plugins", []), origin))
+    base.update(_plugins(doc.get("plugins", []), origin, allow_plugins))
     base_doc = doc.get("base", {})
     seeds = None
     if isinstance(base_doc, dict) and isinstance(base_doc.get("seed"), list):
@@ -211,6 +220,10 @@ def validate(doc: dict, origin: str = "spec") -> StudySpec:
     paper = doc.get("paper")
     if paper is not None and paper not in PAPERS:
         raise SpecError(f"{origin}: paper = {paper!r}: the report compares with {', '.join(PAPERS)} only")
+    count = sum(math.prod(len(values) for values in grid.values()) for grid in grids or [{}])
+    if count > max_runs:
+        raise SpecError(f"{origin}: the grids make {count:,} runs, more than the {max_runs:,} a study may make "
+                        f"unless asked; to run them all, pass --max-runs {count}")
     spec = StudySpec(name, source, base, grids, description=str(doc.get("description", "")),
                      paper=paper, document=doc)
     for config in spec.runs():
@@ -259,14 +272,19 @@ def _source(value: Any, origin: str) -> dict[str, Any]:
     return out
 
 
-def _plugins(value: Any, origin: str) -> dict[str, Any]:
-    """Load the spec's plug-ins (registering their names for the checks); the settings they add."""
+def _plugins(value: Any, origin: str, allowed: bool) -> dict[str, Any]:
+    """Load the spec's plug-ins (registering their names for the checks); the settings they add.
+    Nothing is loaded (no file runs) unless the caller allows plug-ins."""
     from engine.policy.user_plugins import load_plugins, source_digest
 
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise SpecError(f"{origin}: plugins must be a list of \"FILE.py:CLASS\" strings")
     if not value:
         return {}
+    if not allowed:
+        files = ", ".join(dict.fromkeys(v.rpartition(":")[0] or v for v in value))
+        raise SpecError(f"{origin}: the spec's plugins would run the code in {files}; pagesim runs no code a spec "
+                        "names unless asked: pass --allow-plugins if you trust it")
     try:
         plugins = load_plugins(value)
     except ValueError as exc:

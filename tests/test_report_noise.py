@@ -64,7 +64,7 @@ def test_seed_list_repeats_every_grid_and_draws_different_requests():
 
 
 def _run(tmp_path, text):
-    run_study(parse_spec(text), tmp_path, workers=2, progress=False)
+    run_study(parse_spec(text, allow_plugins=True), tmp_path, workers=2, progress=False)
     study = load_study(tmp_path)
     assert not study.failed, [r["error"] for r in study.failed]
     return study
