@@ -9,10 +9,13 @@ never as a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import os
+import signal
 import sys
+import threading
 
 # name -> module that defines add_parser(subparsers) and whose parser sets ``func``.
 SUBCOMMANDS: dict[str, str] = {
@@ -34,6 +37,23 @@ SUBCOMMANDS: dict[str, str] = {
 
 class UsageError(Exception):
     """Raised by a subcommand for bad input; printed as a one-line error, exit status 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: it unwinds exactly as Ctrl-C does (a study keeps its
+    finished runs and stops its workers), and the process exits 143 (128 + SIGTERM), as shells
+    report a terminated process."""
+
+    exit_status = 128 + signal.SIGTERM
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def interrupted_status(exc: KeyboardInterrupt) -> int:
+    """The exit status for an interruption: 143 for SIGTERM, 130 (128 + SIGINT) for Ctrl-C."""
+    return getattr(exc, "exit_status", 128 + signal.SIGINT)
 
 
 #: vLLM flags pagesim has no twin for, and what to do instead
@@ -89,6 +109,25 @@ def main(argv: list[str] | None = None) -> int:
     if extras:
         subparser = args._subparsers.choices[args.command]
         subparser.error(unknown_flags_message(subparser, extras))
+    with _sigterm_as_interrupt():
+        return _dispatch(parser, args)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises ``Terminated`` while a command runs (main thread only: elsewhere Python
+    cannot set handlers); the previous handler is put back after, for callers of ``main``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
@@ -104,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"pagesim {args.command}: error: {where}{exc.strerror or exc}\n")
     except MemoryError:
         parser.exit(2, f"pagesim {args.command}: error: not enough memory for what was asked\n")
-    except KeyboardInterrupt:  # Ctrl-C: no traceback; 128 + SIGINT, as shells report it
-        print(f"pagesim {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: no traceback
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"pagesim {args.command}: {what}", file=sys.stderr)
+        return interrupted_status(exc)
 
 
 if __name__ == "__main__":

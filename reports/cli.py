@@ -25,6 +25,10 @@ def add_parser(subparsers) -> None:
     _execution_args(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change the spec, e.g. source.num_requests=200 or grid.0.block_size=[8,16] (repeatable)")
+    p.add_argument("--allow-plugins", action="store_true",
+                   help="run the plug-in files the spec lists (plugins = [...]); without it such a spec is refused")
+    p.add_argument("--max-runs", type=int, metavar="N",
+                   help="run a study whose grids make more than 10,000 runs (up to N)")
     p.add_argument("--report", metavar="PDF", help="also write the PDF report here when the study is done")
     p.add_argument("--html", metavar="HTML", help="also write the report as one self-contained HTML file")
     _threshold_arg(p)
@@ -68,15 +72,20 @@ def _execution_args(p) -> None:
                    help="no progress (default: a bar on a terminal, else a line per finished run)")
 
 
-def _load(spec_arg: str, overrides: list[str]):
+def _load(args):
     from reports.presets import PRESETS
-    from reports.spec import load_spec, parse_spec
+    from reports.spec import MAX_RUNS, load_spec, parse_spec
 
+    spec_arg = args.spec
+    max_runs = MAX_RUNS if args.max_runs is None else args.max_runs
+    if max_runs < 1:
+        raise ValueError(f"--max-runs must be >= 1, got {max_runs}")
+    bounds = {"allow_plugins": args.allow_plugins, "max_runs": max_runs}
     if spec_arg in PRESETS and not Path(spec_arg).exists():
-        return parse_spec(PRESETS[spec_arg], overrides, origin=f"preset {spec_arg}")
+        return parse_spec(PRESETS[spec_arg], args.set, origin=f"preset {spec_arg}", **bounds)
     if not Path(spec_arg).exists():
         raise ValueError(f"{spec_arg}: no such spec file, and not a preset ({', '.join(PRESETS)})")
-    return load_spec(spec_arg, overrides)
+    return load_spec(spec_arg, args.set, **bounds)
 
 
 def _run(spec, out: Path, args) -> object:
@@ -86,13 +95,15 @@ def _run(spec, out: Path, args) -> object:
     try:
         outcome = run_study(spec, out, executor=args.executor, workers=args.workers, address=args.address,
                             progress=not args.no_progress)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (engine.cli.Terminated): the same unwinding
+        from engine.cli import Terminated, interrupted_status
         from reports.store import ResultsStore
 
         kept = ResultsStore(out / "results.jsonl").load(repair=False)
-        print(f"\ninterrupted: {len(kept)} run records kept in {out}/results.jsonl; the same command resumes",
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"\n{what}: {len(kept)} run records kept in {out}/results.jsonl; the same command resumes",
               file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(interrupted_status(exc)) from None
     print(f"study {spec.name}: {outcome.total} runs ({outcome.reused} from before, {outcome.ran} now, "
           f"{outcome.failed} failed) in {time.perf_counter() - started:.0f} s -> {out}/results.jsonl")
     return outcome
@@ -110,7 +121,7 @@ def _print_findings(out: Path, threshold: float) -> None:
 
 def run_study_cmd(args) -> int:
     threshold = _threshold(args)
-    spec = _load(args.spec, args.set)
+    spec = _load(args)
     out = Path(args.out)
     outcome = _run(spec, out, args)
     _print_findings(out, threshold)

@@ -7,6 +7,11 @@ folder (a lock on ``DIR/.lock``). Progress: a bar on a terminal, otherwise a lin
 (its id, settings and seconds), so logs and CI show it.
 
 - ``local``: a process pool of ``workers`` processes (default: the CPUs), or in-process for one.
+  Workers are *spawned* (a fresh interpreter, not a fork), so they inherit neither the folder's
+  lock nor the command's signal handlers, and each dies with the study: the kernel kills it when
+  its parent goes (Linux ``PR_SET_PDEATHSIG``), and a watchdog thread exits it when its parent
+  changes (everywhere else, and for a parent already gone before the worker started). So a study
+  killed with ``kill -9`` leaves no worker behind holding anything, and the same command resumes.
 - ``ray``: one Ray task per run; ``ray.init(address=...)`` joins a cluster (``auto``, or
   ``ray://host:10001``), and with no address starts a local instance of ``workers`` CPUs. Each
   node needs pagesim installed in the same version; the same configs give the same records.
@@ -15,10 +20,16 @@ folder (a lock on ``DIR/.lock``). Progress: a bar on a terminal, otherwise a lin
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import fcntl
 import json
+import multiprocessing
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -48,7 +59,8 @@ def run_local(configs: list[RunConfig], workers: int, address: str | None = None
         for config in configs:
             yield run_one(config)
         return
-    pool = ProcessPoolExecutor(max_workers=workers)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_start, initargs=(os.getpid(),))
     try:
         futures = [pool.submit(run_one, c) for c in configs]
         for future in as_completed(futures):
@@ -62,6 +74,42 @@ def run_local(configs: list[RunConfig], workers: int, address: str | None = None
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+WATCHDOG_S = 1.0  # how often a worker checks that its parent is still there
+
+
+def _worker_start(parent_pid: int) -> None:
+    """A pool worker's first act: die with the study, and leave Ctrl-C to it.
+
+    SIGINT is ignored here: the main process catches it and stops the pool (a worker's own
+    ``KeyboardInterrupt`` would only print a traceback). SIGTERM keeps its default (exit), which
+    is how the pool is stopped.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _kill_me_with_parent()
+    if os.getppid() != parent_pid:  # the study died before this worker got here
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="pagesim-parent-watchdog", daemon=True).start()
+
+
+def _kill_me_with_parent() -> None:
+    """Linux: the kernel sends this process SIGKILL when its parent exits (even by ``kill -9``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no libc to call: the watchdog alone
+        pass
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit at once when the parent is gone (this process was handed to another parent)."""
+    while os.getppid() == parent_pid:
+        time.sleep(WATCHDOG_S)
+    os._exit(1)
 
 
 def run_ray(configs: list[RunConfig], workers: int, address: str | None = None) -> Iterator[dict[str, Any]]:
@@ -103,13 +151,41 @@ def run_study(spec: StudySpec, out_dir: str | Path, *, executor: str = "local", 
 
 @contextlib.contextmanager
 def _exclusive(out: Path):
-    """One study writes a folder at a time: a second one would run every run twice."""
-    with open(out / ".lock", "w") as fh:
+    """One study writes a folder at a time: a second one would run every run twice.
+
+    The lock is ``flock`` on ``DIR/.lock``, which the kernel releases when the holder's open file
+    goes away (its process exits, however it ends), so a lock never outlives its study; the file
+    names the holder's pid, for the message a second study prints. The descriptor is not
+    inherited by anything the study starts (Python opens files non-inheritable, and workers are
+    spawned, not forked).
+    """
+    with open(out / ".lock", "a+") as fh:  # (not "w": that would blank the holder's pid before we know)
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ValueError(f"another pagesim study is writing {out}; wait for it, or use another folder") from None
+            raise ValueError(_held_message(out, fh)) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
         yield
+
+
+def _held_message(out: Path, fh) -> str:
+    """Who holds ``out``'s lock, as far as the lock file and ``/proc`` tell."""
+    fh.seek(0)
+    text = fh.read(32).strip()
+    pid = int(text) if text.isdigit() else None
+    if pid is None:
+        return f"another pagesim study is writing {out}; wait for it, or use another folder"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return (f"{out}/.lock is held, but the study that took it (pid {pid}) is gone: a process it started "
+                f"still holds the lock (`fuser {out}/.lock` names it); stop that process, then run again")
+    except PermissionError:
+        pass  # alive, another user's
+    return f"another pagesim study (pid {pid}) is writing {out}; wait for it, or use another folder"
 
 
 def _run_locked(spec: StudySpec, out: Path, executor: str, workers: int, address: str | None,

@@ -1,0 +1,110 @@
+"""A study runs nothing unasked and builds nothing unbounded: a spec's plug-ins load only with
+``allow_plugins`` (``--allow-plugins``), a grid's size is checked against ``--max-runs`` before any
+run is enumerated, and the folder's lock names its holder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+from reports.spec import MAX_RUNS, SpecError, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = """
+[source]
+workload = "shared-system-prompt"
+rate = 6.0
+num_requests = 20
+[base]
+kv_cache_gb = 1.0
+"""
+LOUD = """
+from pathlib import Path
+from engine.policy.preemption import VictimPolicy
+Path(__file__).with_name("ran.txt").write_text("the plug-in's file ran")
+class Loud(VictimPolicy):
+    name = "{name}"
+    def choose(self, running):
+        return running[-1]
+"""
+
+
+def _loud(tmp_path: Path, name: str = "loud") -> Path:
+    """A victim plug-in registered as ``name`` (each test its own: the registry is per process)."""
+    path = tmp_path / "loud.py"
+    path.write_text(LOUD.replace("{name}", name))
+    return path
+
+
+def test_a_spec_with_plugins_runs_none_of_their_code_unless_allowed(tmp_path):
+    text = f'plugins = ["{_loud(tmp_path)}:Loud"]\n' + SOURCE + '[[grid]]\nvictim = ["running-tail", "loud"]\n'
+    with pytest.raises(SpecError, match=r"would run the code in .*loud\.py.*--allow-plugins"):
+        parse_spec(text)
+    assert not (tmp_path / "ran.txt").exists()
+    assert len(parse_spec(text, allow_plugins=True).runs()) == 2
+    assert (tmp_path / "ran.txt").exists()
+
+
+def test_a_plugin_added_by_set_is_refused_too(tmp_path):
+    with pytest.raises(SpecError, match="--allow-plugins"):
+        parse_spec(SOURCE, [f'plugins=["{_loud(tmp_path, "loud-set")}:Loud"]'])
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_the_study_command_refuses_plugins_in_one_line_and_runs_them_when_allowed(tmp_path, capsys):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'plugins = ["{_loud(tmp_path, "loud-cli")}:Loud"]\n' + SOURCE + '[[grid]]\nvictim = ["loud-cli"]\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["study", str(spec), "-o", str(tmp_path / "out"), "--workers", "1", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "\n" not in err and "loud.py" in err and "--allow-plugins" in err, err
+    assert not (tmp_path / "ran.txt").exists() and not (tmp_path / "out" / "results.jsonl").exists()
+    assert main(["study", str(spec), "-o", str(tmp_path / "out"), "--workers", "1", "--no-progress",
+                 "--allow-plugins"]) == 0
+
+
+def test_a_huge_grid_is_counted_before_it_is_enumerated():
+    axes = "\n".join(f"block_size = [{', '.join(str(8 * (k + 1)) for k in range(100))}]".replace("block_size", key)
+                     for key in ("block_size", "max_num_seqs", "num_gpu_blocks"))
+    started = time.perf_counter()
+    with pytest.raises(SpecError, match=r"the grids make 1,000,000 runs, more than the 10,000 .* --max-runs 1000000"):
+        parse_spec(SOURCE + "[[grid]]\n" + axes)
+    assert time.perf_counter() - started < 5  # counted from the axes, not by enumerating them
+    assert MAX_RUNS == 10_000
+    small = SOURCE + "[[grid]]\nblock_size = [8, 16, 32]\n"
+    with pytest.raises(SpecError, match="the grids make 3 runs, more than the 2"):
+        parse_spec(small, max_runs=2)
+    assert len(parse_spec(small, max_runs=3).runs()) == 3
+
+
+def test_max_runs_on_the_command_line(tmp_path, capsys):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SOURCE + "[[grid]]\nblock_size = [8, 16, 32]\n")
+    for flag, message in ((["--max-runs", "2"], "--max-runs 3"), (["--max-runs", "0"], "--max-runs must be >= 1")):
+        with pytest.raises(SystemExit):
+            main(["study", str(spec), "-o", str(tmp_path / "out"), "--no-progress", *flag])
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err
+
+
+def test_a_second_study_on_a_folder_is_told_the_holders_pid(tmp_path):
+    from reports.execute import _exclusive
+
+    out = tmp_path / "study"
+    out.mkdir()
+    with _exclusive(out):
+        assert (out / ".lock").read_text().strip() == str(os.getpid())
+        script = ("import sys; from pathlib import Path; from reports.execute import _exclusive\n"
+                  "try:\n    _exclusive(Path(sys.argv[1])).__enter__()\nexcept ValueError as e:\n    print(e)\n")
+        held = subprocess.run([sys.executable, "-c", script, str(out)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+        assert f"another pagesim study (pid {os.getpid()}) is writing {out}" in held.stdout, held
+        assert (out / ".lock").read_text().strip() == str(os.getpid())  # the refused study blanked nothing
+    with _exclusive(out):  # released with its holder
+        pass
