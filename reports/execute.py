@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import staged_files, writing
 from reports.runner import run_one
 from reports.spec import RunConfig, StudySpec, run_id
 from reports.store import ResultsStore
@@ -139,14 +140,20 @@ def run_study(spec: StudySpec, out_dir: str | Path, *, executor: str = "local", 
               address: str | None = None, progress: bool = True) -> StudyOutcome:
     if executor not in RUNNERS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    if workers is None:
-        workers = os.cpu_count() or 1
-    if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
+    workers = resolve_workers(workers)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
         return _run_locked(spec, out, executor, workers, address, progress)
+
+
+def resolve_workers(workers: int | None) -> int:
+    """``--workers`` as a count (None: the CPUs), refused below 1."""
+    if workers is None:
+        return os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    return workers
 
 
 @contextlib.contextmanager
@@ -222,9 +229,9 @@ def _write_study(out: Path, spec: StudySpec, runs: list[RunConfig]) -> None:
     """``study.json``: the spec as run and its run ids, for the report (rewritten on each invocation)."""
     doc = {"name": spec.name, "description": spec.description, "paper": spec.paper, "source": spec.source,
            "base": spec.base, "grids": spec.grids, "axes": spec.axes(), "run_ids": [run_id(c) for c in runs]}
-    tmp = out / "study.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-    tmp.replace(out / "study.json")
+    path = out / "study.json"
+    with staged_files([path]) as staged, writing(path):
+        staged[path].write_text(json.dumps(doc, indent=1, sort_keys=True))
 
 
 def _bar(total: int, initial: int, name: str, enabled: bool):

@@ -16,7 +16,8 @@ notes (the findings) as a list. Invariants:
   (numbers numerically, after dropping "," and "%" and a trailing " ± x"; "-" last), another
   click reverses; the script ends by setting ``document.body.dataset.ready = "1"``;
 - SVG ids are prefixed per figure, so figures inlined side by side never share an id;
-- written to ``out + ".tmp"`` and renamed; figures are left open (the caller closes them).
+- written to ``out + ".tmp"`` and renamed (none left after a failure); figures are left open (the
+  caller closes them).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
 import re
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import staged_files, writing
 from reports.style import Page, Table
 
 ALL_RUNS = "All runs"
@@ -210,15 +211,14 @@ class HtmlReport:
                 f"{sections}\n<script>{SCRIPT}</script>\n</body>\n</html>\n")
 
     def write(self, out: str | Path) -> None:
-        """Write the HTML file at ``out`` (atomically)."""
+        """Write the HTML file at ``out`` (atomically; a failure leaves no temporary file)."""
         path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(self.render(), encoding="utf-8")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)  # after a failure (a full disk): no half-written file left behind
+        with staged_files([path]) as tmp, writing(path):
+            self.save(tmp[path])
+
+    def save(self, path: Path) -> None:
+        """Write the HTML file at ``path`` itself (the caller renames it into place)."""
+        path.write_text(self.render(), encoding="utf-8")
 
 
 def write_html(pages: list[Page], out: str | Path, meta: dict[str, Any]) -> None:

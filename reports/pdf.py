@@ -6,7 +6,8 @@ against noise, and the findings in words), the all-runs table, every grid drawn 
 curves (throughput vs tail latency, goodput vs rate), the aspect pages of ``reports.pages``, the
 paper comparison for a paper preset, and the failed runs if any. Every title and caption is
 generated from the study's data. Written to a temporary file and renamed, so a report is never
-half-written; ``reports.html`` writes the same pages as one HTML file.
+half-written (nor left as a temporary file when writing fails); ``reports.html`` writes the same
+pages as one HTML file.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
+from engine.atomic import staged_files, writing  # noqa: E402
 from reports.findings import best_settings, findings, load_findings, noise_rule, outline_lines  # noqa: E402
 from reports.grid_pages import grid_pages  # noqa: E402
 from reports.load import RULE  # noqa: E402
@@ -212,21 +214,23 @@ def open_study(study_dir: str | Path, threshold: float = DEFAULT_THRESHOLD) -> S
 
 def build_report(study_dir: str | Path, out_pdf: str | Path | None, *, html: str | Path | None = None,
                  threshold: float = DEFAULT_THRESHOLD) -> list[str]:
-    """Write the PDF (and the HTML report if asked), a page at a time; returns the page titles."""
+    """Write the PDF (and the HTML report if asked), a page at a time; returns the page titles.
+    Each file is written beside its name and both are renamed once both are whole, so a failure
+    (a full disk: one ``OSError`` naming the file) leaves neither, nor a temporary file."""
     from reports.html import HtmlReport
 
     study = open_study(study_dir, threshold)
     pdf_path = Path(out_pdf) if out_pdf is not None else None
-    tmp = pdf_path.with_name(pdf_path.name + ".tmp") if pdf_path is not None else None
-    report = HtmlReport(study.meta) if html is not None else None
+    html_path = Path(html) if html is not None else None
+    report = HtmlReport(study.meta) if html_path is not None else None
     titles = []
-    try:
+    with staged_files([p for p in (pdf_path, html_path) if p is not None]) as tmp:
         with contextlib.ExitStack() as stack:
             pdf = None
             if pdf_path is not None:
-                pdf_path.parent.mkdir(parents=True, exist_ok=True)
-                pdf = stack.enter_context(PdfPages(tmp, metadata={"Title": f"pagesim study {study.meta['name']}",
-                                                                  "Creator": "pagesim"}))
+                stack.enter_context(writing(pdf_path))  # (outermost: it sees the error PdfPages' close raises)
+                pdf = stack.enter_context(PdfPages(tmp[pdf_path], metadata={
+                    "Title": f"pagesim study {study.meta['name']}", "Creator": "pagesim"}))
             for page in iter_report_pages(study):
                 try:
                     titles.append(page.title)
@@ -236,11 +240,7 @@ def build_report(study_dir: str | Path, out_pdf: str | Path | None, *, html: str
                         report.add(page)
                 finally:
                     plt.close(page.figure)
-        if tmp is not None:
-            tmp.replace(pdf_path)
         if report is not None:
-            report.write(html)
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)  # after a failure (a full disk): no half-written file left behind
+            with writing(html_path):
+                report.save(tmp[html_path])
     return titles

@@ -184,20 +184,51 @@ def settings(records: list[dict[str, Any]]) -> list[Setting]:
 
 
 def load_study(out_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD) -> Study:
+    """A study folder as it stands (a running study's too); a results line that is not a valid run
+    record is skipped with a ``ResultsWarning`` (its run counts as not run) and nothing is written."""
     out = Path(out_dir)
-    meta_path = out / "study.json"
-    if not meta_path.exists():
-        raise ValueError(f"{out} is not a study folder (no study.json; run `pagesim study SPEC -o {out}` first)")
-    try:
-        meta = json.loads(meta_path.read_text())
-        meta["run_ids"], meta["base"], meta["axes"], meta["source"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"{meta_path}: not a study description ({exc}); rerun the study to rewrite it") from None
+    meta = _read_meta(out)
     records = ResultsStore(out / "results.jsonl").load(repair=False)
     ordered = [records[i] for i in meta["run_ids"] if i in records]
     if not 0 <= threshold < 1:
         raise ValueError(f"the noise threshold is a fraction in [0, 1), got {threshold}")
     return Study(out, meta, ordered, threshold)
+
+
+META_FIELDS = {"run_ids": list, "base": dict, "axes": dict, "source": dict, "name": str}
+
+
+def _read_meta(out: Path) -> dict[str, Any]:
+    """``study.json``, checked for the fields the report reads."""
+    meta_path = out / "study.json"
+    if not meta_path.exists():
+        raise ValueError(f"{out} is not a study folder (no study.json; run `pagesim study SPEC -o {out}` first)")
+    if not meta_path.is_file():
+        raise ValueError(f"{meta_path}: not a regular file; rerun the study to rewrite it")
+    try:
+        meta = json.loads(meta_path.read_bytes().decode("utf-8"))
+    except json.JSONDecodeError as exc:
+        why = f"not JSON ({exc.msg})"
+    except UnicodeDecodeError:
+        why = "not UTF-8"
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number, nesting too deep
+        why = f"not JSON ({type(exc).__name__})"
+    else:
+        why = _meta_problem(meta)
+    if why is not None:
+        raise ValueError(f"{meta_path}: not a study description ({why}); rerun the study to rewrite it")
+    return meta
+
+
+def _meta_problem(meta: Any) -> str | None:
+    if not isinstance(meta, dict):
+        return f"a JSON {type(meta).__name__}, not an object"
+    for key, kind in META_FIELDS.items():
+        if not isinstance(meta.get(key), kind):
+            return f"no {key} ({kind.__name__})"
+    if not all(isinstance(i, str) for i in meta["run_ids"]):
+        return "run_ids holds something other than run ids"
+    return None
 
 
 def metric(record: dict[str, Any], key: str) -> float | None:

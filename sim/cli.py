@@ -11,6 +11,7 @@ summary then adds ``router`` and one entry per replica under ``replicas``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -124,14 +125,10 @@ def _cost_params(items: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
-    from sim.cluster import Cluster, build_replicas
-    from sim.output import summary_table, write_json, write_tables, write_timeline
-    from sim.replica import SimulationStalled
-    from sim.bench_args import bench_settings, summary_slo
+    from engine.atomic import OutputFolder
+    from sim.bench_args import bench_settings
     from sim.bench_output import save_bench_result
-    from sim.output import rejection_words
-    from sim.simulator import SimOptions
+    from sim.output import OUT_FILES, rejection_words, summary_table
     from traces.source import has_source, reported_warnings, trace_from_args
 
     bench = bench_settings(args)
@@ -144,8 +141,40 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     router = _router(args)
+    folder = OutputFolder(args.out, OUT_FILES) if args.out else None  # a bad --out is refused before any work
     with reported_warnings("simulate", strict=args.strict):
         trace = trace_from_args(args)
+    # the files are built in a partial folder beside --out and renamed into place once all are written
+    with folder if folder is not None else contextlib.nullcontext() as staging:
+        cluster, result, info, wall_s = _simulate(args, bench, trace, router, staging)
+    summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
+    if bench.save_result:
+        path = save_bench_result(args, bench, trace, result, cluster.replicas, summary, info)
+        print(f"pagesim simulate: wrote {path}", file=sys.stderr)
+    if args.json:
+        words = rejection_words(result.summary)
+        if words:  # (the table says it on its first line)
+            print(f"pagesim simulate: note: {words}", file=sys.stderr)
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(summary_table(result.summary, info, wall_s))
+        if folder is not None:
+            logs_written = "decisions-replica-K.jsonl" if args.replicas > 1 else "decisions.jsonl"
+            print(f"wrote {folder.target}/: summary.json run_info.json requests.csv steps.csv {logs_written} "
+                  "timeline.json")
+    return 0
+
+
+def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
+    """Build and run the deployment, writing ``--out``'s files into ``out`` (the partial folder);
+    returns the cluster, its result, the run's description and the wall seconds it took."""
+    from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+    from sim.bench_args import summary_slo
+    from sim.cluster import Cluster, build_replicas
+    from sim.output import write_json, write_tables, write_timeline
+    from sim.replica import SimulationStalled
+    from sim.simulator import SimOptions
+
     builts = build_replicas(run_spec_from_args(args), args.replicas)
     built = builts[0]
     slo = summary_slo(bench, args.slo_ttft, args.slo_tpot)
@@ -159,13 +188,9 @@ def run(args: argparse.Namespace) -> int:
     if clustered:
         info["cluster"] = {"replicas": args.replicas, "router": router.describe()}
 
-    out = Path(args.out) if args.out else None
-    # one decision log per replica (each replica's scheduler numbers its own steps)
+    # one decision log per replica (each replica's scheduler numbers its own steps), streamed during the run
     log_names = [f"decisions-replica-{k}.jsonl" for k in range(args.replicas)] if clustered else ["decisions.jsonl"]
-    logs = []
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        logs = [open(out / f"{name}.tmp", "w", encoding="ascii") for name in log_names]
+    logs = [open(out / name, "w", encoding="ascii") for name in log_names] if out is not None else []
     progress = _progress(len(trace), disable=args.no_progress)
     try:
         cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], router, options, tp=args.tp,
@@ -195,10 +220,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"pagesim simulate: note: some step costs lay outside the profile's measured grid and came from its "
                   f"fitted roofline form ({', '.join(f'{k}: {v} steps' for k, v in sorted(extrapolated.items()))})",
                   file=sys.stderr)
-    summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
     if out is not None:
-        for name in log_names:
-            (out / f"{name}.tmp").replace(out / name)
         ids = [f"r{i}" for i in range(len(trace))]
         write_json(out / "summary.json", result.summary)
         write_json(out / "run_info.json", {**info, "sim_wall_s": wall_s, "versions": _versions()})
@@ -206,20 +228,7 @@ def run(args: argparse.Namespace) -> int:
                      replica_of=result.replica_of if clustered else None)
         write_timeline(out / "timeline.json", result, ids,
                        step_replica=result.steps.replica_index() if clustered else None)
-    if bench.save_result:
-        path = save_bench_result(args, bench, trace, result, cluster.replicas, summary, info)
-        print(f"pagesim simulate: wrote {path}", file=sys.stderr)
-    if args.json:
-        words = rejection_words(result.summary)
-        if words:  # (the table says it on its first line)
-            print(f"pagesim simulate: note: {words}", file=sys.stderr)
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        print(summary_table(result.summary, info, wall_s))
-        if out is not None:
-            logs_written = "decisions-replica-K.jsonl" if clustered else "decisions.jsonl"
-            print(f"wrote {out}/: summary.json run_info.json requests.csv steps.csv {logs_written} timeline.json")
-    return 0
+    return cluster, result, info, wall_s
 
 
 def _trace_words(trace) -> str:

@@ -8,8 +8,9 @@
 - ``timeline.json``: a Chrome / Perfetto trace (open in ui.perfetto.dev): one slice per step on
   the replica's track with its batch, and each request as an async span, queued then running.
 
-Every file is written to a temporary name and renamed when complete, so an interrupted run
-never leaves a truncated file under the final name.
+The folder is built whole beside DIR and renamed into place (``engine.atomic.OutputFolder``), so
+an interrupted run never leaves a truncated file, nor a new file beside an old one, under DIR; a
+DIR holding files other than these is refused rather than replaced.
 """
 
 from __future__ import annotations
@@ -26,13 +27,20 @@ from sim.cost.base import TERMS
 from sim.metrics import COMPLETED, REJECTED, REQUEST_COLUMNS, STEP_COLUMNS
 
 _STATUS = {0: "pending", COMPLETED: "completed", REJECTED: "rejected"}
+# what --out DIR holds (shell patterns): a DIR holding only these may be replaced by a new run's
+OUT_FILES = ("summary.json", "run_info.json", "requests.csv", "steps.csv", "decisions.jsonl",
+             "decisions-replica-*.jsonl", "timeline.json")
 
 
 def atomic_write(path: Path, write) -> None:
+    """One file written to ``path.tmp`` and renamed (a file outside an ``OutputFolder`` too)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        write(f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # after a failure: no half-written file left behind
 
 
 def write_json(path: Path, obj) -> None:

@@ -115,19 +115,27 @@ def test_one_study_writes_a_folder_at_a_time(tmp_path):
         run_study(spec, tmp_path, workers=0, progress=False)
 
 
+def _record(name: str, **extra) -> dict:
+    config = {"name": name}
+    return {"id": run_id(config), "config": config, "status": "ok", "summary": {}, **extra}
+
+
 def test_torn_last_line_is_dropped_and_repaired(tmp_path):
     store = ResultsStore(tmp_path / "r.jsonl")
-    store.append({"id": "a", "status": "ok"})
+    a, b, c = _record("a"), _record("b", x=float("nan")), _record("c")
+    store.append(a)
     with open(store.path, "a") as fh:
         fh.write('{"id": "b", "stat')  # killed mid-write
-    assert list(store.load()) == ["a"]
+    assert list(store.load()) == [a["id"]]
     assert store.path.read_text().endswith("}\n")
-    store.append({"id": "b", "status": "ok", "x": float("nan")})
-    assert list(store.load()) == ["a", "b"] and store.load()["b"]["x"] is None
+    store.append(b)
+    assert list(store.load()) == [a["id"], b["id"]] and store.load()[b["id"]]["x"] is None
+    # a corrupt line in the middle is not fatal (it was, before): set aside, with a warning
     with open(store.path, "a") as fh:
-        fh.write("garbage\n" + json.dumps({"id": "c"}) + "\n")
-    with pytest.raises(ValueError, match="line 3 is not JSON"):
-        store.load()
+        fh.write("garbage\n" + json.dumps(c) + "\n")
+    with pytest.warns(UserWarning, match=r"r.jsonl:3: not JSON"):
+        assert list(store.load()) == [a["id"], b["id"], c["id"]]
+    assert json.loads(store.rejected_path.read_text())["line"] == 3
 
 
 def test_killed_study_resumes_and_every_run_appears_once(tmp_path):

@@ -16,7 +16,6 @@ import json
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 DTYPES = ("auto", "float64", "float32", "float16", "bfloat16")
 CPU_KV_CACHE_GB = 1.0  # default KV cache on CPU, where no memory-utilization rule applies
@@ -74,6 +73,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.atomic import OutputFolder
+    from engine.runtime.run_output import OUT_FILES
     from sim.bench_args import bench_settings
     from traces.source import reported_warnings, trace_from_args
 
@@ -90,11 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.model import load_model
     from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
 
-    if args.out:  # before any work: a run's results must have somewhere to go
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out}: exists and is not a folder")
-        out.mkdir(parents=True, exist_ok=True)
+    folder = OutputFolder(args.out, OUT_FILES) if args.out else None  # before any work: results need a place
     device = device_for(args.device, torch)
     config = model_config(args.model)
     dtype = dtype_for(args.dtype, device, args.backend, TORCH_DTYPES, args.check_reference)
@@ -110,10 +107,11 @@ def run(args: argparse.Namespace) -> int:
         sched_config = _fit_cuda_cache(model, sched_config, args)
         _check_memory(config, dtype, device, sched_config)
         _check_servable(requests, sched_config)
-    return _serve(args, model, sched_config, requests, params, offline)
+    return _serve(args, model, sched_config, requests, params, offline, folder)
 
 
-def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
+def _serve(args, model, sched_config, requests, params, offline: bool, folder) -> int:
+    """Serve ``requests``, report, and write ``--out`` into ``folder`` (an ``OutputFolder``, or None)."""
     import copy
 
     from engine.policy import SwapSpaceExhausted
@@ -179,8 +177,9 @@ def _serve(args, model, sched_config, requests, params, offline: bool) -> int:
 
         path = save_bench_result(args, engine, summary, len(served))
         print(f"pagesim run: wrote {path}", file=sys.stderr)
-    if args.out:
-        write_out(Path(args.out), engine, summary)
+    if folder is not None:
+        with folder as staging:  # written beside --out, renamed into place once whole
+            write_out(staging, engine, summary)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:

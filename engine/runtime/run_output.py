@@ -1,6 +1,7 @@
 """What a ``pagesim run`` reports: the summary (JSON keys), its text form, and the files ``--out``
 writes (``decisions.jsonl`` in the simulator's format, ``requests.csv``, ``steps.csv`` with each
-step's phases, ``outputs.jsonl``, ``summary.json``).
+step's phases, ``outputs.jsonl``, ``summary.json``), into a folder built beside DIR and renamed
+into place once whole (``engine.atomic.OutputFolder``).
 
 Latency definitions follow the simulator's: TTFT = first token - arrival, end-to-end = finish -
 arrival, TPOT = (finish - first token) / (longest sample's tokens - 1), all on the engine's clock.
@@ -13,6 +14,9 @@ import json
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
+
+# what --out DIR holds: a DIR holding only these may be replaced by a new run's
+OUT_FILES = ("decisions.jsonl", "requests.csv", "steps.csv", "outputs.jsonl", "summary.json")
 
 
 def summarize(engine, wall_s, report, reference_wall_s, args, offline, *, slo, percentiles,
@@ -137,14 +141,12 @@ def print_summary(summary: dict) -> None:
 
 
 def write_out(out: Path, engine, summary: dict) -> None:
+    """``OUT_FILES`` into ``out``, an existing (partial) folder."""
     from engine.policy.output import dump_record
 
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "decisions.jsonl.tmp"
-    with open(tmp, "w", encoding="ascii") as f:
+    with open(out / "decisions.jsonl", "w", encoding="ascii") as f:
         for record in engine.scheduler.decision_log:
             f.write(dump_record(record) + "\n")
-    tmp.replace(out / "decisions.jsonl")
     with open(out / "requests.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         cols = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "beam_width", "status",

@@ -1,0 +1,215 @@
+"""Outputs that are whole or visibly partial: nothing half-written ever appears under its final name.
+
+- ``OutputFolder``: a command's ``--out DIR`` (``simulate``, ``run``). Every file is written into a
+  fresh folder beside the target, ``DIR.partial-<pid>``; once the command's work is done, the files
+  and that folder are flushed to disk and the folder is renamed to ``DIR`` (an old ``DIR`` is first
+  renamed to ``DIR.old-<pid>`` and removed after). On an error or an interrupt the partial folder is
+  removed and ``DIR`` keeps what it had. A process killed outright leaves ``DIR`` as it was beside
+  a ``DIR.partial-<pid>``; killed between the two renames, ``DIR`` is missing and ``DIR.old-<pid>``
+  (the previous output, whole) and ``DIR.partial-<pid>`` (the new one, whole) lie beside it.
+- ``staged_files``: several files written together (a report's PDF and HTML): each to ``NAME.tmp``
+  beside it, all renamed once every one is complete, none left behind on failure.
+- ``writing(path)``: an error while writing ``path`` as one ``OSError`` naming it, including a full
+  disk met inside a compressed stream (matplotlib's PDF writer then fails again on closing, with a
+  ``zlib.error`` that hides the ``OSError``).
+
+Invariant: a folder is replaced only when everything in it is a file the command itself writes
+(``owned``, shell patterns; ``NAME.tmp`` leftovers of older versions too), so ``--out`` never
+deletes a file pagesim did not write; a folder holding anything else is refused before any work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import os
+import shutil
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class OutputFolder:
+    """``with OutputFolder(out, owned) as staging:`` write the files into ``staging``; a clean exit
+    of the block puts them at ``out`` (see the module docstring). Constructing one checks ``out``
+    and makes its parent folder, so a bad ``--out`` is refused before the work; entering makes the
+    partial folder. An ``OSError`` leaving the block names ``out`` (or its file), not the partial
+    folder."""
+
+    def __init__(self, target: str | os.PathLike, owned: tuple[str, ...]):
+        self.target = Path(target)  # as the user named it, for messages
+        self.owned = owned
+        self._real = Path(os.path.realpath(self.target))  # a symlinked folder is replaced where it lies
+        self.staging: Path | None = None
+        self._keep_staging = False
+        self._check()
+        self._real.parent.mkdir(parents=True, exist_ok=True)
+
+    def __enter__(self) -> Path:
+        self.staging = _fresh_folder(self._real.parent, f"{self._real.name}.partial-{os.getpid()}")
+        return self.staging
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc_type is None:
+                try:
+                    self._commit()
+                except OSError as error:
+                    raise self._named(error) from None
+            elif isinstance(exc, OSError):
+                raise self._named(exc) from None
+        finally:
+            if not self._keep_staging and self.staging is not None and self.staging.exists():
+                shutil.rmtree(self.staging, ignore_errors=True)
+        return False
+
+    def _named(self, exc: OSError) -> OSError:
+        """``exc`` naming the target (a file of the partial folder by its final name)."""
+        name = exc.filename
+        if name is None:
+            return _naming(exc, self.target)
+        if self.staging is not None and str(name).startswith(str(self.staging)):
+            return _naming(exc, str(self.target) + str(name)[len(str(self.staging)):])
+        return exc  # about another file
+
+    def _check(self) -> None:
+        target, real = self.target, self._real
+        if os.path.lexists(real) and not real.is_dir():
+            raise ValueError(f"--out {target}: exists and is not a folder")
+        with contextlib.suppress(OSError):  # (a current folder removed meanwhile holds nothing)
+            cwd = Path.cwd()
+            if real == cwd or real in cwd.parents:
+                raise ValueError(f"--out {target}: is the current folder or holds it; pagesim replaces the whole "
+                                 "folder, so give one below it")
+        foreign = self._foreign()
+        if foreign:
+            entries = "an entry" if len(foreign) == 1 else f"{len(foreign)} entries"
+            raise ValueError(f"--out {target}: holds {entries} pagesim did not write ({foreign[0][:80]!r}); "
+                             "pagesim replaces the whole folder, so give a new or empty one")
+
+    def _foreign(self) -> list[str]:
+        """Entries of the target folder the command does not write (none when there is no folder)."""
+        if not self._real.is_dir():
+            return []
+        patterns = [*self.owned, *(p + ".tmp" for p in self.owned)]
+
+        def owned(entry: os.DirEntry) -> bool:
+            return entry.is_file(follow_symlinks=False) and any(fnmatch.fnmatchcase(entry.name, p) for p in patterns)
+
+        with os.scandir(self._real) as entries:
+            return sorted(e.name for e in entries if not owned(e))
+
+    def _commit(self) -> None:
+        foreign = self._foreign()
+        if foreign:  # someone put a file there while the command ran: keep both, say where the output is
+            self._keep_staging = True
+            raise ValueError(f"--out {self.target}: {foreign[0][:80]!r} appeared in it during the run, so it was "
+                             f"left as it was; this run's files are in {self.staging}")
+        _fsync_folder(self.staging)
+        old = None
+        try:
+            os.rename(self.staging, self._real)  # no folder there, or an empty one: one atomic step
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            old = _fresh_name(self._real.parent, f"{self._real.name}.old-{os.getpid()}")
+            os.rename(self._real, old)
+            os.rename(self.staging, self._real)
+        _fsync_path(self._real.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _fresh_name(parent: Path, name: str) -> Path:
+    path, k = parent / name, 1
+    while os.path.lexists(path):
+        path, k = parent / f"{name}-{k}", k + 1
+    return path
+
+
+def _fresh_folder(parent: Path, name: str) -> Path:
+    while True:
+        path = _fresh_name(parent, name)
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:  # taken meanwhile: the next name
+            continue
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush every file directly in ``folder``, then the folder itself (its entries), to disk."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False):
+                _fsync_path(Path(entry.path))
+    _fsync_path(folder)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def staged_files(paths: list[Path]) -> Iterator[dict[Path, Path]]:
+    """Temporary names (``NAME.tmp`` beside each of ``paths``) to write in the block; after a clean
+    exit each is flushed to disk and renamed onto its path, after an error none is left behind."""
+    if len(set(paths)) < len(paths):
+        raise ValueError(f"{next(p for p in paths if paths.count(p) > 1)}: the same file given twice")
+    for path in paths:
+        if path.is_dir():
+            raise ValueError(f"{path}: is a folder; give a file name")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmps = {path: path.with_name(path.name + ".tmp") for path in paths}
+    try:
+        yield tmps
+        for path, tmp in tmps.items():
+            with writing(path):
+                _fsync_path(tmp)
+        for path, tmp in tmps.items():
+            os.replace(tmp, path)
+        for parent in dict.fromkeys(path.parent for path in paths):
+            _fsync_path(parent)
+    finally:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """An error while writing ``path`` re-raised as one ``OSError`` naming ``path`` (or its
+    ``.tmp``), found under a ``zlib.error`` too; an ``OSError`` about another file passes as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None and not str(exc.filename).startswith(str(path)):
+            raise
+        raise _naming(exc, path) from None
+    except zlib.error as exc:  # a stream closed after a failed write
+        cause = _os_error_under(exc)
+        if cause is None:
+            raise ValueError(f"{path}: could not be written ({exc})") from None
+        raise _naming(cause, path) from None
+
+
+def _os_error_under(exc: BaseException) -> OSError | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _naming(exc: OSError, path: str | os.PathLike) -> OSError:
+    """``exc`` as an ``OSError`` of the same kind about ``path`` (the command line prints it as
+    ``pagesim CMD: error: PATH: No space left on device``)."""
+    if exc.errno is None:
+        return exc
+    return type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
