@@ -119,10 +119,24 @@ def _print_findings(out: Path, threshold: float) -> None:
         print("\n".join(outline_lines(study)))
 
 
+def _folder(path: Path, flag: str) -> Path:
+    """``path`` as a folder to write into: refused at once if something else holds its name."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path}: exists and is not a folder")
+    return path
+
+
 def run_study_cmd(args) -> int:
+    from reports.store import reported_warnings
+
+    with reported_warnings("study"):
+        return _study(args)
+
+
+def _study(args) -> int:
     threshold = _threshold(args)
     spec = _load(args)
-    out = Path(args.out)
+    out = _folder(Path(args.out), "-o")
     outcome = _run(spec, out, args)
     _print_findings(out, threshold)
     if args.report or args.html:
@@ -137,7 +151,13 @@ def run_study_cmd(args) -> int:
 
 def run_report_cmd(args) -> int:
     from reports.pdf import build_report
+    from reports.store import reported_warnings
 
+    with reported_warnings("report"):
+        return _report(args, build_report)
+
+
+def _report(args, build_report) -> int:
     if not args.out and not args.html:
         raise ValueError("pagesim report needs -o PDF, --html HTML, or both")
     pages = build_report(args.study_dir, args.out, html=args.html, threshold=_threshold(args))
@@ -147,12 +167,23 @@ def run_report_cmd(args) -> int:
 
 
 def run_demo_cmd(args) -> int:
+    from reports.store import reported_warnings
+
+    with reported_warnings("demo"):
+        return _demo(args)
+
+
+def _demo(args) -> int:
     from reports.pdf import build_report
     from reports.presets import DEMO
     from reports.spec import parse_spec
 
+    from reports.execute import resolve_workers
+
     threshold = _threshold(args)
-    out = Path(args.out)
+    resolve_workers(args.workers)  # (checked before the banner, so a refusal is the only line)
+    out = _folder(Path(args.out), "-o")
+    _folder(out / "demo-study", "the demo's study folder")
     spec = parse_spec(DEMO, origin="preset demo")
     print(f"pagesim demo: {len(spec.runs())} simulations of {spec.source['num_requests']} requests "
           f"({spec.source['workload']} at {spec.source['rate']:g} requests/s, Llama 3 8B on A100 40 GB), block size "

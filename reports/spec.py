@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from traces.generate.workload import MAX_REQUESTS
+
 SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int, "arrival": str, "format": str,
                "seed": int}
 # NOTE: settings added after studies were first run stay out of a run's config at their default,
@@ -93,6 +95,7 @@ VLLM_SETTING_NAMES = {"tensor_parallel_size": "tp", "num_gpu_blocks_override": "
                       "request_rate": "rate", "swap_space": "swap_space_gb"}
 PAPERS = ("kwon2023",)
 MAX_RUNS = 10_000  # runs a study may make unless --max-runs says more
+MAX_SPEC_BYTES = 4 * 2**20  # a study spec is a page of TOML; a bigger file is not one
 
 
 class SpecError(ValueError):
@@ -141,11 +144,9 @@ class StudySpec:
 
 def load_spec(path: str | Path, overrides: Iterable[str] = (), *, allow_plugins: bool = False,
               max_runs: int = MAX_RUNS) -> StudySpec:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read study spec {path}: {exc.strerror or exc}") from None
+    from engine.files import read_small_text
+
+    text = read_small_text(path, limit_bytes=MAX_SPEC_BYTES, what="study spec")  # (regular files only)
     return parse_spec(text, overrides, origin=str(path), allow_plugins=allow_plugins, max_runs=max_runs)
 
 
@@ -258,8 +259,8 @@ def _source(value: Any, origin: str) -> dict[str, Any]:
         out[key] = _typed(val, SOURCE_KEYS[key], f"{origin}: source.{key}")
     if "workload" in out and "num_requests" not in out:
         raise SpecError(f"{origin}: source: workload {out['workload']!r} needs num_requests")
-    if "num_requests" in out and out["num_requests"] < 1:
-        raise SpecError(f"{origin}: source.num_requests must be >= 1")
+    if "num_requests" in out and not 1 <= out["num_requests"] <= MAX_REQUESTS:
+        raise SpecError(f"{origin}: source.num_requests must be in [1, {MAX_REQUESTS:,}], got {out['num_requests']:,}")
     if "rate" in out and not 0 < out["rate"] < math.inf:
         raise SpecError(f"{origin}: source.rate must be a positive number of requests/s")
     if "trace" in out:
@@ -331,6 +332,7 @@ def _check_run(config: RunConfig, origin: str) -> None:
     from engine.policy.contiguous import PLACEMENTS
     from engine.policy.presets import PRESETS
     from engine.policy.user_plugins import SCHEDULERS
+    from sim.cluster import MAX_REPLICAS
     from sim.hardware import gpu_names, resolve_gpu_name
     from sim.router import ROUTERS
     from sim.setup import ALLOCATORS
@@ -368,6 +370,8 @@ def _check_run(config: RunConfig, origin: str) -> None:
     for key in ("block_size", "tp", "replicas", "ep"):  # (ep may be left out: 1)
         if config.get(key) is not None and config[key] < 1:
             raise SpecError(f"{origin}: {key} must be >= 1, got {config[key]}")
+    if config["replicas"] > MAX_REPLICAS:
+        raise SpecError(f"{origin}: replicas = {config['replicas']} is more than the {MAX_REPLICAS} a run may build")
     if config["seed"] < 0:
         raise SpecError(f"{origin}: seed must be a non-negative integer, got {config['seed']}")
     if config["rate_scale"] <= 0 or not math.isfinite(config["rate_scale"]):
