@@ -141,8 +141,9 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except OSError as exc:  # a file that cannot be read or written
         where = f"{exc.filename}: " if exc.filename else ""
         parser.exit(2, f"pagesim {args.command}: error: {where}{exc.strerror or exc}\n")
-    except MemoryError:
-        parser.exit(2, f"pagesim {args.command}: error: not enough memory for what was asked\n")
+    except MemoryError as exc:  # where a size came from the input, the message names it
+        said = str(exc).strip().splitlines() or ["not enough memory for what was asked"]
+        parser.exit(2, f"pagesim {args.command}: error: {said[0]}\n")
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: no traceback
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
         print(f"pagesim {args.command}: {what}", file=sys.stderr)

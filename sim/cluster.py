@@ -62,13 +62,31 @@ class ClusterResult:
     wall_s: float
 
 
+#: The most replicas a cluster run builds (each a scheduler, KV cache and SimPy process of its own).
+MAX_REPLICAS = 1024
+
+
 def build_replicas(spec, num_replicas: int) -> list:
-    """``sim.setup.build(spec)`` once per replica: each gets its own scheduler and cost model."""
-    from sim.setup import build
+    """``sim.setup.build(spec)`` once per replica: each gets its own scheduler and cost model.
+    The count, and the KV blocks of all replicas together (``sim.setup.MAX_KV_BLOCKS``), are
+    checked before a second replica is built."""
+    from sim.setup import build, check_kv_blocks
 
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {num_replicas!r}")
-    return [build(spec) for _ in range(num_replicas)]
+    if num_replicas > MAX_REPLICAS:
+        raise ValueError(f"--replicas {num_replicas} is more than the {MAX_REPLICAS} this simulator builds "
+                         f"(each replica is a scheduler and KV cache of its own)")
+    first = build(spec)
+    config = first.scheduler.config
+    check_kv_blocks(config.num_gpu_blocks, config.num_cpu_blocks, num_replicas, source=first.kv_cache_source)
+    builts = [first]
+    try:
+        builts.extend(build(spec) for _ in range(num_replicas - 1))
+    except MemoryError:
+        raise MemoryError(f"out of memory building replica {len(builts) + 1} of {num_replicas} "
+                          f"({config.num_gpu_blocks:,} GPU and {config.num_cpu_blocks:,} CPU blocks each)") from None
+    return builts
 
 
 class Cluster:
@@ -91,10 +109,13 @@ class Cluster:
         self.options = options or SimOptions()
         self.tp = tp
         self.env = simpy.Environment()
-        self.request_metrics = RequestMetrics(len(trace))
-        self.replica_of = np.full(len(trace), -1, np.int32)  # -1: not routed yet
+        try:
+            self.request_metrics = RequestMetrics(len(trace))
+            self.replica_of = np.full(len(trace), -1, np.int32)  # -1: not routed yet
+            token_runs = TokenRuns(len(trace), len(replicas))
+        except MemoryError:
+            raise MemoryError(f"out of memory allocating the per-request results of {len(trace):,} requests") from None
         opts = self.options
-        token_runs = TokenRuns(len(trace), len(replicas))
         closed_loop = opts.max_concurrency is not None
         # NOTE: a closed-loop client sends a request when any replica finishes one, at an instant no
         # other replica can foresee, so with several replicas none may skip ahead past it.
@@ -179,7 +200,11 @@ class Cluster:
     # ----------------------------------------------------------------- run
     def run(self) -> ClusterResult:
         started = time.perf_counter()
-        self.env.run()
+        try:
+            self.env.run()
+        except MemoryError:
+            raise MemoryError(f"out of memory simulating {len(self.trace):,} requests on {len(self.replicas)} "
+                              f"replica(s), at simulated time {self.env.now:.1f} s") from None
         wall_s = time.perf_counter() - started
         for k, sched in enumerate(self.schedulers):
             if sched.has_unfinished_requests:  # the event queue ran dry with work left: a policy bug

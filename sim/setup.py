@@ -9,7 +9,9 @@ the same model's shapes), and says how the KV cache was sized.
 KV-cache size, in order of precedence: ``num_gpu_blocks``; ``kv_cache_gb`` (GiB per GPU);
 otherwise memory x ``gpu_memory_utilization`` - weights - activation reserve (``Deployment``).
 Swap space is ``swap_space_gb`` GiB per GPU (vLLM's default: 4), in blocks of the same size.
-Whatever sizes the cache, weights that do not fit the GPUs are refused first, with the numbers.
+Whatever sizes the cache, weights that do not fit the GPUs are refused first, with the numbers,
+and so is a cache of more than ``MAX_KV_BLOCKS`` blocks (GPU plus CPU, over all replicas), before
+anything is allocated: the policy's bookkeeping is Python lists, one entry per block.
 
 A model with sliding-window layers gets vLLM v1's hybrid KV cache (a block table per layer group,
 ``engine.policy.hybrid_kv``; ``hybrid_kv=False`` is vLLM's ``--disable-hybrid-kv-cache-manager``):
@@ -39,6 +41,11 @@ ALLOCATORS = ("paged", *RESERVATION_MODES)
 #: Settings that mean nothing to a contiguous baseline (no blocks to cache, evict or preempt).
 PAGED_ONLY = {"eviction_policy": "--eviction", "preemption_mode": "--preemption", "victim_policy": "--victim",
               "enable_prefix_caching": "--prefix-caching"}
+#: The most KV blocks, GPU plus CPU swap over all replicas, a run builds. The policy keeps about
+#: 80 bytes of bookkeeping per block (reference count, key, three ticks, free-list entry), so
+#: this caps it near 4 GiB; a real GPU's cache is at most a few million blocks.
+MAX_KV_BLOCKS = 50_000_000
+BOOKKEEPING_BYTES_PER_BLOCK = 80
 
 
 @dataclass(frozen=True)
@@ -171,11 +178,32 @@ def build(spec: RunSpec) -> Built:
     if "num_cpu_blocks" not in spec.overrides:
         settings["num_cpu_blocks"] = num_cpu_blocks
     config = make_config(spec.policy, **{**settings, **spec.overrides})
-    if spec.allocator == "paged":
-        scheduler = scheduler_class(spec.scheduler)(config)
-    else:
-        scheduler = ContiguousScheduler(config, reservation=spec.allocator, placement=spec.placement)
-    return Built(spec, model, deployment, scheduler, _cost_model(spec, model, deployment), source)
+    check_kv_blocks(config.num_gpu_blocks, config.num_cpu_blocks, source=source)
+    cost_model = _cost_model(spec, model, deployment)  # (a bad profile is refused before the cache is built)
+    try:
+        if spec.allocator == "paged":
+            scheduler = scheduler_class(spec.scheduler)(config)
+        else:
+            scheduler = ContiguousScheduler(config, reservation=spec.allocator, placement=spec.placement)
+    except MemoryError:
+        raise MemoryError(f"out of memory building a KV cache of {config.num_gpu_blocks:,} GPU and "
+                          f"{config.num_cpu_blocks:,} CPU blocks") from None
+    return Built(spec, model, deployment, scheduler, cost_model, source)
+
+
+def check_kv_blocks(num_gpu_blocks: int, num_cpu_blocks: int, num_replicas: int = 1, *, source: str) -> None:
+    """Refuse, before anything is built, a cache of more than ``MAX_KV_BLOCKS`` blocks in all
+    (``source``: how the GPU blocks were sized, in words)."""
+    total = num_replicas * (num_gpu_blocks + num_cpu_blocks)
+    if total <= MAX_KV_BLOCKS:
+        return
+    sized = "" if source.endswith("blocks (given)") else f" ({source})"
+    each = f"{num_gpu_blocks:,} GPU blocks{sized} + {num_cpu_blocks:,} CPU swap blocks"
+    what = f"{num_replicas} replicas x ({each})" if num_replicas > 1 else each
+    fewer = ", or fewer --replicas" if num_replicas > 1 else ""
+    raise ValueError(f"the KV cache would be {what} = {total:,} blocks, more than the {MAX_KV_BLOCKS:,} this "
+                     f"simulator builds (about {BOOKKEEPING_BYTES_PER_BLOCK} bytes of bookkeeping each); lower "
+                     f"--num-gpu-blocks, --kv-cache-gb or --swap-space, raise --block-size{fewer}")
 
 
 def _cost_model(spec: RunSpec, model: ModelPreset, deployment: Deployment) -> CostModel:

@@ -271,7 +271,7 @@ def test_a_study_runs_plugins_in_worker_processes(tmp_path):
     from reports.execute import run_study
     from reports.store import ResultsStore
 
-    spec = parse_spec(STUDY.format(example=EXAMPLE))
+    spec = parse_spec(STUDY.format(example=EXAMPLE), allow_plugins=True)
     outcome = run_study(spec, tmp_path / "study", workers=2, progress=False)
     assert (outcome.total, outcome.failed) == (2, 0)
     records = ResultsStore(tmp_path / "study" / "results.jsonl").load()
@@ -281,7 +281,7 @@ def test_a_study_runs_plugins_in_worker_processes(tmp_path):
 
 def test_the_example_study_spec_is_valid(monkeypatch):
     monkeypatch.chdir(ROOT)  # its plug-in path is relative to the working directory, like a trace's
-    runs = parse_spec((ROOT / "examples" / "most_remaining_study.toml").read_text()).runs()
+    runs = parse_spec((ROOT / "examples" / "most_remaining_study.toml").read_text(), allow_plugins=True).runs()
     assert sorted((c["victim"], c["rate_scale"]) for c in runs) == sorted(
         (v, r) for v in ("running-tail", "most-remaining") for r in (0.75, 1.0, 1.25))
 
@@ -289,7 +289,8 @@ def test_the_example_study_spec_is_valid(monkeypatch):
 def test_a_spawned_worker_loads_the_plugin_itself(tmp_path):
     from reports.runner import run_one
 
-    config = next(c for c in parse_spec(STUDY.format(example=EXAMPLE)).runs() if c["victim"] == "most-remaining")
+    runs = parse_spec(STUDY.format(example=EXAMPLE), allow_plugins=True).runs()
+    config = next(c for c in runs if c["victim"] == "most-remaining")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         record = pool.submit(run_one, config).result()
     assert record["status"] == "ok", record.get("error")
@@ -302,11 +303,12 @@ def test_study_plugin_settings(tmp_path):
     path = write(tmp_path, SCHEDULER)
     text = STUDY.format(example=f"{path}:CountingScheduler").replace(
         'victim = ["running-tail", "most-remaining"]', 'scheduler = ["default", "counting-scheduler"]')
-    runs = parse_spec(text).runs()
+    runs = parse_spec(text, allow_plugins=True).runs()
     assert ["scheduler" in c for c in runs] == [False, True]
     before = {run_id(c) for c in runs}
     path.write_text(path.read_text() + "\n# edited\n")
-    assert {run_id(c) for c in parse_spec(text).runs()}.isdisjoint(before)  # an edited plug-in runs again
+    after = {run_id(c) for c in parse_spec(text, allow_plugins=True).runs()}
+    assert after.isdisjoint(before)  # an edited plug-in runs again
 
 
 NO_PLUGINS = STUDY.replace('plugins = ["{example}"]\n', "")
@@ -320,7 +322,7 @@ NO_PLUGINS = STUDY.replace('plugins = ["{example}"]\n', "")
 ])
 def test_study_plugin_errors(text, message):
     with pytest.raises(SpecError, match=message):
-        parse_spec(text.format(example=EXAMPLE))
+        parse_spec(text.format(example=EXAMPLE), allow_plugins=True)
 
 
 # ------------------------------------------------------------------ engine

@@ -16,8 +16,11 @@ usual setting selects it. Loading registers; it never selects. A name already he
 or by another class is refused. Another process (a study's worker) is given the spec string,
 never the class, and loads it itself; ``source_digest`` lets a study tell an edited file.
 
-Every failure is one ``ValueError`` line that names the spec and, for an error raised while the
-file runs, the file and line.
+Every failure is one ``PluginError`` (a ``ValueError``) line that names the spec and, for an
+error raised while the file runs, the file and line; ``SystemExit`` and ``KeyboardInterrupt``
+raised by the file itself are such failures too (a plug-in cannot end pagesim). A registered
+class is guarded (``plugin_guard``): what its methods return is checked and what they raise is
+one such line too, naming the method.
 """
 
 from __future__ import annotations
@@ -26,14 +29,15 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import sys
-import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.policy.eviction import EVICTION_POLICIES, EvictionPolicy
+from engine.policy.plugin_guard import PluginError, deepest_line, describe, guard
 from engine.policy.plugins import lookup
 from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES, PreemptionMode, VictimPolicy
 from engine.policy.scheduler import Scheduler
@@ -79,40 +83,41 @@ def load_plugins(specs: Iterable[str]) -> list[Plugin]:
 
 def load_plugin(spec: str) -> Plugin:
     if not isinstance(spec, str):
-        raise ValueError(f"plugin {spec!r}: expected a string, {SPEC_FORM}")
+        raise PluginError(f"plugin {spec!r}: expected a string, {SPEC_FORM}")
     where, sep, class_name = spec.rpartition(":")  # rpartition: a Windows path has a colon of its own
     if not sep or not where or not class_name.isidentifier():
-        raise ValueError(f"plugin {spec!r}: expected {SPEC_FORM}")
+        raise PluginError(f"plugin {spec!r}: expected {SPEC_FORM}")
     module = _import(where, spec)
     cls = getattr(module, class_name, None)
     if cls is None:
         own = sorted(n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)
-        raise ValueError(f"plugin {spec!r}: {where} has no class {class_name} "
-                         f"(its classes: {', '.join(own) or 'none'})")
+        raise PluginError(f"plugin {spec!r}: {where} has no class {class_name} "
+                          f"(its classes: {', '.join(own) or 'none'})")
     if not isinstance(cls, type):
-        raise ValueError(f"plugin {spec!r}: {class_name} in {where} is not a class (its type: {type(cls).__name__})")
+        raise PluginError(f"plugin {spec!r}: {class_name} in {where} is not a class (its type: {type(cls).__name__})")
     kinds = [kind for kind, k in KINDS.items() if issubclass(cls, k.base)]
     if not kinds:
         bases = [k.base.__name__ for k in KINDS.values()]
-        raise ValueError(f"plugin {spec!r}: {class_name} subclasses none of {', '.join(bases[:-1])} or {bases[-1]} "
-                         f"(engine.policy)")
+        raise PluginError(f"plugin {spec!r}: {class_name} subclasses none of {', '.join(bases[:-1])} or {bases[-1]} "
+                          f"(engine.policy)")
     if len(kinds) > 1:
-        raise ValueError(f"plugin {spec!r}: {class_name} subclasses {' and '.join(KINDS[k].base.__name__ for k in kinds)}; "
-                         f"a plug-in is one of them")
+        bases = " and ".join(KINDS[k].base.__name__ for k in kinds)
+        raise PluginError(f"plugin {spec!r}: {class_name} subclasses {bases}; a plug-in is one of them")
     kind = kinds[0]
     if inspect.isabstract(cls):
-        raise ValueError(f"plugin {spec!r}: {class_name} leaves abstract method(s) "
-                         f"{', '.join(sorted(cls.__abstractmethods__))} unimplemented")
+        raise PluginError(f"plugin {spec!r}: {class_name} leaves abstract method(s) "
+                          f"{', '.join(sorted(cls.__abstractmethods__))} unimplemented")
     # NOTE: the class's own ``name`` only: one inherited from a built-in would clash with it.
     name = cls.__dict__.get("name", class_name)
     if not isinstance(name, str) or not name:
-        raise ValueError(f"plugin {spec!r}: {class_name}.name must be a non-empty string, got {name!r}")
+        raise PluginError(f"plugin {spec!r}: {class_name}.name must be a non-empty string, got {name!r}")
     registry = KINDS[kind].registry
     held = registry.get(name)
     if held is not None and held is not cls:
         owner = "a built-in" if _is_builtin(held) else f"{held.__qualname__} from another plug-in"
-        raise ValueError(f"plugin {spec!r}: {KINDS[kind].noun} name {name!r} is taken by {owner}; "
-                         f"give {class_name} a `name = \"...\"` of its own")
+        raise PluginError(f"plugin {spec!r}: {KINDS[kind].noun} name {name!r} is taken by {owner}; "
+                          f"give {class_name} a `name = \"...\"` of its own")
+    guard(cls, spec, kind)
     registry[name] = cls
     return Plugin(spec, kind, name, cls, getattr(module, "__file__", None))
 
@@ -146,24 +151,26 @@ def _import(where: str, spec: str):
     if where.endswith(".py") or "/" in where or "\\" in where or Path(where).exists():
         return _import_file(Path(where), spec)
     if not all(part.isidentifier() for part in where.split(".")):
-        raise ValueError(f"plugin {spec!r}: no such file {where}")
+        raise PluginError(f"plugin {spec!r}: no such file {where}")
     try:
         return importlib.import_module(where)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (where == exc.name or where.startswith(exc.name + ".")):
-            raise ValueError(f"plugin {spec!r}: no such file or module {where}") from None
-        raise ValueError(f"plugin {spec!r}: {_failure(exc, None, where)}") from None
-    except Exception as exc:  # noqa: BLE001 - the user's module may raise anything while it runs
-        raise ValueError(f"plugin {spec!r}: {_failure(exc, None, where)}") from None
+            raise PluginError(f"plugin {spec!r}: no such file or module {where}") from None
+        raise PluginError(f"plugin {spec!r}: {_failure(exc, None, where)}") from None
+    except BaseException as exc:  # noqa: BLE001 - the user's module may raise anything while it runs
+        if _is_interruption(exc):
+            raise
+        raise PluginError(f"plugin {spec!r}: {_failure(exc, None, where)}") from None
 
 
 def _import_file(path: Path, spec: str):
     if path.is_dir():
-        raise ValueError(f"plugin {spec!r}: {path} is a folder, not a Python file (.py)")
+        raise PluginError(f"plugin {spec!r}: {path} is a folder, not a Python file (.py)")
     if not path.is_file():
-        raise ValueError(f"plugin {spec!r}: no such file {path}")
+        raise PluginError(f"plugin {spec!r}: no such file {path}")
     if path.suffix != ".py":
-        raise ValueError(f"plugin {spec!r}: {path} is not a Python file (.py)")
+        raise PluginError(f"plugin {spec!r}: {path} is not a Python file (.py)")
     resolved = path.resolve()
     stem = re.sub(r"\W", "_", resolved.stem)
     module_name = f"pagesim_plugin_{stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:10]}"
@@ -176,24 +183,26 @@ def _import_file(path: Path, spec: str):
     sys.modules[module_name] = module
     try:
         module_spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's file may raise anything while it runs
+    except BaseException as exc:  # noqa: BLE001 - the user's file may raise anything while it runs
         del sys.modules[module_name]
-        raise ValueError(f"plugin {spec!r}: {_failure(exc, resolved, str(path))}") from None
+        if _is_interruption(exc):
+            raise
+        raise PluginError(f"plugin {spec!r}: {_failure(exc, resolved, str(path))}") from None
     return module
 
 
-def _failure(exc: Exception, path: Path | None, shown: str) -> str:
+def _is_interruption(exc: BaseException) -> bool:
+    """SIGTERM while the file runs (``engine.cli.Terminated``, a ``KeyboardInterrupt`` subclass):
+    the run is being stopped, not failed by the file. A plain ``KeyboardInterrupt`` is taken as
+    the file's own (``raise KeyboardInterrupt``); a Ctrl-C during an import is reported the same."""
+    return isinstance(exc, KeyboardInterrupt) and type(exc) is not KeyboardInterrupt
+
+
+def _failure(exc: BaseException, path: Path | None, shown: str) -> str:
     """``FILE line N: ErrorType: message``, at the deepest line of the user's file (``path``;
     ``None``: the deepest line outside the import machinery)."""
     if isinstance(exc, SyntaxError):
         file = shown if path is not None and exc.filename and Path(exc.filename) == path else exc.filename
         return f"{file} line {exc.lineno}: {type(exc).__name__}: {exc.msg}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
-    if path is not None:
-        frames = [f for f in frames if Path(f.filename) == path]
-    what = f"{type(exc).__name__}: {exc}"
-    if not frames:
-        return what
-    frame = frames[-1]
-    file = shown if path is not None else frame.filename
-    return f"{file} line {frame.lineno}: {what}"
+    where = deepest_line(exc, None if path is None else {os.path.realpath(path): shown})
+    return f"{where}: {describe(exc)}" if where else describe(exc)
