@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.files import read_small_bytes
 from sim import bench_metrics
 from sim.bench_metrics import Slo, percentile_key
 
@@ -173,19 +174,21 @@ def write_result(path: Path, result: dict) -> None:
     atomic_write(path, lambda f: json.dump(result, f))
 
 
+MAX_RESULT_BYTES = 1 << 30  # a result with every request's texts and latencies stays far below
+
+
 def load_result(path: str | os.PathLike) -> dict:
     """A vLLM bench (or pagesim) result file: one JSON object (the last line of an --append-result file)."""
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{p}: not a file")
-    if p.stat().st_size > 2 << 30:
-        raise ValueError(f"{p}: larger than 2 GiB; not a bench result file")
-    text = p.read_text(encoding="utf-8", errors="replace").strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    for candidate in (text, lines[-1] if lines else ""):
+    # a regular file only (a FIFO or /dev/zero is refused by name); errors="replace": a result
+    # quotes generated text, whose bytes need not be UTF-8
+    data = read_small_bytes(p, limit_bytes=MAX_RESULT_BYTES, what="bench result file")
+    text = data.decode("utf-8", errors="replace").strip()
+    last_line = text[max(text.rfind("\n"), text.rfind("\r")) + 1:]
+    for candidate in (text, last_line):
         try:
             obj = json.loads(candidate)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         if isinstance(obj, dict):
             return obj

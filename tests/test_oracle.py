@@ -112,7 +112,9 @@ def test_replay_json_summarises_and_another_preset_can_be_replayed(v0_spec, caps
         (lambda s: s["requests"][0].update(arrival_step=-1), "arrival_step must be in 0.."),
         (lambda s: s["requests"][1].update(id="a"), "empty or repeated"),
         (lambda s: s["requests"][0].update(prompt_token_ids=[]), "non-empty list of token ids"),
-        (lambda s: s.update(vllm_version="0.32.0"), "requests[0].n must be 1"),
+        (lambda s: (s.update(vllm_version="0.32.0"), s["config"].pop("num_cpu_blocks"),
+                    s["config"].pop("preemption_mode")), "requests[0].n must be 1"),
+        (lambda s: s.update(vllm_version="0.32.0"), "unknown key 'num_cpu_blocks'"),  # v0-only keys in a v1 spec
         (lambda s: s["config"].update(max_num_batched_tokens=16), "must be >= max_model_len"),
         (lambda s: s.update(vllm_version=["0.6.3"]), "has no preset"),
         (lambda s: s["requests"][0].update(n=0), "n must be >= 1"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from traces.source import add_source_args, reported_warnings, trace_from_args
+from traces.source import add_source_args, max_decompressed_bytes, reported_warnings, trace_from_args
 
 
 def add_parser(subparsers) -> None:
@@ -128,6 +128,7 @@ def _custom_spec(args: argparse.Namespace):
 def run_gen(args: argparse.Namespace) -> int:
     from traces.generate import generate
     from traces.loaders import write_jsonl
+    from traces.loaders.stream import decompression_cap
     from traces.stats import trace_stats
 
     if args.trace is not None:
@@ -150,7 +151,8 @@ def run_gen(args: argparse.Namespace) -> int:
                                  f"workload; the named workload {args.workload} fixes it (see `pagesim trace list`)")
             trace = trace_from_args(args)
         else:
-            trace = generate(_custom_spec(args))
+            with decompression_cap(max_decompressed_bytes(args)):  # a --lengths FILE
+                trace = generate(_custom_spec(args))
     path = write_jsonl(trace, args.output)
     stats = trace_stats(trace)
     if args.json:

@@ -19,7 +19,8 @@ vLLM bench's names are aliases of pagesim's: ``--num-prompts`` is ``--num-reques
 ``--arrival gamma:cv=C``).
 
 Warnings about repaired input go to stderr as ``pagesim CMD: warning: ...`` (``--strict`` makes
-them errors).
+them errors). A gzip file may decompress to 100 times its size (at least 1 GiB) unless
+``--max-decompressed-gb`` sets another cap (``traces.loaders.stream``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def add_source_args(parser: argparse.ArgumentParser, *, trace_positional: bool =
                             "(Mooncake logs batches about 3 s apart)")
     group.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     group.add_argument("--strict", action="store_true", help="treat repaired input (warnings) as errors")
+    group.add_argument("--max-decompressed-gb", type=float, metavar="GIB",
+                       help="stop reading a gzip file once it has decompressed to GIB GiB (default: 100 x the "
+                            "file's size, at least 1 GiB; a guard against gzip bombs)")
     if not trace_positional:
         from traces.bench.cli import add_dataset_args
 
@@ -109,8 +113,25 @@ def has_source(args: argparse.Namespace) -> bool:
     return any(getattr(args, name, None) is not None for name in ("trace", "workload", "dataset_name"))
 
 
+def max_decompressed_bytes(args: argparse.Namespace) -> int | None:
+    """``--max-decompressed-gb`` in bytes (None: the loaders' default cap), or a ``ValueError``."""
+    gib = getattr(args, "max_decompressed_gb", None)
+    if gib is None:
+        return None
+    if not (gib > 0 and math.isfinite(gib)):
+        raise ValueError(f"--max-decompressed-gb must be a number of GiB > 0, got {gib}")
+    return max(1, int(gib * 2**30))
+
+
 def trace_from_args(args: argparse.Namespace):
     """The ``Trace`` the flags describe (loaded or generated), cut and rescaled as asked."""
+    from traces.loaders.stream import decompression_cap
+
+    with decompression_cap(max_decompressed_bytes(args)):
+        return _trace_from_args(args)
+
+
+def _trace_from_args(args: argparse.Namespace):
     from traces.generate.arrivals import parse_arrivals
     from traces.generate.presets import workload_spec
     from traces.generate.workload import generate

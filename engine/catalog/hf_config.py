@@ -14,11 +14,11 @@ name rather than counted wrong.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from engine.catalog.model import MlaShape, ModelPreset, MoeShape
+from engine.files import InputFileError, read_json
 
 # Hugging Face dtype names -> bytes per element.
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
@@ -30,13 +30,22 @@ FAMILY_DEFAULTS = {
 FAMILY_DEFAULTS["gemma3"] = FAMILY_DEFAULTS["gemma3_text"]
 
 
+MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is a few KiB
+
+
+def read_config_json(path: Path) -> Any:
+    """The JSON in a ``config.json`` (a regular file of at most ``MAX_CONFIG_BYTES``), or a
+    ``ValueError``: ``cannot read model config FILE[:LINE]: problem``."""
+    try:
+        return read_json(path, limit_bytes=MAX_CONFIG_BYTES, what="model config")
+    except InputFileError as exc:
+        raise ValueError(f"cannot read model config {exc}") from None
+
+
 def preset_from_hf_config(path: str | Path) -> ModelPreset:
     """Build a preset from a Hugging Face ``config.json`` (see the module docstring for families)."""
     path = Path(path)
-    try:
-        outer = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read model config {path}: {exc}") from None
+    outer = read_config_json(path)
     if not isinstance(outer, dict):
         raise ValueError(f"model config {path}: expected a JSON object at the top level")
     # Multimodal configs (Gemma 3) nest the language model under text_config.

@@ -11,6 +11,7 @@ anything else unknown is an error that lists the nearest names.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from pathlib import Path
 
@@ -54,10 +55,12 @@ def get_model_preset(name_or_path: str | Path) -> ModelPreset:
 
     # A path that exists is read, even when its name looks like a model's (a folder called
     # Meta-Llama-3-8B holds that model's own config, which may differ from the catalog's).
+    # Anything there that is not a folder (a FIFO, a device too) is read as the config, which
+    # refuses it by name, rather than called an unknown model.
     path = Path(name_or_path).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
+    if path.is_dir() and os.path.lexists(path / "config.json"):
         return preset_from_hf_config(path / "config.json")
-    if path.is_file():
+    if os.path.lexists(path) and not path.is_dir():
         return preset_from_hf_config(path)
     resolved = resolve_model_name(str(name_or_path))
     if resolved is not None:

@@ -12,11 +12,12 @@ layers ``layer_types`` marks, or on all of them: Mistral 7B v0.1, whose ``model_
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.catalog.hf_config import read_config_json
 from engine.model_presets import MODEL_PRESETS, ModelPreset, preset_from_hf_config, resolve_model_name
 
 
@@ -83,12 +84,12 @@ class LlamaConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ModelConfigError(f"{path}: no config.json (a model folder holds config.json and *.safetensors)")
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelConfigError(f"cannot read model config {path}: {exc}") from None
+            raw = read_config_json(path)  # a FIFO, a device, a folder or a huge file: refused by name
+        except ValueError as exc:
+            raise ModelConfigError(str(exc)) from None
         model_type = raw.get("model_type") if isinstance(raw, dict) else None
         if model_type not in ("llama", "mistral"):
             raise ModelConfigError(f"{path}: model_type is {model_type!r}; the engine runs Llama models ('llama', "

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from engine.catalog.hf_config import read_config_json
+from engine.files import InputFileError, require_regular_file
 from engine.model.config import LlamaConfig, ModelConfigError
 from engine.model.llama import LlamaForCausalLM
 
@@ -77,6 +79,10 @@ def load_pretrained(folder: str | Path, *, dtype: torch.dtype | None = None,
     state: dict[str, torch.Tensor] = {}
     for path in files:
         try:
+            require_regular_file(path, what="safetensors file")  # a FIFO would block the reader
+        except InputFileError as exc:
+            raise ModelConfigError(str(exc)) from None
+        try:
             tensors = load_file(str(path), device="cpu")
         except (SafetensorError, OSError, ValueError) as exc:
             raise ModelConfigError(f"{path}: not a readable safetensors file ({exc})") from None
@@ -88,7 +94,7 @@ def load_pretrained(folder: str | Path, *, dtype: torch.dtype | None = None,
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # tied: the embedding is the head
     if dtype is None:
-        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        raw = read_config_json(folder / "config.json")
         declared = raw.get("torch_dtype", raw.get("dtype", "float32"))  # transformers >= 4.56 says "dtype"
         dtype = DTYPES.get(declared, torch.float32)
     return _materialise(config, state, dtype, device, source=str(folder))

@@ -2,7 +2,10 @@
 the requests with the step each arrives at. Format: ``shared/oracle/README.md`` §1.
 
 ``load_spec`` validates everything it reads and names the file and field of anything wrong, so a
-bad spec is one error line, never a traceback. (Keys it does not know are ignored.) ``OracleSpec.scheduler_config``
+bad spec is one error line, never a traceback. A key it does not know, at the top level, in
+``config`` (where v1 specs have no v0 keys) or in a request, is refused by name with the keys
+allowed there: a setting the replay would silently ignore is a setting it would get wrong. The
+file must be a regular file of at most ``MAX_SPEC_BYTES``. ``OracleSpec.scheduler_config``
 maps the settings onto a preset (``vllm-v1`` for 0.32.0, ``vllm-v0`` for 0.6.3):
 ``num_blocks`` -> ``num_gpu_blocks`` (v1 counts its null block in it, as the preset does), and v0's
 ``preemption_mode: null`` -> vLLM's default rule (``vllm-v0``).
@@ -10,11 +13,13 @@ maps the settings onto a preset (``vllm-v1`` for 0.32.0, ``vllm-v0`` for 0.6.3):
 
 from __future__ import annotations
 
-import json
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.files import read_json
 from engine.policy import SchedulerConfig, make_config
 
 #: vLLM version in a spec -> the preset that reproduces it.
@@ -31,6 +36,12 @@ _CONFIG_KEYS = {
     "watermark": (int, float),
 }
 _V0_KEYS = {"num_cpu_blocks": int, "preemption_mode": (str, type(None))}
+_TOP_KEYS = ("config", "requests", "vllm_version")
+_REQUEST_KEYS = ("id", "arrival_step", "prompt_token_ids", "max_tokens", "n", "ignore_eos")
+#: the least each count in config may be
+_CONFIG_MINIMUM = {"block_size": 1, "num_blocks": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
+                   "max_model_len": 1, "num_cpu_blocks": 0}
+MAX_SPEC_BYTES = 64 * 2**20  # the shared specs are a few KiB
 _PREEMPTION_MODES = {None: "vllm-v0", "swap": "swap", "recompute": "recompute"}
 #: Arrival steps beyond this are refused: the replay steps through every idle step before them.
 MAX_ARRIVAL_STEP = 1_000_000
@@ -89,20 +100,23 @@ def _check(value: Any, kind: Any, where: str) -> Any:
     return value
 
 
+def _refuse_unknown(obj: dict, allowed, where: str) -> None:
+    unknown = [key for key in obj if key not in allowed]
+    if unknown:
+        name = unknown[0] if len(unknown[0]) <= 40 else unknown[0][:39] + "…"
+        raise ValueError(f"{where}: unknown key {name!r} (allowed: {', '.join(allowed)})")
+
+
 def load_spec(path: str | Path) -> OracleSpec:
     """Read and validate a spec file; every problem is a ``ValueError`` naming the file and field."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such spec file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read it ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not os.path.lexists(path):
+        raise ValueError(f"{path}: no such spec file")
+    raw = read_json(path, limit_bytes=MAX_SPEC_BYTES, what="oracle spec")
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a spec is a JSON object with config, requests and vllm_version")
-    for key in ("config", "requests", "vllm_version"):
+    _refuse_unknown(raw, _TOP_KEYS, f"{path}")
+    for key in _TOP_KEYS:
         if key not in raw:
             raise ValueError(f"{path}: missing {key!r}")
     version = raw["vllm_version"]
@@ -117,10 +131,15 @@ def load_spec(path: str | Path) -> OracleSpec:
     keys = dict(_CONFIG_KEYS)
     if VERSION_PRESETS[version] == "vllm-v0":
         keys.update(_V0_KEYS)
+    _refuse_unknown(config, tuple(keys), f"{path}: config (vLLM {version})")
     for key, kind in keys.items():
         if key not in config:
             raise ValueError(f"{path}: config is missing {key!r}")
         _check(config[key], kind, f"{path}: config.{key}")
+        if key in _CONFIG_MINIMUM and config[key] < _CONFIG_MINIMUM[key]:
+            raise ValueError(f"{path}: config.{key} must be >= {_CONFIG_MINIMUM[key]}, got {config[key]}")
+    if not (math.isfinite(config["watermark"]) and 0 <= config["watermark"] < 1):
+        raise ValueError(f"{path}: config.watermark must be in [0, 1), got {config['watermark']!r}")
     if VERSION_PRESETS[version] == "vllm-v0" and config["preemption_mode"] not in _PREEMPTION_MODES:
         raise ValueError(f"{path}: config.preemption_mode must be null, 'swap' or 'recompute'")
     requests = raw["requests"]
@@ -133,6 +152,7 @@ def load_spec(path: str | Path) -> OracleSpec:
         where = f"{path}: requests[{i}]"
         if not isinstance(r, dict):
             raise ValueError(f"{where} must be an object")
+        _refuse_unknown(r, _REQUEST_KEYS, where)
         for key in ("id", "arrival_step", "prompt_token_ids", "max_tokens"):
             if key not in r:
                 raise ValueError(f"{where} is missing {key!r}")

@@ -21,7 +21,9 @@ entries a window dropped are vLLM's null block, 0.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from itertools import zip_longest
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,9 +31,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any
 
+from engine.files import InputFileError, open_regular
 from engine.policy.request import seq_id_of
 
 Pair = tuple[int, int]
+MAX_RECORD_CHARS = 64 * 2**20  # one line of a decision log, when read back
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,9 +181,25 @@ class DecisionLog:
 
     @classmethod
     def read_jsonl(cls, source: str | Path) -> DecisionLog:
+        """A log written by ``write_jsonl`` (or the oracle's golden log): a regular file of JSON
+        records, one per line, each at most ``MAX_RECORD_CHARS``; else one ``FILE:LINE:`` error."""
+        if not os.path.lexists(source):
+            raise ValueError(f"{source}: no such log file")
         records = []
-        with open(source, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
+        with io.TextIOWrapper(open_regular(source, what="decision log"), encoding="utf-8") as f:
+            line_no = 0
+            while True:
+                try:
+                    line = f.readline(MAX_RECORD_CHARS + 1)
+                except UnicodeDecodeError:
+                    # (decoded a chunk ahead: the bad byte is on this line or a later one)
+                    raise InputFileError(source, f"not UTF-8 text (at or after line {line_no + 1})") from None
+                if not line:
+                    break
+                line_no += 1
+                if len(line) > MAX_RECORD_CHARS:
+                    raise InputFileError(source, f"line longer than {MAX_RECORD_CHARS:,} characters: "
+                                         "not a decision record", line_no)
                 if not line.strip():
                     continue
                 try:

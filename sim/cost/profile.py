@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.files import InputFileError, read_json
+
 SCHEMA = "pagesim-profile"
 SCHEMA_VERSION = 1
 
@@ -87,8 +89,10 @@ class Table:
         return grid_points(self.grid)
 
     @classmethod
-    def from_dict(cls, name: str, d: Mapping[str, Any]) -> Table:
-        where = f"table {name!r}"
+    def from_dict(cls, name: str, d: Mapping[str, Any], *, where: str | None = None) -> Table:
+        """The table ``name`` as a profile file holds it; ``where`` starts every error message
+        (the file and the table)."""
+        where = where or f"table {name!r}"
         try:
             axes = tuple(d["axes"])
             grid = tuple(tuple(float(x) for x in g) for g in d["grid"])
@@ -97,7 +101,8 @@ class Table:
             samples = tuple(tuple(float(x) for x in s) for s in d.get("samples_s", [[m] for m in median]))
             per = str(d["per"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ProfileError(f"{where}: malformed ({type(exc).__name__}: {exc})") from None
+            reason = str(exc) if len(str(exc)) <= 80 else str(exc)[:79] + "…"  # it may quote the file
+            raise ProfileError(f"{where}: malformed ({type(exc).__name__}: {reason})") from None
         expected_axes, expected_per, _ = TABLES[name]
         if axes != expected_axes or per != expected_per:
             raise ProfileError(f"{where}: axes {list(axes)} per {per!r}; this version reads axes {list(expected_axes)} "
@@ -113,6 +118,9 @@ class Table:
                                f"{len(samples)} sample lists")
         if any(not math.isfinite(x) or x < 0 for x in median):
             raise ProfileError(f"{where}: medians must be finite seconds >= 0")
+        if any(not math.isfinite(x) or x < 0 for x in spread) or \
+                any(not math.isfinite(x) or x < 0 for point in samples for x in point):
+            raise ProfileError(f"{where}: spreads and timed samples must be finite seconds >= 0")
         return cls(name, axes, grid, median, spread, samples, per)
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,8 +175,9 @@ class Profile:
         complete = bool(d.get("complete", False))
         unknown = sorted(set(d["tables"]) - set(TABLES))
         if unknown:
-            raise ProfileError(f"{where}: unknown table(s) {', '.join(unknown)}")
-        tables = {name: Table.from_dict(name, t) for name, t in d["tables"].items()}
+            names = ", ".join(unknown)
+            raise ProfileError(f"{where}: unknown table(s) {names if len(names) <= 120 else names[:119] + '…'}")
+        tables = {name: Table.from_dict(name, t, where=f"{where}: table {name!r}") for name, t in d["tables"].items()}
         missing = [name for name in TABLES if name not in tables]
         if require_complete and (not complete or missing):
             raise ProfileError(f"{where}: incomplete ({len(tables)} of {len(TABLES)} tables measured; missing "
@@ -178,6 +187,7 @@ class Profile:
                    complete, path)
 
 
+MAX_PROFILE_BYTES = 256 * 2**20  # a calibrated profile is well under 1 MiB
 #: Profiles shipped with pagesim, loadable by name (``--profile tiny-cpu``).
 SHIPPED = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -187,17 +197,18 @@ def shipped_profiles() -> list[str]:
 
 
 def load_profile(path: str | os.PathLike, *, require_complete: bool = True) -> Profile:
-    """A profile file, or the name of one shipped under ``sim/profiles/``."""
+    """A profile file (a regular file of at most ``MAX_PROFILE_BYTES``), or the name of one
+    shipped under ``sim/profiles/``."""
     p = Path(path)
-    if not p.is_file() and p.suffix == "" and len(p.parts) == 1 and (SHIPPED / f"{p}.json").is_file():
+    if not os.path.lexists(p) and p.suffix == "" and len(p.parts) == 1 and (SHIPPED / f"{p}.json").is_file():
         p = SHIPPED / f"{p}.json"
-    if not p.is_file():
+    if not p.exists():
         shipped = ", ".join(shipped_profiles()) or "none"
-        raise ProfileError(f"profile {p}: no such file (make one with pagesim calibrate; shipped: {shipped})")
+        raise ProfileError(f"{p}: no such file (make one with pagesim calibrate; shipped profiles: {shipped})")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"profile {p}: not JSON ({exc})") from None
+        data = read_json(p, limit_bytes=MAX_PROFILE_BYTES, what="profile")
+    except InputFileError as exc:
+        raise ProfileError(str(exc)) from None
     return Profile.from_dict(data, path=str(p), require_complete=require_complete)
 
 

@@ -33,7 +33,7 @@ from traces.bench.custom import whole_count
 from traces.bench.reading import iter_jsonl
 from traces.bench.tokenizer import Tokenizer
 from traces.errors import TraceFormatError
-from traces.loaders.text import require_regular_file
+from traces.loaders.stream import require_regular_file
 from traces.trace import Trace
 
 PARQUET_BATCH_ROWS = 4096

@@ -6,7 +6,8 @@ vLLM 0.33 reads a ShareGPT file with ``json.load`` (datasets.py:1344) and a cust
 with ``pandas.read_json`` (:2457): the whole file at once. Here a file of any size is read in
 chunks of ``READ_CHARS`` characters; one element (one conversation, one line) may be at most
 ``MAX_ENTRY_CHARS`` characters, so memory stays bounded by what is kept, not by the file.
-Files may be gzip-compressed (by their magic bytes); FIFOs and devices are refused by name.
+Files may be gzip-compressed (by their magic bytes, within the decompression cap); FIFOs and
+devices are refused by name (``traces.loaders.stream``).
 """
 
 from __future__ import annotations
@@ -17,18 +18,14 @@ import zlib
 from collections.abc import Iterator
 
 from traces.errors import TraceFormatError
-from traces.loaders.text import PathArg, open_text
+from traces.loaders.stream import PathArg, limit_text, open_text
+from traces.loaders.text import read_jsonl
 
 MAX_ENTRY_CHARS = 64 * 2**20  # one JSON array element or one JSONL line, in characters
 READ_CHARS = 2**20  # characters read per refill
 _SPACE = re.compile(r"[ \t\r\n]*")
 # a decode error this close to the end of what is buffered may be a cut, not a mistake
 _CUT_MARGIN = 8
-
-
-def limit_text(limit: int) -> str:
-    """The entry size limit in words: ``64 MiB`` or ``1,000 characters``."""
-    return f"{limit // 2**20} MiB" if limit % 2**20 == 0 else f"{limit:,} characters"
 
 
 def _kind(char: str) -> str:
@@ -175,35 +172,7 @@ def _too_large(buf: _Buffer, pos: int, index: int, limit: int, what: str):
 
 
 def iter_jsonl(path: PathArg, *, what: str = "line") -> Iterator[tuple[int, dict]]:
-    """``(line number, object)`` for each non-blank line, read one line at a time; a line longer
-    than ``MAX_ENTRY_CHARS`` or that is not a JSON object is an error naming the line."""
-    limit = MAX_ENTRY_CHARS
-    handle = open_text(path)
-    with handle:
-        number = 0
-        while True:
-            try:
-                line = handle.readline(limit + 1)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise TraceFormatError(path, f"cannot read (damaged gzip?): {exc}") from None
-            except UnicodeDecodeError:
-                raise TraceFormatError(path, "not UTF-8 text", number + 1) from None
-            if not line:
-                return
-            number += 1
-            if len(line) > limit:
-                raise TraceFormatError(path, f"line longer than the {limit_text(limit)} limit for one {what}", number)
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(path, f"not valid JSON ({exc.msg}, column {exc.colno})", number) from None
-            if not isinstance(obj, dict):
-                raise TraceFormatError(path, f"expected a JSON object, found {_json_kind(obj)}", number)
-            yield number, obj
-
-
-def _json_kind(value) -> str:
-    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
-            type(None): "null", dict: "an object"}.get(type(value), type(value).__name__)
+    """``(line number, object)`` for each non-blank line, read a block of lines at a time
+    (``traces.loaders.text.read_jsonl``); a line longer than ``MAX_ENTRY_CHARS`` or that is not
+    a JSON object is an error naming the line."""
+    return read_jsonl(path, max_line_chars=MAX_ENTRY_CHARS, what=what, cut_off_ok=False)

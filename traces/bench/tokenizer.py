@@ -21,9 +21,11 @@ from typing import Protocol
 
 import numpy as np
 
+from engine.files import InputFileError, read_small_text
 from traces.tokens import splitmix64
 
 CHARS_PER_TOKEN = 4  # the estimate's characters per token
+MAX_TOKENIZER_BYTES = 256 * 2**20  # tokenizer.json files are a few MiB (Llama 3's: 9 MB)
 _PSEUDO_ID_MASK = np.uint64(2**31 - 1)  # estimate ids lie in [0, 2**31)
 
 
@@ -81,7 +83,9 @@ class HFTokenizer:
     def __init__(self, file: Path):
         from tokenizers import Tokenizer as _Tokenizer
 
-        self._tokenizer = _Tokenizer.from_file(str(file))
+        # read here, not by the library: a regular file of bounded size only
+        self._tokenizer = _Tokenizer.from_str(read_small_text(file, limit_bytes=MAX_TOKENIZER_BYTES,
+                                                              what="tokenizer.json"))
         self.path = file
         self.num_special_tokens = int(self._tokenizer.num_special_tokens_to_add(False))
         self.describe = f"tokenizer.json: {file} (special tokens added, as vLLM's tokenizer(text).input_ids)"
@@ -110,7 +114,7 @@ def load_tokenizer(path: str | os.PathLike[str] | None) -> Tokenizer:
         return EstimateTokenizer()
     given = Path(path)
     file = given / "tokenizer.json" if given.is_dir() else given
-    if not file.is_file():
+    if not os.path.lexists(file):
         where = f"{given} has no tokenizer.json" if given.is_dir() else f"{given}: no such file"
         raise ValueError(f"--tokenizer: {where} (give a Hugging Face tokenizer folder or its tokenizer.json; "
                          "nothing is downloaded)")
@@ -120,6 +124,8 @@ def load_tokenizer(path: str | os.PathLike[str] | None) -> Tokenizer:
         raise ValueError("--tokenizer needs the tokenizers package: pip install tokenizers") from None
     try:
         return HFTokenizer(file)
+    except InputFileError as exc:  # not a regular file, too large, not UTF-8
+        raise ValueError(f"--tokenizer: {exc}") from None
     except Exception as exc:  # tokenizers raises its own Exception type for a bad file
         reason = " ".join(str(exc).split())
         reason = reason if len(reason) <= 80 else reason[:79] + "…"

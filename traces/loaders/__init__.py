@@ -20,7 +20,8 @@ from traces.loaders.burstgpt import load_burstgpt
 from traces.loaders.generic import ColumnMap, load_csv, load_jsonl, load_lengths
 from traces.loaders.mooncake import load_mooncake
 from traces.loaders.pagesim_jsonl import is_header, load_pagesim, write_jsonl
-from traces.loaders.text import PathArg, header_names, numbered_first_line, open_text
+from traces.loaders.stream import PathArg, open_text
+from traces.loaders.text import header_names, numbered_first_line
 from traces.trace import Trace
 
 FORMATS: dict[str, str] = {

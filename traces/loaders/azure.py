@@ -9,19 +9,33 @@ files share the format. Arrivals become seconds from the first request.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
 from traces.errors import TraceFormatError
 from traces.loaders.build import build_trace
-from traces.loaders.text import PathArg, clip, read_csv, to_numbers
+from traces.loaders.columns import Numbers, clip
+from traces.loaders.stream import PathArg
+from traces.loaders.text import read_csv
 from traces.trace import Trace
 
-COLUMNS = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+
+@dataclass(frozen=True)
+class Stamps:
+    """A ``Column`` of wall-clock stamps as ``datetime64[ns]``, or an error at the first bad one."""
+
+    column: str = "TIMESTAMP"
+
+    def convert(self, path: PathArg, stamps, lines: np.ndarray) -> np.ndarray:
+        return parse_timestamps(path, stamps, lines)
+
+    def join(self, chunks: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(chunks) if chunks else np.zeros(0, "datetime64[ns]")
 
 
-def parse_timestamps(path: PathArg, stamps: list[str], lines: np.ndarray) -> np.ndarray:
-    """Wall-clock stamps as seconds from the first (float64), or an error at the first bad one."""
+def parse_timestamps(path: PathArg, stamps, lines: np.ndarray) -> np.ndarray:
+    """Wall-clock stamps as ``datetime64[ns]``, or an error at the first bad one."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # numpy only warns about a time zone suffix
@@ -35,7 +49,7 @@ def parse_timestamps(path: PathArg, stamps: list[str], lines: np.ndarray) -> np.
             except (ValueError, UserWarning, DeprecationWarning):
                 raise TraceFormatError(
                     path, f"TIMESTAMP: expected a date and time like 2023-11-16 18:15:46.6805900, "
-                    f"found {stamp!r}", int(line)) from None
+                    f"found {clip(repr(stamp))}", int(line)) from None
         raise
     bad = np.flatnonzero(np.isnat(times))
     if bad.size:
@@ -50,16 +64,12 @@ def parse_timestamps(path: PathArg, stamps: list[str], lines: np.ndarray) -> np.
         row = int(np.flatnonzero(wrong)[0])
         raise TraceFormatError(path, f"TIMESTAMP: {clip(repr(stamps[row].strip()))} is not a date from 1900 to 2200",
                                int(lines[row]))
-    return (times - times[0]).astype(np.int64) / 1e9
+    return times
 
 
 def load_azure(path: PathArg) -> Trace:
-    table = read_csv(path, COLUMNS)
-    cols, lines = table.columns, table.lines
-    return build_trace(
-        path, lines,
-        arrival_s=parse_timestamps(path, cols["TIMESTAMP"], lines),
-        prompt_len=to_numbers(path, cols["ContextTokens"], lines, "ContextTokens", integer=True, minimum=1),
-        output_len=to_numbers(path, cols["GeneratedTokens"], lines, "GeneratedTokens", integer=True, minimum=1),
-        source=f"azure:{path}",
-    )
+    table = read_csv(path, {"times": Stamps(), "prompt_len": Numbers("ContextTokens", integer=True, minimum=1),
+                            "output_len": Numbers("GeneratedTokens", integer=True, minimum=1)})
+    times = table.columns.pop("times")
+    return build_trace(path, table.lines, arrival_s=(times - times[0]).astype(np.int64) / 1e9, **table.columns,
+                       source=f"azure:{path}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from traces.errors import TraceFormatError
-from traces.loaders.text import INT64_MAX, PathArg
+from traces.loaders.stream import PathArg
 from traces.trace import Trace
 
 
@@ -29,17 +29,3 @@ def build_trace(path: PathArg, lines: np.ndarray, *, rebase: bool = True, **colu
                 f"{int(lines[row - 1])} (sort the file by time first)", int(lines[row])) from None
         raise exc.at_line_of(path, lines) from None
 
-
-def check_identity_list(path: PathArg, ids, line: int, column: str) -> None:
-    """``ids`` must be a JSON list of identities: integers in ``[0, 2**63)``."""
-    if not isinstance(ids, list) or not all(type(v) is int and 0 <= v <= INT64_MAX for v in ids):
-        raise TraceFormatError(path, f"{column}: expected a list of non-negative integers below 2**63", int(line))
-
-
-def csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Ragged integer lists as (flat values, offsets)."""
-    counts = np.fromiter((len(ids) for ids in lists), dtype=np.int64, count=len(lists))
-    offsets = np.zeros(len(lists) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    flat = [value for ids in lists for value in ids]
-    return np.asarray(flat, dtype=np.int64) if flat else np.zeros(0, np.int64), offsets

@@ -10,30 +10,47 @@ zero request tokens are dropped and reported the same way (``empty_prompt_rows``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from traces.errors import TraceFormatError, warn
 from traces.loaders.build import build_trace
-from traces.loaders.text import PathArg, clip, read_csv, to_numbers
+from traces.loaders.columns import Numbers, Texts, clip
+from traces.loaders.stream import PathArg
+from traces.loaders.text import read_csv
 from traces.trace import Trace
 
-COLUMNS = ["Timestamp", "Model", "Request tokens", "Response tokens", "Log Type"]
+@dataclass(frozen=True)
+class _Present:
+    """A column that must be in the header but whose values are not kept."""
+
+    column: str
+
+    def convert(self, path, values, lines) -> None:
+        return None
+
+    def join(self, chunks: list) -> None:
+        return None
 
 
 def load_burstgpt(path: PathArg, *, model: str | None = None, log_type: str | None = None) -> Trace:
-    table = read_csv(path, COLUMNS, optional=("Total tokens",))
+    filters = {"Model": model, "Log Type": log_type}
+    # Model and Log Type must be there; their text is kept only to filter by it
+    kinds = {"arrival": Numbers("Timestamp", integer=False), "prompt": Numbers("Request tokens", integer=True),
+             "output": Numbers("Response tokens", integer=True)}
+    kinds.update({column: _Present(column) if wanted is None else Texts(column) for column, wanted in filters.items()})
+    table = read_csv(path, kinds)
     cols, lines = table.columns, table.lines
     keep = np.ones(len(table), dtype=bool)
-    for column, wanted in (("Model", model), ("Log Type", log_type)):
+    for column, wanted in filters.items():
         if wanted is not None:
-            values = np.asarray([v.strip() for v in cols[column]])
+            values = cols[column]
             keep &= values == wanted
             if not (values == wanted).any():
-                seen = ", ".join(sorted(set(values.tolist()))[:8])
+                seen = ", ".join(np.unique(values).tolist()[:8])
                 raise TraceFormatError(path, f"no row has {column} {wanted!r} (the file has: {clip(seen)})")
-    arrival = to_numbers(path, cols["Timestamp"], lines, "Timestamp", integer=False)
-    prompt = to_numbers(path, cols["Request tokens"], lines, "Request tokens", integer=True)
-    output = to_numbers(path, cols["Response tokens"], lines, "Response tokens", integer=True)
+    arrival, prompt, output = cols["arrival"], cols["prompt"], cols["output"]
     failed = keep & (output == 0)
     if failed.any():
         first = int(lines[np.flatnonzero(failed)[0]])
@@ -55,3 +72,4 @@ def load_burstgpt(path: PathArg, *, model: str | None = None, log_type: str | No
         metadata={"failed_rows": int(failed.sum()), "empty_prompt_rows": int(empty.sum()),
                   "model": model, "log_type": log_type},
     )
+

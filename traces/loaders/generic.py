@@ -15,8 +15,10 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from traces.errors import TraceFormatError
-from traces.loaders.build import build_trace, check_identity_list, csr
-from traces.loaders.text import PathArg, clip, csv_header, read_csv, read_jsonl, to_numbers
+from traces.loaders.build import build_trace
+from traces.loaders.columns import ChunkedColumns, Column, Identities, Numbers, clip
+from traces.loaders.stream import PathArg
+from traces.loaders.text import csv_header, read_csv, read_jsonl
 from traces.trace import Trace
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -87,21 +89,31 @@ class ColumnMap:
                 if f.name != "time_unit" and getattr(self, f.name) is not None}
 
 
-def _columns_to_trace(path, lines, values: dict[str, list], columns: ColumnMap, *,
-                      arrivals, seed: int, prefix_block_tokens: int, source: str,
-                      rebase: bool = True, has_arrivals: bool | None = None) -> Trace:
-    lines = np.asarray(lines, dtype=np.int64)
-    data: dict = {}
+def field_kinds(columns: ColumnMap) -> dict[str, Column]:
+    """How each mapped field's column is read: field -> ``Column`` (in the order they are checked)."""
     named = columns.used()
-    data["prompt_len"] = to_numbers(path, values["prompt"], lines, named["prompt"], integer=True, minimum=1)
-    data["output_len"] = to_numbers(path, values["output"], lines, named["output"], integer=True, minimum=1)
+    kinds: dict[str, Column] = {"prompt": Numbers(named["prompt"], integer=True, minimum=1),
+                                "output": Numbers(named["output"], integer=True, minimum=1)}
+    for name in _INTEGER_FIELDS:
+        if name in named:
+            kinds[name] = Numbers(named[name], integer=True, minimum=None if name == "priority" else 0)
+    if "arrival" in named:
+        kinds["arrival"] = Numbers(named["arrival"], integer=False, minimum=None)
+    if "prefix_ids" in named:
+        kinds["prefix_ids"] = Identities(named["prefix_ids"])
+    return kinds
+
+
+def columns_to_trace(path, lines: np.ndarray, values: dict, columns: ColumnMap, *, arrivals, seed: int,
+                     prefix_block_tokens: int, source: str, rebase: bool = True,
+                     has_arrivals: bool | None = None) -> Trace:
+    """A ``Trace`` from the fields ``field_kinds`` read (``values``: field -> column)."""
+    data: dict = {"prompt_len": values["prompt"], "output_len": values["output"]}
     for name in _INTEGER_FIELDS:
         if name in values:
-            data[name] = to_numbers(path, values[name], lines, named[name], integer=True,
-                                    minimum=None if name == "priority" else 0)
+            data[name] = values[name]
     if "arrival" in values:
-        stamps = to_numbers(path, values["arrival"], lines, named["arrival"], integer=False, minimum=None)
-        data["arrival_s"] = stamps * TIME_UNITS_S[columns.time_unit]
+        data["arrival_s"] = values["arrival"] * TIME_UNITS_S[columns.time_unit]
     elif arrivals is not None:
         data["arrival_s"] = arrivals.times(len(lines), np.random.default_rng(seed))
         source += f" with {arrivals.describe()} arrivals (seed {seed})"
@@ -111,9 +123,7 @@ def _columns_to_trace(path, lines, values: dict[str, list], columns: ColumnMap, 
     if "prefix_ids" in values:
         if prefix_block_tokens < 1:
             raise TraceFormatError(path, "prefix identities need --prefix-block-tokens (tokens per identity)")
-        for ids, line in zip(values["prefix_ids"], lines):
-            check_identity_list(path, ids, line, named["prefix_ids"])
-        data["prefix_id_values"], data["prefix_id_offsets"] = csr(values["prefix_ids"])
+        data["prefix_id_values"], data["prefix_id_offsets"] = values["prefix_ids"]
         data["prefix_block_tokens"] = prefix_block_tokens
     if ("conversation_id" in values) != ("turn" in values):
         raise TraceFormatError(path, "conversation_id and turn columns come together")
@@ -140,38 +150,34 @@ def load_csv(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None, 
         columns = _guess_csv_columns(path, time_unit=time_unit)
     if columns.prefix_ids is not None:
         raise TraceFormatError(path, "prefix identities need JSONL (a list per row), not CSV")
-    named = columns.used()
-    names = list(named.values())
-    table = read_csv(path, names)
-    values = {name: table.columns[column] for name, column in named.items()}
-    return _columns_to_trace(path, table.lines, values, columns, arrivals=arrivals, seed=seed,
-                             prefix_block_tokens=0, source=f"{source_kind}:{path}")
+    table = read_csv(path, field_kinds(columns))
+    return columns_to_trace(path, table.lines, table.columns, columns, arrivals=arrivals, seed=seed,
+                            prefix_block_tokens=0, source=f"{source_kind}:{path}")
 
 
 def load_jsonl(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None, seed: int = 0,
                prefix_block_tokens: int = 0, time_unit: str = "s") -> Trace:
-    """A JSONL trace, one object per line; ``columns`` says which key is which (guessed if None)."""
-    rows = list(read_jsonl(path))
-    if not rows:
+    """A JSONL trace, one object per line; ``columns`` says which key is which (guessed from the
+    first object's keys if None)."""
+    table = keys = None
+    for line, obj in read_jsonl(path):
+        if table is None:
+            if columns is None:
+                columns = ColumnMap.guess(obj.keys(), time_unit=time_unit)
+                if columns is None:
+                    raise TraceFormatError(path, f"cannot tell which keys hold prompt and output lengths (keys: "
+                                           f"{clip(', '.join(obj))}); pass --columns prompt=KEY,output=KEY", line)
+            kinds = field_kinds(columns)
+            table, keys = ChunkedColumns(path, kinds), [kind.column for kind in kinds.values()]
+        try:
+            table.add_row(line, [obj[key] for key in keys])
+        except KeyError as exc:
+            raise TraceFormatError(path, f"missing key {clip(repr(exc.args[0]))}", line) from None
+    if table is None:
         raise TraceFormatError(path, "no requests")
-    if columns is None:
-        columns = ColumnMap.guess(rows[0][1].keys(), time_unit=time_unit)
-        if columns is None:
-            raise TraceFormatError(path, f"cannot tell which keys hold prompt and output lengths "
-                                   f"(keys: {clip(', '.join(rows[0][1]))}); pass --columns prompt=KEY,output=KEY",
-                                   rows[0][0])
-    named = columns.used()
-    values: dict[str, list] = {name: [] for name in named}
-    lines = []
-    for line, obj in rows:
-        for name, key in named.items():
-            try:
-                values[name].append(obj[key])
-            except KeyError:
-                raise TraceFormatError(path, f"missing key {key!r}", line) from None
-        lines.append(line)
-    return _columns_to_trace(path, lines, values, columns, arrivals=arrivals, seed=seed,
-                             prefix_block_tokens=prefix_block_tokens, source=f"jsonl:{path}")
+    values, lines = table.finish()
+    return columns_to_trace(path, lines, values, columns, arrivals=arrivals, seed=seed,
+                            prefix_block_tokens=prefix_block_tokens, source=f"jsonl:{path}")
 
 
 def load_lengths(path: PathArg, *, arrivals=None, seed: int = 0, columns: ColumnMap | None = None) -> Trace:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from traces.errors import TraceFormatError
-from traces.loaders.build import build_trace, check_identity_list, csr
-from traces.loaders.text import PathArg, read_jsonl, to_numbers
+from traces.loaders.build import build_trace
+from traces.loaders.columns import ChunkedColumns, Identities, Numbers
+from traces.loaders.stream import PathArg
+from traces.loaders.text import read_jsonl
 from traces.trace import Trace
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -32,34 +34,33 @@ KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
 def load_mooncake(path: PathArg, *, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
-    stamps, inputs, outputs, hash_ids, lines = [], [], [], [], []
+    table = ChunkedColumns(path, {"prompt_len": Numbers("input_length", integer=True, minimum=1),
+                                  "hash_ids": Identities("hash_ids"),
+                                  "timestamp": Numbers("timestamp", integer=False),
+                                  "output_len": Numbers("output_length", integer=True, minimum=1)})
     for line, obj in read_jsonl(path):
         try:
-            stamps.append(obj["timestamp"])
-            inputs.append(obj["input_length"])
-            outputs.append(obj["output_length"])
-            ids = obj["hash_ids"]
+            table.add_row(line, [obj["input_length"], obj["hash_ids"], obj["timestamp"], obj["output_length"]])
         except KeyError as exc:
             raise TraceFormatError(path, f"missing key {exc.args[0]!r} (a Mooncake row has "
                                    f"{', '.join(KEYS)})", line) from None
-        check_identity_list(path, ids, line, "hash_ids")
-        hash_ids.append(ids)
-        lines.append(line)
-    if not lines:
+    columns, lines = table.finish()
+    if not len(lines):
         raise TraceFormatError(path, "no requests")
-    values, offsets = csr(hash_ids)
-    prompt_len = to_numbers(path, inputs, lines, "input_length", integer=True, minimum=1)
-    wrong = np.flatnonzero(np.diff(offsets) != -(-prompt_len // block_tokens))
+    prompt_len = columns["prompt_len"]
+    values, offsets = columns["hash_ids"]
+    counts = np.diff(offsets)
+    wrong = np.flatnonzero(counts != -(-prompt_len // block_tokens))
     if wrong.size:
         row = int(wrong[0])
         raise TraceFormatError(
-            path, f"hash_ids: {len(hash_ids[row])} ids for input_length {prompt_len[row]}, expected "
-            f"ceil({prompt_len[row]} / {block_tokens}) = {-(-prompt_len[row] // block_tokens)}", lines[row])
+            path, f"hash_ids: {counts[row]} ids for input_length {prompt_len[row]}, expected "
+            f"ceil({prompt_len[row]} / {block_tokens}) = {-(-prompt_len[row] // block_tokens)}", int(lines[row]))
     return build_trace(
         path, lines,
-        arrival_s=to_numbers(path, stamps, lines, "timestamp", integer=False) / 1000.0,
+        arrival_s=columns["timestamp"] / 1000.0,
         prompt_len=prompt_len,
-        output_len=to_numbers(path, outputs, lines, "output_length", integer=True, minimum=1),
+        output_len=columns["output_len"],
         prefix_id_values=values,
         prefix_id_offsets=offsets,
         prefix_block_tokens=block_tokens,

@@ -18,13 +18,16 @@ from pathlib import Path
 import numpy as np
 
 from traces.errors import TraceFormatError
-from traces.loaders.generic import ColumnMap, _columns_to_trace
-from traces.loaders.text import PathArg, clip, read_jsonl
+from traces.loaders.columns import ChunkedColumns, clip
+from traces.loaders.generic import ColumnMap, columns_to_trace, field_kinds
+from traces.loaders.stream import PathArg
+from traces.loaders.text import read_jsonl
 from traces.trace import Trace
 
 HEADER_KEY = "pagesim_trace"
 VERSION = 1
 _DEFAULTS = {"n": 1, "beam_width": 1, "priority": 0}
+_READ_DEFAULTS = {**_DEFAULTS, "prefix_ids": []}  # a row without the key has these
 
 
 def is_header(obj: dict) -> bool:
@@ -87,39 +90,38 @@ def load_pagesim(path: PathArg) -> Trace:
     block_tokens = header.get("prefix_block_tokens", 0)
     if type(block_tokens) is not int or block_tokens < 0:
         raise TraceFormatError(path, "prefix_block_tokens must be a non-negative integer", line)
-    names = ["arrival", "prompt", "output", *_DEFAULTS]
-    keys = ["arrival_s", "prompt_len", "output_len", *_DEFAULTS]
-    values: dict[str, list] = {name: [] for name in names}
-    prefix_ids: list[list[int]] = []
-    conv_ids: list[int] = []
-    turns: list[int] = []
-    lines: list[int] = []
+    table = conversations = None
     for line, obj in rows:
-        for name, key in zip(names, keys):
-            value = obj.get(key, _DEFAULTS.get(key))
+        if table is None:  # the first row says whether rows carry conversation_id and turn
+            conversations = "turn" in obj
+            columns = _columns(conversations, prefix_ids=True)
+            kinds = field_kinds(columns)
+            table, keys = ChunkedColumns(path, kinds), [kind.column for kind in kinds.values()]
+        if ("conversation_id" in obj) != ("turn" in obj) or ("turn" in obj) != conversations:
+            raise TraceFormatError(path, "conversation_id and turn must be on every row or on none", line)
+        row = []
+        for key in keys:
+            value = obj.get(key, _READ_DEFAULTS.get(key))
             if value is None:
                 raise TraceFormatError(path, f"missing key {key!r}", line)
-            values[name].append(value)
-        ids = obj.get("prefix_ids", [])
-        prefix_ids.append(ids)
-        if ("conversation_id" in obj) != ("turn" in obj) or (lines and ("turn" in obj) != bool(turns)):
-            raise TraceFormatError(path, "conversation_id and turn must be on every row or on none", line)
-        if "turn" in obj:
-            conv_ids.append(obj["conversation_id"])
-            turns.append(obj["turn"])
-        lines.append(line)
-    if not lines:
+            row.append(value)
+        table.add_row(line, row)
+    if table is None:
         raise TraceFormatError(path, "no requests (only a header)")
-    if conv_ids:
-        values["conversation_id"], values["turn"] = conv_ids, turns
-    if any(prefix_ids):
-        values["prefix_ids"] = prefix_ids
-    columns = ColumnMap(arrival="arrival_s", prompt="prompt_len", output="output_len",
-                        **{name: name for name in (*_DEFAULTS, "conversation_id", "turn") if name in values},
-                        prefix_ids="prefix_ids" if "prefix_ids" in values else None)
-    return _columns_to_trace(path, lines, values, columns, arrivals=None, seed=0,
-                             prefix_block_tokens=block_tokens, source=header.get("source") or f"pagesim:{path}",
-                             rebase=False, has_arrivals=bool(header.get("has_arrivals", True)))
+    values, lines = table.finish()
+    if values["prefix_ids"][0].size == 0:  # no row has identities
+        del values["prefix_ids"]
+        columns = _columns(conversations, prefix_ids=False)
+    return columns_to_trace(path, lines, values, columns, arrivals=None, seed=0,
+                            prefix_block_tokens=block_tokens, source=header.get("source") or f"pagesim:{path}",
+                            rebase=False, has_arrivals=bool(header.get("has_arrivals", True)))
+
+
+def _columns(conversations: bool, *, prefix_ids: bool) -> ColumnMap:
+    """The file's keys, by the field each holds."""
+    return ColumnMap(arrival="arrival_s", prompt="prompt_len", output="output_len", n="n", beam_width="beam_width",
+                     priority="priority", conversation_id="conversation_id" if conversations else None,
+                     turn="turn" if conversations else None, prefix_ids="prefix_ids" if prefix_ids else None)
 
 
 def same_columns(a: Trace, b: Trace) -> bool:
