@@ -127,9 +127,10 @@ def _folder(path: Path, flag: str) -> Path:
 
 
 def run_study_cmd(args) -> int:
-    from reports.store import reported_warnings
+    from reports.store import ResultsWarning
+    from traces.source import reported_warnings
 
-    with reported_warnings("study"):
+    with reported_warnings("study", category=ResultsWarning):
         return _study(args)
 
 
@@ -151,9 +152,10 @@ def _study(args) -> int:
 
 def run_report_cmd(args) -> int:
     from reports.pdf import build_report
-    from reports.store import reported_warnings
+    from reports.store import ResultsWarning
+    from traces.source import reported_warnings
 
-    with reported_warnings("report"):
+    with reported_warnings("report", category=ResultsWarning):
         return _report(args, build_report)
 
 
@@ -167,9 +169,10 @@ def _report(args, build_report) -> int:
 
 
 def run_demo_cmd(args) -> int:
-    from reports.store import reported_warnings
+    from reports.store import ResultsWarning
+    from traces.source import reported_warnings
 
-    with reported_warnings("demo"):
+    with reported_warnings("demo", category=ResultsWarning):
         return _demo(args)
 
 

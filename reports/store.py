@@ -22,9 +22,7 @@ import contextlib
 import json
 import math
 import os
-import sys
 import warnings
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -195,24 +193,6 @@ def problem(record: dict[str, Any]) -> str | None:
 def _short(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-@contextlib.contextmanager
-def reported_warnings(command: str) -> Iterator[None]:
-    """Show ``ResultsWarning``s as one stderr line each, ``pagesim CMD: warning: ...`` (as
-    ``traces.source.reported_warnings`` does for a trace's)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("always", ResultsWarning)
-        shown_before = warnings.showwarning
-
-        def show(message, category, filename, lineno, file=None, line=None):
-            if issubclass(category, ResultsWarning):
-                print(f"pagesim {command}: warning: {message}", file=sys.stderr)
-            else:  # not ours: the usual format, with its origin
-                shown_before(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = show
-        yield
 
 
 def _finite(value: Any) -> Any:

@@ -210,11 +210,12 @@ def test_a_bad_study_json_is_one_error_naming_it(tmp_path, content, why):
 
 
 def test_the_command_line_shows_the_warning_as_one_line(tmp_path, capsys):
-    from reports.store import reported_warnings
+    from reports.store import ResultsWarning
+    from traces.source import reported_warnings
 
     store = ResultsStore(tmp_path / "results.jsonl")
     store.path.write_bytes(b"\x00\n" + line(record("a")))
-    with reported_warnings("report"):
+    with reported_warnings("report", category=ResultsWarning):
         store.load(repair=False)
     assert capsys.readouterr().err == (f"pagesim report: warning: {store.path}:1: NUL bytes (first at character 0); "
                                        "skipped: its run counts as not run until `pagesim study` sets it aside and "

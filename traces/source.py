@@ -85,26 +85,23 @@ def add_source_args(parser: argparse.ArgumentParser, *, trace_positional: bool =
 
 
 @contextmanager
-def reported_warnings(command: str, *, strict: bool):
-    """Show ``TraceWarning``s as one stderr line each, or raise them with ``strict``."""
+def reported_warnings(command: str, *, strict: bool = False, category: type[Warning] = TraceWarning):
+    """Show warnings of ``category`` (a trace's repairs by default; a study's set-aside results
+    with ``reports.store.ResultsWarning``) as one stderr line each, or raise them with ``strict``."""
     with warnings.catch_warnings():
-        if strict:
-            warnings.simplefilter("error", TraceWarning)
-        else:
-            warnings.simplefilter("always", TraceWarning)
-
+        warnings.simplefilter("error" if strict else "always", category)
         shown_before = warnings.showwarning
 
-        def show(message, category, filename, lineno, file=None, line=None):
-            if issubclass(category, TraceWarning):
+        def show(message, shown, filename, lineno, file=None, line=None):
+            if issubclass(shown, category):
                 print(f"pagesim {command}: warning: {message}", file=sys.stderr)
             else:  # not ours: the usual format, with its origin
-                shown_before(message, category, filename, lineno, file, line)
+                shown_before(message, shown, filename, lineno, file, line)
 
         warnings.showwarning = show
         try:
             yield
-        except TraceWarning as exc:
+        except category as exc:
             raise ValueError(f"{exc} (--strict)") from None
 
 
