@@ -6,7 +6,10 @@
   renamed to ``DIR.old-<pid>`` and removed after). On an error or an interrupt the partial folder is
   removed and ``DIR`` keeps what it had. A process killed outright leaves ``DIR`` as it was beside
   a ``DIR.partial-<pid>``; killed between the two renames, ``DIR`` is missing and ``DIR.old-<pid>``
-  (the previous output, whole) and ``DIR.partial-<pid>`` (the new one, whole) lie beside it.
+  (the previous output, whole) and ``DIR.partial-<pid>`` (the new one, whole) lie beside it. A
+  ``DIR`` that is a mount point (a container's volume) cannot be renamed: the files are staged in
+  ``DIR/.partial-<pid>`` and renamed in one by one, each whole. The staging place is made and
+  removed once before the work, so a folder that cannot be written is refused before, not after.
 - ``staged_files``: several files written together (a report's PDF and HTML): each to ``NAME.tmp``
   beside it, all renamed once every one is complete, none left behind on failure.
 - ``writing(path)``: an error while writing ``path`` as one ``OSError`` naming it, including a full
@@ -45,9 +48,22 @@ class OutputFolder:
         self._keep_staging = False
         self._check()
         self._real.parent.mkdir(parents=True, exist_ok=True)
+        # A mount point (a container's volume) cannot be renamed onto: its files are staged inside
+        # it and moved in one by one (each whole; the set of them is not one atomic step).
+        self._in_place = self._real.is_dir() and (os.path.ismount(self._real) or
+                                                   self._real.stat().st_dev != self._real.parent.stat().st_dev)
+        self._stage_in = self._real if self._in_place else self._real.parent
+        # NOTE: a folder made and removed now, so a place that cannot be written to is refused
+        # before the work, not after it (when the work's output would be lost).
+        _fresh_folder(self._stage_in, self._staging_name()).rmdir()
+
+    def _staging_name(self) -> str:
+        return f".partial-{os.getpid()}" if self._in_place else f"{self._real.name}.partial-{os.getpid()}"
 
     def __enter__(self) -> Path:
-        self.staging = _fresh_folder(self._real.parent, f"{self._real.name}.partial-{os.getpid()}")
+        self.staging = _fresh_folder(self._stage_in, self._staging_name())
+        if self._real.is_dir():
+            shutil.copymode(self._real, self.staging)  # a private folder stays private
         return self.staging
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -95,6 +111,8 @@ class OutputFolder:
         patterns = [*self.owned, *(p + ".tmp" for p in self.owned)]
 
         def owned(entry: os.DirEntry) -> bool:
+            if entry.name.startswith(".partial-") and entry.is_dir(follow_symlinks=False):
+                return True  # staged in place by this command (a killed one's, or this one's)
             return entry.is_file(follow_symlinks=False) and any(fnmatch.fnmatchcase(entry.name, p) for p in patterns)
 
         with os.scandir(self._real) as entries:
@@ -107,6 +125,9 @@ class OutputFolder:
             raise ValueError(f"--out {self.target}: {foreign[0][:80]!r} appeared in it during the run, so it was "
                              f"left as it was; this run's files are in {self.staging}")
         _fsync_folder(self.staging)
+        if self._in_place:
+            self._move_in()
+            return
         old = None
         try:
             os.rename(self.staging, self._real)  # no folder there, or an empty one: one atomic step
@@ -115,10 +136,27 @@ class OutputFolder:
                 raise
             old = _fresh_name(self._real.parent, f"{self._real.name}.old-{os.getpid()}")
             os.rename(self._real, old)
-            os.rename(self.staging, self._real)
+            try:
+                os.rename(self.staging, self._real)
+            except BaseException:  # (an interrupt too): the previous output goes back
+                os.rename(old, self._real)
+                raise
         _fsync_path(self._real.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+    def _move_in(self) -> None:
+        """A mount point's files replaced one by one: the new ones renamed in (each whole), then
+        the previous run's files that this one did not write removed."""
+        new = set(os.listdir(self.staging))
+        for name in sorted(new):
+            os.replace(self.staging / name, self._real / name)
+        with os.scandir(self._real) as entries:
+            stale = [e for e in entries if e.name not in new and e.is_file(follow_symlinks=False)]
+        for entry in stale:  # (only files the command owns: anything else was refused before)
+            os.unlink(entry.path)
+        self.staging.rmdir()
+        _fsync_path(self._real)
 
 
 def _fresh_name(parent: Path, name: str) -> Path:

@@ -51,6 +51,11 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+def interruption(exc: KeyboardInterrupt) -> str:
+    """``terminated`` (SIGTERM) or ``interrupted`` (Ctrl-C), for a command's message."""
+    return "terminated" if isinstance(exc, Terminated) else "interrupted"
+
+
 def interrupted_status(exc: KeyboardInterrupt) -> int:
     """The exit status for an interruption: 143 for SIGTERM, 130 (128 + SIGINT) for Ctrl-C."""
     return getattr(exc, "exit_status", 128 + signal.SIGINT)
@@ -123,8 +128,8 @@ def _sigterm_as_interrupt():
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # (None: a handler set from C, which Python cannot put back; the default then)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -145,8 +150,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         said = str(exc).strip().splitlines() or ["not enough memory for what was asked"]
         parser.exit(2, f"pagesim {args.command}: error: {said[0]}\n")
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: no traceback
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"pagesim {args.command}: {what}", file=sys.stderr)
+        print(f"pagesim {args.command}: {interruption(exc)}", file=sys.stderr)
         return interrupted_status(exc)
 
 

@@ -96,12 +96,11 @@ def _run(spec, out: Path, args) -> object:
         outcome = run_study(spec, out, executor=args.executor, workers=args.workers, address=args.address,
                             progress=not args.no_progress)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (engine.cli.Terminated): the same unwinding
-        from engine.cli import Terminated, interrupted_status
+        from engine.cli import interrupted_status, interruption
         from reports.store import ResultsStore
 
         kept = ResultsStore(out / "results.jsonl").load(repair=False)
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"\n{what}: {len(kept)} run records kept in {out}/results.jsonl; the same command resumes",
+        print(f"\n{interruption(exc)}: {len(kept)} run records kept in {out}/results.jsonl; the same command resumes",
               file=sys.stderr)
         raise SystemExit(interrupted_status(exc)) from None
     print(f"study {spec.name}: {outcome.total} runs ({outcome.reused} from before, {outcome.ran} now, "

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,10 +66,20 @@ def run_local(configs: list[RunConfig], workers: int, address: str | None = None
     try:
         futures = [pool.submit(run_one, c) for c in configs]
         for future in as_completed(futures):
-            yield future.result()
-    except BaseException:  # interrupted (Ctrl-C, or the consumer stopped): leave no worker behind
-        for process in list(getattr(pool, "_processes", {}).values()):
+            try:
+                record = future.result()
+            except BrokenProcessPool:  # a worker was killed (the OOM killer, a signal, a crash in C)
+                raise ValueError("a worker process died (killed by a signal: out of memory?); the runs finished so "
+                                 "far are kept, and the same command resumes the rest") from None
+            yield record
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM, the consumer stopped): leave no worker behind
+        processes = list(getattr(pool, "_processes", {}).values())
+        for process in processes:
             process.terminate()
+        for process in processes:  # one that ignores SIGTERM (stuck in C code) is killed
+            process.join(timeout=STOP_S)
+            if process.is_alive():
+                process.kill()
         # NOTE: wait for the pool's manager thread to see its workers gone; left running, it raced
         # interpreter exit (``concurrent.futures``' atexit join wrote to a closed pipe: a traceback
         # after "interrupted:", seen once in CI).
@@ -79,6 +90,7 @@ def run_local(configs: list[RunConfig], workers: int, address: str | None = None
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCHDOG_S = 1.0  # how often a worker checks that its parent is still there
+STOP_S = 5.0  # how long a stopped worker has to exit before it is killed
 
 
 def _worker_start(parent_pid: int) -> None:

@@ -318,6 +318,8 @@ def _typed(value: Any, kind: type | tuple, where: str) -> Any:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if float in kinds and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if isinstance(value, float) and not math.isfinite(value):  # (a run's id could not survive JSON)
+        raise SpecError(f"{where}: expected a finite number, got {value!r}")
     if not isinstance(value, kinds) or (int in kinds and isinstance(value, bool)):
         raise SpecError(f"{where}: expected {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
     return value

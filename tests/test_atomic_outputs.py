@@ -277,3 +277,35 @@ def test_simulate_out_onto_a_real_full_disk(tmp_path, capsys):
         line = one_error(capsys, [*SIM, "--out", str(out)])
         assert line.startswith(f"pagesim simulate: error: {out}") and line.endswith("No space left on device")
         assert os.listdir(full) == []
+
+
+def test_out_that_is_a_mount_point_is_written_in_place(tmp_path, capsys):
+    """A container's volume given as --out cannot be renamed onto: its files are staged inside it
+    and moved in (before, the rename failed after the run and every output file was lost)."""
+    with small_tmpfs(tmp_path / "volume", "64m") as volume:
+        assert main([*SIM, "--out", str(volume)]) == 0
+        first = snapshot(volume)
+        assert set(first) == SIM_FILES
+        assert main([*SIM, "--out", str(volume), "--seed", "1"]) == 0  # and replaced in place
+        assert set(os.listdir(volume)) == SIM_FILES and snapshot(volume) != first
+    capsys.readouterr()
+
+
+def test_a_private_out_folder_stays_private(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    os.chmod(out, 0o700)  # (whatever the umask)
+    assert main([*SIM, "--out", str(out)]) == 0
+    assert set(os.listdir(out)) == SIM_FILES and (out.stat().st_mode & 0o777) == 0o700
+    capsys.readouterr()
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused_before_the_work(tmp_path, monkeypatch):
+    import engine.atomic as atomic
+
+    def read_only(parent, name):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(parent / name))
+
+    monkeypatch.setattr(atomic, "_fresh_folder", read_only)
+    with pytest.raises(PermissionError):
+        OutputFolder(tmp_path / "out", ("*.json",))

@@ -5,6 +5,7 @@ a run cannot hold (replicas, KV blocks) are refused before anything is built."""
 from __future__ import annotations
 
 import pickle
+import json
 import re
 import subprocess
 import sys
@@ -189,7 +190,7 @@ def refused(capsys, argv: list[str]) -> str:
     ("Nothing", ["--victim", "nothing"], r"choose\(\) returned None; expected one of the \d+ candidate requests$"),
     ("Stranger", ["--victim", "stranger"],
      r"choose\(\) returned request '\w+', which is not one of the \d+ candidate requests \(the running"),
-    ("Raises", ["--victim", "raises"], r"lookup\(\) raised KeyError: 'x' \(victims\.py line {table}\)$"),
+    ("Raises", ["--victim", "raises"], r"choose\(\) raised KeyError: 'x' \(victims\.py line {table}\)$"),
     ("Exits", ["--victim", "exits"],
      r"choose\(\) called sys\.exit\(0\) \(victims\.py line {exit}\); a plug-in cannot end pagesim$"),
 ])
@@ -218,7 +219,7 @@ def test_a_preemption_mode_and_a_scheduler_subclass_are_guarded(tmp_path, capsys
     assert err.endswith(f"plugin '{path}:Capitalised': choose() returned a str ('Swap'); "
                         f"expected 'recompute' or 'swap'")
     err = refused(capsys, [*SIM, "--plugin", f"{path}:Broken", "--scheduler", "broken"])
-    assert re.search(r"plugin '.*:Broken': helper\(\) raised AttributeError: 'Broken' object has no attribute "
+    assert re.search(r"plugin '.*:Broken': schedule\(\) raised AttributeError: 'Broken' object has no attribute "
                      rf"'no_such_setting' \(.*others\.py line {line_of(OTHERS, 'no_such_setting')}\)$", err), err
     # raised in pagesim code the plug-in called: both lines
     err = refused(capsys, [*SIM, "--plugin", f"{path}:Misuses", "--scheduler", "misuses"])
@@ -344,3 +345,67 @@ def test_a_memory_error_prints_its_own_message(capsys, monkeypatch):
     monkeypatch.setattr(sim.setup, "scheduler_class", lambda name: exhausted)
     err = refused(capsys, SIM)
     assert err == "pagesim simulate: error: out of memory building a KV cache of 300 GPU and 2,048 CPU blocks"
+
+
+# ------------------------------------------------------------------ correct plug-ins are left alone
+CORRECT = """
+import numpy as np
+
+from engine.policy.eviction import LRUPolicy
+from engine.policy.preemption import VictimPolicy
+
+
+class NoPick(Exception):
+    pass
+
+
+class Careful(VictimPolicy):
+    name = "careful"
+
+    def _pick(self, candidates):
+        raise NoPick()  # the plug-in's own signal, caught by its own caller
+
+    def choose(self, candidates):
+        try:
+            return self._pick(candidates)
+        except NoPick:
+            return candidates[-1]
+
+
+class NumpyIds(LRUPolicy):
+    name = "numpy-ids"
+
+    def pop(self):
+        block_id = super().pop()
+        return None if block_id is None else np.int64(block_id)
+
+
+class Nested(LRUPolicy):
+    name = "nested"
+
+    def pop_many(self, count):
+        return [[b] for b in super().pop_many(count)]
+"""
+PRESSURE = ["--kv-cache-gb", "0.2", "--prefix-caching", "on", "--rate", "50", "--num-requests", "300"]
+
+
+@pytest.mark.parametrize("flags", [["--victim", "careful"], ["--eviction", "numpy-ids"]])
+def test_a_correct_plugin_runs_as_it_would_unguarded(tmp_path, capsys, monkeypatch, flags):
+    """An exception a plug-in raises and catches itself stays its own (its helpers are not
+    wrapped), and a NumPy integer is a block id."""
+    write(tmp_path, CORRECT, "correct.py")
+    monkeypatch.chdir(tmp_path)
+    name = {"--victim": "Careful", "--eviction": "NumpyIds"}[flags[0]]
+    assert main(["simulate", "--no-progress", "--workload", "shared-system-prompt", *PRESSURE, "--json",
+                 "--plugin", f"correct.py:{name}", *flags]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["requests_completed"] + summary["requests_rejected"] == 300 and summary["requests_completed"] > 200
+    assert summary["preemptions"]["recompute"] + summary["preemptions"].get("swap", 0) > 0  # choose() was called
+
+
+def test_a_return_too_odd_to_check_is_one_line(tmp_path, capsys, monkeypatch):
+    write(tmp_path, CORRECT, "correct.py")
+    monkeypatch.chdir(tmp_path)
+    err = refused(capsys, ["simulate", "--no-progress", "--workload", "shared-system-prompt", *PRESSURE,
+                           "--plugin", "correct.py:Nested", "--eviction", "nested"])
+    assert re.search(r"plugin 'correct\.py:Nested': pop_many\(\) returned a list \(\[\d+\]\); expected the id", err), err

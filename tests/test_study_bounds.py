@@ -108,3 +108,48 @@ def test_a_second_study_on_a_folder_is_told_the_holders_pid(tmp_path):
         assert (out / ".lock").read_text().strip() == str(os.getpid())  # the refused study blanked nothing
     with _exclusive(out):  # released with its holder
         pass
+
+
+def test_a_non_finite_setting_is_refused():
+    """``inf`` would be hashed into the run's id but stored as null, so its record could never be
+    matched again (the study would run it on every invocation)."""
+    for text in ("[base]\nengine_overhead_ms = inf\n", "[base]\nkv_cache_gb = nan\n"):
+        with pytest.raises(SpecError, match="expected a finite number"):
+            parse_spec(SOURCE.replace("[base]\n", text, 1).replace("kv_cache_gb = 1.0\n", "", 1))
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the workers through /proc")
+def test_a_worker_killed_under_the_study_is_one_line(tmp_path):
+    """The OOM killer taking a worker: one error line (exit 2), the finished runs kept, no traceback."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SOURCE.replace("num_requests = 20", "num_requests = 600") +
+                    "[[grid]]\nblock_size = [8, 16, 32, 64]\npreemption = [\"recompute\", \"swap\"]\n")
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "study", str(spec), "-o", str(tmp_path / "out"),
+                             "--workers", "2", "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        workers: list[int] = []
+        while time.time() < deadline and proc.poll() is None:
+            workers = [p for p in _children(proc.pid)
+                       if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            if len(workers) == 2:
+                break
+            time.sleep(0.1)
+        assert workers, "no worker seen"
+        time.sleep(1.0)
+        os.kill(workers[0], 9)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
+    (line,) = [line for line in err.splitlines() if "error" in line]
+    assert line.startswith("pagesim study: error: a worker process died"), err

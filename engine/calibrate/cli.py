@@ -83,12 +83,14 @@ def run(args: argparse.Namespace) -> int:
         profile = calibrate(config, out=out, device=device, dtype=dtype, backend=backend, threads=threads,
                             warmup=warmup, repeats=repeats, quick=args.quick, force=args.force,
                             on_point=(lambda _: bar.update()) if bar is not None else None, on_table=on_table)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # (SIGTERM too)
+        from engine.cli import interrupted_status, interruption
+
         if bar is not None:
             bar.close()
-        print(f"pagesim calibrate: interrupted; the tables finished so far are in {out}: run the same command to "
-              f"resume", file=sys.stderr)
-        return 130
+        print(f"pagesim calibrate: {interruption(exc)}; the tables finished so far are in {out}: run the same command "
+              f"to resume", file=sys.stderr)
+        return interrupted_status(exc)
     finally:
         if bar is not None:
             bar.close()

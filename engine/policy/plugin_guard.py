@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import os
 import reprlib
 import sys
@@ -83,7 +84,7 @@ def _check_popped_many(policy, result, args, kwargs) -> str | None:
         return f"returned {excerpt(result)}; expected a list of at most {count} block ids"
     if len(result) > count:
         return f"returned {len(result)} blocks; {count} were asked for"
-    if len(set(result)) != len(result):
+    if len(set(map(_hashable, result))) != len(result):
         return f"returned a block twice: {excerpt(result)}"
     for block_id in result:
         problem = _not_evictable(policy.stats, block_id)
@@ -92,9 +93,17 @@ def _check_popped_many(policy, result, args, kwargs) -> str | None:
     return None
 
 
+def _hashable(value):
+    return value if isinstance(value, (int, str, float, bytes, type(None))) else id(value)
+
+
 def _not_evictable(stats, block_id) -> str | None:
     """What is wrong with ``block_id`` as an eviction victim of the pool behind ``stats``."""
-    if isinstance(block_id, bool) or not isinstance(block_id, int):
+    try:
+        if isinstance(block_id, bool):
+            raise TypeError
+        block_id = operator.index(block_id)  # any integer (a NumPy one too)
+    except TypeError:
         return f"returned {excerpt(block_id)}; expected the id (an int) of a block it holds, or None when it holds none"
     first, num_blocks = getattr(stats, "first_block_id", 0), getattr(stats, "num_blocks", None)
     if num_blocks is not None and not first <= block_id < num_blocks:
@@ -166,8 +175,13 @@ def guard(cls: type, spec: str, kind: str) -> None:
     own = [c for c in cls.__mro__ if _is_users(c)]
     g = Guard(spec, kind, _source_files(own, spec))
     checks = CHECKS[kind]
+    # The methods pagesim calls: the checked ones, and any of the user's that overrides one of
+    # pagesim's. The user's own helpers are not wrapped: an exception one raises for its caller to
+    # catch must stay what it is (one that escapes is attributed by the method pagesim called).
+    ours = [c for c in cls.__mro__ if c not in own]
     names = dict.fromkeys(name for c in own for name, value in vars(c).items()
-                          if inspect.isfunction(value) and (not name.startswith("__") or name in CALLED_DUNDERS))
+                          if inspect.isfunction(value) and (not name.startswith("__") or name in CALLED_DUNDERS)
+                          and any(name in vars(c) for c in ours))
     if kind != "scheduler":
         names.update(dict.fromkeys(checks))
     for name in names:
@@ -191,7 +205,10 @@ def _wrap(function: Callable, g: Guard, method: str, check: Check | None) -> Cal
                 raise
             raise g.raised(method, exc) from exc
         if check is not None:
-            problem = check(self, result, args, kwargs)
+            try:
+                problem = check(self, result, args, kwargs)
+            except Exception:  # noqa: BLE001 - a value too odd to check (a list in a list, ...) is wrong too
+                problem = f"returned {excerpt(result)}, which is not what pagesim expects"
             if problem is not None:
                 raise PluginError(f"plugin {g.spec!r}: {method}() {problem}")
         return result

@@ -132,7 +132,7 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
     served = [copy.deepcopy(r) for r in requests]  # the originals stay unscheduled for the reference
     progress = _progress(len(served), "serving", args.no_progress)
     started = time.perf_counter()
-    interrupted = False
+    interrupted: KeyboardInterrupt | None = None
     try:
         if offline:
             engine.run_lockstep(served, on_finish=progress.update if progress else None)
@@ -145,9 +145,11 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
         hint = ("more --swap-space, or --preemption recompute, lets it go on" if isinstance(exc, SwapSpaceExhausted)
                 else "the error says which preemption mode lets it go on")
         raise ValueError(f"the run stopped where vLLM 0.6.3 aborts: {exc} ({hint})") from None
-    except KeyboardInterrupt:  # keep what finished: summary and --out of the requests completed so far
-        interrupted = True
-        print("pagesim run: interrupted; reporting the requests completed so far", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # (SIGTERM too) keep what finished: summary and --out so far
+        from engine.cli import interruption
+
+        interrupted = exc
+        print(f"pagesim run: {interruption(exc)}; reporting the requests completed so far", file=sys.stderr)
     finally:
         if progress:
             progress.close()
@@ -158,7 +160,7 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
               f"{rejected[0].reject_reason}", file=sys.stderr)
     report = None
     reference_wall_s = None
-    if args.check_reference and not interrupted:
+    if args.check_reference and interrupted is None:
         outputs = {rid: r.outputs for rid, r in engine.records.items() if r.status == "completed"}
         progress = _progress(len(outputs), "reference", args.no_progress)
         t0 = time.perf_counter()
@@ -171,7 +173,7 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
     summary = summarize(engine, wall_s, report, reference_wall_s, args, offline,
                         slo=summary_slo(args.bench, None, None), percentiles=args.bench.summary_percentiles,
                         max_concurrency=args.bench.max_concurrency)
-    summary["interrupted"] = interrupted
+    summary["interrupted"] = interrupted is not None
     if args.bench.save_result:
         from engine.runtime.run_output import save_bench_result
 
@@ -184,8 +186,10 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
         print(json.dumps(summary, sort_keys=True))
     else:
         print_summary(summary)
-    if interrupted:
-        return 130
+    if interrupted is not None:
+        from engine.cli import interrupted_status
+
+        return interrupted_status(interrupted)
     return 0 if report is None or report.match else 1
 
 
