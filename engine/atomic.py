@@ -10,7 +10,7 @@
   ``DIR`` that is a mount point (a container's volume) cannot be renamed: the files are staged in
   ``DIR/.partial-<pid>`` and renamed in one by one, each whole. The staging place is made and
   removed once before the work, so a folder that cannot be written is refused before, not after.
-- ``staged_files``: several files written together (a report's PDF and HTML): each to ``NAME.tmp``
+- ``staged_files``: several files written together (a report's PDF and HTML): each to ``NAME.PID.tmp``
   beside it, all renamed once every one is complete, none left behind on failure.
 - ``writing(path)``: an error while writing ``path`` as one ``OSError`` naming it, including a full
   disk met inside a compressed stream (matplotlib's PDF writer then fails again on closing, with a
@@ -195,15 +195,17 @@ def _fsync_path(path: Path) -> None:
 
 @contextlib.contextmanager
 def staged_files(paths: list[Path]) -> Iterator[dict[Path, Path]]:
-    """Temporary names (``NAME.tmp`` beside each of ``paths``) to write in the block; after a clean
+    """Temporary names (``NAME.PID.tmp`` beside each of ``paths``) to write in the block; after a clean
     exit each is flushed to disk and renamed onto its path, after an error none is left behind."""
-    if len(set(paths)) < len(paths):
-        raise ValueError(f"{next(p for p in paths if paths.count(p) > 1)}: the same file given twice")
+    real = [os.path.realpath(p) for p in paths]
+    if len(set(real)) < len(real):
+        raise ValueError(f"{next(p for p, r in zip(paths, real) if real.count(r) > 1)}: the same file given twice")
     for path in paths:
         if path.is_dir():
             raise ValueError(f"{path}: is a folder; give a file name")
         path.parent.mkdir(parents=True, exist_ok=True)
-    tmps = {path: path.with_name(path.name + ".tmp") for path in paths}
+    # (the pid in the name: two commands writing the same report at once do not share a file)
+    tmps = {path: path.with_name(f"{path.name}.{os.getpid()}.tmp") for path in paths}
     try:
         yield tmps
         for path, tmp in tmps.items():

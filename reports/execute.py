@@ -27,6 +27,7 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -41,6 +42,7 @@ from engine.atomic import staged_files, writing
 from reports.runner import run_one
 from reports.spec import RunConfig, StudySpec, run_id
 from reports.store import ResultsStore
+from traces.source import show_as_lines
 
 EXECUTORS = ("local", "ray")
 
@@ -101,6 +103,7 @@ def _worker_start(parent_pid: int) -> None:
     is how the pool is stopped.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    show_as_lines("study")  # a trace's repairs as one line each (a spawned worker has not inherited the hook)
     _kill_me_with_parent()
     if os.getppid() != parent_pid:  # the study died before this worker got here
         os._exit(1)
@@ -185,7 +188,7 @@ def _exclusive(out: Path):
             raise ValueError(_held_message(out, fh)) from None
         fh.seek(0)
         fh.truncate()
-        fh.write(f"{os.getpid()}\n")
+        fh.write(f"{os.getpid()} {socket.gethostname()}\n")
         fh.flush()
         yield
 
@@ -193,10 +196,13 @@ def _exclusive(out: Path):
 def _held_message(out: Path, fh) -> str:
     """Who holds ``out``'s lock, as far as the lock file and ``/proc`` tell."""
     fh.seek(0)
-    text = fh.read(32).strip()
-    pid = int(text) if text.isdigit() else None
+    words = fh.read(300).split()
+    pid = int(words[0]) if words and words[0].isdigit() else None
+    host = words[1] if len(words) > 1 else None
     if pid is None:
         return f"another pagesim study is writing {out}; wait for it, or use another folder"
+    if host is not None and host != socket.gethostname():  # (another machine sharing the folder: its pids are not ours)
+        return f"another pagesim study (pid {pid} on {host}) is writing {out}; wait for it, or use another folder"
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -12,12 +12,14 @@ record as ``reports.runner.run_one`` writes it (an id, a config whose ``run_id``
 status of "ok" with a summary or "error" with the error). A line that fails is never fatal: its run
 counts as not run (so the study runs it again) and a ``ResultsWarning`` says which line and why.
 Loading to append (``repair``) also sets it aside: it is appended to ``results.rejected.jsonl``
-with its line number and problem, then ``results.jsonl`` is rewritten without it (temporary file,
+with its line number, its problem and the line whole (``text``, or ``bytes_base64`` when it is
+not UTF-8), then ``results.jsonl`` is rewritten without it (temporary file,
 flushed, renamed), so the next load is clean. Loading to read (a report) writes nothing.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import math
@@ -31,7 +33,6 @@ from engine.atomic import writing
 from reports.spec import run_id
 
 STATUSES = ("ok", "error")
-MAX_KEPT_CHARS = 65_536  # of a rejected line's text in results.rejected.jsonl (a run record is ~30 KB)
 SHOWN = 3  # rejected lines a warning names
 
 
@@ -124,10 +125,11 @@ class ResultsStore:
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         entries = []
         for line_no, line, why in rejected:
-            text = line.decode("utf-8", errors="backslashreplace")
-            entry = {"line": line_no, "problem": why, "set_aside_at": now, "text": text[:MAX_KEPT_CHARS]}
-            if len(text) > MAX_KEPT_CHARS:
-                entry["clipped_from_chars"] = len(text)
+            entry = {"line": line_no, "problem": why, "set_aside_at": now}
+            try:  # the line whole (it leaves results.jsonl): as text, or its bytes when it is not UTF-8
+                entry["text"] = line.decode("utf-8")
+            except UnicodeDecodeError:
+                entry["bytes_base64"] = base64.b64encode(line).decode("ascii")
             entries.append(json.dumps(entry, sort_keys=True) + "\n")
         with self.rejected_path.open("a", encoding="utf-8") as fh:
             fh.write("".join(entries))

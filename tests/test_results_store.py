@@ -4,6 +4,7 @@ with its line number, its run counts as not run, and a write that fails leaves n
 from __future__ import annotations
 
 import errno
+import base64
 import json
 import os
 import warnings
@@ -99,7 +100,7 @@ def test_a_bad_middle_line_is_set_aside_and_the_rest_kept(tmp_path, name):
     assert store.path.read_bytes() == line(a) + line(c)  # rewritten clean (the torn tail dropped too)
     [aside] = [json.loads(x) for x in store.rejected_path.read_text().splitlines()]
     assert aside["line"] == 2 and BAD_LINES[name][1] in aside["problem"]
-    assert aside["text"].encode("utf-8", "backslashreplace").startswith(BAD_LINES[name][0][:3])
+    assert aside["text"].encode("utf-8") == BAD_LINES[name][0]  # the line whole
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the next load is clean: no warning
         assert list(store.load()) == [a["id"], c["id"]]
@@ -120,13 +121,17 @@ def test_reading_without_repair_skips_and_writes_nothing(tmp_path):
     assert store.path.read_bytes() == data and not store.rejected_path.exists()
 
 
-def test_a_long_rejected_line_is_clipped_in_the_rejected_file(tmp_path):
+def test_a_rejected_line_is_kept_whole_as_text_or_bytes(tmp_path):
+    """It leaves results.jsonl, so results.rejected.jsonl holds all of it: a long line as text, a
+    line that is not UTF-8 as its bytes."""
     store = ResultsStore(tmp_path / "results.jsonl")
-    store.path.write_bytes(b"x" * 200_000 + b"\n")
+    binary = b"\xff\xfe" + bytes(range(256))
+    store.path.write_bytes(b"x" * 200_000 + b"\n" + binary.replace(b"\n", b"") + b"\n")
     with pytest.warns(ResultsWarning):
         assert store.load() == {}
-    aside = json.loads(store.rejected_path.read_text())
-    assert len(aside["text"]) == 65_536 and aside["clipped_from_chars"] == 200_000
+    long, odd = [json.loads(x) for x in store.rejected_path.read_text().splitlines()]
+    assert long["text"] == "x" * 200_000 and long["line"] == 1
+    assert base64.b64decode(odd["bytes_base64"]) == binary.replace(b"\n", b"") and odd["line"] == 2
 
 
 def test_a_fifo_or_device_is_refused_at_once(tmp_path):

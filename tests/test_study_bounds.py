@@ -5,6 +5,7 @@ run is enumerated, and the folder's lock names its holder."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -99,13 +100,13 @@ def test_a_second_study_on_a_folder_is_told_the_holders_pid(tmp_path):
     out = tmp_path / "study"
     out.mkdir()
     with _exclusive(out):
-        assert (out / ".lock").read_text().strip() == str(os.getpid())
+        assert (out / ".lock").read_text().split() == [str(os.getpid()), socket.gethostname()]
         script = ("import sys; from pathlib import Path; from reports.execute import _exclusive\n"
                   "try:\n    _exclusive(Path(sys.argv[1])).__enter__()\nexcept ValueError as e:\n    print(e)\n")
         held = subprocess.run([sys.executable, "-c", script, str(out)], cwd=ROOT, capture_output=True, text=True,
                               timeout=60)
         assert f"another pagesim study (pid {os.getpid()}) is writing {out}" in held.stdout, held
-        assert (out / ".lock").read_text().strip() == str(os.getpid())  # the refused study blanked nothing
+        assert (out / ".lock").read_text().split()[0] == str(os.getpid())  # the refused study blanked nothing
     with _exclusive(out):  # released with its holder
         pass
 

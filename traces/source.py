@@ -88,21 +88,27 @@ def add_source_args(parser: argparse.ArgumentParser, *, trace_positional: bool =
 def reported_warnings(command: str, *, strict: bool = False, category: type[Warning] = TraceWarning):
     """Show warnings of ``category`` (a trace's repairs by default; a study's set-aside results
     with ``reports.store.ResultsWarning``) as one stderr line each, or raise them with ``strict``."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # (which puts the previous hook back on leaving)
         warnings.simplefilter("error" if strict else "always", category)
-        shown_before = warnings.showwarning
-
-        def show(message, shown, filename, lineno, file=None, line=None):
-            if issubclass(shown, category):
-                print(f"pagesim {command}: warning: {message}", file=sys.stderr)
-            else:  # not ours: the usual format, with its origin
-                shown_before(message, shown, filename, lineno, file, line)
-
-        warnings.showwarning = show
+        show_as_lines(command, category)
         try:
             yield
         except category as exc:
             raise ValueError(f"{exc} (--strict)") from None
+
+
+def show_as_lines(command: str, category: type[Warning] = TraceWarning) -> None:
+    """From now on, show warnings of ``category`` as one stderr line each, ``pagesim CMD:
+    warning: ...``; others keep the usual format, with their origin."""
+    shown_before = warnings.showwarning
+
+    def show(message, shown, filename, lineno, file=None, line=None):
+        if issubclass(shown, category):
+            print(f"pagesim {command}: warning: {message}", file=sys.stderr)
+        else:
+            shown_before(message, shown, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def has_source(args: argparse.Namespace) -> bool:
