@@ -560,5 +560,10 @@ def test_bad_input_is_refused_in_one_line(case, shared, tmp_path):
             f"{word!r} not in the error:\n" + outcome.describe()
     if case.says_it_is_missing:
         assert not case.says_it_is_missing.search(said), "the error says the file is missing:\n" + outcome.describe()
+    if "PAGESIM_BAD_INPUTS_LOG" in os.environ:  # a table of what each case printed, for a review
+        with open(os.environ["PAGESIM_BAD_INPUTS_LOG"], "a", encoding="utf-8") as log:
+            log.write(json.dumps({"id": case.id, "what": case.what, "exit": outcome.returncode,
+                                  "wall_s": round(outcome.wall_s, 2), "peak_mib": round(outcome.max_rss_bytes / 2**20),
+                                  "error": message}) + "\n")
     assert outcome.wall_s <= case.limit_s, f"over {case.limit_s:.0f} s:\n" + outcome.describe()
     assert outcome.max_rss_bytes <= MAX_RSS_BYTES, "peak memory over 500 MiB:\n" + outcome.describe()
