@@ -29,7 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import writing
+from engine.atomic import staged_files, writing
+from engine.files import open_regular
 from reports.spec import run_id
 
 STATUSES = ("ok", "error")
@@ -55,9 +56,8 @@ class ResultsStore:
         reading a study, perhaps a running one) nothing is written."""
         if not os.path.lexists(self.path):
             return {}
-        if not self.path.is_file():  # a FIFO would block, /dev/zero never end
-            raise ValueError(f"{self.path}: not a regular file; a study's results.jsonl is one")
-        data = self.path.read_bytes()
+        with open_regular(self.path, what="study's results file") as fh:  # (a FIFO would block, /dev/zero never end)
+            data = fh.read()
         records: dict[str, dict[str, Any]] = {}
         kept: list[tuple[int, int]] = []  # where the valid lines are (start, end past the newline)
         rejected: list[tuple[int, bytes, str]] = []  # (line number, line, problem)
@@ -138,20 +138,8 @@ class ResultsStore:
 
     def _rewrite(self, data: bytes) -> None:
         """``results.jsonl`` replaced by ``data`` in one step: written beside it, flushed, renamed."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            with tmp.open("wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with staged_files([self.path]) as staged:
+            staged[self.path].write_bytes(data)
 
 
 def parse_record(line: bytes) -> tuple[dict[str, Any] | None, str | None]:

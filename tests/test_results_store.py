@@ -137,11 +137,11 @@ def test_a_rejected_line_is_kept_whole_as_text_or_bytes(tmp_path):
 def test_a_fifo_or_device_is_refused_at_once(tmp_path):
     fifo = tmp_path / "results.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(ValueError, match=r"results\.jsonl: not a regular file"):
+    with pytest.raises(ValueError, match=r"results\.jsonl: is a FIFO \(named pipe\), not a regular file"):
         ResultsStore(fifo).load(repair=False)
     fifo.unlink()
     fifo.symlink_to("/dev/zero")
-    with pytest.raises(ValueError, match="not a regular file"):
+    with pytest.raises(ValueError, match=r"results\.jsonl: is a device, not a regular file"):
         ResultsStore(fifo).load()
 
 
