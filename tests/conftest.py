@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -48,3 +49,16 @@ ORACLE_CASES = sorted((SHARED / "oracle").glob("*/case_*.spec.json")) if (SHARED
 def golden_log(spec_path: Path) -> Path:
     """The vLLM decision log beside an oracle spec (``case_NNN.log.jsonl``)."""
     return spec_path.with_name(spec_path.name.replace(".spec.json", ".log.jsonl"))
+
+
+@pytest.fixture
+def plugin_registries():
+    """The plug-in registries (victim, eviction, preemption, scheduler) as the test found them,
+    put back after it: a plug-in a test loads does not outlive the test."""
+    from engine.policy.user_plugins import KINDS
+
+    saved = {kind: dict(k.registry) for kind, k in KINDS.items()}
+    yield
+    for kind, k in KINDS.items():
+        k.registry.clear()
+        k.registry.update(saved[kind])

@@ -153,14 +153,7 @@ class Aborts(Scheduler):
 """
 
 
-@pytest.fixture(autouse=True)
-def registries():
-    """Each test starts from the built-in registries and leaves them so."""
-    saved = {kind: dict(k.registry) for kind, k in KINDS.items()}
-    yield
-    for kind, k in KINDS.items():
-        k.registry.clear()
-        k.registry.update(saved[kind])
+pytestmark = pytest.mark.usefixtures("plugin_registries")  # (conftest: each test starts from the built-ins)
 
 
 def write(tmp_path: Path, text: str, name: str) -> Path:

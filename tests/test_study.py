@@ -15,6 +15,7 @@ import pytest
 from reports.execute import run_study
 from reports.spec import SpecError, parse_spec, run_id
 from reports.store import ResultsStore
+from tests.processes import still_running
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -220,20 +221,6 @@ def test_study_off_a_terminal_prints_a_line_per_run_and_the_findings(tmp_path):
     assert quiet.returncode == 0 and "[1/2]" not in quiet.stderr and "2 from before" in quiet.stdout
 
 
-def _running(pids: list[str]) -> list[str]:
-    """``pids`` that still run: a zombie (state Z) has exited and holds nothing; it waits for init
-    to reap it (the spawn start method's resource tracker exits with the study, as such a zombie)."""
-    running = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if state != "Z":
-            running.append(pid)
-    return running
-
-
 def test_ctrl_c_on_a_process_pool_keeps_finished_runs_and_leaves_no_worker(tmp_path):
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(SMALL.replace("num_requests = 30", "num_requests = 60"))
@@ -255,7 +242,7 @@ def test_ctrl_c_on_a_process_pool_keeps_finished_runs_and_leaves_no_worker(tmp_p
     assert proc.returncode == 130 and "interrupted:" in err and "the same command resumes" in err, err[-2000:]
     assert "Traceback" not in err
     time.sleep(0.5)
-    leftover = _running(subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split())
+    leftover = still_running({}, proc.pid)  # live members of its group (the resource tracker exits as a zombie)
     assert not leftover, f"workers left running: {leftover}"
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -15,6 +15,7 @@ import pytest
 
 from engine.cli import main
 from reports.spec import MAX_RUNS, SpecError, parse_spec
+from tests.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = """
@@ -119,13 +120,6 @@ def test_a_non_finite_setting_is_refused():
             parse_spec(SOURCE.replace("[base]\n", text, 1).replace("kv_cache_gb = 1.0\n", "", 1))
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        found += [int(p) for p in (task / "children").read_text().split()]
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the workers through /proc")
 def test_a_worker_killed_under_the_study_is_one_line(tmp_path):
     """The OOM killer taking a worker: one error line (exit 2), the finished runs kept, no traceback."""
@@ -139,7 +133,7 @@ def test_a_worker_killed_under_the_study_is_one_line(tmp_path):
         deadline = time.time() + 60
         workers: list[int] = []
         while time.time() < deadline and proc.poll() is None:
-            workers = [p for p in _children(proc.pid)
+            workers = [p for p in descendants(proc.pid)
                        if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
             if len(workers) == 2:
                 break

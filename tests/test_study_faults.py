@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.bad_inputs_harness import ENV, PAGESIM
+from tests.processes import assert_none_left, descendants
 
 pytestmark = pytest.mark.slow  # about a minute on two cores: studies of a few seconds, killed and resumed
 
@@ -90,58 +91,6 @@ def records(results: Path, *, torn_end_ok: bool = False) -> list[dict]:
 
 def run_ids(out: Path) -> list[str]:
     return json.loads((out / "study.json").read_text())["run_ids"]
-
-
-# ----------------------------------------------------------------------------- processes, by /proc
-def _stat(pid: int) -> list[str] | None:
-    """``/proc/PID/stat`` after the command name: [state, ppid, pgrp, ..., starttime at 19, ...]."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """Every process below ``pid`` now, with its start time (so a reused pid is not mistaken for it)."""
-    found: dict[int, str] = {}
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            for child in children:
-                stat = _stat(child)
-                if stat is not None and child not in found:
-                    found[child] = stat[19]
-                    todo.append(child)
-    return found
-
-
-def still_running(processes: dict[int, str], pgid: int) -> list[str]:
-    """Those of ``processes`` alive (not zombies), and any live member of process group ``pgid``."""
-    alive = []
-    for pid in [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]:
-        stat = _stat(pid)
-        if stat is None or stat[0] in "ZX":
-            continue
-        if (pid in processes and stat[19] == processes[pid]) or int(stat[2]) == pgid:
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-            except OSError:
-                cmdline = "?"
-            alive.append(f"{pid}: {cmdline}")
-    return alive
-
-
-def assert_none_left(processes: dict[int, str], pgid: int, within_s: float = 5.0) -> None:
-    deadline = time.monotonic() + within_s
-    while (left := still_running(processes, pgid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"left running {within_s:.0f} s after the study ended: {left}"
 
 
 def _cleanup(proc: subprocess.Popen) -> None:
