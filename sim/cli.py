@@ -78,6 +78,12 @@ def add_parser(subparsers) -> None:
                    help="roofline parameter override, e.g. cpu_step_s=0.004 (repeatable)")
     o.add_argument("--profile", metavar="FILE", help="calibration profile (pagesim calibrate): step times measured on "
                    "the real kernels instead of the roofline model")
+    o.add_argument("--check-profile", action="store_true",
+                   help="re-time the profile's probe on this machine first and warn (--strict: stop) when the "
+                        "profile no longer describes it (needs the profile's device here)")
+    o.add_argument("--profile-tolerance", type=float, metavar="F",
+                   help="with --check-profile: how far the probe points, re-timed, may be from the profile's tables "
+                        "either way (default 0.2)")
     c = p.add_argument_group("cluster")
     c.add_argument("--replicas", type=int, default=1, metavar="N",
                    help="replicas behind a router, each with --tp GPUs and its own KV cache (default 1)")
@@ -144,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     folder = OutputFolder(args.out, OUT_FILES) if args.out else None  # a bad --out is refused before any work
     with reported_warnings("simulate", strict=args.strict):
         trace = trace_from_args(args)
+    _check_profile(args)
     # the files are built in a partial folder beside --out and renamed into place once all are written
     with folder if folder is not None else contextlib.nullcontext() as staging:
         cluster, result, info, wall_s = _simulate(args, bench, trace, router, staging)
@@ -163,6 +170,35 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {folder.target}/: summary.json run_info.json requests.csv steps.csv {logs_written} "
                   "timeline.json")
     return 0
+
+
+def _check_profile(args: argparse.Namespace) -> None:
+    """With ``--profile``: warn when it was measured on a busy machine; with ``--check-profile``
+    also re-time its probe and compare its fingerprint (``engine.calibrate.probe``)."""
+    if args.profile is None:
+        if args.check_profile or args.profile_tolerance is not None:
+            raise ValueError("--check-profile and --profile-tolerance check a calibration profile: give --profile FILE")
+        return
+    from engine.calibrate.probe import TOLERANCE, busy_warning
+    from sim.cost.profile import load_profile
+
+    if args.profile_tolerance is not None and not args.check_profile:
+        raise ValueError("--profile-tolerance applies with --check-profile")
+    tolerance = TOLERANCE if args.profile_tolerance is None else args.profile_tolerance
+    if not 0 < tolerance < 10:
+        raise ValueError(f"--profile-tolerance must be in (0, 10), got {args.profile_tolerance}")
+    profile = load_profile(args.profile)
+    if args.check_profile:
+        from engine.calibrate.probe import check_profile
+
+        print("pagesim simulate: re-timing the profile's probe", file=sys.stderr, flush=True)
+        warnings = check_profile(profile, tolerance=tolerance).warnings
+    else:
+        warnings = [w for w in [busy_warning(profile)] if w]
+    for warning in warnings:
+        print(f"pagesim simulate: warning: {warning}", file=sys.stderr)
+    if warnings and args.strict:
+        raise ValueError(f"{args.profile} does not hold ({len(warnings)} warning(s) above) (--strict)")
 
 
 def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):

@@ -5,6 +5,10 @@ Resuming: when ``out`` already holds a profile made with the same settings (mode
 dtype, device, backend, threads, warm-up, repeats and grids), its finished tables are kept and
 only the rest are measured; a profile made with other settings is never overwritten unless
 ``force`` is given. Each grid point keeps every sample, its median and its interquartile range.
+
+Every profile also records the load the machine was under while it was measured and, once all
+tables are done, its probe: a few of its own grid points re-timed, so that a later run can tell
+whether the profile still describes the machine (``engine.calibrate.probe``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import datetime
 import gc
 import platform
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +25,7 @@ import torch
 
 from engine.calibrate.grids import grids as default_grids
 from engine.calibrate.measure import Bench
+from engine.calibrate.probe import LoadMonitor, probe_points, run_probe
 from engine.model.config import LlamaConfig
 from engine.model.weights import dtype_name
 from sim.cost.profile import TABLES, Profile, ProfileError, Table, grid_points, load_profile, save_profile
@@ -84,23 +90,29 @@ def calibrate(config: LlamaConfig, *, out: Path, device: torch.device, dtype: to
                 "timed_layers": 1, "grids": {name: grid[name] for name in TABLES}}
     shapes = model_shapes(config, dtype)
     device_desc = device_info(device, threads)
-    done = _resumable(out, shapes, device_desc, settings, force)
+    done, earlier = _resumable(out, shapes, device_desc, settings, force)
+    monitor = LoadMonitor(device.type, threads, earlier=earlier)
     gc.collect()
     gc.freeze()  # as validate's timed runs: no scans of long-lived objects inside a measurement
     try:
         done = _measure(config, grid, done, out, device_desc, shapes, settings, dtype=dtype, device=device,
                         backend=backend, warmup=warmup, repeats=repeats, seed=seed, on_point=on_point,
-                        on_table=on_table)
+                        on_table=on_table, monitor=monitor)
+        stamp = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        profile = Profile(device_desc, {**versions(), **stamp}, shapes, settings, dict(done), complete=True,
+                          path=str(out))
+        if on_table is not None:
+            on_table("probe", len(probe_points(profile)))
+        probe = run_probe(config, probe_points(profile), device=device, dtype=dtype, backend=backend, seed=seed)
     finally:
         gc.unfreeze()
-    stamp = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    profile = Profile(device_desc, {**versions(), **stamp}, shapes, settings, dict(done), complete=True, path=str(out))
+    profile = replace(profile, conditions=monitor.conditions(), probe=probe)
     save_profile(profile, out)
     return profile
 
 
 def _measure(config, grid, done, out, device_desc, shapes, settings, *, dtype, device, backend, warmup, repeats, seed,
-             on_point, on_table) -> dict[str, Table]:
+             on_point, on_table, monitor: LoadMonitor) -> dict[str, Table]:
     bench = None
     for name in TABLES:
         if name in done:
@@ -122,14 +134,18 @@ def _measure(config, grid, done, out, device_desc, shapes, settings, *, dtype, d
             if on_point is not None:
                 on_point(name)
         done[name] = Table(name, TABLES[name][0], axes, tuple(medians), tuple(spreads), tuple(samples), TABLES[name][1])
-        save_profile(Profile(device_desc, versions(), shapes, settings, dict(done), complete=False, path=str(out)), out)
+        monitor.sample()
+        save_profile(Profile(device_desc, versions(), shapes, settings, dict(done), complete=False, path=str(out),
+                             conditions=monitor.conditions()), out)
     return done
 
 
-def _resumable(out: Path, shapes: dict, device_desc: dict, settings: dict, force: bool) -> dict[str, Table]:
-    """The tables of ``out`` that this run can keep (none if it has no profile there)."""
+def _resumable(out: Path, shapes: dict, device_desc: dict, settings: dict,
+               force: bool) -> tuple[dict[str, Table], dict | None]:
+    """The tables of ``out`` that this run can keep (none if it has no profile there), and the
+    load conditions they were measured under."""
     if force or not out.exists():
-        return {}
+        return {}, None
     try:
         old = load_profile(out, require_complete=False)
     except ProfileError as exc:
@@ -147,4 +163,4 @@ def _resumable(out: Path, shapes: dict, device_desc: dict, settings: dict, force
     if differ:
         raise SettingsMismatch(f"{out} holds a profile made with other settings ({', '.join(differ[:4])} differ); "
                                f"--force overwrites it, or give another --out")
-    return keep
+    return keep, old.conditions if keep else None

@@ -4,7 +4,10 @@ At the shapes of ``--model`` (random weights; one layer timed, the cost model sc
 count) and the dtype and attention backend the engine would use there. On CPU the run is pinned
 to ``--threads`` intra-op threads (default 1: steadier on a shared machine), which is recorded in
 the profile; ``pagesim validate`` runs the engine with the same count. Progress goes to stderr;
-the profile is rewritten after every table, and running the same command again resumes it.
+the profile is rewritten after every table, and running the same command again resumes it. The
+profile records the machine's load while it was measured (with a warning when it was busy) and
+ends with a probe, a few of its grid points re-timed, which ``pagesim validate`` and ``pagesim
+simulate --check-profile`` re-time to tell whether it still describes the machine.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from engine.calibrate.calibrate import calibrate
+    from engine.calibrate.probe import busy_words
     from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
     from engine.runtime.cli import device_for, dtype_for
     from kernels.ops import resolve_backend
@@ -96,7 +100,13 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     wall = time.perf_counter() - started
     print(f"wrote {out}: {len(profile.tables)} tables for {profile.describe()}, "
-          f"{sum(len(t.median_s) for t in profile.tables.values())} grid points, in {wall:.1f} s")
+          f"{sum(len(t.median_s) for t in profile.tables.values())} grid points, in {wall:.1f} s; probe "
+          f"{len(profile.probe['points'])} points, {profile.probe['total_s'] * 1e3:.3g} ms")
+    busy = busy_words(profile.conditions)
+    if busy:
+        print(f"pagesim calibrate: warning: the machine was busy while calibrating ({busy}): the timings may be "
+              f"inflated; calibrate again on a quiet machine (pagesim validate and simulate --check-profile will "
+              f"say so too)", file=sys.stderr)
     return 0
 
 

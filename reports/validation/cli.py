@@ -39,6 +39,9 @@ def add_parser(subparsers) -> None:
                    help=f"CPU swap blocks (default {DEFAULT_CPU_BLOCKS})")
     add_policy_args(p)
     o = p.add_argument_group("output")
+    g.add_argument("--profile-tolerance", type=float, default=None, metavar="F",
+                   help="how far the profile's probe points, re-timed here, may be from the profile's tables either "
+                        "way before validate warns (default 0.2: 0.83x to 1.2x); --strict makes it an error")
     o.add_argument("--noise-runs", type=int, default=1, metavar="K",
                    help="replay the engine's run step for step, and run it K more times, to measure how far the "
                         "engine is from itself (default 1; 0 skips both)")
@@ -104,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                                **scheduler_kv_settings(config), **overrides)
     if device.type == "cpu":
         torch.set_num_threads(int(profile.settings.get("threads") or 1))
+    check = _check_profile(profile, args)
     model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
     cost_model = CalibratedCostModel(profile)
     cost_model.check_model(config.preset)
@@ -115,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
                       backend=str(profile.settings.get("backend", "auto")), seed=args.seed,
                       noise_runs=args.noise_runs, check_reference=not args.no_reference, log=log)
     report = {"workload": trace.source, "model": config.name, "profile": str(args.profile),
-              "profile_measured": profile.describe(), "block_size": sched_config.block_size,
+              "profile_measured": profile.describe(), "profile_check": check.to_dict(),
+              "block_size": sched_config.block_size,
               "num_gpu_blocks": sched_config.num_gpu_blocks, **result.report}
     if out is not None:
         _write_out(out, report, result, profile)
@@ -127,6 +132,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {out}/: validation.json steps.csv validation.pdf")
     ok = report["decision_logs_identical"] and report["outputs_match_reference"] is not False
     return 0 if ok else 1
+
+
+def _check_profile(profile, args: argparse.Namespace):
+    """Re-time the profile's probe and compare its fingerprint and load (``engine.calibrate.probe``):
+    each finding is a warning, or with ``--strict`` an error before the runs."""
+    from engine.calibrate.probe import TOLERANCE, check_profile
+
+    tolerance = TOLERANCE if args.profile_tolerance is None else args.profile_tolerance
+    if not 0 < tolerance < 10:
+        raise ValueError(f"--profile-tolerance must be in (0, 10), got {args.profile_tolerance}")
+    print("pagesim validate: re-timing the profile's probe", file=sys.stderr, flush=True)
+    check = check_profile(profile, tolerance=tolerance)
+    for warning in check.warnings:
+        print(f"pagesim validate: warning: {warning}", file=sys.stderr)
+    if args.strict and not check.ok:
+        raise ValueError(f"{args.profile} does not hold on this machine ({len(check.warnings)} warning(s) above) "
+                         f"(--strict)")
+    return check
 
 
 def _write_out(out: Path, report: dict, result, profile) -> None:
@@ -145,6 +168,7 @@ def _write_out(out: Path, report: dict, result, profile) -> None:
     plots.write_pdf(out / "validation.pdf", [
         plots.step_page(result.measured_steps, result.predicted_steps, report["step_time_mape"]),
         plots.latency_page(result.sim.result.requests, result.engine_metrics, report),
+        plots.error_parts_page(report),
         plots.calibration_page(profile),
     ])
 
@@ -165,6 +189,10 @@ def text_summary(r: dict) -> str:
     if noise and noise.get("step_time_mape") is not None:
         lines[-1] += (f"   (engine vs its own replay of the same steps: {noise['step_time_mape']:.2%}; mean step "
                       f"{_pct(r['step_time']['total_error'])} vs {_pct(noise['step_time_total_error'])})")
+    sim_steps = r.get("simulator_step_time") or {}
+    if sim_steps.get("mape") is not None:
+        lines.append(f"    on the simulator's steps  {sim_steps['mape']:.2%}   (mean step {_pct(sim_steps['total_error'])}; "
+                     f"its {sim_steps['steps']} steps as the engine in lockstep timed them)")
     for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "end-to-end")):
         m = r[name]
         line = (f"  {label:<11} mean {_pct(m['mean_error'])}  p50 {_pct(m['p50_error'])}  p99 {_pct(m['p99_error'])}  "
@@ -173,10 +201,28 @@ def text_summary(r: dict) -> str:
             n = noise[name]
             line += f"   (engine vs engine: mean {_pct(n['mean_error'])}, p50 {_pct(n['p50_error'])}, KS {n['ks']})"
         lines.append(line)
+        parts = (r.get("error_parts") or {}).get(name)
+        if parts:
+            lines.append(f"  {'':<11} mean {_pct(parts['mean_error'])} = step time {_pct(parts['step_time'])} + "
+                         f"scheduling {_pct(parts['scheduling'])} + queue wait {_pct(parts['queue_wait'])} + "
+                         f"between steps {_pct(parts['between_steps'])}")
     t = r["throughput"]
     lines.append(f"  throughput  requests/s {_pct(t['throughput_rps_error'])}  tokens/s {_pct(t['throughput_tokens_s_error'])}")
     if r.get("first_difference"):
         d = r["first_difference"]
         lines.append(f"  first difference at step {d['step']}: keys {', '.join(d['differing_keys'])}")
+    if r.get("wall_clock_decisions_identical") is not None:
+        lines.append(f"  the engine's wall-clock run made the simulator's decisions: {r['wall_clock_decisions_identical']} "
+                     f"(step-time error over the steps requests lived through: "
+                     f"{_pct(r.get('step_time_error_over_lifetimes'))})")
+    check = r.get("profile_check")
+    if check:
+        if check.get("probe_ratio") is not None:
+            lines.append(f"  profile probe  the profile's tables {check['probe_profile_s'] * 1e3:.3g} ms, re-timed now "
+                         f"{check['probe_now_s'] * 1e3:.3g} ms ({check['probe_ratio']:.2f}x: "
+                         f"{'within' if check['probe_ok'] else 'NOT within'} {check['tolerance']:.0%}); at the end of "
+                         f"the calibration {check['probe_then_s'] * 1e3:.3g} ms")
+        for warning in check.get("warnings", []):
+            lines.append(f"  warning: {warning}")
     lines.append("  targets: " + ", ".join(f"{k} {'met' if v['met'] else 'NOT met'}" for k, v in r["targets"].items()))
     return "\n".join(lines)

@@ -138,6 +138,8 @@ class Profile:
     tables: dict[str, Table]
     complete: bool = True
     path: str | None = None
+    conditions: dict[str, Any] | None = None  # the load while calibrating (engine.calibrate.probe.LoadMonitor)
+    probe: dict[str, Any] | None = None  # a few grid points re-timed at the end (engine.calibrate.probe)
 
     @property
     def num_layers(self) -> int:
@@ -155,7 +157,9 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "complete": self.complete,
                 "device": self.device, "versions": self.versions, "model": self.model, "settings": self.settings,
-                "tables": {name: t.to_dict() for name, t in self.tables.items()}}
+                "tables": {name: t.to_dict() for name, t in self.tables.items()},
+                **({"conditions": self.conditions} if self.conditions is not None else {}),
+                **({"probe": self.probe} if self.probe is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, path: str | None = None, require_complete: bool = True) -> Profile:
@@ -183,8 +187,36 @@ class Profile:
             raise ProfileError(f"{where}: incomplete ({len(tables)} of {len(TABLES)} tables measured; missing "
                                f"{', '.join(missing) or 'none, but not marked complete'}): run the same pagesim "
                                f"calibrate command again to resume it")
+        conditions = d.get("conditions")
+        if conditions is not None and not isinstance(conditions, Mapping):
+            raise ProfileError(f"{where}: malformed 'conditions'")
         return cls(dict(d["device"]), dict(d["versions"]), dict(d["model"]), dict(d["settings"]), tables,
-                   complete, path)
+                   complete, path, dict(conditions) if conditions is not None else None,
+                   _probe(d.get("probe"), where))
+
+
+def _probe(probe: Any, where: str) -> dict[str, Any] | None:
+    """A profile's probe record, checked: points of known tables at points of their axes' length,
+    with finite medians > 0 summing to ``total_s``."""
+    if probe is None:
+        return None
+    bad = ProfileError(f"{where}: malformed 'probe' (calibrate again to record a new one)")
+    if not isinstance(probe, Mapping) or not isinstance(probe.get("points"), list) or not probe["points"]:
+        raise bad
+    try:
+        points = []
+        for p in probe["points"]:
+            table, point, median = p["table"], [float(x) for x in p["point"]], float(p["median_s"])
+            if table not in TABLES or len(point) != len(TABLES[table][0]) or not math.isfinite(median) or median <= 0 \
+                    or any(not math.isfinite(x) or x < 0 for x in point):
+                raise bad
+            points.append({**p, "point": point, "median_s": median})
+        total = float(probe["total_s"])
+    except (KeyError, TypeError, ValueError):
+        raise bad from None
+    if not math.isfinite(total) or abs(total - sum(p["median_s"] for p in points)) > 1e-9 * max(1.0, total):
+        raise bad
+    return {**probe, "points": points, "total_s": total}
 
 
 MAX_PROFILE_BYTES = 256 * 2**20  # a calibrated profile is well under 1 MiB

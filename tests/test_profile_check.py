@@ -1,0 +1,183 @@
+"""A profile that knows when it no longer describes the machine (``engine.calibrate.probe``):
+the load it was measured under, its probe re-timed, and its fingerprint, in ``validate`` and
+``simulate --check-profile``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.calibrate.probe import BUSY_SHARE, PROBE_TABLES, busy_words
+from sim.cost.profile import ProfileError, load_profile
+
+torch = pytest.importorskip("torch")
+
+from engine.cli import main  # noqa: E402
+from tests.calibration_support import TINY_GRID  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory):
+    from engine.calibrate.calibrate import calibrate
+    from engine.model.config import LlamaConfig
+
+    out = tmp_path_factory.mktemp("probe") / "profile.json"
+    threads = torch.get_num_threads()
+    try:
+        calibrate(LlamaConfig.named("tiny"), out=out, device=torch.device("cpu"), dtype=torch.float64, backend="torch",
+                  threads=1, warmup=1, repeats=3, grid=TINY_GRID)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _edited(profile_path, tmp_path, edit):
+    data = json.loads(profile_path.read_text())
+    edit(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _slower_at_calibration(data, factor=20.0, tables=True):
+    """A profile measured ``factor`` times slower than this machine runs now: its tables (unless
+    not ``tables``) and its probe."""
+    for point in data["probe"]["points"]:
+        point["median_s"] *= factor
+    data["probe"]["total_s"] = sum(p["median_s"] for p in data["probe"]["points"])
+    for table in data["tables"].values() if tables else ():
+        table["median_s"] = [x * factor for x in table["median_s"]]
+        table["samples_s"] = [[x * factor for x in s] for s in table["samples_s"]]
+    data["conditions"].update(load_average_max=0.5, cpus=2, cpu_share=1.0)  # quiet (this test machine may not be)
+
+
+def test_a_profile_records_its_load_and_a_probe_of_its_own_grid_points(profile_path):
+    p = load_profile(profile_path)
+    c = p.conditions
+    assert c["cpus"] >= 1 and 0 < c["cpu_share"] <= 1 and isinstance(c["busy"], bool) and c["wall_s"] > 0
+    assert c["load_average_max"] >= c["load_average_start"] >= 0
+    points = p.probe["points"]
+    assert [q["table"] for q in points] == list(PROBE_TABLES)
+    for q in points:
+        assert tuple(q["point"]) in p.tables[q["table"]].points()  # one of the profile's own grid points
+        assert q["median_s"] > 0
+    assert p.probe["total_s"] == pytest.approx(sum(q["median_s"] for q in points))
+    assert p.probe["repeats"] >= 5 and p.probe["wall_s"] < 30
+
+
+def test_busy_conditions_are_named_in_words():
+    assert busy_words({"cpus": 2, "load_average_max": 1.5, "cpu_share": 0.97}) is None
+    assert busy_words(None) is None
+    words = busy_words({"cpus": 2, "load_average_max": 6.6, "cpu_share": BUSY_SHARE - 0.4})
+    assert "load average up to 6.6 on 2 CPUs" in words and "got 45% of its CPU time" in words
+
+
+def test_the_probe_re_timed_now_flags_a_profile_measured_slower(profile_path, tmp_path):
+    from engine.calibrate.probe import check_profile
+
+    stale = load_profile(_edited(profile_path, tmp_path, _slower_at_calibration))
+    check = check_profile(stale)
+    assert check.ratio is not None and check.ratio < 0.75 and check.probe_ok is False
+    words = " ".join(check.warnings)
+    assert "no longer describes this machine" in words and "did not hold steady" not in words
+    assert (f"its tables say {check.probe_profile_s * 1e3:.3g} ms and they take {check.probe_now_s * 1e3:.3g} ms now"
+            in words)
+    points = check.to_dict()["probe_points"]
+    assert len(points) == 4 and all(q["profile_s"] > 0 and q["now_s"] > 0 and q["then_s"] > 0 for q in points)
+    relaxed = check_profile(load_profile(profile_path), tolerance=9.0)  # the profile against itself, leniently
+    assert relaxed.probe_ok is True and not [w for w in relaxed.warnings if "probe" in w]
+
+
+def test_a_probe_that_moved_during_calibration_says_the_machine_was_unsteady(profile_path, tmp_path):
+    from engine.calibrate.probe import check_profile
+
+    unsteady = load_profile(_edited(profile_path, tmp_path, lambda d: _slower_at_calibration(d, 20.0, tables=False)))
+    words = " ".join(check_profile(unsteady, tolerance=9.0).warnings)
+    assert "did not hold steady while the profile was measured" in words and "re-timed at the end" in words
+
+
+def test_no_probe_a_busy_calibration_and_another_machine_are_each_a_warning(profile_path, tmp_path):
+    from engine.calibrate.probe import check_profile
+
+    def edit(data):
+        del data["probe"]
+        data["conditions"].update(load_average_max=9.0, cpus=2, cpu_share=0.3)
+        data["device"]["name"] = "Some Other CPU"
+        data["versions"]["torch"] = "0.0.1"
+
+    check = check_profile(load_profile(_edited(profile_path, tmp_path, edit)))
+    words = "\n".join(check.warnings)
+    assert "has no probe" in words and "busy machine (1-minute load average up to 9.0 on 2 CPUs" in words
+    assert "device name: profile Some Other CPU, here" in words and "torch: profile 0.0.1, here" in words
+    assert not check.ok and check.probe_then_s is None
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["probe"].update(points=[]), "malformed 'probe'"),
+    (lambda d: d["probe"]["points"][0].update(table="nosuch"), "malformed 'probe'"),
+    (lambda d: d["probe"]["points"][0].update(median_s=float("nan")), "malformed 'probe'"),
+    (lambda d: d["probe"].update(total_s=1e9), "malformed 'probe'"),
+    (lambda d: d.update(conditions=[1, 2]), "malformed 'conditions'"),
+])
+def test_a_malformed_probe_or_conditions_is_refused(profile_path, tmp_path, edit, message):
+    with pytest.raises(ProfileError, match=message):
+        load_profile(_edited(profile_path, tmp_path, edit))
+
+
+def _run(argv, capsys):
+    threads = torch.get_num_threads()
+    try:
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    finally:
+        torch.set_num_threads(threads)
+    return code, capsys.readouterr()
+
+
+SMALL = ["--workload", "kwon2023-alpaca", "--num-requests", "6", "--rate", "40", "--num-gpu-blocks", "32",
+         "--block-size", "8"]
+
+
+def test_validate_warns_with_both_figures_and_strict_stops(profile_path, tmp_path, capsys):
+    stale = _edited(profile_path, tmp_path, _slower_at_calibration)
+    code, cap = _run(["validate", *SMALL, "--profile", stale, "--noise-runs", "0", "--no-reference", "--json"], capsys)
+    assert code == 0
+    report = json.loads(cap.out)
+    check = report["profile_check"]
+    assert check["ok"] is False and check["probe_ok"] is False and check["probe_ratio"] < 0.75
+    assert "pagesim validate: warning: the profile no longer describes this machine" in cap.err
+    assert f"its tables say {check['probe_profile_s'] * 1e3:.3g} ms" in cap.err
+    code, cap = _run(["validate", *SMALL, "--profile", stale, "--noise-runs", "0", "--strict"], capsys)
+    assert code == 2 and "does not hold on this machine" in cap.err and "(--strict)" in cap.err
+    code, cap = _run(["validate", *SMALL, "--profile", stale, "--profile-tolerance", "0"], capsys)
+    assert code == 2 and "--profile-tolerance must be in (0, 10)" in cap.err
+
+
+def test_simulate_checks_a_profile_when_asked(profile_path, tmp_path, capsys):
+    base = ["simulate", *SMALL, "--model", "tiny", "--json", "--no-progress"]
+    stale = _edited(profile_path, tmp_path, _slower_at_calibration)
+    code, cap = _run([*base, "--profile", stale], capsys)
+    assert code == 0 and "warning" not in cap.err  # no re-timing unless asked
+    code, cap = _run([*base, "--profile", stale, "--check-profile"], capsys)
+    assert code == 0 and "no longer describes this machine" in cap.err
+    assert json.loads(cap.out)["cost_model"] == "calibrated"
+    code, cap = _run([*base, "--profile", stale, "--check-profile", "--strict"], capsys)
+    assert code == 2 and "(--strict)" in cap.err
+    busy = _edited(profile_path, tmp_path, lambda d: d["conditions"].update(load_average_max=50.0, cpus=2,
+                                                                                  cpu_share=1.0))
+    code, cap = _run([*base, "--profile", busy], capsys)  # measured busy: said without re-timing
+    assert code == 0 and "measured on a busy machine (1-minute load average up to 50.0 on 2 CPUs)" in cap.err
+    code, cap = _run([*base, "--check-profile"], capsys)
+    assert code == 2 and "give --profile FILE" in cap.err
+
+
+def test_a_resumed_calibration_keeps_the_worst_load(tmp_path):
+    from engine.calibrate.probe import LoadMonitor
+
+    earlier = {"load_average_max": 40.0, "cpu_share": 0.2, "wall_s": 3.0, "busy": True, "cpus": 2}
+    c = LoadMonitor("cpu", 1, earlier=earlier).conditions()
+    assert c["load_average_max"] == 40.0 and c["cpu_share"] == 0.2 and c["busy"] is True and c["resumed"] is True
+    assert c["wall_s"] >= 3.0
