@@ -57,6 +57,14 @@ def test_validate_reports_identical_decisions_and_every_error_key(profile, tmp_p
         assert {"mape", "mean_error", "p50_error", "p99_error", "ks"} <= set(report[name])
         assert 0 <= report[name]["ks"] <= 1
     assert {"throughput_rps_error", "throughput_tokens_s_error"} <= set(report["throughput"])
+    for name in ("ttft", "tpot", "e2e"):  # the errors add up: four parts, summing to the mean error
+        parts = report["error_parts"][name]
+        total = parts["step_time"] + parts["scheduling"] + parts["queue_wait"] + parts["between_steps"]
+        assert total == pytest.approx(parts["mean_error"], abs=2e-3 + 1e-3 * abs(parts["mean_error"])), name
+        assert parts["mean_error"] == pytest.approx(report[name]["mean_error"], abs=1e-3 + 1e-3 * abs(parts["mean_error"]))
+    assert isinstance(report["wall_clock_decisions_identical"], bool)
+    assert report["simulator_step_time"]["steps"] == report["decision_log_steps"]["simulator"]
+    assert report["profile_check"]["probe_now_s"] > 0 and isinstance(report["profile_check"]["warnings"], list)
     assert set(report["noise"]) >= {"ttft", "tpot", "e2e", "step_time_mean_error", "step_time_mape", "repeats"}
     assert report["noise"]["replay_decisions_identical"] is True and report["noise"]["step_time_mape"] >= 0
     assert set(report["targets"]) == {"tpot_mean_within_3pct", "e2e_mean_within_3pct", "step_time_mape_within_5pct",

@@ -4,7 +4,10 @@
    the distribution of the per-step relative error;
 2. the CDFs of TTFT, TPOT and end-to-end latency, engine against simulator (KS statistic in the
    legend);
-3. calibration curves: what the profile measured (dense layer vs tokens, decode attention vs
+3. why the latency errors are what they are: each mean error split into the step-time,
+   scheduling, queue-wait and between-steps parts (``reports.validation.decompose``), and the
+   step-time error over the engine's steps beside the simulator's own;
+4. calibration curves: what the profile measured (dense layer vs tokens, decode attention vs
    context at a few batch sizes, the policy's time vs batch), with each point's interquartile range.
 """
 
@@ -55,6 +58,44 @@ def latency_page(sim: RequestMetrics, engine: RequestMetrics, errors: dict):
         ks = errors.get(name, {}).get("ks")
         ax.set(xlabel=f"{label} (ms)", ylabel="share of requests", title=f"{label} (KS {ks})")
         ax.legend()
+    return fig
+
+
+PART_LABELS = (("step_time", "step time"), ("scheduling", "scheduling"), ("queue_wait", "queue wait"),
+               ("between_steps", "between steps"))
+
+
+def error_parts_page(report: dict):
+    parts = report.get("error_parts") or {}
+    same = report.get("wall_clock_decisions_identical")
+    fig, (a, b) = new_page(
+        "Why the latency errors are what they are",
+        "Each mean latency error is the sum of four parts: the step-time error over the steps each request lived "
+        "through; scheduling (the simulator's own batches and step counts; zero when it made the engine's decisions, "
+        f"which here it {'did' if same else 'did not'} on the wall clock); where in a step requests arrived; and "
+        "the engine's time between steps, which the simulator does not model. Right: the step-time error on the "
+        "engine's steps and on the simulator's own (timed by the engine in lockstep).")
+    names = [n for n in ("ttft", "tpot", "e2e") if parts.get(n)]
+    x = np.arange(len(names))
+    width = 0.8 / (len(PART_LABELS) + 1)
+    for i, (key, label) in enumerate(PART_LABELS):
+        a.bar(x + i * width, [parts[n][key] * 100 for n in names], width, label=label)
+    a.bar(x + len(PART_LABELS) * width, [parts[n]["mean_error"] * 100 for n in names], width, color="black",
+          label="total (mean error)")
+    a.axhline(0, color="k", lw=0.8)
+    a.set_xticks(x + width * len(PART_LABELS) / 2, [{"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end"}[n]
+                                                    for n in names])
+    a.set(ylabel="% of the engine's mean", title="mean latency error, part by part")
+    a.legend(fontsize=8)
+    rows = [("engine's steps", report.get("step_time") or {}), ("simulator's steps", report.get("simulator_step_time") or {})]
+    labels = [r[0] for r in rows]
+    for j, (key, label) in enumerate((("mape", "MAPE"), ("total_error", "error of the total"))):
+        values = [(r[1].get(key) or 0) * 100 for r in rows]
+        b.bar(np.arange(len(rows)) + j * 0.4, values, 0.4, label=label)
+    b.axhline(0, color="k", lw=0.8)
+    b.set_xticks(np.arange(len(rows)) + 0.2, labels)
+    b.set(ylabel="%", title="step-time error: which steps")
+    b.legend(fontsize=8)
     return fig
 
 

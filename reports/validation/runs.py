@@ -60,7 +60,8 @@ def run_lockstep(model, config: SchedulerConfig, scheduler_cls, requests: list[R
     releases, that run's steps again, to time them one by one (the per-step noise floor)."""
     from engine.runtime import Engine
 
-    engine = Engine(model, config, backend=backend, validate=validate, scheduler_cls=scheduler_cls)
+    engine = Engine(model, config, backend=backend, validate=validate, scheduler_cls=scheduler_cls,
+                    keep_outputs=validate)  # (validate: the simulator's steps, which validate also costs)
     engine.run_lockstep([copy.deepcopy(r) for r in requests], release_steps)
     return engine
 

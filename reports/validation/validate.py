@@ -8,6 +8,15 @@ measures. The report's top-level keys: ``decision_logs_identical`` (with ``first
 when not), ``outputs_match_reference``, ``step_time_mape``, ``ttft`` / ``tpot`` / ``e2e``
 (paired MAPE, mean / p50 / p99 errors, KS), ``throughput``, ``noise`` (the same measures between
 two engine runs) and ``targets`` (the issue's thresholds, each with its figure).
+
+Why the latency errors are what they are: ``error_parts`` splits each mean latency error into the
+part the step errors explain over the steps each request lived through, the scheduling part (zero
+when the engine's wall-clock run made the simulator's decisions, which
+``wall_clock_decisions_identical`` says), the queue wait's and the engine's time between steps
+(``reports.validation.decompose``). ``step_time`` is the error over the engine's wall-clock steps;
+``simulator_step_time`` over the simulator's own steps, as the lockstep engine timed them (in
+validation mode, freed blocks poisoned): where the two differ, the simulator ran its steps in
+another regime than the engine did (larger batches, say), and its latencies carry that error.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import numpy as np
 import torch
 
 from engine.policy import SchedulerConfig
-from reports.validation import compare, runs
+from reports.validation import compare, decompose, runs
 from sim.cost.calibrated import CalibratedCostModel
 from sim.metrics import COMPLETED
 from traces.trace import Trace
@@ -72,6 +81,8 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
         sampling = lock.sampling
         reference = check_outputs(model, requests, outputs, lambda r: sampling)
 
+    # the simulator's own steps (the ones its latencies are sums of), as the lockstep engine timed them
+    lock_measured, lock_predicted = runs.step_times(lock, cost_model)
     del lock  # what the timed runs keep alive, the cyclic collector scans: keep little
     log("engine on the wall clock")
     wall = _timed(lambda: runs.run_wall_clock(model, config, scheduler_cls, requests, backend=backend))
@@ -80,6 +91,8 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
     measured, predicted = runs.step_times(wall, cost_model)
     steps = compare.step_time_errors(predicted, measured)
     latency = compare.latency_errors(sim.result.requests, engine_m)
+    timeline = decompose.EngineTimeline(wall.steps, engine_m)
+    wall_same = compare.first_difference(sim.log, wall.scheduler.decision_log.records) is None
     report: dict[str, Any] = {
         "requests": n,
         "decision_logs_identical": difference is None,
@@ -89,8 +102,12 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
         "reference": None if reference is None else reference.to_dict(limit=5),
         "step_time_mape": steps["mape"],
         "step_time": steps,
+        "simulator_step_time": compare.step_time_errors(lock_predicted, lock_measured),
         **latency,
         "throughput": compare.throughput_errors(sim.result.requests, engine_m),
+        "error_parts": decompose.decompose(sim.result.requests, engine_m, timeline, predicted),
+        "wall_clock_decisions_identical": wall_same,
+        "step_time_error_over_lifetimes": decompose.step_error_over_lifetimes(timeline, predicted),
         "engine_steps": len(wall.steps),
         "simulator_steps": int(sim.result.summary["steps"]),
         "completed": {"engine": int((engine_m.status == COMPLETED).sum()), "simulator": int(sim.result.summary["requests_completed"])},
