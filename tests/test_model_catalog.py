@@ -433,6 +433,14 @@ def test_hugging_face_ids_resolve(typed, name):
     assert get_model_preset(typed) is MODEL_PRESETS[name]
 
 
+def test_every_preset_name_resolves_to_itself():
+    from engine.catalog.lookup import resolve_model_name
+    from engine.model_presets import MODEL_PRESETS
+
+    assert [n for n in MODEL_PRESETS if resolve_model_name(n) != n] == []  # llama-350m was read as llama350m
+    assert normalise("llama-2-7b") == "llama2-7b" and normalise("Llama-3.1-70B-Instruct") == "llama3.1-70b"
+
+
 def test_normalise_drops_organisation_case_and_chat_suffixes():
     assert normalise("meta-llama/Llama-3.1-8B-Instruct") == "llama3.1-8b"
     assert normalise("google/gemma-3-27b-it") == "gemma-3-27b"

@@ -26,7 +26,8 @@ def normalise(name: str) -> str:
     key = key.rsplit("/", 1)[-1]
     key = "-".join(word for word in key.split("-") if word and word not in _DROPPED_WORDS)
     key = key.removeprefix("meta-")
-    return re.sub(r"^llama-(\d)", r"llama\1", key)
+    # "llama-3-8b" -> "llama3-8b" (a version number), but "llama-350m" is a size and stays
+    return re.sub(r"^llama-(\d+(?:\.\d+)?)(?=-|$)", r"llama\1", key)
 
 
 def resolve_model_name(name: str) -> str | None:
