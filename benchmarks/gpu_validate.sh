@@ -166,7 +166,7 @@ PY
 if [[ "$SMOKE" -eq 1 ]]; then
     gpu=cpu
 else
-    gpu=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())" 2>/dev/null || echo gpu)
+    gpu=$("$PYTHON" -c "import re, torch; n = torch.cuda.get_device_name(0); m = re.search(r'\b([A-Z]+[0-9]+[A-Za-z]*)\b', n.replace('NVIDIA', '')); print((m.group(1) if m else n.split()[-1]).lower())" 2>/dev/null || echo gpu)
 fi
 printf '%-32s %7s s\n' "env" "$(seconds_since "$t0")" | tee -a "$OUT/timings.txt"
 

@@ -147,10 +147,11 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     router = _router(args)
+    tolerance = _profile_tolerance(args)
     folder = OutputFolder(args.out, OUT_FILES) if args.out else None  # a bad --out is refused before any work
     with reported_warnings("simulate", strict=args.strict):
         trace = trace_from_args(args)
-    _check_profile(args)
+    _check_profile(args, tolerance)
     # the files are built in a partial folder beside --out and renamed into place once all are written
     with folder if folder is not None else contextlib.nullcontext() as staging:
         cluster, result, info, wall_s = _simulate(args, bench, trace, router, staging)
@@ -172,21 +173,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_profile(args: argparse.Namespace) -> None:
-    """With ``--profile``: warn when it was measured on a busy machine; with ``--check-profile``
-    also re-time its probe and compare its fingerprint (``engine.calibrate.probe``)."""
-    if args.profile is None:
-        if args.check_profile or args.profile_tolerance is not None:
-            raise ValueError("--check-profile and --profile-tolerance check a calibration profile: give --profile FILE")
-        return
-    from engine.calibrate.probe import TOLERANCE, busy_warning
-    from sim.cost.profile import load_profile
+def _profile_tolerance(args: argparse.Namespace) -> float:
+    """``--check-profile`` / ``--profile-tolerance`` checked against ``--profile``, before any work."""
+    from engine.calibrate.probe import TOLERANCE
 
+    if args.profile is None and (args.check_profile or args.profile_tolerance is not None):
+        raise ValueError("--check-profile and --profile-tolerance check a calibration profile: give --profile FILE")
     if args.profile_tolerance is not None and not args.check_profile:
         raise ValueError("--profile-tolerance applies with --check-profile")
     tolerance = TOLERANCE if args.profile_tolerance is None else args.profile_tolerance
     if not 0 < tolerance < 10:
         raise ValueError(f"--profile-tolerance must be in (0, 10), got {args.profile_tolerance}")
+    return tolerance
+
+
+def _check_profile(args: argparse.Namespace, tolerance: float) -> None:
+    """With ``--profile``: warn when it was measured on a busy machine; with ``--check-profile``
+    also re-time its probe and compare its fingerprint (``engine.calibrate.probe``)."""
+    if args.profile is None:
+        return
+    from engine.calibrate.probe import busy_warning
+    from sim.cost.profile import load_profile
+
     profile = load_profile(args.profile)
     if args.check_profile:
         from engine.calibrate.probe import check_profile

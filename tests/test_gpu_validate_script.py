@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("ti
 def _run(args: list[str], out: Path, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, **env}
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=900)
 
 
 def test_script_parses_and_refuses_unknown_arguments(tmp_path):

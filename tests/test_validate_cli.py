@@ -59,7 +59,7 @@ def test_validate_reports_identical_decisions_and_every_error_key(profile, tmp_p
     assert {"throughput_rps_error", "throughput_tokens_s_error"} <= set(report["throughput"])
     for name in ("ttft", "tpot", "e2e"):  # the errors add up: four parts, summing to the mean error
         parts = report["error_parts"][name]
-        total = parts["step_time"] + parts["scheduling"] + parts["queue_wait"] + parts["between_steps"]
+        total = parts["step_time"] + parts["decisions"] + parts["queue_wait"] + parts["between_steps"]
         assert total == pytest.approx(parts["mean_error"], abs=2e-3 + 1e-3 * abs(parts["mean_error"])), name
         assert parts["mean_error"] == pytest.approx(report[name]["mean_error"], abs=1e-3 + 1e-3 * abs(parts["mean_error"]))
     assert isinstance(report["wall_clock_decisions_identical"], bool)
@@ -112,3 +112,17 @@ def test_validate_refuses_beam_search_workloads(profile, capsys):
         _validate(["--workload", "kwon2023-alpaca-beam", "--num-requests", "4", "--rate", "10", "--profile", profile],
                   capsys)
     assert "beam" in capsys.readouterr().err
+
+
+def test_with_the_engines_decisions_nothing_is_left_to_the_decisions_part(profile, capsys):
+    # all requests at t=0: the wall-clock engine makes the simulator's decisions, so the simulator's
+    # latencies are the engine's steps as the cost model prices them (StepWork from the engine's own
+    # SchedulerOutputs against the simulator's costing of the same steps)
+    code, cap = _validate(["--workload", "kwon2023-alpaca", "--num-requests", "10", "--rate", "inf",
+                           "--num-gpu-blocks", "64", "--block-size", "8", "--profile", profile, "--noise-runs", "0",
+                           "--no-reference", "--json"], capsys)
+    report = json.loads(cap.out)
+    assert code == 0 and report["wall_clock_decisions_identical"] is True
+    for name in ("ttft", "tpot", "e2e"):
+        parts = report["error_parts"][name]
+        assert abs(parts["decisions"]) < 1e-3 and abs(parts["queue_wait"]) < 1e-3, (name, parts)

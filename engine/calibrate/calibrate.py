@@ -90,8 +90,10 @@ def calibrate(config: LlamaConfig, *, out: Path, device: torch.device, dtype: to
                 "timed_layers": 1, "grids": {name: grid[name] for name in TABLES}}
     shapes = model_shapes(config, dtype)
     device_desc = device_info(device, threads)
-    done, earlier = _resumable(out, shapes, device_desc, settings, force)
-    monitor = LoadMonitor(device.type, threads, earlier=earlier)
+    done, old = _resumable(out, shapes, device_desc, settings, force)
+    if old is not None and old.complete and old.probe is not None and set(done) == set(TABLES):
+        return old  # nothing left to measure: the profile (and the probe taken when it was made) as it is
+    monitor = LoadMonitor(device.type, threads, earlier=old.conditions if old is not None else None)
     gc.collect()
     gc.freeze()  # as validate's timed runs: no scans of long-lived objects inside a measurement
     try:
@@ -101,9 +103,13 @@ def calibrate(config: LlamaConfig, *, out: Path, device: torch.device, dtype: to
         stamp = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         profile = Profile(device_desc, {**versions(), **stamp}, shapes, settings, dict(done), complete=True,
                           path=str(out))
+        points = probe_points(profile)
         if on_table is not None:
-            on_table("probe", len(probe_points(profile)))
-        probe = run_probe(config, probe_points(profile), device=device, dtype=dtype, backend=backend, seed=seed)
+            on_table("probe", len(points))
+        probe = run_probe(config, points, device=device, dtype=dtype, backend=backend, seed=seed)
+        if on_point is not None:
+            for _ in points:
+                on_point("probe")
     finally:
         gc.unfreeze()
     profile = replace(profile, conditions=monitor.conditions(), probe=probe)
@@ -141,9 +147,9 @@ def _measure(config, grid, done, out, device_desc, shapes, settings, *, dtype, d
 
 
 def _resumable(out: Path, shapes: dict, device_desc: dict, settings: dict,
-               force: bool) -> tuple[dict[str, Table], dict | None]:
+               force: bool) -> tuple[dict[str, Table], Profile | None]:
     """The tables of ``out`` that this run can keep (none if it has no profile there), and the
-    load conditions they were measured under."""
+    profile they come from (its load conditions and probe)."""
     if force or not out.exists():
         return {}, None
     try:
@@ -163,4 +169,4 @@ def _resumable(out: Path, shapes: dict, device_desc: dict, settings: dict,
     if differ:
         raise SettingsMismatch(f"{out} holds a profile made with other settings ({', '.join(differ[:4])} differ); "
                                f"--force overwrites it, or give another --out")
-    return keep, old.conditions if keep else None
+    return keep, old if keep else None

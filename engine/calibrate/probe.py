@@ -3,22 +3,25 @@
 A profile is a set of timings of one machine under one set of conditions. Three records let a
 later run tell when those no longer hold (``check_profile``):
 
-- **probe**: a few of the profile's own grid points (one each of ``PROBE_TABLES``: a dense layer,
-  decode and prefill attention, the policy), re-timed at the end of the calibration by a fresh
-  one-layer model, with ``PROBE_WARMUP`` and ``PROBE_REPEATS`` calls each. Re-timed the same way
-  later, their sum against the sum of the profile's tables at those points says whether the
-  machine runs as the profile says: more than ``tolerance`` off either way (default
-  ``TOLERANCE``: 0.8x and 1.25x are both 25% off) and the profile no longer describes it. The
-  probe's own time at calibration says whether the machine held steady while it was measured.
-  Points are chosen from the measured medians (the middle one of those under ``PROBE_POINT_S``),
-  so a probe takes seconds on any device;
-- **fingerprint**: what the profile's ``device`` and ``versions`` say (device name, CPU threads,
-  Python, torch, Triton), compared with this machine's;
+- **probe**: a few of the profile's own grid points, re-timed at the end of the calibration by a
+  fresh one-layer model with ``PROBE_WARMUP`` and ``PROBE_REPEATS`` calls each: per table of
+  ``PROBE_TABLES`` (a dense layer, decode and prefill attention, the policy) the middle point by
+  size of those whose median is under ``PROBE_POINT_S`` and the largest such point (large batches
+  are where a load-inflated calibration errs most). Re-timed the same way later, the ratio of the two sums
+  says whether the machine runs as it did: more than ``tolerance`` off either way (default
+  ``TOLERANCE``; 0.8x and 1.25x are both 25% off, ``off_by``) and the profile no longer describes
+  it. The probe at calibration against the profile's tables at the same points says whether the
+  machine held steady while the tables were measured (the two methods differ a little: a fresh
+  model, fewer repeats; about 6% on a quiet CPU here);
+- **fingerprint**: the profile's device name and Python, torch and (where it used them) Triton
+  versions, compared with this machine's, and its CPU threads against the CPUs this process may
+  use;
 - **conditions**: the load while calibrating, sampled after every table: the 1-minute load average
-  against the CPUs this process may use, and, on CPU, the share of a CPU per thread that the
-  calibrating process got (its CPU time over wall time); a load average above the CPU count, or
-  less than ``BUSY_SHARE`` of a CPU, means other work competed for the CPU and the timings may be
-  inflated.
+  (host-wide, as ``os.getloadavg``) against the CPUs this process may use, and, on CPU with one
+  thread, the share of a CPU the calibrating process got (its CPU time over wall time); a load
+  average above the CPU count, or less than ``BUSY_SHARE`` of a CPU, means other work competed for
+  the CPU and the timings may be inflated. (With more threads the serial parts of a step keep the
+  share low on a quiet machine too, so only the load average speaks.)
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class LoadMonitor:
         self.device_type, self.threads = device_type, max(1, threads)
         self.earlier = earlier
         self.cpus = usable_cpus()
-        self.loads = [x for x in [load_average()] if x is not None]
+        self.start = load_average()  # (the minute before: reported, not judged)
+        self.loads: list[float] = []
         self._wall, self._cpu = time.perf_counter(), time.process_time()
 
     def sample(self) -> None:
@@ -71,9 +75,9 @@ class LoadMonitor:
         self.sample()
         wall = time.perf_counter() - self._wall
         share = (time.process_time() - self._cpu) / (wall * self.threads) if wall > 0 else None
-        out: dict[str, Any] = {"cpus": self.cpus, "load_average_start": self.loads[0] if self.loads else None,
+        out: dict[str, Any] = {"cpus": self.cpus, "load_average_start": self.start,
                                "load_average_max": max(self.loads) if self.loads else None, "wall_s": round(wall, 3)}
-        if self.device_type == "cpu" and share is not None:
+        if self.device_type == "cpu" and self.threads == 1 and share is not None:
             out["cpu_share"] = round(min(share, 1.0), 3)
         if self.earlier:
             for key, pick in (("load_average_max", max), ("cpu_share", min)):
@@ -96,7 +100,7 @@ def busy_words(conditions: dict[str, Any] | None) -> str | None:
         why.append(f"1-minute load average up to {load:.1f} on {cpus} CPU{'s' if cpus != 1 else ''}")
     share = conditions.get("cpu_share")
     if share is not None and share < BUSY_SHARE:
-        why.append(f"the calibrating process got {share:.0%} of its CPU time")
+        why.append(f"the calibrating process got {share:.0%} of a CPU (its CPU time over wall time)")
     return "; ".join(why) or None
 
 
@@ -109,16 +113,21 @@ def busy_warning(profile) -> str | None:
 
 # ------------------------------------------------------------------ the probe
 def probe_points(profile) -> list[tuple[str, tuple[float, ...]]]:
-    """One grid point per table of ``PROBE_TABLES``: the middle (by median) of those whose
-    median is under ``PROBE_POINT_S``, else the cheapest."""
+    """Per table of ``PROBE_TABLES``, among the grid points whose median is under
+    ``PROBE_POINT_S``: the middle one by size and the largest (one point if they are the same).
+    Size is the product of the point's axis values, not its measured time, so that a sample
+    inflated by a hiccup is not picked for being slow."""
     chosen = []
     for name in PROBE_TABLES:
         table = profile.tables.get(name)
         if table is None:
             continue
-        order = sorted(range(len(table.median_s)), key=lambda i: table.median_s[i])
-        cheap = [i for i in order if table.median_s[i] <= PROBE_POINT_S] or order[:1]
-        chosen.append((name, table.points()[cheap[len(cheap) // 2]]))
+        points = table.points()
+        by_size = sorted(range(len(points)), key=lambda i: (math.prod(max(x, 1.0) for x in points[i]), i))
+        cheap = [i for i in by_size if table.median_s[i] <= PROBE_POINT_S] or \
+            [min(range(len(points)), key=lambda i: table.median_s[i])]
+        for i in dict.fromkeys((cheap[len(cheap) // 2], cheap[-1])):
+            chosen.append((name, points[i]))
     return chosen
 
 
@@ -158,8 +167,10 @@ def off_by(ratio: float) -> float:
 @dataclass
 class ProfileCheck:
     """What ``check_profile`` found; ``warnings`` are the sentences to show. The probe's figures:
-    ``probe_profile_s`` what the profile's tables hold at its points (what the simulator uses),
-    ``probe_then_s`` the probe re-timed at the end of the calibration, ``probe_now_s`` now."""
+    ``probe_then_s`` at the end of the calibration, ``probe_now_s`` re-timed now (the same method:
+    their ratio says whether the machine changed), and ``probe_profile_s`` what the profile's
+    tables hold at those points (against ``probe_then_s``: whether the machine held steady while
+    the tables were measured)."""
 
     tolerance: float
     probe_profile_s: float | None = None
@@ -173,9 +184,9 @@ class ProfileCheck:
 
     @property
     def ratio(self) -> float | None:
-        """The probe now over the profile's tables at its points."""
-        if self.probe_profile_s and self.probe_now_s is not None:
-            return self.probe_now_s / self.probe_profile_s
+        """The probe now over the probe at calibration."""
+        if self.probe_then_s and self.probe_now_s is not None:
+            return self.probe_now_s / self.probe_then_s
         return None
 
     @property
@@ -188,9 +199,9 @@ class ProfileCheck:
         return not self.warnings
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "tolerance": self.tolerance, "probe_profile_s": _sig(self.probe_profile_s),
-                "probe_then_s": _sig(self.probe_then_s), "probe_now_s": _sig(self.probe_now_s),
-                "probe_ratio": _sig(self.ratio), "probe_ok": self.probe_ok, "probe_points": self.probe_points,
+        return {"ok": self.ok, "tolerance": self.tolerance, "probe_then_s": _sig(self.probe_then_s),
+                "probe_now_s": _sig(self.probe_now_s), "probe_ratio": _sig(self.ratio), "probe_ok": self.probe_ok,
+                "probe_profile_s": _sig(self.probe_profile_s), "probe_points": self.probe_points,
                 "fingerprint_differences": self.fingerprint_differences, "calibration_busy": self.calibration_busy,
                 "load_average_now": self.load_average_now, "warnings": self.warnings}
 
@@ -203,9 +214,15 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
+def _speed(ratio: float) -> str:
+    """A time ratio in words, the same either way: 0.8 -> "1.25x faster", 1.3 -> "1.3x slower"."""
+    return f"{1 / ratio:.2f}x faster" if ratio < 1 else f"{ratio:.2f}x slower"
+
+
 def fingerprint_differences(profile) -> list[str]:
     """How this machine differs from the one the profile was measured on (device name, Python,
-    torch, and Triton where the profile used it), one ``"what: profile X, here Y"`` each."""
+    torch, Triton where the profile used it, and CPU threads beyond the CPUs usable here), one
+    ``"what: profile X, here Y"`` each."""
     import torch
 
     from engine.calibrate.calibrate import device_info, versions
@@ -213,10 +230,13 @@ def fingerprint_differences(profile) -> list[str]:
     dev = profile.device
     if dev.get("type") == "cuda" and not torch.cuda.is_available():
         return [f"device: profile CUDA ({dev.get('name')}), here no CUDA"]
-    here = device_info(torch.device(dev.get("type", "cpu")), int(profile.settings.get("threads") or 1))
+    threads = int(profile.settings.get("threads") or 1)
+    here = device_info(torch.device(dev.get("type", "cpu")), threads)
     out = []
     if "name" in dev and dev.get("name") != here.get("name"):
         out.append(f"device name: profile {dev.get('name')}, here {here.get('name')}")
+    if dev.get("type") == "cpu" and threads > usable_cpus():
+        out.append(f"CPU threads: profile {threads}, here {usable_cpus()} CPUs usable")
     now = versions()
     keys = ["python", "torch"] + (["triton"] if profile.settings.get("backend") == "triton" else [])
     for key in keys:
@@ -233,9 +253,9 @@ def _table_median(profile, table: str, point) -> float | None:
 
 def check_profile(profile, *, tolerance: float = TOLERANCE, retime: bool = True, seed: int = 0) -> ProfileCheck:
     """Compare ``profile`` with this machine: the load it was measured under, its fingerprint, and
-    (``retime``) its probe re-timed now against the profile's own tables at the probe's points
-    (and against the probe's time at the end of the calibration, which says whether the machine
-    held steady while it was measured). Every finding is one sentence of ``warnings``."""
+    (``retime``) its probe re-timed now against its time at the end of the calibration, and that
+    time against the profile's tables at the probe's points. Every finding is one sentence of
+    ``warnings``; nothing here raises for a profile that loaded."""
     import torch
 
     from engine.model.weights import DTYPES
@@ -268,6 +288,10 @@ def check_profile(profile, *, tolerance: float = TOLERANCE, retime: bool = True,
         now = run_probe(probe_config(profile), [(p["table"], tuple(p["point"])) for p in probe["points"]],
                         device=torch.device(device_type), dtype=DTYPES[profile.model["dtype"]],
                         backend=str(profile.settings.get("backend", "torch")), seed=seed)
+    except (ImportError, RuntimeError, ValueError, KeyError, MemoryError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        check.warnings.append(f"could not re-time the profile's probe here ({type(exc).__name__}: {first})")
+        return check
     finally:
         torch.set_num_threads(threads)
     check.probe_profile_s, check.probe_then_s = sum(tables), float(probe["total_s"])
@@ -281,13 +305,14 @@ def check_profile(profile, *, tolerance: float = TOLERANCE, retime: bool = True,
         busy_now = f"; this machine's 1-minute load average is {load:.1f} on {usable_cpus()} CPUs now" \
             if load is not None else ""
         check.warnings.append(
-            f"the profile no longer describes this machine: at its probe's {n} grid points its tables say "
-            f"{_ms(check.probe_profile_s)} and they take {_ms(check.probe_now_s)} now ({check.ratio:.2f}x, more than "
-            f"{tolerance:.0%} off){busy_now}: predicted step times will be off by about that factor; calibrate again here")
+            f"the profile no longer describes this machine: its probe ({n} of its grid points) took "
+            f"{_ms(check.probe_then_s)} at calibration and takes {_ms(check.probe_now_s)} now "
+            f"({_speed(check.ratio)}, more than {tolerance:.0%} off){busy_now}: predicted step times will be off by "
+            f"about that factor; calibrate again here")
     steady = check.probe_then_s / check.probe_profile_s
     if off_by(steady) > tolerance:
         check.warnings.append(
             f"the machine did not hold steady while the profile was measured: at its probe's {n} grid points its "
             f"tables say {_ms(check.probe_profile_s)}, and the same points re-timed at the end of the calibration took "
-            f"{_ms(check.probe_then_s)} ({steady:.2f}x): calibrate again on a quiet machine")
+            f"{_ms(check.probe_then_s)} ({_speed(steady)}): calibrate again on a quiet machine")
     return check

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, low in (("num_gpu_blocks", 1), ("num_cpu_blocks", 0), ("noise_runs", 0)):
         if getattr(args, flag) < low:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= {low}, got {getattr(args, flag)}")
+    tolerance = _tolerance(args.profile_tolerance)
     out = Path(args.out) if args.out else None
     if out is not None:
         if out.exists() and not out.is_dir():
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                                **scheduler_kv_settings(config), **overrides)
     if device.type == "cpu":
         torch.set_num_threads(int(profile.settings.get("threads") or 1))
-    check = _check_profile(profile, args)
+    check = _check_profile(profile, args, tolerance)
     model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
     cost_model = CalibratedCostModel(profile)
     cost_model.check_model(config.preset)
@@ -134,14 +135,20 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _check_profile(profile, args: argparse.Namespace):
+def _tolerance(value: float | None) -> float:
+    from engine.calibrate.probe import TOLERANCE
+
+    tolerance = TOLERANCE if value is None else value
+    if not 0 < tolerance < 10:
+        raise ValueError(f"--profile-tolerance must be in (0, 10), got {value}")
+    return tolerance
+
+
+def _check_profile(profile, args: argparse.Namespace, tolerance: float):
     """Re-time the profile's probe and compare its fingerprint and load (``engine.calibrate.probe``):
     each finding is a warning, or with ``--strict`` an error before the runs."""
-    from engine.calibrate.probe import TOLERANCE, check_profile
+    from engine.calibrate.probe import check_profile
 
-    tolerance = TOLERANCE if args.profile_tolerance is None else args.profile_tolerance
-    if not 0 < tolerance < 10:
-        raise ValueError(f"--profile-tolerance must be in (0, 10), got {args.profile_tolerance}")
     print("pagesim validate: re-timing the profile's probe", file=sys.stderr, flush=True)
     check = check_profile(profile, tolerance=tolerance)
     for warning in check.warnings:
@@ -204,7 +211,7 @@ def text_summary(r: dict) -> str:
         parts = (r.get("error_parts") or {}).get(name)
         if parts:
             lines.append(f"  {'':<11} mean {_pct(parts['mean_error'])} = step time {_pct(parts['step_time'])} + "
-                         f"scheduling {_pct(parts['scheduling'])} + queue wait {_pct(parts['queue_wait'])} + "
+                         f"decisions {_pct(parts['decisions'])} + queue wait {_pct(parts['queue_wait'])} + "
                          f"between steps {_pct(parts['between_steps'])}")
     t = r["throughput"]
     lines.append(f"  throughput  requests/s {_pct(t['throughput_rps_error'])}  tokens/s {_pct(t['throughput_tokens_s_error'])}")
@@ -218,10 +225,10 @@ def text_summary(r: dict) -> str:
     check = r.get("profile_check")
     if check:
         if check.get("probe_ratio") is not None:
-            lines.append(f"  profile probe  the profile's tables {check['probe_profile_s'] * 1e3:.3g} ms, re-timed now "
-                         f"{check['probe_now_s'] * 1e3:.3g} ms ({check['probe_ratio']:.2f}x: "
-                         f"{'within' if check['probe_ok'] else 'NOT within'} {check['tolerance']:.0%}); at the end of "
-                         f"the calibration {check['probe_then_s'] * 1e3:.3g} ms")
+            lines.append(f"  profile probe  {check['probe_then_s'] * 1e3:.3g} ms at calibration, "
+                         f"{check['probe_now_s'] * 1e3:.3g} ms now ({check['probe_ratio']:.2f}x: "
+                         f"{'within' if check['probe_ok'] else 'NOT within'} {check['tolerance']:.0%}); the profile's "
+                         f"tables at those points {check['probe_profile_s'] * 1e3:.3g} ms")
         for warning in check.get("warnings", []):
             lines.append(f"  warning: {warning}")
     lines.append("  targets: " + ", ".join(f"{k} {'met' if v['met'] else 'NOT met'}" for k, v in r["targets"].items()))

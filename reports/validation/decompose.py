@@ -15,10 +15,13 @@ each a difference of means over the engine's mean, which sum to the total:
   ``SchedulerOutput``), minus the measured busy time: the part the step errors explain;
 - ``queue_wait``: the simulator's wait from arrival to first scheduling minus the engine's (re-timed
   as above). With the same decisions both wait the same steps and it is only where in a step the
-  request arrived (the two clocks drift apart by the step errors); TPOT has none;
-- ``scheduling``: the rest, the simulator's steps from first scheduling on against the engine's
-  steps predicted: other batches, preemptions or step counts, and whatever the simulator puts
-  between steps. Zero when both made the same decisions (the same steps costed the same).
+  request arrived (the two clocks drift apart by the step errors); with others it also holds the
+  simulator's longer or shorter queueing; TPOT has none;
+- ``decisions``: the rest, the simulator's steps from first scheduling on against the engine's
+  steps predicted: scheduling differences (other batches, preemptions, step counts, a request
+  joining at another step) and whatever the simulator puts between steps. Zero when both made
+  the same decisions (the same steps costed the same). The scheduler's own CPU time is not here:
+  it is inside a step (``schedule()`` to ``update()``), so in ``step_time``.
 
 Per request the parts are computed on the engine's timeline (steps, their measured and predicted
 times) and the simulator's request records; no run is re-simulated, so nothing drifts.
@@ -34,7 +37,7 @@ from reports.validation.compare import _r
 from sim.metrics import COMPLETED, RequestMetrics
 
 METRICS = ("ttft", "tpot", "e2e")
-PARTS = ("between_steps", "step_time", "queue_wait", "scheduling")
+PARTS = ("between_steps", "step_time", "queue_wait", "decisions")
 
 
 def _step_index(times: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -120,7 +123,7 @@ def decompose(sim: RequestMetrics, engine: RequestMetrics, timeline: EngineTimel
             out[name] = None
             continue
         queue = 0.0 if name == "tpot" else float(np.mean(sim_queue[both] - costed["queue"][both]))
-        parts = {"between_steps": w - e, "step_time": p - w, "queue_wait": queue, "scheduling": s - p - queue}
+        parts = {"between_steps": w - e, "step_time": p - w, "queue_wait": queue, "decisions": s - p - queue}
         out[name] = {"mean_error": _r((s - e) / e), **{k: _r(x / e) for k, x in parts.items()},
                      "engine_mean_s": _r(e), "engine_busy_mean_s": _r(w), "engine_predicted_mean_s": _r(p),
                      "simulator_mean_s": _r(s)}

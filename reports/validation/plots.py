@@ -5,7 +5,7 @@
 2. the CDFs of TTFT, TPOT and end-to-end latency, engine against simulator (KS statistic in the
    legend);
 3. why the latency errors are what they are: each mean error split into the step-time,
-   scheduling, queue-wait and between-steps parts (``reports.validation.decompose``), and the
+   decisions, queue-wait and between-steps parts (``reports.validation.decompose``), and the
    step-time error over the engine's steps beside the simulator's own;
 4. calibration curves: what the profile measured (dense layer vs tokens, decode attention vs
    context at a few batch sizes, the policy's time vs batch), with each point's interquartile range.
@@ -61,7 +61,7 @@ def latency_page(sim: RequestMetrics, engine: RequestMetrics, errors: dict):
     return fig
 
 
-PART_LABELS = (("step_time", "step time"), ("scheduling", "scheduling"), ("queue_wait", "queue wait"),
+PART_LABELS = (("step_time", "step time"), ("decisions", "decisions"), ("queue_wait", "queue wait"),
                ("between_steps", "between steps"))
 
 
@@ -71,7 +71,7 @@ def error_parts_page(report: dict):
     fig, (a, b) = new_page(
         "Why the latency errors are what they are",
         "Each mean latency error is the sum of four parts: the step-time error over the steps each request lived "
-        "through; scheduling (the simulator's own batches and step counts; zero when it made the engine's decisions, "
+        "through; decisions (scheduling differences: the simulator's own batches and step counts; zero when it made the engine's decisions, "
         f"which here it {'did' if same else 'did not'} on the wall clock); where in a step requests arrived; and "
         "the engine's time between steps, which the simulator does not model. Right: the step-time error on the "
         "engine's steps and on the simulator's own (timed by the engine in lockstep).")

@@ -10,7 +10,7 @@ when not), ``outputs_match_reference``, ``step_time_mape``, ``ttft`` / ``tpot`` 
 two engine runs) and ``targets`` (the issue's thresholds, each with its figure).
 
 Why the latency errors are what they are: ``error_parts`` splits each mean latency error into the
-part the step errors explain over the steps each request lived through, the scheduling part (zero
+part the step errors explain over the steps each request lived through, the decisions part (scheduling differences: zero
 when the engine's wall-clock run made the simulator's decisions, which
 ``wall_clock_decisions_identical`` says), the queue wait's and the engine's time between steps
 (``reports.validation.decompose``). ``step_time`` is the error over the engine's wall-clock steps;
@@ -82,7 +82,9 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
         reference = check_outputs(model, requests, outputs, lambda r: sampling)
 
     # the simulator's own steps (the ones its latencies are sums of), as the lockstep engine timed them
+    usage = cost_model.usage_snapshot()  # (costing them again must not count extrapolations twice)
     lock_measured, lock_predicted = runs.step_times(lock, cost_model)
+    cost_model.restore_usage(usage)
     del lock  # what the timed runs keep alive, the cyclic collector scans: keep little
     log("engine on the wall clock")
     wall = _timed(lambda: runs.run_wall_clock(model, config, scheduler_cls, requests, backend=backend))

@@ -187,12 +187,25 @@ class Profile:
             raise ProfileError(f"{where}: incomplete ({len(tables)} of {len(TABLES)} tables measured; missing "
                                f"{', '.join(missing) or 'none, but not marked complete'}): run the same pagesim "
                                f"calibrate command again to resume it")
-        conditions = d.get("conditions")
-        if conditions is not None and not isinstance(conditions, Mapping):
-            raise ProfileError(f"{where}: malformed 'conditions'")
         return cls(dict(d["device"]), dict(d["versions"]), dict(d["model"]), dict(d["settings"]), tables,
-                   complete, path, dict(conditions) if conditions is not None else None,
-                   _probe(d.get("probe"), where))
+                   complete, path, _conditions(d.get("conditions"), where), _probe(d.get("probe"), where))
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _conditions(conditions: Any, where: str) -> dict[str, Any] | None:
+    """A profile's load record, checked: numbers where numbers belong, a CPU count >= 1."""
+    if conditions is None:
+        return None
+    ok = isinstance(conditions, Mapping) and all(
+        conditions.get(key) is None or _number(conditions[key])
+        for key in ("load_average_start", "load_average_max", "cpu_share", "wall_s"))
+    cpus = conditions.get("cpus") if isinstance(conditions, Mapping) else None
+    if not ok or not (cpus is None or (_number(cpus) and int(cpus) == cpus and cpus >= 1)):
+        raise ProfileError(f"{where}: malformed 'conditions' (calibrate again to record new ones)")
+    return dict(conditions)
 
 
 def _probe(probe: Any, where: str) -> dict[str, Any] | None:
@@ -203,18 +216,17 @@ def _probe(probe: Any, where: str) -> dict[str, Any] | None:
     bad = ProfileError(f"{where}: malformed 'probe' (calibrate again to record a new one)")
     if not isinstance(probe, Mapping) or not isinstance(probe.get("points"), list) or not probe["points"]:
         raise bad
-    try:
-        points = []
-        for p in probe["points"]:
-            table, point, median = p["table"], [float(x) for x in p["point"]], float(p["median_s"])
-            if table not in TABLES or len(point) != len(TABLES[table][0]) or not math.isfinite(median) or median <= 0 \
-                    or any(not math.isfinite(x) or x < 0 for x in point):
-                raise bad
-            points.append({**p, "point": point, "median_s": median})
-        total = float(probe["total_s"])
-    except (KeyError, TypeError, ValueError):
-        raise bad from None
-    if not math.isfinite(total) or abs(total - sum(p["median_s"] for p in points)) > 1e-9 * max(1.0, total):
+    points = []
+    for p in probe["points"]:
+        if not isinstance(p, Mapping) or not isinstance(p.get("point"), list) or p.get("table") not in TABLES:
+            raise bad
+        point, median = p["point"], p.get("median_s")
+        if len(point) != len(TABLES[p["table"]][0]) or not all(_number(x) for x in point) \
+                or not _number(median) or median <= 0:
+            raise bad
+        points.append({**p, "point": [float(x) for x in point], "median_s": float(median)})
+    total = probe.get("total_s")
+    if not _number(total) or abs(total - sum(p["median_s"] for p in points)) > 1e-9 * max(1.0, total):
         raise bad
     return {**probe, "points": points, "total_s": total}
 
