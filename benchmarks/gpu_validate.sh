@@ -243,7 +243,7 @@ def pct(x):
 
 check = r.get("profile_check") or {}
 ratio = check.get("probe_ratio")
-probe = "n/a" if ratio is None else f"{ratio:.2f}x ({'within' if check.get('probe_ok') else 'NOT within'} {check.get('tolerance', 0):.0%})"
+probe = "n/a" if ratio is None else f"{ratio:.2f}x per point ({'within' if check.get('probe_ok') else 'NOT within'} {check.get('tolerance', 0):.0%})"
 mape = r.get("step_time_mape")
 print(f"gpu_validate: {model} on {gpu}: decisions identical {r['decision_logs_identical']}, outputs match reference "
       f"{r['outputs_match_reference']}, step MAPE {'n/a' if mape is None else f'{mape:.1%}'}, TPOT mean "

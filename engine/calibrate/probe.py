@@ -7,11 +7,11 @@ later run tell when those no longer hold (``check_profile``):
   fresh one-layer model with ``PROBE_WARMUP`` and ``PROBE_REPEATS`` calls each: per table of
   ``PROBE_TABLES`` (a dense layer, decode and prefill attention, the policy) the middle point by
   size of those whose median is under ``PROBE_POINT_S`` and the largest such point (large batches
-  are where a load-inflated calibration errs most). Re-timed the same way later, the ratio of the two sums
-  says whether the machine runs as it did: more than ``tolerance`` off either way (default
-  ``TOLERANCE``; 0.8x and 1.25x are both 25% off, ``off_by``) and the profile no longer describes
-  it. The probe at calibration against the profile's tables at the same points says whether the
-  machine held steady while the tables were measured (the two methods differ a little: a fresh
+  are where a load-inflated calibration errs most). Re-timed the same way later, the geometric
+  mean of the points' ratios (each point counts the same) says whether the machine runs as it did:
+  more than ``tolerance`` off either way (default ``TOLERANCE``; 0.8x and 1.25x are both 25% off,
+  ``off_by``) and the profile no longer describes it. The probe at calibration against the
+  profile's tables at the same points (likewise) says whether the machine held steady while the tables were measured (the two methods differ a little: a fresh
   model, fewer repeats; about 6% on a quiet CPU here);
 - **fingerprint**: the profile's device name and Python, torch and (where it used them) Triton
   versions, compared with this machine's, and its CPU threads against the CPUs this process may
@@ -177,17 +177,12 @@ class ProfileCheck:
     probe_then_s: float | None = None
     probe_now_s: float | None = None
     probe_points: list[dict[str, Any]] = field(default_factory=list)
+    ratio: float | None = None  # now over then: the geometric mean of the points' ratios
+    steady_ratio: float | None = None  # then over the tables, likewise
     fingerprint_differences: list[str] = field(default_factory=list)
     calibration_busy: str | None = None
     load_average_now: float | None = None
     warnings: list[str] = field(default_factory=list)
-
-    @property
-    def ratio(self) -> float | None:
-        """The probe now over the probe at calibration."""
-        if self.probe_then_s and self.probe_now_s is not None:
-            return self.probe_now_s / self.probe_then_s
-        return None
 
     @property
     def probe_ok(self) -> bool | None:
@@ -201,7 +196,8 @@ class ProfileCheck:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "tolerance": self.tolerance, "probe_then_s": _sig(self.probe_then_s),
                 "probe_now_s": _sig(self.probe_now_s), "probe_ratio": _sig(self.ratio), "probe_ok": self.probe_ok,
-                "probe_profile_s": _sig(self.probe_profile_s), "probe_points": self.probe_points,
+                "probe_profile_s": _sig(self.probe_profile_s), "probe_steady_ratio": _sig(self.steady_ratio),
+                "probe_points": self.probe_points,
                 "fingerprint_differences": self.fingerprint_differences, "calibration_busy": self.calibration_busy,
                 "load_average_now": self.load_average_now, "warnings": self.warnings}
 
@@ -212,11 +208,6 @@ def _sig(x: float | None) -> float | None:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
-
-
-def _speed(ratio: float) -> str:
-    """A time ratio in words, the same either way: 0.8 -> "1.25x faster", 1.3 -> "1.3x slower"."""
-    return f"{1 / ratio:.2f}x faster" if ratio < 1 else f"{ratio:.2f}x slower"
 
 
 def fingerprint_differences(profile) -> list[str]:
@@ -299,6 +290,8 @@ def check_profile(profile, *, tolerance: float = TOLERANCE, retime: bool = True,
     check.probe_points = [{"table": a["table"], "point": a["point"], "profile_s": _sig(t), "then_s": _sig(a["median_s"]),
                            "now_s": _sig(b["median_s"])}
                           for a, b, t in zip(probe["points"], now["points"], tables)]
+    check.ratio = _geometric_mean([b["median_s"] / a["median_s"] for a, b in zip(probe["points"], now["points"])])
+    check.steady_ratio = _geometric_mean([a["median_s"] / t for a, t in zip(probe["points"], tables)])
     n = len(tables)
     if not check.probe_ok:
         load = check.load_average_now
@@ -306,13 +299,19 @@ def check_profile(profile, *, tolerance: float = TOLERANCE, retime: bool = True,
             if load is not None else ""
         check.warnings.append(
             f"the profile no longer describes this machine: its probe ({n} of its grid points) took "
-            f"{_ms(check.probe_then_s)} at calibration and takes {_ms(check.probe_now_s)} now "
-            f"({_speed(check.ratio)}, more than {tolerance:.0%} off){busy_now}: predicted step times will be off by "
-            f"about that factor; calibrate again here")
-    steady = check.probe_then_s / check.probe_profile_s
+            f"{_ms(check.probe_then_s)} at calibration and takes {_ms(check.probe_now_s)} now; per point it takes "
+            f"{check.ratio:.2f}x its time at calibration (geometric mean), more than {tolerance:.0%} off{busy_now}: "
+            f"the profile's step times are likely too {'long' if check.ratio < 1 else 'short'} here; calibrate again here")
+    steady = check.steady_ratio
     if off_by(steady) > tolerance:
         check.warnings.append(
             f"the machine did not hold steady while the profile was measured: at its probe's {n} grid points its "
             f"tables say {_ms(check.probe_profile_s)}, and the same points re-timed at the end of the calibration took "
-            f"{_ms(check.probe_then_s)} ({_speed(steady)}): calibrate again on a quiet machine")
+            f"{_ms(check.probe_then_s)}; per point {steady:.2f}x the tables' times (geometric mean), more than "
+            f"{tolerance:.0%} off: calibrate again on a quiet machine")
     return check
+
+
+def _geometric_mean(ratios: list[float]) -> float:
+    """Each point counts the same, whether it takes microseconds (the policy) or milliseconds."""
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))

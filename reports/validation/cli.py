@@ -226,7 +226,7 @@ def text_summary(r: dict) -> str:
     if check:
         if check.get("probe_ratio") is not None:
             lines.append(f"  profile probe  {check['probe_then_s'] * 1e3:.3g} ms at calibration, "
-                         f"{check['probe_now_s'] * 1e3:.3g} ms now ({check['probe_ratio']:.2f}x: "
+                         f"{check['probe_now_s'] * 1e3:.3g} ms now (per point {check['probe_ratio']:.2f}x, geometric mean: "
                          f"{'within' if check['probe_ok'] else 'NOT within'} {check['tolerance']:.0%}); the profile's "
                          f"tables at those points {check['probe_profile_s'] * 1e3:.3g} ms")
         for warning in check.get("warnings", []):
