@@ -314,4 +314,4 @@ def check_profile(profile, *, tolerance: float = TOLERANCE, retime: bool = True,
 
 def _geometric_mean(ratios: list[float]) -> float:
     """Each point counts the same, whether it takes microseconds (the policy) or milliseconds."""
-    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return math.exp(sum(math.log(max(r, 1e-12)) for r in ratios) / len(ratios))  # (a 0 s sample: clock resolution)
