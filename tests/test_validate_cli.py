@@ -126,3 +126,36 @@ def test_with_the_engines_decisions_nothing_is_left_to_the_decisions_part(profil
     for name in ("ttft", "tpot", "e2e"):
         parts = report["error_parts"][name]
         assert abs(parts["decisions"]) < 1e-3 and abs(parts["queue_wait"]) < 1e-3, (name, parts)
+
+
+def test_a_16_bit_profile_checks_the_reference_in_float32_and_times_in_its_own_dtype(tmp_path, capsys):
+    from engine.calibrate.calibrate import calibrate
+    from engine.model.config import LlamaConfig
+
+    out = tmp_path / "bf16.json"
+    threads = torch.get_num_threads()
+    try:
+        calibrate(LlamaConfig.named("tiny"), out=out, device=torch.device("cpu"), dtype=torch.bfloat16,
+                  backend="torch", threads=1, warmup=0, repeats=1, grid=TINY_GRID)
+    finally:
+        torch.set_num_threads(threads)
+    code, cap = _validate([*SMALL, "--profile", str(out), "--noise-runs", "0", "--json"], capsys)
+    report = json.loads(cap.out)
+    assert code == 0 and report["reference_dtype"] == "float32"
+    assert report["decision_logs_identical"] is True and report["outputs_match_reference"] is True
+    assert "in bfloat16 (the simulator's steps timed)" in cap.err
+    assert report["simulator_step_time"]["steps"] == report["decision_log_steps"]["simulator"]
+
+
+def test_a_model_widened_for_the_check_narrows_back_exactly():
+    from engine.model import load_model
+    from reports.validation.validate import in_dtype, reference_dtype
+
+    model = load_model("tiny", seed=0, dtype=torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert reference_dtype(torch.bfloat16) == reference_dtype(torch.float16) == torch.float32
+    assert reference_dtype(torch.float64) == torch.float64
+    with in_dtype(model, torch.float32):
+        assert model.dtype == torch.float32
+    assert model.dtype == torch.bfloat16
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,18 +69,26 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
     sim = runs.simulate(trace, config, scheduler_cls, cost_model, seed=seed)
     requests = runs.engine_requests(trace, model.config.vocab_size)
 
-    log("engine in lockstep with the simulator (validation mode)")
-    lock = runs.run_lockstep(model, config, scheduler_cls, requests, sim.release_steps, backend=backend)
-    engine_log = lock.scheduler.decision_log.records
-    difference = compare.first_difference(sim.log, engine_log)
-    reference = None
-    if check_reference:
-        from engine.runtime.reference import check_outputs
+    timed_dtype = model.dtype
+    exact_dtype = reference_dtype(timed_dtype) if check_reference else timed_dtype
+    log("engine in lockstep with the simulator (validation mode"
+        + (f", {dtype_words(exact_dtype)} for the reference check)" if exact_dtype != timed_dtype else ")"))
+    with in_dtype(model, exact_dtype):
+        lock = runs.run_lockstep(model, config, scheduler_cls, requests, sim.release_steps, backend=backend)
+        engine_log = lock.scheduler.decision_log.records
+        difference = compare.first_difference(sim.log, engine_log)
+        reference = None
+        if check_reference:
+            from engine.runtime.reference import check_outputs
 
-        log("checking the engine's outputs against the no-paging reference")
-        outputs = {rid: r.outputs for rid, r in lock.records.items() if r.status == "completed"}
-        sampling = lock.sampling
-        reference = check_outputs(model, requests, outputs, lambda r: sampling)
+            log("checking the engine's outputs against the no-paging reference")
+            outputs = {rid: r.outputs for rid, r in lock.records.items() if r.status == "completed"}
+            sampling = lock.sampling
+            reference = check_outputs(model, requests, outputs, lambda r: sampling)
+    if exact_dtype != timed_dtype:  # the simulator's steps timed in the profile's dtype, not the check's
+        del lock
+        log(f"engine in lockstep with the simulator again, in {dtype_words(timed_dtype)} (the simulator's steps timed)")
+        lock = runs.run_lockstep(model, config, scheduler_cls, requests, sim.release_steps, backend=backend)
 
     # the simulator's own steps (the ones its latencies are sums of), as the lockstep engine timed them
     usage = cost_model.usage_snapshot()  # (costing them again must not count extrapolations twice)
@@ -101,6 +110,7 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
         "decision_log_steps": {"simulator": len(sim.log), "engine": len(engine_log)},
         "first_difference": difference,
         "outputs_match_reference": None if reference is None else reference.match,
+        "reference_dtype": dtype_words(exact_dtype) if check_reference else None,
         "reference": None if reference is None else reference.to_dict(limit=5),
         "step_time_mape": steps["mape"],
         "step_time": steps,
@@ -122,6 +132,33 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
     report["wall_s"] = round(time.perf_counter() - t0, 3)
     report["threads"] = torch.get_num_threads()
     return Validation(report, sim, engine_m, measured, predicted)
+
+
+def reference_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the reference check runs in: float32 for a 16-bit model (as ``pagesim run
+    --check-reference`` does on CUDA): batched paged attention and the one-sequence reference sum
+    in other orders, and in 16 bits a greedy token can flip on random weights' near ties; the
+    decisions do not depend on the dtype, and the timed runs keep the profile's."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def dtype_words(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@contextmanager
+def in_dtype(model, dtype: torch.dtype):
+    """``model`` in ``dtype`` inside the block, back in its own after (16-bit weights widen and
+    narrow back exactly)."""
+    own = model.dtype
+    if dtype == own:
+        yield model
+        return
+    model.to(dtype)
+    try:
+        yield model
+    finally:
+        model.to(own)
 
 
 def _timed(run):
