@@ -82,8 +82,8 @@ def add_parser(subparsers) -> None:
                    help="re-time the profile's probe on this machine first and warn (--strict: stop) when the "
                         "profile no longer describes it (needs the profile's device here)")
     o.add_argument("--profile-tolerance", type=float, metavar="F",
-                   help="with --check-profile: how far the probe points, re-timed, may be from the profile's tables "
-                        "either way (default 0.2)")
+                   help="with --check-profile: how far the probe, re-timed, may be from its time at calibration "
+                        "either way (geometric mean of its points; default 0.2)")
     c = p.add_argument_group("cluster")
     c.add_argument("--replicas", type=int, default=1, metavar="N",
                    help="replicas behind a router, each with --tp GPUs and its own KV cache (default 1)")
@@ -175,16 +175,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _profile_tolerance(args: argparse.Namespace) -> float:
     """``--check-profile`` / ``--profile-tolerance`` checked against ``--profile``, before any work."""
-    from engine.calibrate.probe import TOLERANCE
+    from engine.calibrate.probe import tolerance_from
 
     if args.profile is None and (args.check_profile or args.profile_tolerance is not None):
         raise ValueError("--check-profile and --profile-tolerance check a calibration profile: give --profile FILE")
     if args.profile_tolerance is not None and not args.check_profile:
         raise ValueError("--profile-tolerance applies with --check-profile")
-    tolerance = TOLERANCE if args.profile_tolerance is None else args.profile_tolerance
-    if not 0 < tolerance < 10:
-        raise ValueError(f"--profile-tolerance must be in (0, 10), got {args.profile_tolerance}")
-    return tolerance
+    return tolerance_from(args.profile_tolerance)
 
 
 def _check_profile(args: argparse.Namespace, tolerance: float) -> None:
@@ -192,7 +189,7 @@ def _check_profile(args: argparse.Namespace, tolerance: float) -> None:
     also re-time its probe and compare its fingerprint (``engine.calibrate.probe``)."""
     if args.profile is None:
         return
-    from engine.calibrate.probe import busy_warning
+    from engine.calibrate.probe import busy_warning, show_warnings
     from sim.cost.profile import load_profile
 
     profile = load_profile(args.profile)
@@ -203,10 +200,7 @@ def _check_profile(args: argparse.Namespace, tolerance: float) -> None:
         warnings = check_profile(profile, tolerance=tolerance).warnings
     else:
         warnings = [w for w in [busy_warning(profile)] if w]
-    for warning in warnings:
-        print(f"pagesim simulate: warning: {warning}", file=sys.stderr)
-    if warnings and args.strict:
-        raise ValueError(f"{args.profile} does not hold ({len(warnings)} warning(s) above) (--strict)")
+    show_warnings("simulate", args.profile, warnings, strict=args.strict)
 
 
 def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):

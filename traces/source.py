@@ -70,8 +70,9 @@ def add_source_args(parser: argparse.ArgumentParser, *, trace_positional: bool =
                        help="spread requests logged with one timestamp over the gap to the next "
                             "(Mooncake logs batches about 3 s apart)")
     group.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    group.add_argument("--strict", action="store_true", help="treat warnings as errors: repaired input, and a calibration profile that does not "
-                       "hold here (validate; simulate --check-profile)")
+    group.add_argument("--strict", action="store_true",
+                       help="treat warnings as errors: repaired input, and a calibration profile that does not hold "
+                            "here (validate; simulate --profile)")
     group.add_argument("--max-decompressed-gb", type=float, metavar="GIB",
                        help="stop reading a gzip file once it has decompressed to GIB GiB (default: 100 x the "
                             "file's size, at least 1 GiB; a guard against gzip bombs)")

@@ -11,8 +11,9 @@ later run tell when those no longer hold (``check_profile``):
   mean of the points' ratios (each point counts the same) says whether the machine runs as it did:
   more than ``tolerance`` off either way (default ``TOLERANCE``; 0.8x and 1.25x are both 25% off,
   ``off_by``) and the profile no longer describes it. The probe at calibration against the
-  profile's tables at the same points (likewise) says whether the machine held steady while the tables were measured (the two methods differ a little: a fresh
-  model, fewer repeats; about 6% on a quiet CPU here);
+  profile's tables at the same points (likewise) says whether the machine held steady while the
+  tables were measured (the two methods differ a little: a fresh model, fewer repeats; about 10%
+  on a quiet CPU here);
 - **fingerprint**: the profile's device name and Python, torch and (where it used them) Triton
   versions, compared with this machine's, and its CPU threads against the CPUs this process may
   use;
@@ -102,6 +103,25 @@ def busy_words(conditions: dict[str, Any] | None) -> str | None:
     if share is not None and share < BUSY_SHARE:
         why.append(f"the calibrating process got {share:.0%} of a CPU (its CPU time over wall time)")
     return "; ".join(why) or None
+
+
+def tolerance_from(value: float | None) -> float:
+    """``--profile-tolerance`` (``None``: ``TOLERANCE``), refused outside (0, 10)."""
+    tolerance = TOLERANCE if value is None else value
+    if not 0 < tolerance < 10:
+        raise ValueError(f"--profile-tolerance must be in (0, 10), got {value}")
+    return tolerance
+
+
+def show_warnings(command: str, path, warnings: list[str], *, strict: bool) -> None:
+    """Each warning about the profile at ``path`` as one stderr line of ``pagesim COMMAND``; with
+    ``strict``, any warning is an error."""
+    import sys
+
+    for warning in warnings:
+        print(f"pagesim {command}: warning: {warning}", file=sys.stderr)
+    if warnings and strict:
+        raise ValueError(f"{path} does not hold on this machine ({len(warnings)} warning(s) above) (--strict)")
 
 
 def busy_warning(profile) -> str | None:

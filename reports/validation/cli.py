@@ -38,10 +38,11 @@ def add_parser(subparsers) -> None:
     g.add_argument("--num-cpu-blocks", type=int, default=DEFAULT_CPU_BLOCKS, metavar="N",
                    help=f"CPU swap blocks (default {DEFAULT_CPU_BLOCKS})")
     add_policy_args(p)
-    o = p.add_argument_group("output")
     g.add_argument("--profile-tolerance", type=float, default=None, metavar="F",
-                   help="how far the profile's probe points, re-timed here, may be from the profile's tables either "
-                        "way before validate warns (default 0.2: 0.83x to 1.2x); --strict makes it an error")
+                   help="how far the profile's probe, re-timed here, may be from its time at calibration either way "
+                        "(geometric mean of its points) before validate warns (default 0.2: 0.83x to 1.2x); --strict "
+                        "makes it an error")
+    o = p.add_argument_group("output")
     o.add_argument("--noise-runs", type=int, default=1, metavar="K",
                    help="replay the engine's run step for step, and run it K more times, to measure how far the "
                         "engine is from itself (default 1; 0 skips both)")
@@ -67,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     for flag, low in (("num_gpu_blocks", 1), ("num_cpu_blocks", 0), ("noise_runs", 0)):
         if getattr(args, flag) < low:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= {low}, got {getattr(args, flag)}")
-    tolerance = _tolerance(args.profile_tolerance)
+    from engine.calibrate.probe import tolerance_from
+
+    tolerance = tolerance_from(args.profile_tolerance)
     out = Path(args.out) if args.out else None
     if out is not None:
         if out.exists() and not out.is_dir():
@@ -135,27 +138,14 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _tolerance(value: float | None) -> float:
-    from engine.calibrate.probe import TOLERANCE
-
-    tolerance = TOLERANCE if value is None else value
-    if not 0 < tolerance < 10:
-        raise ValueError(f"--profile-tolerance must be in (0, 10), got {value}")
-    return tolerance
-
-
 def _check_profile(profile, args: argparse.Namespace, tolerance: float):
     """Re-time the profile's probe and compare its fingerprint and load (``engine.calibrate.probe``):
     each finding is a warning, or with ``--strict`` an error before the runs."""
-    from engine.calibrate.probe import check_profile
+    from engine.calibrate.probe import check_profile, show_warnings
 
     print("pagesim validate: re-timing the profile's probe", file=sys.stderr, flush=True)
     check = check_profile(profile, tolerance=tolerance)
-    for warning in check.warnings:
-        print(f"pagesim validate: warning: {warning}", file=sys.stderr)
-    if args.strict and not check.ok:
-        raise ValueError(f"{args.profile} does not hold on this machine ({len(check.warnings)} warning(s) above) "
-                         f"(--strict)")
+    show_warnings("validate", args.profile, check.warnings, strict=args.strict)
     return check
 
 

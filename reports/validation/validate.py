@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.model.weights import dtype_name
 from engine.policy import SchedulerConfig
 from reports.validation import compare, decompose, runs
 from sim.cost.calibrated import CalibratedCostModel
@@ -72,7 +73,7 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
     timed_dtype = model.dtype
     exact_dtype = reference_dtype(timed_dtype) if check_reference else timed_dtype
     log("engine in lockstep with the simulator (validation mode"
-        + (f", {dtype_words(exact_dtype)} for the reference check)" if exact_dtype != timed_dtype else ")"))
+        + (f", {dtype_name(exact_dtype)} for the reference check)" if exact_dtype != timed_dtype else ")"))
     with in_dtype(model, exact_dtype):
         lock = runs.run_lockstep(model, config, scheduler_cls, requests, sim.release_steps, backend=backend)
         engine_log = lock.scheduler.decision_log.records
@@ -87,7 +88,7 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
             reference = check_outputs(model, requests, outputs, lambda r: sampling)
     if exact_dtype != timed_dtype:  # the simulator's steps timed in the profile's dtype, not the check's
         del lock
-        log(f"engine in lockstep with the simulator again, in {dtype_words(timed_dtype)} (the simulator's steps timed)")
+        log(f"engine in lockstep with the simulator again, in {dtype_name(timed_dtype)} (the simulator's steps timed)")
         lock = runs.run_lockstep(model, config, scheduler_cls, requests, sim.release_steps, backend=backend)
 
     # the simulator's own steps (the ones its latencies are sums of), as the lockstep engine timed them
@@ -110,7 +111,7 @@ def validate(trace: Trace, config: SchedulerConfig, scheduler_cls, model, cost_m
         "decision_log_steps": {"simulator": len(sim.log), "engine": len(engine_log)},
         "first_difference": difference,
         "outputs_match_reference": None if reference is None else reference.match,
-        "reference_dtype": dtype_words(exact_dtype) if check_reference else None,
+        "reference_dtype": dtype_name(exact_dtype) if check_reference else None,
         "reference": None if reference is None else reference.to_dict(limit=5),
         "step_time_mape": steps["mape"],
         "step_time": steps,
@@ -140,10 +141,6 @@ def reference_dtype(dtype: torch.dtype) -> torch.dtype:
     in other orders, and in 16 bits a greedy token can flip on random weights' near ties; the
     decisions do not depend on the dtype, and the timed runs keep the profile's."""
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-
-
-def dtype_words(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @contextmanager
