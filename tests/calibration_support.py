@@ -1,5 +1,5 @@
-"""Profiles for tests: a synthetic one whose tables follow known formulas, and a tiny grid for
-timing the real code in seconds."""
+"""Profiles for tests: a synthetic one whose tables follow known formulas, a tiny grid for
+timing the real code in seconds, and ``calibrate_tiny`` to time it."""
 
 from __future__ import annotations
 
@@ -53,3 +53,19 @@ def synthetic_profile() -> Profile:
 
 
 synthetic_profile.formulas = {**FORMULAS, "pair_s": PAIR_S}
+
+
+def calibrate_tiny(out, *, dtype=None, warmup: int = 1, repeats: int = 3) -> Profile:
+    """``tiny`` calibrated on the CPU over ``TINY_GRID`` (torch kernels, one thread, float64 unless
+    ``dtype``) into ``out``, the caller's torch thread count put back after."""
+    import torch
+
+    from engine.calibrate.calibrate import calibrate
+    from engine.model.config import LlamaConfig
+
+    threads = torch.get_num_threads()
+    try:
+        return calibrate(LlamaConfig.named("tiny"), out=out, device=torch.device("cpu"), dtype=dtype or torch.float64,
+                         backend="torch", threads=1, warmup=warmup, repeats=repeats, grid=TINY_GRID)
+    finally:
+        torch.set_num_threads(threads)

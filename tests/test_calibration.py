@@ -16,7 +16,7 @@ from sim.cost.base import StepWork
 from sim.cost.calibrated import CalibratedCostModel
 from sim.cost.interpolate import TableModel, fit_roofline
 from sim.cost.profile import TABLES, Profile, ProfileError, Table, grid_points, load_profile, save_profile
-from tests.calibration_support import TINY_GRID, synthetic_profile
+from tests.calibration_support import TINY_GRID, calibrate_tiny, synthetic_profile
 
 
 # ---------------------------------------------------------------- profile file
@@ -152,13 +152,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory):
-    from engine.calibrate.calibrate import calibrate
-    from engine.model.config import LlamaConfig
-
-    out = tmp_path_factory.mktemp("cal") / "profile.json"
-    torch.set_num_threads(1)
-    return calibrate(LlamaConfig.named("tiny"), out=out, device=torch.device("cpu"), dtype=torch.float64,
-                     backend="torch", threads=1, warmup=1, repeats=3, grid=TINY_GRID)
+    return calibrate_tiny(tmp_path_factory.mktemp("cal") / "profile.json")
 
 
 def test_calibrate_writes_a_complete_profile_with_raw_samples(tiny_profile):

@@ -14,21 +14,13 @@ from sim.cost.profile import ProfileError, load_profile
 torch = pytest.importorskip("torch")
 
 from engine.cli import main  # noqa: E402
-from tests.calibration_support import TINY_GRID  # noqa: E402
+from tests.calibration_support import calibrate_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def profile_path(tmp_path_factory):
-    from engine.calibrate.calibrate import calibrate
-    from engine.model.config import LlamaConfig
-
     out = tmp_path_factory.mktemp("probe") / "profile.json"
-    threads = torch.get_num_threads()
-    try:
-        calibrate(LlamaConfig.named("tiny"), out=out, device=torch.device("cpu"), dtype=torch.float64, backend="torch",
-                  threads=1, warmup=1, repeats=3, grid=TINY_GRID)
-    finally:
-        torch.set_num_threads(threads)
+    calibrate_tiny(out)
     return out
 
 
@@ -227,17 +219,9 @@ def test_more_threads_than_cpus_is_a_fingerprint_difference(profile_path, tmp_pa
 
 
 def test_calibrating_a_complete_profile_again_keeps_it_and_its_probe(profile_path, tmp_path):
-    from engine.calibrate.calibrate import calibrate
-    from engine.model.config import LlamaConfig
-
     out = tmp_path / "again.json"
     out.write_bytes(profile_path.read_bytes())
     before = load_profile(out)
-    threads = torch.get_num_threads()
-    try:
-        again = calibrate(LlamaConfig.named("tiny"), out=out, device=torch.device("cpu"), dtype=torch.float64,
-                          backend="torch", threads=1, warmup=1, repeats=3, grid=TINY_GRID)
-    finally:
-        torch.set_num_threads(threads)
+    again = calibrate_tiny(out)
     assert again.probe == before.probe and again.conditions == before.conditions  # not re-probed later
     assert load_profile(out).probe == before.probe

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.cli import main  # noqa: E402
-from tests.calibration_support import TINY_GRID  # noqa: E402
+from tests.calibration_support import calibrate_tiny  # noqa: E402
 
 SMALL = ["--workload", "kwon2023-alpaca", "--num-requests", "12", "--rate", "40", "--num-gpu-blocks", "24",
          "--block-size", "8"]
@@ -21,16 +21,8 @@ SMALL = ["--workload", "kwon2023-alpaca", "--num-requests", "12", "--rate", "40"
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
-    from engine.calibrate.calibrate import calibrate
-    from engine.model.config import LlamaConfig
-
     out = tmp_path_factory.mktemp("val") / "profile.json"
-    threads = torch.get_num_threads()
-    try:
-        calibrate(LlamaConfig.named("tiny"), out=out, device=torch.device("cpu"), dtype=torch.float64, backend="torch",
-                  threads=1, warmup=1, repeats=3, grid=TINY_GRID)
-    finally:
-        torch.set_num_threads(threads)
+    calibrate_tiny(out)
     return str(out)
 
 
@@ -129,16 +121,8 @@ def test_with_the_engines_decisions_nothing_is_left_to_the_decisions_part(profil
 
 
 def test_a_16_bit_profile_checks_the_reference_in_float32_and_times_in_its_own_dtype(tmp_path, capsys):
-    from engine.calibrate.calibrate import calibrate
-    from engine.model.config import LlamaConfig
-
     out = tmp_path / "bf16.json"
-    threads = torch.get_num_threads()
-    try:
-        calibrate(LlamaConfig.named("tiny"), out=out, device=torch.device("cpu"), dtype=torch.bfloat16,
-                  backend="torch", threads=1, warmup=0, repeats=1, grid=TINY_GRID)
-    finally:
-        torch.set_num_threads(threads)
+    calibrate_tiny(out, dtype=torch.bfloat16, warmup=0, repeats=1)
     code, cap = _validate([*SMALL, "--profile", str(out), "--noise-runs", "0", "--json"], capsys)
     report = json.loads(cap.out)
     assert code == 0 and report["reference_dtype"] == "float32"
