@@ -64,6 +64,15 @@ def add_policy_args(parser: argparse.ArgumentParser):
     s.add_argument("--max-model-len", type=int, metavar="L", help="default: the model's context length")
     s.add_argument("--max-num-seqs", type=int, metavar="N", help="batch limit (default: the preset's)")
     s.add_argument("--max-num-batched-tokens", type=int, metavar="T", help="token budget per step")
+    s.add_argument("--kv-offloading-size", type=float, metavar="GIB",
+                   help="a second KV tier: GiB of CPU memory holding copies of prefix-cache blocks, loaded back "
+                        "instead of recomputed (vLLM's flag; needs prefix caching; default: none)")
+    s.add_argument("--kv-offloading-backend", choices=["native"], default="native",
+                   help="vLLM's offloading backend: native (its OffloadingConnector; the one modelled)")
+    s.add_argument("--kv-offloading-policy", metavar="NAME",
+                   help="the offload store's eviction policy: lru (default) and arc as vLLM's, lfu")
+    s.add_argument("--num-offload-blocks", type=int, metavar="N",
+                   help="the offload store's size in blocks (overrides --kv-offloading-size)")
     s.add_argument("--prefix-cache-retention-interval", metavar="N|dense",
                    help="sliding-window groups: key only the window's tail at resume points (0, vLLM 0.33's "
                         "default), also one per N tokens, or every full block (dense)")
@@ -86,6 +95,14 @@ def policy_overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag)
         if value is not None:
             overrides[name] = value == "on"
+    policy = getattr(args, "kv_offloading_policy", None)
+    if policy is not None:
+        from engine.policy.offload import OFFLOAD_POLICIES
+
+        if policy not in OFFLOAD_POLICIES:
+            raise ValueError(f"--kv-offloading-policy: unknown offload eviction policy {policy!r}; choose one of "
+                             f"{', '.join(OFFLOAD_POLICIES)}")
+        overrides["offload_eviction_policy"] = policy
     retention = getattr(args, "prefix_cache_retention_interval", None)
     if retention is not None:
         if retention.strip().lower() in ("dense", "none"):
@@ -116,3 +133,22 @@ def _check_names(args: argparse.Namespace) -> None:
         if getattr(args, plugin.kind) != plugin.name:
             raise ValueError(f"--plugin {plugin.spec} is the {plugin.noun} {plugin.name!r}, but --{plugin.kind} "
                              f"does not select it (add --{plugin.kind} {plugin.name})")
+
+
+def offload_blocks(args: argparse.Namespace, block_bytes: int) -> int | None:
+    """The offload store's blocks the flags ask for (``None``: neither flag given):
+    ``--num-offload-blocks``, else ``--kv-offloading-size`` GiB in blocks of ``block_bytes`` (one
+    block of every layer, keys and values, over all the replica's GPUs, as vLLM sizes it)."""
+    n, gib = getattr(args, "num_offload_blocks", None), getattr(args, "kv_offloading_size", None)
+    if n is not None:
+        if n < 0:
+            raise ValueError(f"--num-offload-blocks must be >= 0, got {n}")
+        return n
+    if gib is None:
+        return None
+    if not 0 <= gib < 2.0**32:
+        raise ValueError(f"--kv-offloading-size must be a number of GiB >= 0, got {gib:g}")
+    blocks = int(gib * 2**30) // block_bytes
+    if gib > 0 and blocks < 1:
+        raise ValueError(f"--kv-offloading-size {gib:g} GiB holds no block of {block_bytes:,} bytes")
+    return blocks

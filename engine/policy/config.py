@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from engine.policy.eviction import EVICTION_POLICIES
+from engine.policy.offload.policies import OFFLOAD_POLICIES
 from engine.policy.plugins import lookup
 from engine.policy.preemption import PreemptionMode, VictimPolicy, make_preemption_mode, make_victim_policy
 
@@ -54,8 +55,16 @@ class SchedulerConfig:
     # requests); N > 0 also one tail per N tokens; None keys every full block (dense).
     prefix_cache_retention_interval: int | None = 0
 
+    # A second KV tier (engine/policy/offload/): an offload store in CPU memory of this many
+    # blocks (0: none; vLLM's --kv-offloading-size, in blocks) holding copies of full blocks, so
+    # a prefix evicted from the GPU can be loaded back instead of recomputed. vLLM stores only
+    # prompt blocks by default (offload_prompt_only); False stores generated blocks too.
+    num_offload_blocks: int = 0
+    offload_prompt_only: bool = True
+
     # --- plug-ins -----------------------------------------------------------------------------
     eviction_policy: str = "lru"
+    offload_eviction_policy: str = "lru"  # the offload store's (lru and arc as vLLM's, lfu)
     victim_policy: str | VictimPolicy = "running-tail"
     preemption_mode: str | PreemptionMode = "recompute"
 
@@ -120,6 +129,7 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
         self._check_kv_groups()
+        self._check_offload()
         if self.step_order == "vllm-v0":
             for name, required in V0_REQUIRES.items():
                 if getattr(self, name) != required:
@@ -127,6 +137,23 @@ class SchedulerConfig:
                         f"step_order 'vllm-v0' reproduces vLLM 0.6.3, which needs {name}={required!r} "
                         f"(got {getattr(self, name)!r})"
                     )
+
+    def _check_offload(self) -> None:
+        n = self.num_offload_blocks
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"num_offload_blocks must be an integer >= 0, got {n!r}")
+        lookup(OFFLOAD_POLICIES, self.offload_eviction_policy, "offload eviction policy")
+        if not n:
+            return
+        if not self.enable_prefix_caching:
+            raise ValueError("KV offloading stores prefix-cache blocks by their keys: it needs prefix caching "
+                             "(--enable-prefix-caching)")
+        if self.is_hybrid:
+            raise ValueError("KV offloading of a hybrid KV cache (sliding-window layer groups) is not modelled; "
+                             "offload a full-attention model, or --disable-hybrid-kv-cache-manager")
+        if self.step_order != "vllm-v1":
+            raise ValueError("KV offloading is vLLM v1's (the native OffloadingConnector): it needs the vllm-v1 "
+                             "step order (the pagesim or vllm-v1 preset)")
 
     def _check_kv_groups(self) -> None:
         windows = self.kv_group_windows

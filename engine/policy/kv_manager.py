@@ -163,13 +163,32 @@ class KVCacheManager:
             hits.append(block_id)
             canonical = pool.keys[block_id]
             if canonical is not key:
-                # NOTE: chain our later keys onto the stored one, so verifying the next hit
-                # compares one link (``is``), not the whole chain again.
-                keys[j] = canonical
-                if j + 1 < len(keys):
-                    nxt = keys[j + 1]
-                    keys[j + 1] = BlockKey(canonical, nxt.content, self.hash_fn)
+                self.adopt_key(seq, j, canonical)
         return hits
+
+    def adopt_key(self, seq: Sequence, index: int, canonical: BlockKey) -> None:
+        """Use ``canonical``, a stored key equal to ``seq``'s key of block ``index``, in its place."""
+        # NOTE: chain our later keys onto the stored one, so verifying the next hit compares one
+        # link (``is``), not the whole chain again.
+        keys = seq.block_keys
+        keys[index] = canonical
+        if index + 1 < len(keys):
+            keys[index + 1] = BlockKey(canonical, keys[index + 1].content, self.hash_fn)
+
+    def load_prefix(self, seq: Sequence, keys: list[BlockKey]) -> list[int]:
+        """Extend ``seq``'s prefix hit with fresh blocks for these keys (their content comes from
+        the offload store: the executor copies it in before the step's forward pass), registered
+        in the prefix cache at once; returns the blocks."""
+        pool = self.pool
+        blocks = pool.allocate_many(len(keys))
+        for block_id, key in zip(blocks, keys):
+            pool.cache_block(block_id, key)
+        seq.block_table.extend(blocks)
+        seq.table_snapshot = None
+        num_tokens = len(seq.block_table) * self.block_size
+        seq.num_computed_tokens = seq.num_filled_tokens = num_tokens
+        seq.num_registered_blocks = len(seq.block_table)
+        return blocks
 
     def num_evictable(self, block_ids: Iterable[int]) -> int:
         """How many of these cached blocks nobody holds (touching them removes them from the free count)."""

@@ -2,9 +2,9 @@
 
 Each step the scheduler returns one ``SchedulerOutput``: everything an executor needs and nothing
 more. The simulator asks a cost model how long it takes; the engine carries it out on tensors, in
-this order: swap out, swap in, copy-on-write copies, then the forward pass over ``scheduled``
-(each sequence's new tokens go to the slots ``slot_mapping()`` names), then sampling for the
-sequences with ``samples`` set. Both then call ``Scheduler.update``.
+this order: swap out, swap in, offload loads, copy-on-write copies, then the forward pass over
+``scheduled`` (each sequence's new tokens go to the slots ``slot_mapping()`` names), offload
+stores, then sampling for the sequences with ``samples`` set. Both then call ``Scheduler.update``.
 
 Every step also appends one JSON-able record to the ``DecisionLog``, identical in format whichever
 half ran the policy, which is what equivalence tests compare. Field meanings follow the vLLM
@@ -13,7 +13,9 @@ oracle logs in ``shared/oracle/README.md``: ``scheduled`` tokens computed per re
 ``preempted`` and ``preempted_mode``, ``finished`` (sorted, filled in by ``update``),
 ``num_free_blocks`` (free + cached GPU blocks after scheduling), ``num_free_cpu_blocks``,
 ``block_ids`` (``{request: {sequence index: [block ids]}}``), ``blocks_to_copy``,
-``blocks_to_swap_out``, ``blocks_to_swap_in`` and ``rejected`` (``{request: reason}``). With a
+``blocks_to_swap_out``, ``blocks_to_swap_in`` and ``rejected`` (``{request: reason}``). With KV
+offloading on, also ``blocks_to_load`` (``[slot, GPU block]``), ``blocks_to_store`` (``[GPU
+block, slot]``), ``offload_hits`` (``{request: tokens loaded}``) and ``num_free_offload_blocks``. With a
 hybrid KV cache (sliding-window layer groups) ``block_ids`` is group 0's table and
 ``group_block_ids`` holds groups 1.. (``{request: {sequence index: [[ids of group 1], ...]}}``);
 entries a window dropped are vLLM's null block, 0.
@@ -26,7 +28,7 @@ import json
 import os
 from itertools import zip_longest
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any
@@ -35,6 +37,7 @@ from engine.files import InputFileError, open_regular
 from engine.policy.request import seq_id_of
 
 Pair = tuple[int, int]
+EMPTY: Mapping = MappingProxyType({})
 MAX_RECORD_CHARS = 64 * 2**20  # one line of a decision log, when read back
 
 
@@ -90,6 +93,13 @@ class SchedulerOutput:
     num_free_blocks: int
     num_free_cpu_blocks: int
     num_cached_free_blocks: int
+    # KV offloading (engine/policy/offload/; None: off): copies the executor makes this step,
+    # loads (slot, GPU block) before the forward pass and stores (GPU block, slot) after it, and
+    # the prefix-hit tokens of this step's admissions that are loaded from the offload store.
+    num_free_offload_blocks: int | None = None
+    blocks_to_load: tuple[Pair, ...] = ()
+    blocks_to_store: tuple[Pair, ...] = ()
+    offload_hits: Mapping[str, int] = field(default_factory=lambda: EMPTY)
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -129,6 +139,11 @@ class SchedulerOutput:
         }
         if group_block_ids:
             record["group_block_ids"] = group_block_ids
+        if self.num_free_offload_blocks is not None:
+            record["num_free_offload_blocks"] = self.num_free_offload_blocks
+            record["blocks_to_load"] = [list(p) for p in self.blocks_to_load]
+            record["blocks_to_store"] = [list(p) for p in self.blocks_to_store]
+            record["offload_hits"] = dict(self.offload_hits)
         return record
 
 

@@ -225,6 +225,7 @@ class Sequence:
     num_filled_tokens: int = 0  # token slots written into the table (v0's "filled")
     block_keys: list[BlockKey] = field(default_factory=list)  # keys of full blocks, in order
     num_registered_blocks: int = 0  # leading blocks given their key in the prefix cache
+    num_offered_blocks: int = 0  # leading full blocks offered to the offload store (engine/policy/offload)
     # The first block index from which this sequence's content is unique to it (its blocks get
     # lazy keys: KVCacheManager.lazy_from); -1 until known.
     lazy_from: int = -1

@@ -33,6 +33,7 @@ from engine.policy.block_pool import BlockPool
 from engine.policy.config import SchedulerConfig
 from engine.policy.hybrid_kv import HybridKVCacheManager
 from engine.policy.kv_manager import KVCacheManager
+from engine.policy.offload import OffloadManager, OffloadStore
 from engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.planning import Plan, Planner
 from engine.policy.preemption import Mode, make_preemption_mode, make_victim_policy
@@ -65,6 +66,13 @@ class Scheduler:
             )
         else:
             self.kv = KVCacheManager(self.pool, self.swap_pool, **common)
+        # The second KV tier (engine/policy/offload/), when configured: block keys are then made
+        # eagerly, since the store is keyed by them.
+        self.offload: OffloadManager | None = None
+        if config.num_offload_blocks:
+            self.kv.lazy_keys = False
+            self.offload = OffloadManager(OffloadStore(config.num_offload_blocks, config.offload_eviction_policy),
+                                          self.kv, prompt_only=config.offload_prompt_only)
         self.victim_policy = make_victim_policy(config.victim_policy)
         self.preemption_mode = make_preemption_mode(config.preemption_mode)
         self.output_processor = OutputProcessor(self.kv, max_model_len=config.max_model_len)
@@ -80,7 +88,8 @@ class Scheduler:
         self.num_rejected_requests = 0
         self.num_preemptions = 0
         self.num_prompt_tokens_admitted = 0  # first admissions only
-        self.num_prefix_hit_tokens = 0  # of those, served from the prefix cache
+        self.num_prefix_hit_tokens = 0  # of those, served from the prefix cache (either tier)
+        self.num_offload_hit_tokens = 0  # of those, loaded from the offload store (engine/policy/offload)
         self._pending_rejections: dict[str, str] = {}
         self._num_admissions = 0
         self._last_record: dict | None = None
@@ -127,6 +136,8 @@ class Scheduler:
             self.kv.free_cpu(seq)
             request.retire_seq(seq, "aborted")
         request.status = RequestStatus.FINISHED
+        if self.offload is not None:
+            self.offload.request_finished(request)
 
     @property
     def has_unfinished_requests(self) -> bool:
@@ -137,10 +148,14 @@ class Scheduler:
         cfg = self.config
         st = Step(step=self.next_step, token_budget=cfg.max_num_batched_tokens)
         self.next_step += 1
+        offload = self.offload
+        if offload is not None:
+            offload.begin_step()
         if self.has_unfinished_requests:
             self.step_order.schedule(st)
+        stores = offload.end_step() if offload is not None else []
         pure = not (st.new or st.resumed or st.swapped_in or st.preempted or st.copies or st.swap_out
-                    or st.swap_in or self._pending_rejections)
+                    or st.swap_in or self._pending_rejections or st.loads or stores)
         self._pure_decode_step = (
             (st.step, st.waiting_stop)
             if pure and st.scheduled and len(st.scheduled) == cfg.max_num_batched_tokens - st.token_budget
@@ -161,6 +176,9 @@ class Scheduler:
             num_free_blocks=self.pool.num_free_blocks,
             num_free_cpu_blocks=self.swap_pool.num_free_blocks,
             num_cached_free_blocks=self.pool.num_cached_free_blocks,
+            **({} if offload is None else dict(
+                num_free_offload_blocks=offload.store.num_free_blocks, blocks_to_load=tuple(st.loads),
+                blocks_to_store=tuple(stores), offload_hits=frozen_map(st.offload_hits))),
         )
         self._pending_rejections = {}
         if cfg.record_decisions:
@@ -185,6 +203,8 @@ class Scheduler:
             if copies:
                 st.copies.extend(copies)
             kv.register(seq, end)
+            if self.offload is not None:
+                self.offload.offer(seq, end)
             seq.num_computed_tokens = end
             samples = end >= num_tokens
             if samples:
@@ -245,6 +265,8 @@ class Scheduler:
                 kv.free(seq)
                 seq.num_computed_tokens = 0
                 seq.decoding = False
+                if self.offload is not None:
+                    self.offload.restart(seq)
             if self.block_size <= victim.prompt_len and not kv.hybrid:
                 for seq in seqs[1:]:  # re-share the prompt's full blocks once the leader has them
                     seq.parked = True
@@ -270,6 +292,14 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         st.swapped_in.append(request.request_id)
 
+    def load_from_offload(self, seq, keys: list, st: Step) -> None:
+        """Extend ``seq``'s (touched) prefix hit with blocks loaded from the offload store."""
+        first = len(seq.block_table)
+        blocks = self.kv.load_prefix(seq, keys)
+        st.loads.extend(self.offload.load(seq, keys, blocks, first))
+        rid = seq.request.request_id
+        st.offload_hits[rid] = st.offload_hits.get(rid, 0) + len(keys) * self.block_size
+
     def admit(self, request: Request, hit_tokens: int, st: Step) -> None:
         """Record an admission from ``waiting`` (first or after a recompute preemption)."""
         self._num_admissions += 1
@@ -281,6 +311,7 @@ class Scheduler:
             st.new[request.request_id] = hit_tokens
             self.num_prompt_tokens_admitted += request.prompt_len
             self.num_prefix_hit_tokens += hit_tokens
+            self.num_offload_hit_tokens += st.offload_hits.get(request.request_id, 0)
         request.was_preempted = False
 
     def reject_queued(self, request: Request, reason: str) -> None:
@@ -289,6 +320,8 @@ class Scheduler:
         for seq in request.seqs:
             self.kv.free(seq, final=True)
             self.kv.free_cpu(seq)
+        if self.offload is not None:
+            self.offload.request_finished(request)
         self._reject(request, reason)
 
     # -------------------------------------------------------------- update
@@ -373,6 +406,10 @@ def retire_finished(scheduler, step: int, finished: list[Request]) -> None:
         for request in finished:
             del scheduler.requests[request.request_id]
         scheduler.num_finished_requests += len(finished)
+        offload = getattr(scheduler, "offload", None)
+        if offload is not None:
+            for request in finished:
+                offload.request_finished(request)
     record = scheduler._last_record
     if record is not None and record["step"] == step:
         record["finished"] = sorted(r.request_id for r in finished)

@@ -34,6 +34,8 @@ class Step:
     copies: list[Pair] = field(default_factory=list)
     swap_out: list[Pair] = field(default_factory=list)
     swap_in: list[Pair] = field(default_factory=list)
+    loads: list[Pair] = field(default_factory=list)  # KV offloading: (slot, GPU block)
+    offload_hits: dict[str, int] = field(default_factory=dict)  # request -> tokens loaded
     # Why the waiting pass stopped at a head it did not admit, if an order says (the skip-ahead
     # of fast_forward.py relies on it): "seq_limit", "no_plan", "blocks" or "budget"; "empty"
     # when the queue ran out; None when the order does not say or the pass did not run.

@@ -121,6 +121,7 @@ class VllmV1StepOrder(StepOrder):
         pool = s.pool
         bs = cfg.block_size
         room = admission_room(cfg, pool.num_usable_blocks)
+        offload = s.offload
         used = self._num_batch_slots_used()
         while s.waiting and st.token_budget > 0:
             request = s.waiting[0]
@@ -130,7 +131,12 @@ class VllmV1StepOrder(StepOrder):
                 break
             seqs = list(request.live_seqs)
             hits = [[] if seq.parked else kv.find_cached_prefix(seq) for seq in seqs]
-            plan = s.planner.plan(request, st.token_budget, [len(h) * bs for h in hits])
+            # The second tier continues each GPU hit with blocks it can load (engine/policy/offload).
+            loads = [[] if seq.parked or offload is None else offload.lookup(seq, len(h))
+                     for seq, h in zip(seqs, hits)] if offload is not None else None
+            plan = s.planner.plan(request, st.token_budget,
+                                  [len(h) * bs for h in hits] if loads is None else
+                                  [(len(h) + len(l)) * bs for h, l in zip(hits, loads)])
             if not plan:  # without chunked prefill, the head waits for a step with room
                 st.waiting_stop = "no_plan"
                 break
@@ -150,10 +156,13 @@ class VllmV1StepOrder(StepOrder):
                 break
             s.waiting.popleft()
             hit_tokens = 0
-            for seq, h in zip(seqs, hits):
+            for i, (seq, h) in enumerate(zip(seqs, hits)):
                 if h:
                     kv.touch_prefix(seq, h)
                     hit_tokens += len(h) * bs
+                if loads is not None and loads[i]:
+                    s.load_from_offload(seq, loads[i], st)
+                    hit_tokens += len(loads[i]) * bs
             s.planner.unpark(request)
             s.admit(request, hit_tokens, st)
             s.running.append(request)

@@ -1,0 +1,172 @@
+"""The offload store: a second KV tier (CPU memory) of ``num_blocks`` slots holding copies of
+full GPU blocks, found by the same chained ``BlockKey`` as the prefix cache.
+
+Each stored key has one slot and a state (vLLM 0.33's CPU offloading manager keeps the same
+three, as a reference count):
+
+- **storing** (``-1``): its copy GPU -> CPU was issued this step; not found by ``lookup``, not
+  evictable (the copy is in flight);
+- **ready** (``0``): found by ``lookup``; evictable;
+- **loading** (``n > 0``): ``n`` copies CPU -> GPU were issued this step; found, not evictable.
+
+Copies issued in a step are done when the next step begins (``complete``): the executor carries
+out a step's loads before its forward pass and its stores after it, and every executor finishes
+a step before the next ``schedule()``. (vLLM's worker reports a store done a step or two later,
+when the copy stream says so; here a stored block is found from the next step on.)
+
+``prepare_store`` is all or nothing, as vLLM's: if the keys that are not stored yet need more
+slots than are free plus evictable (outside the keys offered), nothing is stored and ``None``
+comes back. Free slots are taken never-used first, then in the order they were freed.
+
+Invariants (``check``): every slot is free or holds exactly one key; a key is evictable in the
+policy exactly when it is ready; ``num_free_blocks + num_used_blocks == num_blocks``.
+``on_release`` (default ``None``) is called with a slot whose content was evicted (the engine's
+validation mode fills it with NaN).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable
+
+from engine.policy.offload.policies import OffloadPolicy, make_offload_policy
+
+STORING = -1
+READY = 0
+
+
+class OffloadStore:
+    def __init__(self, num_blocks: int, policy: str = "lru"):
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"an offload store needs at least one block, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.policy: OffloadPolicy = make_offload_policy(policy, num_blocks)
+        self.slot_of: dict[Hashable, int] = {}
+        self.state: dict[Hashable, int] = {}  # STORING, READY, or the number of loads in flight
+        self.key_of: list[Hashable | None] = [None] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._storing: list[Hashable] = []  # issued this step
+        self._loading: list[Hashable] = []  # one entry per load issued this step
+        self.on_release: Callable[[int], None] | None = None
+        self.num_evictions = 0
+        self.num_refused_blocks = 0  # offered blocks not stored: the store had no room
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    # ----------------------------------------------------------- lookups
+    def is_ready(self, key: Hashable) -> bool:
+        """Whether ``key`` can be loaded now (stored, its copy done)."""
+        state = self.state.get(key)
+        return state is not None and state >= READY
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.slot_of
+
+    # ------------------------------------------------------------ stores
+    def prepare_store(self, keys: list[Hashable], request_id: str, positions: list[int]) -> list[tuple[Hashable, int]] | None:
+        """Give every key of ``keys`` not stored yet a slot (evicting by the policy); returns
+        ``(key, slot)`` of the copies to make, in order, or ``None`` if there is no room for them
+        all (then nothing is stored). Keys already ready count as used by the request."""
+        state = self.state
+        new: list[Hashable] = []
+        new_positions: list[int] = []
+        seen = set()
+        used: list[Hashable] = []
+        used_positions: list[int] = []
+        for key, position in zip(keys, positions):
+            if key in seen:
+                continue
+            seen.add(key)
+            s = state.get(key)
+            if s is None:
+                new.append(key)
+                new_positions.append(position)
+            elif s >= READY:
+                used.append(key)
+                used_positions.append(position)
+        policy = self.policy
+        if used:
+            policy.access(used, request_id, used_positions)
+        if not new:
+            return []
+        policy.store_miss(new)
+        need = len(new) - len(self._free)
+        if need > 0:
+            victims = policy.evict(need, seen)
+            if victims is None:
+                self.num_refused_blocks += len(new)
+                return None
+            for key in victims:
+                self._drop(key)
+        copies = []
+        for key, position in zip(new, new_positions):
+            slot = self._free.popleft()
+            self.slot_of[key] = slot
+            self.key_of[slot] = key
+            state[key] = STORING
+            policy.insert(key, request_id, position)
+            self._storing.append(key)
+            copies.append((key, slot))
+        return copies
+
+    def _drop(self, key: Hashable) -> None:
+        slot = self.slot_of.pop(key)
+        del self.state[key]
+        self.key_of[slot] = None
+        self._free.append(slot)
+        self.num_evictions += 1
+        if self.on_release is not None:
+            self.on_release(slot)
+
+    # ------------------------------------------------------------- loads
+    def prepare_load(self, keys: list[Hashable], request_id: str, positions: list[int]) -> list[int]:
+        """Pin these ready keys for a load this step; returns their slots, in order."""
+        state = self.state
+        slots = []
+        for key in keys:
+            s = state[key]
+            assert s >= READY, "only a ready block can be loaded"
+            if s == READY:
+                self.policy.set_evictable(key, False)
+            state[key] = s + 1
+            self._loading.append(key)
+            slots.append(self.slot_of[key])
+        self.policy.access(list(keys), request_id, positions)
+        return slots
+
+    # ---------------------------------------------------------- the step
+    def complete(self) -> None:
+        """The last step's copies are done: its stores become ready, its loads unpin."""
+        state, policy = self.state, self.policy
+        for key in self._storing:
+            state[key] = READY
+            policy.set_evictable(key, True)
+        for key in self._loading:
+            s = state[key] - 1
+            state[key] = s
+            if s == READY:
+                policy.set_evictable(key, True)
+        self._storing = []
+        self._loading = []
+
+    # ------------------------------------------------------------ checking
+    def check(self) -> None:
+        """Assert the store's invariants (O(blocks); for tests)."""
+        free = set(self._free)
+        assert len(free) == len(self._free), "a slot is free twice"
+        for slot, key in enumerate(self.key_of):
+            if key is None:
+                assert slot in free, f"offload slot {slot} is neither free nor holding a key"
+            else:
+                assert slot not in free, f"offload slot {slot} is free and holds a key"
+                assert self.slot_of[key] == slot
+        assert len(self.slot_of) == len(self.state) == self.num_used_blocks
+        assert len(self.policy) == len(self.slot_of), "the policy and the store hold different keys"
+        for key in self.slot_of:
+            assert key in self.policy
