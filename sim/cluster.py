@@ -79,7 +79,7 @@ def build_replicas(spec, num_replicas: int) -> list:
                          f"(each replica is a scheduler and KV cache of its own)")
     first = build(spec)
     config = first.scheduler.config
-    check_kv_blocks(config.num_gpu_blocks, config.num_cpu_blocks, num_replicas, source=first.kv_cache_source)
+    check_kv_blocks(config.num_gpu_blocks, config.num_cpu_blocks + config.num_offload_blocks, num_replicas, source=first.kv_cache_source)
     builts = [first]
     try:
         builts.extend(build(spec) for _ in range(num_replicas - 1))

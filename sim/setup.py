@@ -65,6 +65,10 @@ class RunSpec:
     kv_cache_gb: float | None = None
     gpu_memory_utilization: float = 0.9
     swap_space_gb: float = 4.0
+    # KV offloading (engine/policy/offload/): GiB of CPU memory for the offload store, over all the
+    # replica's GPUs (vLLM's --kv-offloading-size; None: off); num_offload_blocks overrides it.
+    kv_offloading_gb: float | None = None
+    num_offload_blocks: int | None = None
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     # Scheduler settings beyond the preset (eviction_policy, preemption_mode, victim_policy,
     # max_num_seqs, max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, ...).
@@ -88,6 +92,12 @@ class RunSpec:
             raise ValueError(f"--kv-cache-gb must be a positive number of GiB, got {self.kv_cache_gb}")
         if not 0 <= self.swap_space_gb < math.inf:
             raise ValueError(f"--swap-space must be a finite number of GiB >= 0, got {self.swap_space_gb}")
+        if self.kv_offloading_gb is not None and not 0 <= self.kv_offloading_gb < math.inf:
+            raise ValueError(f"--kv-offloading-size must be a finite number of GiB >= 0, got {self.kv_offloading_gb}")
+        if self.num_offload_blocks is not None and (isinstance(self.num_offload_blocks, bool)
+                                                    or not isinstance(self.num_offload_blocks, int)
+                                                    or self.num_offload_blocks < 0):
+            raise ValueError(f"--num-offload-blocks must be an integer >= 0, got {self.num_offload_blocks!r}")
         object.__setattr__(self, "plugins", tuple(self.plugins))
         if self.allocator != "paged" and self.scheduler != "default":
             raise ValueError(f"--scheduler applies to the paged allocator only, not to the contiguous "
@@ -177,8 +187,11 @@ def build(spec: RunSpec) -> Built:
     settings = dict(base, num_gpu_blocks=num_blocks, record_decisions=spec.record_decisions)
     if "num_cpu_blocks" not in spec.overrides:
         settings["num_cpu_blocks"] = num_cpu_blocks
+    num_offload_blocks = offload_blocks(spec, deployment)
+    if num_offload_blocks is not None:
+        settings["num_offload_blocks"] = num_offload_blocks
     config = make_config(spec.policy, **{**settings, **spec.overrides})
-    check_kv_blocks(config.num_gpu_blocks, config.num_cpu_blocks, source=source)
+    check_kv_blocks(config.num_gpu_blocks, config.num_cpu_blocks + config.num_offload_blocks, source=source)
     cost_model = _cost_model(spec, model, deployment)  # (a bad profile is refused before the cache is built)
     try:
         if spec.allocator == "paged":
@@ -191,6 +204,21 @@ def build(spec: RunSpec) -> Built:
     return Built(spec, model, deployment, scheduler, cost_model, source)
 
 
+def offload_blocks(spec: RunSpec, deployment: Deployment) -> int | None:
+    """The offload store's blocks (``None``: not asked for): ``num_offload_blocks``, else
+    ``kv_offloading_gb`` over one block of every layer on every GPU of the replica, as vLLM sizes
+    its CPU store (``--kv-offloading-size`` is the total over the tensor-parallel workers)."""
+    if spec.num_offload_blocks is not None:
+        return spec.num_offload_blocks
+    if spec.kv_offloading_gb is None:
+        return None
+    per_block = deployment.block_bytes_per_gpu(spec.block_size) * deployment.tp
+    blocks = int(spec.kv_offloading_gb * GiB) // per_block
+    if spec.kv_offloading_gb > 0 and blocks < 1:
+        raise ValueError(f"--kv-offloading-size {spec.kv_offloading_gb:g} GiB holds no block of {per_block:,} bytes")
+    return blocks
+
+
 def check_kv_blocks(num_gpu_blocks: int, num_cpu_blocks: int, num_replicas: int = 1, *, source: str) -> None:
     """Refuse, before anything is built, a cache of more than ``MAX_KV_BLOCKS`` blocks in all
     (``source``: how the GPU blocks were sized, in words)."""
@@ -198,12 +226,12 @@ def check_kv_blocks(num_gpu_blocks: int, num_cpu_blocks: int, num_replicas: int 
     if total <= MAX_KV_BLOCKS:
         return
     sized = "" if source.endswith("blocks (given)") else f" ({source})"
-    each = f"{num_gpu_blocks:,} GPU blocks{sized} + {num_cpu_blocks:,} CPU swap blocks"
+    each = f"{num_gpu_blocks:,} GPU blocks{sized} + {num_cpu_blocks:,} CPU (swap and offload) blocks"
     what = f"{num_replicas} replicas x ({each})" if num_replicas > 1 else each
     fewer = ", or fewer --replicas" if num_replicas > 1 else ""
     raise ValueError(f"the KV cache would be {what} = {total:,} blocks, more than the {MAX_KV_BLOCKS:,} this "
                      f"simulator builds (about {BOOKKEEPING_BYTES_PER_BLOCK} bytes of bookkeeping each); lower "
-                     f"--num-gpu-blocks, --kv-cache-gb or --swap-space, raise --block-size{fewer}")
+                     f"--num-gpu-blocks, --kv-cache-gb, --swap-space or --kv-offloading-size, raise --block-size{fewer}")
 
 
 def _cost_model(spec: RunSpec, model: ModelPreset, deployment: Deployment) -> CostModel:

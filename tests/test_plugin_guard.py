@@ -308,10 +308,10 @@ def test_too_many_replicas_are_refused_before_anything_is_built(capsys, nothing_
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--num-gpu-blocks", "1000000000000"], r"the KV cache would be 1,000,000,000,000 GPU blocks \+ 2,048 CPU swap"),
-    (["--swap-space", "100000000"], r"\+ 51,200,000,000 CPU swap blocks = "),
+    (["--num-gpu-blocks", "1000000000000"], r"the KV cache would be 1,000,000,000,000 GPU blocks \+ 2,048 CPU \(swap and offload\) blocks"),
+    (["--swap-space", "100000000"], r"\+ 51,200,000,000 CPU \(swap and offload\) blocks = "),
     (["--replicas", "1024", "--num-gpu-blocks", "100000"],
-     r"1024 replicas x \(100,000 GPU blocks \+ 2,048 CPU swap blocks\) = 104,497,152 blocks, more than the 50,000,000"),
+     r"1024 replicas x \(100,000 GPU blocks \+ 2,048 CPU \(swap and offload\) blocks\) = 104,497,152 blocks, more than the 50,000,000"),
 ])
 def test_a_kv_cache_too_large_to_build_is_refused_before_it_is_built(capsys, monkeypatch, flags, message):
     import sim.setup
