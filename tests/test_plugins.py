@@ -132,7 +132,7 @@ BAD_SPECS = [
     ("{dir}/plugin.py:Missing", r"plugin\.py has no class Missing \(its classes: CountingVictim\)"),
     ("{dir}/plugin.py:VictimPolicy", "leaves abstract method"),  # the imported base itself
     ("{dir}/other.py:CONSTANT", r"CONSTANT in .*other\.py is not a class \(its type: int\)"),
-    ("{dir}/other.py:Plain", "Plain subclasses none of VictimPolicy, EvictionPolicy, PreemptionMode or Scheduler"),
+    ("{dir}/other.py:Plain", "Plain subclasses none of VictimPolicy, EvictionPolicy, PreemptionMode, OffloadPolicy or Scheduler"),
     ("{dir}/other.py:Both", "Both subclasses VictimPolicy and PreemptionMode; a plug-in is one of them"),
     ("{dir}/other.py:Abstract", r"Abstract leaves abstract method\(s\) choose unimplemented"),
     ("{dir}/other.py:Builtin", "victim policy name 'priority' is taken by a built-in; give Builtin a `name"),

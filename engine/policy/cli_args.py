@@ -18,6 +18,7 @@ from typing import Any
 
 #: flag attribute -> SchedulerConfig field (values taken as given)
 _DIRECT = (("eviction", "eviction_policy"), ("preemption", "preemption_mode"), ("victim", "victim_policy"),
+           ("kv_offloading_policy", "offload_eviction_policy"),
            ("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens"))
 #: flag attribute -> SchedulerConfig field (on / off)
 _SWITCHES = (("prefix_caching", "enable_prefix_caching"), ("chunked_prefill", "enable_chunked_prefill"))
@@ -46,10 +47,10 @@ def add_policy_args(parser: argparse.ArgumentParser):
                    help=f"preemption victim policy: {', '.join(choices['victim'])}, or a --plugin's")
     s.add_argument("--scheduler", metavar="NAME", help="scheduler class: default, or a --plugin's Scheduler subclass")
     s.add_argument("--plugin", action="append", default=[], metavar="FILE:CLASS",
-                   help="load your own VictimPolicy, EvictionPolicy, PreemptionMode or Scheduler subclass "
-                        "(engine.policy) from FILE.py (or module.path:CLASS) and register it by its `name` "
+                   help="load your own VictimPolicy, EvictionPolicy, PreemptionMode, OffloadPolicy or Scheduler "
+                        "subclass (engine.policy) from FILE.py (or module.path:CLASS) and register it by its `name` "
                         "(else the class name); select it with --victim / --eviction / --preemption / "
-                        "--scheduler NAME (a plug-in loaded but not selected is an error; repeatable; "
+                        "--kv-offloading-policy / --scheduler NAME (a plug-in loaded but not selected is an error; repeatable; "
                         "see examples/)")
     s.add_argument("--prefix-caching", choices=["on", "off"], help="(default: the preset's)")
     s.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_const", const="on",
@@ -70,7 +71,8 @@ def add_policy_args(parser: argparse.ArgumentParser):
     s.add_argument("--kv-offloading-backend", choices=["native"], default="native",
                    help="vLLM's offloading backend: native (its OffloadingConnector; the one modelled)")
     s.add_argument("--kv-offloading-policy", metavar="NAME",
-                   help="the offload store's eviction policy: lru (default) and arc as vLLM's, lfu")
+                   help=f"the offload store's eviction policy: {', '.join(choices['kv_offloading_policy'])} (lru, "
+                        f"the default, and arc as vLLM's), or a --plugin's")
     s.add_argument("--num-offload-blocks", type=int, metavar="N",
                    help="the offload store's size in blocks (overrides --kv-offloading-size)")
     s.add_argument("--prefix-cache-retention-interval", metavar="N|dense",
@@ -95,14 +97,6 @@ def policy_overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag)
         if value is not None:
             overrides[name] = value == "on"
-    policy = getattr(args, "kv_offloading_policy", None)
-    if policy is not None:
-        from engine.policy.offload import OFFLOAD_POLICIES
-
-        if policy not in OFFLOAD_POLICIES:
-            raise ValueError(f"--kv-offloading-policy: unknown offload eviction policy {policy!r}; choose one of "
-                             f"{', '.join(OFFLOAD_POLICIES)}")
-        overrides["offload_eviction_policy"] = policy
     retention = getattr(args, "prefix_cache_retention_interval", None)
     if retention is not None:
         if retention.strip().lower() in ("dense", "none"):
@@ -118,7 +112,7 @@ def policy_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _check_names(args: argparse.Namespace) -> None:
     """Load ``--plugin``s (registering their names), then check each named plug-in flag."""
-    from engine.policy.user_plugins import KINDS, load_plugins
+    from engine.policy.user_plugins import KINDS, flag, load_plugins
 
     plugins = load_plugins(args.plugin)
     choices = _builtin_choices()
@@ -128,11 +122,11 @@ def _check_names(args: argparse.Namespace) -> None:
     for kind, k in KINDS.items():
         value = getattr(args, kind)
         if value is not None and value not in choices[kind]:
-            raise ValueError(f"--{kind}: unknown {k.noun} {value!r}; choose one of {', '.join(choices[kind])}")
+            raise ValueError(f"{flag(kind)}: unknown {k.noun} {value!r}; choose one of {', '.join(choices[kind])}")
     for plugin in plugins:
         if getattr(args, plugin.kind) != plugin.name:
-            raise ValueError(f"--plugin {plugin.spec} is the {plugin.noun} {plugin.name!r}, but --{plugin.kind} "
-                             f"does not select it (add --{plugin.kind} {plugin.name})")
+            raise ValueError(f"--plugin {plugin.spec} is the {plugin.noun} {plugin.name!r}, but {flag(plugin.kind)} "
+                             f"does not select it (add {flag(plugin.kind)} {plugin.name})")
 
 
 def offload_blocks(args: argparse.Namespace, block_bytes: int) -> int | None:

@@ -132,6 +132,20 @@ def _check_finished(scheduler, result, args, kwargs) -> str | None:
     return None if isinstance(result, list) else f"returned {excerpt(result)}; expected the list of finished requests"
 
 
+def _check_offload_victims(policy, result, args, kwargs) -> str | None:
+    count = args[0] if args else kwargs["count"]
+    protected = args[1] if len(args) > 1 else kwargs["protected"]
+    if result is None:
+        return None
+    if not isinstance(result, list) or len(result) != count:
+        return f"returned {excerpt(result)}; expected a list of {count} keys it holds, or None when it cannot"
+    if len(set(map(_hashable, result))) != len(result):
+        return f"returned a key twice: {excerpt(result)}"
+    if any(key in protected for key in result):
+        return "returned a key of the blocks being stored (protected)"
+    return None  # (the store checks that it holds each victim, ready)
+
+
 #: kind -> the methods pagesim calls on such a plug-in, each with the check of what it returns
 #: (None: any value). A scheduler's are wrapped only where the plug-in defines them.
 CHECKS: dict[str, dict[str, Check | None]] = {
@@ -139,6 +153,9 @@ CHECKS: dict[str, dict[str, Check | None]] = {
     "preemption": {"choose": _check_mode},
     "eviction": {"add": None, "remove": None, "pop": _check_popped, "add_many": None, "pop_many": _check_popped_many,
                  "on_leaf": None, "__len__": _check_len, "__contains__": None},
+    "kv_offloading_policy": {"insert": None, "set_evictable": None, "evict": _check_offload_victims,
+                             "store_miss": None, "access": None, "request_finished": None, "__len__": _check_len,
+                             "__contains__": None},
     "scheduler": {"schedule": _check_output, "update": _check_finished},
 }
 

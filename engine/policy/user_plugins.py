@@ -7,11 +7,13 @@ The class decides its kind by what it subclasses (all in ``engine.policy``):
 - ``VictimPolicy`` (``preemption.py``): which running request is preempted (``--victim``);
 - ``EvictionPolicy`` (``eviction.py``): which cached block is given up (``--eviction``);
 - ``PreemptionMode`` (``preemption.py``): swap or recompute the victim (``--preemption``);
+- ``OffloadPolicy`` (``offload/policies.py``): which block the offload store gives up
+  (``--kv-offloading-policy``);
 - ``Scheduler`` (``scheduler.py``): anything else the scheduler does (``--scheduler``).
 
 ``load_plugin`` imports the file once per process (loading the same spec again returns the same
 class) and registers the class under its name (its own ``name`` attribute, else the class name)
-in ``VICTIM_POLICIES``, ``EVICTION_POLICIES``, ``PREEMPTION_MODES`` or ``SCHEDULERS``, where the
+in ``VICTIM_POLICIES``, ``EVICTION_POLICIES``, ``PREEMPTION_MODES``, ``OFFLOAD_POLICIES`` or ``SCHEDULERS``, where the
 usual setting selects it. Loading registers; it never selects. A name already held by a built-in
 or by another class is refused. Another process (a study's worker) is given the spec string,
 never the class, and loads it itself; ``source_digest`` lets a study tell an edited file.
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.policy.eviction import EVICTION_POLICIES, EvictionPolicy
+from engine.policy.offload.policies import OFFLOAD_POLICIES, OffloadPolicy
 from engine.policy.plugin_guard import PluginError, deepest_line, describe, guard
 from engine.policy.plugins import lookup
 from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES, PreemptionMode, VictimPolicy
@@ -54,14 +57,20 @@ class Kind:
 
 
 #: kind -> what a plug-in of that kind subclasses and where it is registered; the kind is also
-#: the flag (``--victim``) and the study setting (``victim``) that selects it by name.
+#: the flag (``--victim``; ``flag``) and the study setting (``victim``) that selects it by name.
 KINDS: dict[str, Kind] = {
     "victim": Kind(VictimPolicy, VICTIM_POLICIES, "victim policy"),
     "eviction": Kind(EvictionPolicy, EVICTION_POLICIES, "eviction policy"),
     "preemption": Kind(PreemptionMode, PREEMPTION_MODES, "preemption mode"),
+    "kv_offloading_policy": Kind(OffloadPolicy, OFFLOAD_POLICIES, "offload eviction policy"),
     "scheduler": Kind(Scheduler, SCHEDULERS, "scheduler"),
 }
 SPEC_FORM = "FILE.py:CLASS or module.path:CLASS"
+
+
+def flag(kind: str) -> str:
+    """The command-line flag that selects a plug-in of ``kind`` (``--kv-offloading-policy``)."""
+    return "--" + kind.replace("_", "-")
 
 
 @dataclass(frozen=True, slots=True)

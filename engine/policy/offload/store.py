@@ -103,6 +103,10 @@ class OffloadStore:
                 self.num_refused_blocks += len(new)
                 return None
             for key in victims:
+                if state.get(key) != READY:  # (a plug-in's mistake: say so rather than corrupt the store)
+                    raise ValueError(f"offload eviction policy {policy.name!r} evicted a key the store "
+                                     f"{'does not hold' if key not in state else 'is copying'}")
+            for key in victims:
                 self._drop(key)
         copies = []
         for key, position in zip(new, new_positions):
