@@ -145,15 +145,15 @@ class SchedulerConfig:
         lookup(OFFLOAD_POLICIES, self.offload_eviction_policy, "offload eviction policy")
         if not n:
             return
+        if self.step_order != "vllm-v1":
+            raise ValueError("KV offloading is vLLM v1's (the native OffloadingConnector): it needs the vllm-v1 "
+                             "step order (the pagesim or vllm-v1 preset)")
         if not self.enable_prefix_caching:
             raise ValueError("KV offloading stores prefix-cache blocks by their keys: it needs prefix caching "
                              "(--enable-prefix-caching)")
         if self.is_hybrid:
             raise ValueError("KV offloading of a hybrid KV cache (sliding-window layer groups) is not modelled; "
                              "offload a full-attention model, or --disable-hybrid-kv-cache-manager")
-        if self.step_order != "vllm-v1":
-            raise ValueError("KV offloading is vLLM v1's (the native OffloadingConnector): it needs the vllm-v1 "
-                             "step order (the pagesim or vllm-v1 preset)")
 
     def _check_kv_groups(self) -> None:
         windows = self.kv_group_windows

@@ -112,6 +112,8 @@ def waiting_stays_refused(s: Scheduler) -> bool:
     reason that holds while only decodes run and nothing finishes."""
     if not s.waiting:
         return True
+    if s.offload is not None and s.offload.store.has_pending_stores:
+        return False  # blocks stored last step are found from the next: the head may hit more
     hint = s._pure_decode_step
     return (hint is not None and hint[0] == s.next_step - 1 and not s._finished_in_last_update
             and hint[1] in STABLE_WAITING_STOPS)
@@ -127,6 +129,8 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
         return None
     if type(s) is not Scheduler or type(s.step_order) is not VllmV1StepOrder or s.kv.hybrid:
         return None  # (a hybrid cache frees window blocks as it decodes: not modelled here yet)
+    if s.offload is not None and not s.offload.prompt_only:
+        return None  # decodes would offer their blocks to the offload store
     cfg = s.config
     bs = s.block_size
     ref_counts = s.pool.ref_counts
@@ -212,12 +216,16 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     evictions = [0] * k
     recording = s.config.record_decisions
     free_cpu = s.swap_pool.num_free_blocks
+    offload = s.offload
+    if offload is not None:  # (its copies of the step before are done; decodes store nothing)
+        offload.begin_step()
+    free_offload = None if offload is None else offload.store.num_free_blocks
     e = 0
     num_events = len(events)
     for j in range(1, k + 1) if recording else ():
         e = apply_events(events, e, j, seqs, run.computed, kv, pool, allocations, evictions)
         free = pool.num_free_blocks
-        record = _decode_record(first_step + j - 1, run.requests, free, free_cpu)
+        record = _decode_record(first_step + j - 1, run.requests, free, free_cpu, free_offload)
         s.decision_log.append(record)
         s._last_record = record
     if not recording:
@@ -308,7 +316,8 @@ def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, al
     return e
 
 
-def _decode_record(step: int, requests: list[Request], num_free: int, num_free_cpu: int) -> dict:
+def _decode_record(step: int, requests: list[Request], num_free: int, num_free_cpu: int,
+                   num_free_offload: int | None) -> dict:
     """The decision record of one pure decode step (``SchedulerOutput.to_record``'s format)."""
     scheduled = {}
     block_ids = {}
@@ -317,12 +326,15 @@ def _decode_record(step: int, requests: list[Request], num_free: int, num_free_c
         live = request.live_seqs
         scheduled[rid] = len(live)
         block_ids[rid] = {str(seq.index): list(seq.block_table) for seq in live}
-    return {
+    record = {
         "step": step, "scheduled": scheduled, "order": list(scheduled), "new": {}, "resumed": [],
         "resumed_cached": {}, "swapped_in": [], "preempted": [], "preempted_mode": {}, "rejected": {},
         "finished": [], "num_free_blocks": num_free, "num_free_cpu_blocks": num_free_cpu, "block_ids": block_ids,
         "blocks_to_copy": [], "blocks_to_swap_out": [], "blocks_to_swap_in": [],
     }
+    if num_free_offload is not None:
+        record.update(num_free_offload_blocks=num_free_offload, blocks_to_load=[], blocks_to_store=[], offload_hits={})
+    return record
 
 
 # --------------------------------------------------- a decode step that also admits
@@ -351,6 +363,9 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     cfg = s.config
     st = Step(step=s.next_step, token_budget=cfg.max_num_batched_tokens - len(run.seqs))
     s.next_step += 1
+    offload = s.offload
+    if offload is not None:
+        offload.begin_step()
     allocations, evictions = [0], [0]
     events = decode_events(run.computed, s.block_size, 1, s.kv.enable_prefix_caching)
     apply_events(events, 0, 1, run.seqs, run.computed, s.kv, s.pool, allocations, evictions)
@@ -360,7 +375,8 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     order = s.step_order
     order._schedule_swapped(st)  # (nothing is swapped: a decode batch requires it)
     order._schedule_waiting(st)
-    pure = not (st.new or st.resumed or st.copies or s._pending_rejections)
+    stores = offload.end_step() if offload is not None else []
+    pure = not (st.new or st.resumed or st.copies or s._pending_rejections or st.loads or stores)
     s._pure_decode_step = (st.step, st.waiting_stop) if pure else None
     output = SchedulerOutput(
         step=st.step, scheduled=tuple(st.scheduled), num_scheduled_tokens=frozen_map(st.tokens_per_request),
@@ -368,6 +384,7 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
         rejected=frozen_map(s._pending_rejections), blocks_to_copy=tuple(st.copies), blocks_to_swap_out=(),
         blocks_to_swap_in=(), num_free_blocks=s.pool.num_free_blocks,
         num_free_cpu_blocks=s.swap_pool.num_free_blocks, num_cached_free_blocks=s.pool.num_cached_free_blocks,
+        **({} if offload is None else offload.output_fields(st.loads, st.offload_hits, stores)),
     )
     s._pending_rejections = {}
     if cfg.record_decisions:  # the whole step's record, decodes listed

@@ -281,6 +281,7 @@ class KVCacheManager:
         child.block_table = list(parent.block_table)
         child.table_snapshot = None
         child.num_filled_tokens = parent.num_filled_tokens
+        child.num_offered_blocks = parent.num_offered_blocks  # (the offload store has been offered them)
 
     def share_prefix(self, leader: Sequence, seq: Sequence, num_blocks: int) -> None:
         """Start ``seq``'s empty table with ``leader``'s first ``num_blocks`` (computed) blocks."""

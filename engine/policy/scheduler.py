@@ -176,9 +176,7 @@ class Scheduler:
             num_free_blocks=self.pool.num_free_blocks,
             num_free_cpu_blocks=self.swap_pool.num_free_blocks,
             num_cached_free_blocks=self.pool.num_cached_free_blocks,
-            **({} if offload is None else dict(
-                num_free_offload_blocks=offload.store.num_free_blocks, blocks_to_load=tuple(st.loads),
-                blocks_to_store=tuple(stores), offload_hits=frozen_map(st.offload_hits))),
+            **({} if offload is None else offload.output_fields(st.loads, st.offload_hits, stores)),
         )
         self._pending_rejections = {}
         if cfg.record_decisions:

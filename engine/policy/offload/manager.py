@@ -32,6 +32,7 @@ skipped). Swap space stays a separate pool, as in vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from engine.policy.block_key import BlockKey
 from engine.policy.offload.store import OffloadStore
@@ -43,7 +44,9 @@ class _Seen:
     """The keys one request stored or used, for the policy's ``request_finished``."""
 
     keys: dict = field(default_factory=dict)  # key -> position, in the order first seen
+    inserted: set = field(default_factory=set)  # stored by this request
     reused: set = field(default_factory=set)  # used without being stored by this request
+    missed: set = field(default_factory=set)  # offered while not stored (the policy hears once)
 
 
 class OffloadManager:
@@ -74,20 +77,27 @@ class OffloadManager:
             kept = [i for i, (key, block) in enumerate(zip(keys, blocks)) if keys_of[block] is key]
             if len(kept) != len(keys):
                 keys, blocks, positions = ([x[i] for i in kept] for x in (keys, blocks, positions))
-            made = store.prepare_store(keys, request_id, positions)
-            if made is None:
-                continue
             seen = self._seen_by(request_id)
-            slots = dict(made)
+            made = store.prepare_store(keys, request_id, positions, seen.missed)
+            slots = dict(made or ())
             for key, block, position in zip(keys, blocks, positions):
-                seen.keys.setdefault(key, position)
                 slot = slots.pop(key, None)
                 if slot is not None:
                     copies.append((block, slot))
-                elif store.is_ready(key):
-                    seen.reused.add(key)
+                    seen.inserted.add(key)
+                elif store.is_ready(key):  # used, even when the offer was refused
+                    if key not in seen.inserted:
+                        seen.reused.add(key)
+                else:  # being stored by another request, or refused: not this one's
+                    continue
+                seen.keys.setdefault(key, position)
         self.num_stored_blocks += len(copies)
         return copies
+
+    def output_fields(self, loads: list[tuple[int, int]], hits: dict[str, int], stores: list[tuple[int, int]]) -> dict:
+        """The step's ``SchedulerOutput`` fields of offloading."""
+        return dict(num_free_offload_blocks=self.store.num_free_blocks, blocks_to_load=tuple(loads),
+                    blocks_to_store=tuple(stores), offload_hits=MappingProxyType(hits))
 
     # ------------------------------------------------------------ lookups
     def lookup(self, seq: Sequence, first_block: int) -> list[BlockKey]:
@@ -115,7 +125,8 @@ class OffloadManager:
         seen = self._seen_by(request_id)
         for key, position in zip(keys, positions):
             seen.keys.setdefault(key, position)
-            seen.reused.add(key)
+            if key not in seen.inserted:
+                seen.reused.add(key)
         seq.num_offered_blocks = first_block + len(keys)
         self.num_hit_blocks += len(keys)
         self.num_loaded_blocks += len(keys)

@@ -7,13 +7,14 @@ drives it with these calls, which follow vLLM 0.33's CPU offloading manager
 (``vllm/v1/kv_offload/cpu/manager.py``) and its policies' hooks:
 
 - ``store_miss(keys)``: a request offered these keys for storing and they were not stored (ARC
-  adapts its target here); called before the ``insert`` of those that get a slot;
+  adapts its target here), once per request and key; called before the ``insert`` of those that
+  get a slot;
 - ``insert(key, request_id, position)``: the key now has a slot (not yet evictable: its copy is
   in flight); ``position`` is the block's index in the request's sequence;
 - ``access(keys, request_id, positions)``: a request used keys already stored: it offered them
   again or loads them;
 - ``request_finished(request_id, keys, reused)``: the request is done with the store (finished,
-  aborted or preempted); ``keys`` are those it inserted or accessed, in prefix order, and
+  aborted or rejected); ``keys`` are those it inserted or accessed, in prefix order, and
   ``reused`` those of them it accessed without having inserted them;
 - ``set_evictable(key, evictable)``: whether the key may be evicted now (ready and not being
   loaded);

@@ -26,7 +26,6 @@ validation mode fills it with NaN).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Hashable
 
 from engine.policy.offload.policies import OffloadPolicy, make_offload_policy
@@ -44,7 +43,8 @@ class OffloadStore:
         self.slot_of: dict[Hashable, int] = {}
         self.state: dict[Hashable, int] = {}  # STORING, READY, or the number of loads in flight
         self.key_of: list[Hashable | None] = [None] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._num_never_used = num_blocks  # slots num_blocks - n .. num_blocks - 1 were never used
+        self._freed: list[int] = []  # slots freed by evictions; the last freed is taken first
         self._storing: list[Hashable] = []  # issued this step
         self._loading: list[Hashable] = []  # one entry per load issued this step
         self.on_release: Callable[[int], None] | None = None
@@ -53,11 +53,16 @@ class OffloadStore:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self._num_never_used + len(self._freed)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def has_pending_stores(self) -> bool:
+        """Whether copies issued this step will make more keys ready at the next ``complete``."""
+        return bool(self._storing)
 
     # ----------------------------------------------------------- lookups
     def is_ready(self, key: Hashable) -> bool:
@@ -69,10 +74,13 @@ class OffloadStore:
         return key in self.slot_of
 
     # ------------------------------------------------------------ stores
-    def prepare_store(self, keys: list[Hashable], request_id: str, positions: list[int]) -> list[tuple[Hashable, int]] | None:
+    def prepare_store(self, keys: list[Hashable], request_id: str, positions: list[int],
+                      missed: set | None = None) -> list[tuple[Hashable, int]] | None:
         """Give every key of ``keys`` not stored yet a slot (evicting by the policy); returns
         ``(key, slot)`` of the copies to make, in order, or ``None`` if there is no room for them
-        all (then nothing is stored). Keys already ready count as used by the request."""
+        all (then nothing is stored). Keys already ready count as used by the request. The
+        policy hears of a key offered while not stored once per request: ``missed`` holds those
+        it heard of (updated)."""
         state = self.state
         new: list[Hashable] = []
         new_positions: list[int] = []
@@ -95,8 +103,14 @@ class OffloadStore:
             policy.access(used, request_id, used_positions)
         if not new:
             return []
-        policy.store_miss(new)
-        need = len(new) - len(self._free)
+        if missed is None:
+            policy.store_miss(new)
+        else:
+            first_misses = [key for key in new if key not in missed]
+            missed.update(first_misses)
+            if first_misses:
+                policy.store_miss(first_misses)
+        need = len(new) - self.num_free_blocks
         if need > 0:
             victims = policy.evict(need, seen)
             if victims is None:
@@ -110,7 +124,7 @@ class OffloadStore:
                 self._drop(key)
         copies = []
         for key, position in zip(new, new_positions):
-            slot = self._free.popleft()
+            slot = self._take_slot()
             self.slot_of[key] = slot
             self.key_of[slot] = key
             state[key] = STORING
@@ -119,11 +133,17 @@ class OffloadStore:
             copies.append((key, slot))
         return copies
 
+    def _take_slot(self) -> int:
+        if self._num_never_used:
+            self._num_never_used -= 1
+            return self.num_blocks - 1 - self._num_never_used
+        return self._freed.pop()
+
     def _drop(self, key: Hashable) -> None:
         slot = self.slot_of.pop(key)
         del self.state[key]
         self.key_of[slot] = None
-        self._free.append(slot)
+        self._freed.append(slot)
         self.num_evictions += 1
         if self.on_release is not None:
             self.on_release(slot)
@@ -162,8 +182,8 @@ class OffloadStore:
     # ------------------------------------------------------------ checking
     def check(self) -> None:
         """Assert the store's invariants (O(blocks); for tests)."""
-        free = set(self._free)
-        assert len(free) == len(self._free), "a slot is free twice"
+        free = set(self._freed) | set(range(self.num_blocks - self._num_never_used, self.num_blocks))
+        assert len(free) == self.num_free_blocks, "a slot is free twice"
         for slot, key in enumerate(self.key_of):
             if key is None:
                 assert slot in free, f"offload slot {slot} is neither free nor holding a key"
@@ -174,3 +194,5 @@ class OffloadStore:
         assert len(self.policy) == len(self.slot_of), "the policy and the store hold different keys"
         for key in self.slot_of:
             assert key in self.policy
+        assert all(self.state[key] == STORING for key in self._storing)
+        assert all(self.state.get(key, 0) > READY for key in self._loading)

@@ -156,13 +156,15 @@ class VllmV1StepOrder(StepOrder):
                 break
             s.waiting.popleft()
             hit_tokens = 0
-            for i, (seq, h) in enumerate(zip(seqs, hits)):
+            for seq, h in zip(seqs, hits):
                 if h:
                     kv.touch_prefix(seq, h)
                     hit_tokens += len(h) * bs
-                if loads is not None and loads[i]:
-                    s.load_from_offload(seq, loads[i], st)
-                    hit_tokens += len(loads[i]) * bs
+            if loads is not None:  # after every touch: a load's fresh blocks may evict a cached hit
+                for seq, keys in zip(seqs, loads):
+                    if keys:
+                        s.load_from_offload(seq, keys, st)
+                        hit_tokens += len(keys) * bs
             s.planner.unpark(request)
             s.admit(request, hit_tokens, st)
             s.running.append(request)
