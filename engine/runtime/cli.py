@@ -215,8 +215,8 @@ def dtype_for(choice: str, device, backend: str, TORCH_DTYPES, check_reference: 
 
 def _scheduler_config(args, config, dtype, device):
     from engine.policy import make_config
-    from engine.policy.cli_args import policy_overrides
-    from engine.runtime.kv_cache import GiB, blocks_for_budget, scheduler_kv_settings
+    from engine.policy.cli_args import offload_blocks, policy_overrides
+    from engine.runtime.kv_cache import GiB, block_bytes, blocks_for_budget, scheduler_kv_settings
 
     overrides = policy_overrides(args)
     max_model_len = args.max_model_len or config.max_position_embeddings
@@ -250,6 +250,9 @@ def _scheduler_config(args, config, dtype, device):
         num_cpu_blocks = blocks_for_budget(int(gib * GiB), config, block_size, dtype)
         if args.swap_space is None:
             num_cpu_blocks = min(num_cpu_blocks, num_gpu_blocks)
+    num_offload_blocks = offload_blocks(args, block_bytes(config, block_size, dtype))
+    if num_offload_blocks is not None:  # (None: the preset's, none)
+        overrides["num_offload_blocks"] = num_offload_blocks
     if args.gpu_memory_utilization is not None and device.type != "cuda":
         raise ValueError("--gpu-memory-utilization sizes a CUDA cache; on CPU give --kv-cache-gb or --num-gpu-blocks")
     return make_config(args.policy, block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
@@ -257,23 +260,30 @@ def _scheduler_config(args, config, dtype, device):
 
 
 def _check_memory(model_config, dtype, device, config) -> None:
-    """Refuse a cache or swap space larger than the memory that is free, before allocating it."""
+    """Refuse a cache, swap space or offload store larger than the memory that is free, before
+    allocating it (the swap space and the offload store live in host RAM on either device)."""
     import torch
 
     from engine.runtime.kv_cache import GiB, block_bytes
 
     per_block = block_bytes(model_config, config.block_size, dtype)
     gpu, cpu = config.num_gpu_blocks * per_block, config.num_cpu_blocks * per_block
+    offload = config.num_offload_blocks * per_block
     host_free = _host_available_bytes()
+    host = "swap space and offload store" if offload else "swap space"
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        checks = [("KV cache", gpu, free, "free on the GPU"), ("swap space", cpu, host_free, "available in RAM")]
+        checks = [("KV cache", gpu, free, "free on the GPU"), (host, cpu + offload, host_free, "available in RAM")]
     else:
-        checks = [("KV cache and swap space", gpu + cpu, host_free, "available in RAM")]
+        checks = [(f"KV cache, {host}" if offload else "KV cache and swap space", gpu + cpu + offload, host_free,
+                   "available in RAM")]
+    fewer, smaller = "--num-gpu-blocks / --num-cpu-blocks", "--kv-cache-gb / --swap-space"
+    if offload:
+        fewer, smaller = f"{fewer} / --num-offload-blocks", f"{smaller} / --kv-offloading-size"
     for what, need, have, where in checks:
         if have is not None and need > have:
             raise ValueError(f"the {what} needs {need / GiB:.2f} GiB but {have / GiB:.2f} GiB is {where} "
-                             f"(fewer --num-gpu-blocks / --num-cpu-blocks, or a smaller --kv-cache-gb / --swap-space)")
+                             f"(fewer {fewer}, or a smaller {smaller})")
 
 
 def _host_available_bytes() -> int | None:

@@ -1,11 +1,11 @@
 """The real engine: the policy's scheduler driving a model on paged KV tensors, step by step.
 
-Each ``step()``: ``Scheduler.schedule()`` -> ``ModelRunner.execute`` (swaps, copy-on-write,
-forward) -> sampling -> ``Scheduler.update()`` with the tokens (and beam choices), so every fork,
-copy-on-write and free goes through the same policy objects the simulator drives. The scheduler
-writes the decision log (one record per step, the simulator's format); the engine records when
-each request arrived, was first scheduled, produced its first token and finished, and what each
-step did and took on the wall clock.
+Each ``step()``: ``Scheduler.schedule()`` -> ``ModelRunner.execute`` (swaps, offload loads,
+copy-on-write, forward, offload stores) -> sampling -> ``Scheduler.update()`` with the tokens (and
+beam choices), so every fork, copy-on-write, offload and free goes through the same policy objects
+the simulator drives. The scheduler writes the decision log (one record per step, the
+simulator's format); the engine records when each request arrived, was first scheduled, produced
+its first token and finished, and what each step did and took on the wall clock.
 
 Two ways to feed requests:
 - ``run(requests)``: against the wall clock, each request released at its ``arrival_time_s``
@@ -100,6 +100,8 @@ class EngineStats:
     cow_copies: int = 0
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
+    offload_loaded_blocks: int = 0  # offload store -> GPU (CPU-tier prefix hits)
+    offload_stored_blocks: int = 0  # GPU -> offload store
     tokens_generated: int = 0
 
 
@@ -143,12 +145,14 @@ class Engine:
         self.scheduler = scheduler_cls(config)  # a user's Scheduler subclass (--plugin) runs here too
         self.cache = PagedKVCache(model.config, num_gpu_blocks=config.num_gpu_blocks, num_cpu_blocks=config.num_cpu_blocks,
                                   block_size=config.block_size, dtype=model.dtype, device=model.device,
-                                  poison=validate, backend=self.backend)
+                                  poison=validate, backend=self.backend, num_offload_blocks=config.num_offload_blocks)
         releases = None
         if validate:
             releases = Releases()
             self.scheduler.pool.on_release = releases.gpu.append
             self.scheduler.swap_pool.on_release = releases.cpu.append
+            if self.scheduler.offload is not None:
+                self.scheduler.offload.store.on_release = releases.offload.append
         self.runner = ModelRunner(model, self.cache, backend=self.backend, releases=releases)
         self.records: dict[str, RequestRecord] = {}
         self.steps: list[StepRecord] = []
@@ -301,6 +305,8 @@ class Engine:
         stats.cow_copies += len(out.blocks_to_copy)
         stats.swap_out_blocks += len(out.blocks_to_swap_out)
         stats.swap_in_blocks += len(out.blocks_to_swap_in)
+        stats.offload_loaded_blocks += len(out.blocks_to_load)
+        stats.offload_stored_blocks += len(out.blocks_to_store)
         batch = result.batch
         if batch is not None:
             for s in batch.sample_seqs:

@@ -1,9 +1,12 @@
-"""The paged KV cache on a device, and the CPU swap space, as tensors the kernels read.
+"""The paged KV cache on a device, the CPU swap space and the CPU offload store, as tensors the
+kernels read.
 
 Per layer one key and one value tensor of shape ``[num_blocks, block_size, num_kv_heads,
-head_dim]`` (the kernels' layout); the swap space has the same layout with its own block count,
-in pinned host memory when the cache is on CUDA. Block ids are the policy's: GPU block ``b`` of
-every layer is ``key_caches[layer][b]``, CPU block ``c`` is ``cpu_key_caches[layer][c]``.
+head_dim]`` (the kernels' layout); the swap space and the offload store (KV offloading's second
+tier, ``engine/policy/offload``) have the same layout with their own block counts, in pinned host
+memory when the cache is on CUDA. They are separate pools, as in vLLM. Block ids are the policy's:
+GPU block ``b`` of every layer is ``key_caches[layer][b]``, CPU block ``c`` is
+``cpu_key_caches[layer][c]``, offload slot ``o`` is ``offload_key_caches[layer][o]``.
 
 A model with sliding-window layers has its layers in vLLM v1's KV-cache groups
 (``engine.catalog.kv_layout``): a block id then belongs to one group at a time, and the ``group_size``
@@ -17,8 +20,8 @@ utilization`` less what the model and a profiling forward pass took, ``profile_k
 either device it can be given in GiB, or the block count directly.
 
 Validation mode (``poison=True``): the caches start as NaN and every block the policy releases is
-refilled with NaN (``poison_gpu`` / ``poison_cpu``), so a kernel that reads memory the policy no
-longer owns turns the output into NaN instead of plausible tokens.
+refilled with NaN (``poison_gpu`` / ``poison_cpu`` / ``poison_offload``), so a kernel that reads
+memory the policy no longer owns turns the output into NaN instead of plausible tokens.
 """
 
 from __future__ import annotations
@@ -56,13 +59,15 @@ def blocks_for_budget(budget_bytes: int, config: LlamaConfig, block_size: int, d
 
 class PagedKVCache:
     def __init__(self, config: LlamaConfig, *, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device | str, poison: bool = False, backend: str = "auto"):
+                 dtype: torch.dtype, device: torch.device | str, poison: bool = False, backend: str = "auto",
+                 num_offload_blocks: int = 0):
         if num_gpu_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_gpu_blocks}")
         self.config = config
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
+        self.num_offload_blocks = num_offload_blocks
         self.dtype = dtype
         self.device = torch.device(device)
         self.poison = poison
@@ -94,6 +99,8 @@ class PagedKVCache:
         cpu = torch.device("cpu")
         self.cpu_key_caches = tensors(num_cpu_blocks, cpu, pin) if num_cpu_blocks else []
         self.cpu_value_caches = tensors(num_cpu_blocks, cpu, pin) if num_cpu_blocks else []
+        self.offload_key_caches = tensors(num_offload_blocks, cpu, pin) if num_offload_blocks else []
+        self.offload_value_caches = tensors(num_offload_blocks, cpu, pin) if num_offload_blocks else []
 
     # ---------------------------------------------------------- block moves
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
@@ -108,6 +115,18 @@ class PagedKVCache:
             mapping = torch.tensor(pairs, dtype=torch.int64)
             swap_blocks(self._cpu_tensors(), self._gpu_tensors(), mapping)
 
+    def offload_load(self, pairs: list[tuple[int, int]]) -> None:
+        """``(slot, gpu)`` pairs: offloaded blocks into the GPU cache (a CPU-tier prefix hit)."""
+        if pairs:
+            mapping = torch.tensor(pairs, dtype=torch.int64)
+            swap_blocks(self._offload_tensors(), self._gpu_tensors(), mapping)
+
+    def offload_store(self, pairs: list[tuple[int, int]]) -> None:
+        """``(gpu, slot)`` pairs: GPU blocks copied into the offload store (the GPU keeps its block)."""
+        if pairs:
+            mapping = torch.tensor(pairs, dtype=torch.int64)
+            swap_blocks(self._gpu_tensors(), self._offload_tensors(), mapping)
+
     def copy(self, pairs: list[tuple[int, int]]) -> None:
         """``(src, dst)`` copy-on-write pairs, every layer in one call."""
         if pairs:
@@ -119,6 +138,9 @@ class PagedKVCache:
 
     def poison_cpu(self, block_ids: Iterable[int]) -> None:
         self._fill_nan(self._cpu_tensors(), block_ids)
+
+    def poison_offload(self, slots: Iterable[int]) -> None:
+        self._fill_nan(self._offload_tensors(), slots)
 
     def _fill_nan(self, caches: list[torch.Tensor], block_ids: Iterable[int]) -> None:
         ids = sorted(set(block_ids))
@@ -133,6 +155,9 @@ class PagedKVCache:
 
     def _cpu_tensors(self) -> list[torch.Tensor]:
         return self.cpu_key_caches + self.cpu_value_caches
+
+    def _offload_tensors(self) -> list[torch.Tensor]:
+        return self.offload_key_caches + self.offload_value_caches
 
 
 def profile_kv_budget(model, *, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:

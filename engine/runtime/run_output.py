@@ -87,6 +87,14 @@ def summarize(engine, wall_s, report, reference_wall_s, args, offline, *, slo, p
         "num_cpu_blocks": engine.config.num_cpu_blocks, "policy": args.policy,
         "preemption_mode": engine.config.preemption_mode if isinstance(engine.config.preemption_mode, str) else "custom",
     }
+    if sched.offload is not None:  # the second KV tier (engine/policy/offload); prefix_hit_tokens counts both
+        summary.update({
+            "num_offload_blocks": engine.config.num_offload_blocks,
+            "offload_eviction_policy": engine.config.offload_eviction_policy,
+            "offload_hit_tokens": sched.num_offload_hit_tokens,
+            "offload_loaded_blocks": stats.offload_loaded_blocks, "offload_stored_blocks": stats.offload_stored_blocks,
+            "offload_evictions": sched.offload.store.num_evictions,
+        })
     if report is not None:
         summary.update(report.to_dict())
         summary["reference_wall_s"] = round(reference_wall_s, 4)
@@ -129,6 +137,12 @@ def print_summary(summary: dict) -> None:
         f"latency      TTFT p50 {summary['ttft_s']['p50']} s, TPOT p50 {summary['tpot_s']['p50']} s, "
         f"ITL p50 {summary['itl_s']['p50']} s, end-to-end p50 {summary['e2e_s']['p50']} s",
     ]
+    if "offload_hit_tokens" in summary:
+        lines.insert(4, f"offloading   {summary['num_offload_blocks']} CPU blocks "
+                        f"({summary['offload_eviction_policy']}): {summary['offload_hit_tokens']} of the prefix-hit "
+                        f"tokens loaded from it; "
+                        f"{summary['offload_loaded_blocks']} blocks loaded, {summary['offload_stored_blocks']} stored, "
+                        f"{summary['offload_evictions']} evicted")
     if summary["requests_rejected"]:
         lines.insert(0, f"NOTE: {summary['requests_rejected']} of {summary['requests_total']} requests were rejected "
                         f"by the policy and never served; they count as failed and as missing every SLO")

@@ -4,13 +4,18 @@
 2. in validation mode, **poison** the GPU blocks the policy released while scheduling (they were
    read by step 1 if they were swapped out; whoever got them next writes them from step 3 on);
 3. **swap in** ``blocks_to_swap_in`` (CPU -> GPU), then poison the CPU blocks released;
-4. **copy-on-write** ``blocks_to_copy``;
-5. the **forward pass** over the step's tokens (K/V written into their slots, paged prefill and
-   decode attention), returning the logits of the sequences that sample.
+4. **offload loads** ``blocks_to_load`` (offload store -> GPU: a prefix hit on the CPU tier, read
+   by this step's forward pass), then poison the offload slots released (evicted from the store);
+5. **copy-on-write** ``blocks_to_copy``;
+6. the **forward pass** over the step's tokens (K/V written into their slots, paged prefill and
+   decode attention), returning the logits of the sequences that sample;
+7. **offload stores** ``blocks_to_store`` (GPU -> offload store: blocks the forward pass just
+   filled; an evicted slot the store reuses was poisoned in step 4 and is written here).
 
-A CPU block that is both the destination of this step's swap-out and the source of its swap-in
-would make the order above wrong; the policy never does that, and the runner refuses it rather
-than corrupt memory. Blocks released by ``Scheduler.update`` are poisoned before the next step.
+A CPU block that is both the destination of this step's swap-out and the source of its swap-in,
+or an offload slot both loaded from and stored to, would make the order above wrong; the policy
+never does either, and the runner refuses them rather than corrupt memory. Blocks released by
+``Scheduler.update`` are poisoned before the next step.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Releases:
     def __init__(self) -> None:
         self.gpu: list[int] = []
         self.cpu: list[int] = []
+        self.offload: list[int] = []  # offload-store slots (evicted keys)
 
     @staticmethod
     def drain(ids: list[int]) -> list[int]:
@@ -67,13 +73,21 @@ class ModelRunner:
         if clash:
             raise ExecutionError(f"step {output.step}: CPU block(s) {sorted(clash)} are both swapped out to and "
                                  f"swapped in from in one step")
+        loads, stores = list(output.blocks_to_load), list(output.blocks_to_store)
+        clash = {slot for slot, _ in loads} & {slot for _, slot in stores}
+        if clash:
+            raise ExecutionError(f"step {output.step}: offload slot(s) {sorted(clash)} are both loaded from and "
+                                 f"stored to in one step")
         cache.swap_out(swap_out)
         self._poison_gpu()
         cache.swap_in(swap_in)
         self._poison_cpu()
+        cache.offload_load(loads)
+        self._poison_offload()
         cache.copy(list(output.blocks_to_copy))
         batch = build_batch(output, tokens_of, cache.device, len(cache.layout.groups))
         if batch is None:
+            cache.offload_store(stores)
             return StepLogits(None, None)
         attention = PagedAttention(cache, batch, backend=self.backend)
         hidden = self.model.hidden_states(batch.input_ids, batch.positions, attention)
@@ -82,12 +96,14 @@ class ModelRunner:
             bad = [s.seq_id for s, ok in zip(batch.sample_seqs, torch.isfinite(logits).all(dim=1).tolist()) if not ok]
             raise ExecutionError(f"step {output.step}: logits of {', '.join(bad[:5])} are not finite: attention "
                                  f"read KV memory the policy had released (validation mode)")
+        cache.offload_store(stores)
         return StepLogits(batch, logits)
 
     def poison_released(self) -> None:
         """Poison what was released outside ``schedule()`` (by ``update`` or an abort)."""
         self._poison_gpu()
         self._poison_cpu()
+        self._poison_offload()
 
     def _poison_gpu(self) -> None:
         if self.releases is not None:
@@ -96,3 +112,7 @@ class ModelRunner:
     def _poison_cpu(self) -> None:
         if self.releases is not None:
             self.cache.poison_cpu(Releases.drain(self.releases.cpu))
+
+    def _poison_offload(self) -> None:
+        if self.releases is not None:
+            self.cache.poison_offload(Releases.drain(self.releases.offload))
