@@ -112,6 +112,7 @@ def run_spec_from_args(args):
         placement=args.placement,
         block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks, kv_cache_gb=args.kv_cache_gb,
         gpu_memory_utilization=args.gpu_memory_utilization, swap_space_gb=args.swap_space,
+        kv_offloading_gb=args.kv_offloading_size, num_offload_blocks=args.num_offload_blocks,
         max_model_len=args.max_model_len, overrides=overrides, cost_params=_cost_params(args.cost_param),
         record_decisions=args.out is not None, profile=args.profile, plugins=tuple(args.plugin), scheduler=args.scheduler or "default",
     )
@@ -233,7 +234,7 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     try:
         cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], router, options, tp=args.tp,
                           decision_sinks=[f.write for f in logs] if logs else None,
-                          progress=progress.update if progress else None)
+                          progress=progress.update if progress else None, block_bytes=replica_block_bytes(built))
         started = time.perf_counter()
         try:
             result = cluster.run()
@@ -267,6 +268,11 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
         write_timeline(out / "timeline.json", result, ids,
                        step_replica=result.steps.replica_index() if clustered else None)
     return cluster, result, info, wall_s
+
+
+def replica_block_bytes(built) -> int:
+    """One KV block over all the replica's GPUs (what an offload copy moves; vLLM's sizing)."""
+    return built.deployment.block_bytes_per_gpu(built.scheduler.config.block_size) * built.deployment.tp
 
 
 def _trace_words(trace) -> str:

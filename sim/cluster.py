@@ -93,9 +93,10 @@ class Cluster:
     def __init__(self, trace: Trace, replicas: Sequence[tuple[object, CostModel]], router: Router | None = None,
                  options: SimOptions | None = None, *, tp: int = 1,
                  decision_sinks: Sequence[Callable[[str], object] | None] | None = None,
-                 progress: Callable[[int], object] | None = None):
+                 progress: Callable[[int], object] | None = None, block_bytes: int | None = None):
         """``replicas``: one ``(scheduler, cost_model)`` per replica, none shared; ``tp`` is what
-        the summary states per replica (the cost models already account for it);
+        the summary states per replica (the cost models already account for it); ``block_bytes``:
+        one KV block over a replica's GPUs, to state offload traffic in bytes;
         ``decision_sinks``: one per replica (or ``None``), each receiving its replica's log."""
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
@@ -108,6 +109,7 @@ class Cluster:
         self.router = router or RoundRobin()
         self.options = options or SimOptions()
         self.tp = tp
+        self.block_bytes = block_bytes
         self.env = simpy.Environment()
         try:
             self.request_metrics = RequestMetrics(len(trace))
@@ -210,6 +212,7 @@ class Cluster:
             if sched.has_unfinished_requests:  # the event queue ran dry with work left: a policy bug
                 raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished on replica {k}")
         summary = cluster_summary(self.request_metrics, self.replicas, self.replica_of, slo=self.options.slo,
-                                  percentiles=self.options.percentiles, router_name=self.router.name, tp=self.tp)
+                                  percentiles=self.options.percentiles, router_name=self.router.name, tp=self.tp,
+                                  block_bytes=self.block_bytes)
         return ClusterResult(summary, self.request_metrics, ClusterSteps([r.steps for r in self.replicas]),
                              self.replica_of, self.replicas, wall_s)

@@ -13,7 +13,9 @@ step table. Definitions, beyond ``sim.metrics``:
   are the average *per replica* while it computes (4 replicas each batching 10 requests
   average 10, not 40);
 - preemptions, prefix hits and evictions are summed over replicas; the prefix hit rate is all
-  replicas' hit tokens over all their admitted prompt tokens;
+  replicas' hit tokens over all their admitted prompt tokens; so are the offload tier's counts
+  and rates (``OffloadTotals``), each replica having its own store and host link
+  (``host_link_busy_fraction`` is the links' mean);
 - each replica's entry in ``replicas`` is ``sim.metrics.summarize`` over the requests routed to
   it and its own steps (its duration, and so its throughput, spans its own first arrival to
   its last completion), plus ``replica``, ``tp``, ``requests_routed``, ``num_gpu_blocks`` and
@@ -25,12 +27,14 @@ A one-replica cluster's summary is the single-replica summary, key for key; ``ro
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
+from functools import reduce
 
 import numpy as np
 
 from sim.bench_metrics import DEFAULT_PERCENTILES, Slo
-from sim.metrics import RequestMetrics, StepMetrics, summarize
+from sim.metrics import OffloadTotals, RequestMetrics, StepMetrics, summarize
 from sim.token_runs import ItlSample
 
 
@@ -88,17 +92,25 @@ def scheduler_figures(scheduler) -> dict:
             "num_evictions": getattr(getattr(scheduler, "pool", None), "num_evictions", 0)}
 
 
+def offload_totals(replicas: Sequence) -> OffloadTotals | None:
+    """The replicas' offload tiers together (``None``: offloading is off)."""
+    totals = [t for t in (r.offload_totals() for r in replicas) if t is not None]
+    return reduce(operator.add, totals) if totals else None
+
+
 def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np.ndarray, *, slo: Slo,
-                    percentiles=DEFAULT_PERCENTILES, router_name: str, tp: int = 1) -> dict:
+                    percentiles=DEFAULT_PERCENTILES, router_name: str, tp: int = 1,
+                    block_bytes: int | None = None) -> dict:
     """The cluster-wide summary, with ``router`` and per-replica ``replicas`` for two or more
-    replicas (``replicas``: ``sim.replica.Replica`` objects)."""
+    replicas (``replicas``: ``sim.replica.Replica`` objects); ``block_bytes``: one KV block over
+    a replica's GPUs."""
     from sim.simulator import replica_itl
 
-    common = {"slo": slo, "percentiles": percentiles}
+    common = {"slo": slo, "percentiles": percentiles, "block_bytes": block_bytes}
     if len(replicas) == 1:
         (only,) = replicas
         return summarize(requests, only.steps, **common, preemptions=only.preemptions, itl=replica_itl(only),
-                         **scheduler_figures(only.scheduler))
+                         offload=only.offload_totals(), **scheduler_figures(only.scheduler))
     schedulers = [r.scheduler for r in replicas]
     admitted = sum(s.num_prompt_tokens_admitted for s in schedulers)
     caches = any(getattr(s, "paged", True) and s.config.enable_prefix_caching for s in schedulers)
@@ -108,6 +120,7 @@ def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np
         requests, ClusterSteps([r.steps for r in replicas]), **common, preemptions=preemptions,
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in schedulers) / admitted) if admitted and caches else None,
         num_evictions=sum(scheduler_figures(s)["num_evictions"] for s in schedulers), itl=ItlSample.merge(itls),
+        offload=offload_totals(replicas),
     )
     summary["router"] = router_name
     summary["replicas"] = [replica_summary(k, r, requests_subset(requests, replica_of == k), common, tp, itls[k])
@@ -121,5 +134,5 @@ def replica_summary(index: int, replica, requests: RequestMetrics, common: dict,
         "replica": index, "tp": tp, "requests_routed": len(requests.status),
         "num_gpu_blocks": sched.config.num_gpu_blocks, "kv_cache_slots": sched.kv_usage().total_slots,
         **summarize(requests, replica.steps, **common, preemptions=replica.preemptions, itl=itl,
-                    **scheduler_figures(sched)),
+                    offload=replica.offload_totals(), **scheduler_figures(sched)),
     }

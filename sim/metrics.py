@@ -33,12 +33,27 @@ Summary definitions (all times in seconds):
   draws its batch from; under vLLM v0 a prompt-only step pauses the others without evicting
   them), likewise (the paper's Fig. 13 "batched requests");
 - ``sharing_saved`` = 1 - allocated / unshared slots, time-averaged (Fig. 15).
+
+With KV offloading on (``engine.policy.offload``; ``OffloadTotals``), also:
+- ``offload_hit_tokens``: first admissions' prefix-hit tokens loaded from the offload store;
+  ``hbm_hit_tokens`` the rest of their hits (the GPU prefix cache's); ``hbm_hit_rate`` and
+  ``offload_hit_rate`` each over the admitted prompt tokens (``prefix_hit_rate`` is their sum);
+- ``offload_loaded_blocks`` / ``offload_stored_blocks``: copies into and out of the GPU cache
+  (loads include resumed requests'), and the same in bytes over the replica's GPUs
+  (``offload_loaded_bytes`` / ``offload_stored_bytes``; ``None`` when the block's bytes are not
+  known); ``offload_evictions``, ``offload_refused_blocks`` (offered blocks the store had no room
+  for) and ``offload_blocks`` (the store's size);
+- ``host_link_busy_fraction``: the host link's transfer time (swaps and offload copies) over
+  the run's duration, or over the time to its last transfer when that ends later (a store after
+  the last completion); per link, averaged over replicas;
+- ``offload_load_wait_s``: the seconds steps spent queueing for the link and copying their loads.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,7 +62,7 @@ from sim.bench_metrics import DEFAULT_PERCENTILES, Slo, _r, latency_stats
 from sim.step_metrics import STEP_COLUMNS, StepMetrics
 from sim.token_runs import ItlSample
 
-__all__ = ["COMPLETED", "PENDING", "REJECTED", "REQUEST_COLUMNS", "STEP_COLUMNS", "RequestMetrics",
+__all__ = ["COMPLETED", "PENDING", "REJECTED", "REQUEST_COLUMNS", "STEP_COLUMNS", "OffloadTotals", "RequestMetrics",
            "StepMetrics", "summarize"]
 
 PENDING, COMPLETED, REJECTED = 0, 1, 2
@@ -85,6 +100,51 @@ class RequestMetrics:
             tpot = (self.finish_s - self.first_token_s) / (self.generation_len - 1)
         tpot[self.generation_len < 2] = np.nan
         return tpot
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadTotals:
+    """What the offload tier did over a run, as counts (``Replica.offload_totals``); ``+`` sums
+    replicas'. ``summarize`` turns them into the offload keys."""
+
+    num_blocks: int  # the store's size
+    admitted_tokens: int  # first admissions' prompt tokens
+    hit_tokens: int  # of those, prefix hits from either tier
+    offload_hit_tokens: int  # of those, loaded from the offload store
+    loaded_blocks: int
+    stored_blocks: int
+    evictions: int
+    refused_blocks: int
+    link_busy_s: float  # the host link's transfer time, swaps included
+    link_idle_s: float | None  # when the last transfer ended (None: none)
+    num_links: int
+    load_wait_s: float
+
+    def __add__(self, other: OffloadTotals) -> OffloadTotals:
+        idle = [t for t in (self.link_idle_s, other.link_idle_s) if t is not None]
+        return OffloadTotals(**{name: getattr(self, name) + getattr(other, name) for name in self.__slots__
+                                if name != "link_idle_s"}, link_idle_s=max(idle) if idle else None)
+
+    def summary(self, start_s: float, duration_s: float, block_bytes: int | None) -> dict:
+        """The summary's offload keys, for a run from ``start_s`` lasting ``duration_s``;
+        ``block_bytes``: one block over the replica's GPUs (``None``: unknown)."""
+        def rate(tokens: int) -> float | None:
+            return _ratio(tokens, self.admitted_tokens)
+
+        def nbytes(blocks: int) -> int | None:
+            return None if block_bytes is None else blocks * block_bytes
+
+        span = duration_s if self.link_idle_s is None else max(duration_s, self.link_idle_s - start_s)
+        hbm = self.hit_tokens - self.offload_hit_tokens
+        return {
+            "offload_blocks": self.num_blocks, "offload_hit_tokens": self.offload_hit_tokens, "hbm_hit_tokens": hbm,
+            "hbm_hit_rate": rate(hbm), "offload_hit_rate": rate(self.offload_hit_tokens),
+            "offload_loaded_blocks": self.loaded_blocks, "offload_stored_blocks": self.stored_blocks,
+            "offload_loaded_bytes": nbytes(self.loaded_blocks), "offload_stored_bytes": nbytes(self.stored_blocks),
+            "offload_evictions": self.evictions, "offload_refused_blocks": self.refused_blocks,
+            "host_link_busy_fraction": _ratio(self.link_busy_s, self.num_links * span),
+            "offload_load_wait_s": _r(self.load_wait_s),
+        }
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -129,7 +189,10 @@ SUM_KEYS = ("busy_s", "held_s", "utilization_x_s", "allocated_fraction_x_s", "us
 
 def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preemptions: dict[str, int],
               prefix_hit_rate: float | None, num_evictions: int, itl: ItlSample | None = None,
-              percentiles=DEFAULT_PERCENTILES) -> dict:
+              percentiles=DEFAULT_PERCENTILES, offload: OffloadTotals | None = None,
+              block_bytes: int | None = None) -> dict:
+    """The run's summary (module docstring); the offload keys only with ``offload`` (offloading
+    on), its bytes from ``block_bytes``, one KV block over a replica's GPUs."""
     done = requests.status == COMPLETED
     completed = int(done.sum())
     submitted = len(requests.status)
@@ -152,7 +215,7 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preempt
         return latency_stats(values, percentiles, weights)
 
     sent, finished = requests.arrival_s[done], requests.finish_s[done]
-    return {
+    summary = {
         "requests_total": submitted,
         "requests_completed": completed,
         "requests_rejected": int((requests.status == REJECTED).sum()),
@@ -190,3 +253,6 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preempt
         "busy_s": _r(busy),
         "time_by_term_s": {t: _r(v) for t, v in steps.term_totals_s.items()},
     }
+    if offload is not None:
+        summary.update(offload.summary(start, duration, block_bytes))
+    return summary

@@ -173,6 +173,7 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
         f"preemption {s['preemptions']['swap']} swap, {s['preemptions']['recompute']} recompute; blocks swapped "
         f"out {s['swapped_blocks']['out']}, in {s['swapped_blocks']['in']}; copy-on-write copies {s['cow_copies']}",
         f"prefix     hit rate {pct(s['prefix_hit_rate'])} of admitted prompt tokens; {s['prefix_evictions']} evictions",
+        *([_offload_line(s, d, pct)] if "offload_blocks" in s else []),
     ]
     busy = sum(s["time_by_term_s"].values()) or 1.0
     parts = [f"{t.replace('_', ' ')} {100 * s['time_by_term_s'][t] / busy:.1f}%" for t in TERMS
@@ -183,6 +184,17 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
     rate = s["requests_total"] / wall_s if wall_s > 0 else float("inf")
     lines += ["", f"simulated in {wall_s:.2f} s wall ({rate:,.0f} requests per wall second)"]
     return "\n".join(lines)
+
+
+def _offload_line(s: dict, deployment: dict, pct) -> str:
+    """The offload tier's line: its size, the hits per tier, the copies and the host link."""
+    blocks = deployment["scheduler"]["num_offload_blocks"]  # one replica's store
+    gib = blocks * deployment["kv_cache"]["block_bytes"] * deployment["tp"] / 2**30
+    size = f"{blocks:,} blocks ({gib:.4g} GiB){' per replica' if 'replicas' in s else ''}"
+    return (f"offload    {size}: hits HBM {pct(s['hbm_hit_rate'])} + CPU {pct(s['offload_hit_rate'])} of admitted "
+            f"prompt tokens; loaded {s['offload_loaded_blocks']:,} / stored {s['offload_stored_blocks']:,} blocks, "
+            f"{s['offload_evictions']:,} evicted, {s['offload_refused_blocks']:,} refused; link busy "
+            f"{pct(s['host_link_busy_fraction'])}, loads waited {s['offload_load_wait_s']:.4g} s")
 
 
 def rejection_words(summary: dict) -> str | None:

@@ -8,6 +8,14 @@ step takes the longer of the two); then ``update()`` the scheduler with the step
 arriving during a step are seen by the next ``schedule()``. With nothing unfinished the replica
 sleeps until ``submit`` wakes it.
 
+With KV offloading (``engine.policy.offload``) the same link carries the offload store's copies,
+asynchronously as vLLM's connector does: a step's loads (``blocks_to_load``) are read by its
+forward pass, so the step queues for the link and holds it for the loads before it computes
+(after its swaps, when they are not overlapped); its stores (``blocks_to_store``) are written by
+the forward pass, so they queue for the link when the compute ends and hold it while the replica
+goes on: a store never delays a step, except through the link a later load or swap waits for.
+The link moves one copy at a time, whichever direction.
+
 The scheduler is any object with the policy's interface (``Scheduler`` or the contiguous
 baseline); it is never told it is simulated.
 
@@ -32,7 +40,7 @@ from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
 from sim.cost.base import CostModel, StepWork
-from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics
+from sim.metrics import COMPLETED, REJECTED, OffloadTotals, RequestMetrics, StepMetrics
 from sim.skip_ahead import decode_step_work, plan_skip, skip, timeout_until
 from sim.token_runs import TokenRuns
 from sim.workload import BeamModel
@@ -57,7 +65,12 @@ class Replica:
         self.steps = steps
         self.beam_model = beam_model
         self.overlap_swaps = overlap_swaps
-        self.skip_ahead = skip_ahead and isinstance(scheduler, Scheduler)  # skip_ahead.py
+        # NOTE: skip-ahead and the fast decode path (skip_ahead.py, fast_forward.py) carry the
+        # offload store's state when it stores prompt blocks only (vLLM's default), since decodes
+        # then store nothing; storing generated blocks too, every step goes through schedule().
+        offload = getattr(scheduler, "offload", None)
+        self.skip_ahead = (skip_ahead and isinstance(scheduler, Scheduler)
+                           and (offload is None or offload.prompt_only))
         if not skip_ahead and getattr(getattr(scheduler, "kv", None), "lazy_keys", False):
             scheduler.kv.lazy_keys = False  # the reference path: every block key made when due
         self.steps_skipped = 0
@@ -72,6 +85,9 @@ class Replica:
         self.index = replica_index
         self.token_runs = token_runs or TokenRuns(len(requests.status))  # when each request got tokens (ITL)
         self.preemptions = {"swap": 0, "recompute": 0}
+        self.link_busy_s = 0.0  # the host link's transfer time (swaps and offload copies)
+        self.link_idle_s: float | None = None  # when its last transfer ended (None: none yet)
+        self.offload_load_wait_s = 0.0  # steps' time queueing for and copying their loads
         # Tokens computed again after recompute preemptions: at each resumption, the longest live
         # sequence's tokens (prompt + output so far) minus the prefix-cache hit. Exact for n = 1
         # without chunked prefill; a request preempted mid-prefill counts its whole prompt, an upper
@@ -169,8 +185,10 @@ class Replica:
             for rid, hit_tokens in out.resumed.items():
                 live = sched.requests[rid].live_seqs
                 self.recomputed_tokens += max(seq.num_tokens for seq in live) - hit_tokens
-            yield from self._execute(cost)
+            yield from self._execute(cost, len(out.blocks_to_load))
             end = env.now
+            if out.blocks_to_store:  # written by the compute that just ended
+                self._store(len(out.blocks_to_store))
             if not math.isfinite(end):
                 raise ValueError(f"simulated time overflowed at step {out.step} (step cost {cost.terms})")
             step_row = len(self.steps)  # this step's row in the step table (recorded below)
@@ -267,13 +285,18 @@ class Replica:
                     self.decision_sink(dump_record(record) + "\n")
             log.clear()
 
-    def _execute(self, cost):
+    def _execute(self, cost, num_loads: int = 0):
         env = self.env
         swap_s = cost.swap_s
+        if swap_s > 0 and not self.overlap_swaps:  # vLLM v0: the step waits for its swaps
+            yield from self._transfer(swap_s)
+        if num_loads:  # the forward pass reads the loaded blocks
+            waited_from = env.now
+            yield from self._transfer(self.cost_model.offload_seconds(num_loads, self._work_block_size, to_gpu=True))
+            self.offload_load_wait_s += env.now - waited_from
         if swap_s <= 0:
             yield env.timeout(cost.total_s)
-        elif not self.overlap_swaps:  # vLLM v0: the step waits for its swaps, then computes
-            yield from self._transfer(swap_s)
+        elif not self.overlap_swaps:
             yield env.timeout(cost.compute_s)
         else:  # swaps beside the compute: the step ends when both have
             transfer = env.process(self._transfer(swap_s))
@@ -282,7 +305,38 @@ class Replica:
     def _transfer(self, seconds: float):
         with self.link.request() as req:
             yield req
-            yield self.env.timeout(seconds)
+            yield from self._hold_link(seconds)
+
+    def _store(self, num_blocks: int) -> None:
+        """Queue for the link now, and copy ``num_blocks`` blocks to the offload store once it is
+        free, while the replica goes on."""
+        seconds = self.cost_model.offload_seconds(num_blocks, self._work_block_size, to_gpu=False)
+        request = self.link.request()  # (now: ahead of any later step's loads)
+        self.env.process(self._stored(request, seconds))
+
+    def _stored(self, request, seconds: float):
+        with request:
+            yield request
+            yield from self._hold_link(seconds)
+
+    def _hold_link(self, seconds: float):
+        self.link_busy_s += seconds
+        yield self.env.timeout(seconds)
+        self.link_idle_s = self.env.now
+
+    def offload_totals(self) -> OffloadTotals | None:
+        """What this replica's offload tier did (``None``: offloading is off)."""
+        sched = self.scheduler
+        offload = getattr(sched, "offload", None)
+        if offload is None:
+            return None
+        store = offload.store
+        return OffloadTotals(
+            num_blocks=store.num_blocks, admitted_tokens=sched.num_prompt_tokens_admitted,
+            hit_tokens=sched.num_prefix_hit_tokens, offload_hit_tokens=sched.num_offload_hit_tokens,
+            loaded_blocks=offload.num_loaded_blocks, stored_blocks=offload.num_stored_blocks,
+            evictions=store.num_evictions, refused_blocks=store.num_refused_blocks, link_busy_s=self.link_busy_s,
+            link_idle_s=self.link_idle_s, num_links=1, load_wait_s=self.offload_load_wait_s)
 
 
 def block_size_of(scheduler) -> int | None:

@@ -68,8 +68,10 @@ class SimResult:
 class Simulation:
     def __init__(self, trace: Trace, scheduler, cost_model: CostModel, options: SimOptions | None = None, *,
                  decision_sink: Callable[[str], object] | None = None,
-                 progress: Callable[[int], object] | None = None):
+                 progress: Callable[[int], object] | None = None, block_bytes: int | None = None):
+        """``block_bytes``: one KV block over the replica's GPUs, to state offload traffic in bytes."""
         self.trace = trace
+        self.block_bytes = block_bytes
         self.scheduler = scheduler
         self.cost_model = cost_model
         self.options = options or SimOptions()
@@ -105,6 +107,7 @@ class Simulation:
             itl=replica_itl(self.replica), preemptions=self.replica.preemptions,
             prefix_hit_rate=(sched.num_prefix_hit_tokens / admitted) if admitted and caches else None,
             num_evictions=getattr(getattr(sched, "pool", None), "num_evictions", 0),
+            offload=self.replica.offload_totals(), block_bytes=self.block_bytes,
         )
         return SimResult(summary, self.request_metrics, self.step_metrics, sched, wall_s)
 

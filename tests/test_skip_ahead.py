@@ -113,6 +113,9 @@ def configs(draw, trace: Trace):
         settings_["preemption_mode"] = draw(st.sampled_from(["recompute", "swap"]))
         settings_["enable_prefix_caching"] = draw(st.booleans())
         settings_["eviction_policy"] = draw(st.sampled_from(["lru", "fifo", "lfu", "radix-leaf"]))
+        if settings_["enable_prefix_caching"]:  # now and then a second tier (engine/policy/offload)
+            settings_["num_offload_blocks"] = draw(st.sampled_from([0, 0, 2, 16, 256]))
+            settings_["offload_eviction_policy"] = draw(st.sampled_from(["lru", "arc", "lfu"]))
         chunked = draw(st.booleans())
         settings_["enable_chunked_prefill"] = chunked
         settings_["max_num_batched_tokens"] = draw(st.sampled_from([8, 32, 512])) if chunked else 256
