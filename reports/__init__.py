@@ -3,8 +3,9 @@
 ``spec`` (a TOML study: source, base settings, grids, seeds), ``runner`` (one run -> one record),
 ``store`` (results.jsonl, appended as runs finish), ``execute`` (process pool or Ray, resumable),
 ``results`` (runs, settings over seeds, slices, grids), ``noise`` (is a difference real),
-``load`` (below, near or past saturation), ``findings`` (sentences judged against noise), the
-report's pages (``style``, ``table_pages``, ``grid_pages``, ``load_pages``, ``pages``,
+``load`` (below, near or past saturation), ``findings`` (sentences judged against noise),
+``offload`` (a grid over the KV offload size and policy read as one sweep), the report's pages
+(``style``, ``table_pages``, ``grid_pages``, ``offload_pages``, ``load_pages``, ``pages``,
 ``paper_pages``), ``pdf`` and ``html`` (the same pages as PDF or one HTML file), ``presets``
 (``demo``, ``kwon2023``) and ``cli`` (``pagesim study / report / demo``).
 """

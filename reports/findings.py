@@ -5,7 +5,8 @@ threshold without seeds):
 
 - ``axis_findings``: for each axis the study varies (load and seed aside), the settings along it
   with everything else at the base, and per metric either the best value and how far it is from
-  the next, or "no measurable difference";
+  the next, or "no measurable difference"; a grid that varies the KV offload size is read as one
+  sweep of size and offload policy instead (``reports.offload.offload_findings``);
 - ``best_settings``: per metric, the best setting among the runs that differ in policy only (base
   load, workload, resources, allocator), with the settings within noise of it; no single "best"
   where the best is not measurably ahead;
@@ -26,12 +27,13 @@ from reports.results import (HEADLINE, METRICS, RATE_AXES, SEED, M, Metric, Sett
 # Not policy choices: load, workload, resources, baselines and seeds. The summary ranks only runs that
 # have these at the base, so "best" never means "less traffic" or "a bigger GPU".
 CONTEXT_KEYS = ("rate_scale", "rate", "workload", "n", "beam_width", "seed", "kv_cache_gb", "num_gpu_blocks",
-                "gpu", "tp", "model", "allocator", "swap_space_gb", "replicas", "sample_lengths")
+                "gpu", "tp", "model", "allocator", "swap_space_gb", "replicas", "sample_lengths", "kv_offloading_size")
 AXIS_METRICS = (*HEADLINE, M["memory_utilization"], M["prefix_hit_rate"], M["preemptions_total"])
 AXIS_NAMES = {"block_size": "Block size", "eviction": "Eviction policy", "preemption": "Preemption mode",
               "kv_cache_gb": "KV cache size", "allocator": "Allocator", "victim": "Victim policy",
               "scheduler": "Scheduler", "policy": "Policy preset", "router": "Router", "replicas": "Replicas",
-              "max_num_seqs": "max_num_seqs", "rate_scale": "Rate scale", "rate": "Request rate (requests/s)", "max_num_batched_tokens": "max_num_batched_tokens"}
+              "max_num_seqs": "max_num_seqs", "rate_scale": "Rate scale", "rate": "Request rate (requests/s)", "max_num_batched_tokens": "max_num_batched_tokens",
+              "kv_offloading_size": "Offload size", "kv_offloading_policy": "Offload policy"}
 
 
 @dataclass
@@ -88,7 +90,7 @@ def _regimes(records: list[dict[str, Any]]) -> str:
     return at + regime
 
 
-VALUE_UNITS = {"kv_cache_gb": " GiB", "swap_space_gb": " GiB"}
+VALUE_UNITS = {"kv_cache_gb": " GiB", "swap_space_gb": " GiB", "kv_offloading_size": " GiB"}
 
 
 def _name(axis: str, setting: Setting) -> str:
@@ -109,9 +111,12 @@ class Finding:
 
 
 def axis_finding_items(study: Study) -> list[Finding]:
+    from reports.offload import POLICY, SIZE, offload_findings
+
+    offload = offload_findings(study)  # (the offload size and policy read as one sweep, when a grid varies the size)
     out = []
     for axis in study.varying():
-        if axis in RATE_AXES:
+        if axis in RATE_AXES or (offload and axis in (SIZE, POLICY)):
             continue
         fixed = _anchor(study, axis)
         group = settings(study.slice(axis, **fixed))
@@ -143,7 +148,7 @@ def axis_finding_items(study: Study) -> list[Finding]:
         head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {_runs(len(records))} {_regimes(records)}, {held}every "
                 "other setting at the base)")
         out.append(Finding(head, claims))
-    return out
+    return out + offload
 
 
 def _anchor(study: Study, axis: str) -> dict[str, Any]:

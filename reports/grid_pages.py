@@ -20,13 +20,15 @@ import numpy as np
 from reports.findings import AXIS_NAMES
 from reports.noise import Estimate
 from reports.results import HEADLINE, RATE_AXES, SEED, Metric, Setting, Study, order, settings, value_label
+from reports.spec import moot_settings
 from reports.style import Page, from_zero, new_page, plain_ticks
 
 PANELS_PER_PAGE = 6
 
 
 AXIS_UNITS = {"block_size": "tokens", "kv_cache_gb": "GiB per GPU", "rate_scale": "x the source's rate",
-              "swap_space_gb": "GiB", "max_num_seqs": "sequences", "max_num_batched_tokens": "tokens"}
+              "swap_space_gb": "GiB", "max_num_seqs": "sequences", "max_num_batched_tokens": "tokens",
+              "kv_offloading_size": "GiB, 0: off"}
 
 
 def axis_label(axis: str) -> str:
@@ -57,9 +59,23 @@ def _cell_estimates(group: list[Setting], metric: Metric, row_axis: str, col_axi
     but without the metric."""
     out: list[list[Estimate | None]] = [[None] * len(cols) for _ in rows]
     for s in group:
-        i, j = rows.index(s.config.get(row_axis)), cols.index(s.config.get(col_axis))
-        out[i][j] = s.estimate(metric.key) or NO_VALUE
+        for i, row in enumerate(rows):
+            for j, col in enumerate(cols):
+                if _matches(s.config, row_axis, row) and _matches(s.config, col_axis, col):
+                    out[i][j] = s.estimate(metric.key) or NO_VALUE
     return out
+
+
+def _axis_values(group: list[Setting], axis: str) -> list:
+    """The values ``axis`` takes in ``group``, in order (a run it is moot for names none)."""
+    values = {s.config.get(axis) for s in group if axis not in moot_settings(s.config)}
+    return sorted(values, key=order) or [None]
+
+
+def _matches(config: dict[str, Any], axis: str, value: Any) -> bool:
+    """Whether a run belongs at ``value`` of ``axis``: a setting moot for the run (the offload policy
+    of a run without an offload store) puts it at every value, as the same run."""
+    return axis in moot_settings(config) or config.get(axis) == value
 
 
 def _top(group: list[Setting], metric: Metric) -> float:
@@ -121,8 +137,7 @@ def _caption(study: Study, index: int, grid: dict, axes: list[str], runs: int, w
 def _two_axis_page(study: Study, index: int, grid: dict, axes: list[str], records: list) -> Page:
     row_axis, col_axis = axes
     group = settings(records)
-    rows = sorted({s.config.get(row_axis) for s in group}, key=order)
-    cols = sorted({s.config.get(col_axis) for s in group}, key=order)
+    rows, cols = _axis_values(group, row_axis), _axis_values(group, col_axis)
     title = f"{axis_label(row_axis)} × {axis_label(col_axis)}: throughput, goodput and tail latency"
     caption = _caption(study, index, grid, axes, len(records),
                        "One heatmap per headline metric; colour runs from zero to the largest value, bright where better.")
@@ -137,9 +152,8 @@ def _two_axis_page(study: Study, index: int, grid: dict, axes: list[str], record
 def _multi_axis_pages(study: Study, index: int, grid: dict, axes: list[str], records: list) -> Iterator[Page]:
     row_axis, col_axis, *rest = axes
     group = settings(records)
-    rows = sorted({s.config.get(row_axis) for s in group}, key=order)
-    cols = sorted({s.config.get(col_axis) for s in group}, key=order)
-    combos = [c for c in itertools.product(*(sorted({s.config.get(a) for s in group}, key=order) for a in rest))]
+    rows, cols = _axis_values(group, row_axis), _axis_values(group, col_axis)
+    combos = list(itertools.product(*(_axis_values(group, a) for a in rest)))
     for metric in HEADLINE:
         for start in range(0, len(combos), PANELS_PER_PAGE):
             chunk = combos[start:start + PANELS_PER_PAGE]
@@ -158,7 +172,7 @@ def _multi_axis_pages(study: Study, index: int, grid: dict, axes: list[str], rec
             fig, panels = new_page(title, caption, nrows=nrows, ncols=ncols)
             fig.subplots_adjust(right=0.93)  # room for the colorbars' labels
             for ax, combo in zip(panels, chunk):
-                members = [s for s in group if all(s.config.get(a) == v for a, v in zip(rest, combo))]
+                members = [s for s in group if all(_matches(s.config, a, v) for a, v in zip(rest, combo))]
                 cells = _cell_estimates(members, metric, row_axis, col_axis, rows, cols)
                 name = ", ".join(f"{a}={value_label(v)}" for a, v in zip(rest, combo))
                 _heatmap(ax, fig, cells, metric, rows, cols, row_axis, col_axis, name, _top(group, metric))

@@ -2,7 +2,8 @@
 
 Pages, in order (``report_pages``): cover (what was run, on what, the load regimes, the noise
 rule, versions; which pages are absent and why), summary (the best setting per metric, judged
-against noise, and the findings in words), the all-runs table, every grid drawn whole, the load
+against noise, and the findings in words), the all-runs table, every grid drawn whole, the KV
+offloading pages (``reports.offload_pages``) for a grid that varies the offload size, the load
 curves (throughput vs tail latency, goodput vs rate), the aspect pages of ``reports.pages``, the
 paper comparison for a paper preset, and the failed runs if any. Every title and caption is
 generated from the study's data. Written to a temporary file and renamed, so a report is never
@@ -32,6 +33,9 @@ from reports.grid_pages import grid_pages  # noqa: E402
 from reports.load import RULE  # noqa: E402
 from reports.load_pages import goodput_page, throughput_latency_page  # noqa: E402
 from reports.noise import DEFAULT_THRESHOLD  # noqa: E402
+from reports.offload import offload_grids  # noqa: E402
+from reports.offload_pages import TITLE as OFFLOAD_TITLE  # noqa: E402
+from reports.offload_pages import offload_pages  # noqa: E402
 from reports.pages import FIGURE_PAGES  # noqa: E402
 from reports.results import Study, describe_config, load_study  # noqa: E402
 from reports.style import PAGE, Page, Table, new_page  # noqa: E402
@@ -119,7 +123,8 @@ def cover(study: Study, omitted: list[tuple[str, str]]) -> Page:
 def summary_page(study: Study) -> Page:
     rows = best_settings(study)
     title = "Summary: the best setting per metric"
-    caption = ("For each metric, the best setting among the runs at the base load, workload, cache size and allocator "
+    caption = ("For each metric, the best setting among the runs at the base load, workload, cache size"
+               + _offload_size_words(study) + " and allocator "
                "(so they differ in policy only), and whether it is ahead by more than noise ("
                + noise_rule(study) + "). Below, the load each offered rate put on the server.")
     fig, (ax,) = new_page(title, caption, ncols=1)
@@ -140,6 +145,14 @@ def summary_page(study: Study) -> Page:
                                                   if len(wrapped) > 14 else [])) + "\n\n" + "\n".join(
         textwrap.wrap("Rule: " + RULE + ".", 150)), fontsize=9.5, va="top")
     return Page(title, caption, fig, Table(header, cells), notes=load)
+
+
+def _offload_size_words(study: Study) -> str:
+    """The offload size the summary's runs share, when the study varies it (a resource, like the cache)."""
+    if not study.varies("kv_offloading_size"):
+        return ""
+    size = {**study.base, **study.anchor()}.get("kv_offloading_size")
+    return f", offload size ({size:g} GiB)" if size else ", offload size (none)"
 
 
 def findings_page(study: Study) -> Page:
@@ -184,12 +197,15 @@ def iter_report_pages(study: Study) -> Iterator[Page]:
         else:
             plt.close(page.figure)
             present.append(make)
+    if not offload_grids(study):
+        omitted.append((OFFLOAD_TITLE, "needs a kv_offloading_size axis"))
     yield cover(study, omitted)
     yield summary_page(study)
     yield findings_page(study)
     yield from table_pages(study)
     if study.ok:
         yield from grid_pages(study)
+        yield from offload_pages(study)
     for make in present:
         yield make(study)
     if study.meta.get("paper"):

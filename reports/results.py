@@ -75,6 +75,11 @@ M = {m.key: m for m in (
     Metric("memory_utilization", "KV memory utilization", "fraction", "max"),
     Metric("prefix_hit_rate", "prefix hit rate", "fraction", "max"),
     Metric("preemptions_total", "preemptions", "count", "min"),
+    Metric("ttft_s.mean", "TTFT mean", "s", "min"),
+    # KV offloading's tiers (``OFFLOAD_OFF``: a run without a store): hits over admitted prompt tokens, the host link
+    Metric("hbm_hit_rate", "HBM prefix hit rate", "fraction", "max"),
+    Metric("offload_hit_rate", "CPU (offload) hit rate", "fraction", "max"),
+    Metric("host_link_busy_fraction", "host link busy", "fraction", "min"),
 )}
 # The summary's best-per-metric table, and the metrics findings compare.
 METRICS = tuple(M[k] for k in ("throughput_tokens_s", "goodput_rps", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99",
@@ -110,24 +115,31 @@ class Study:
     def anchor(self) -> dict[str, Any]:
         """Settings whose base value no completed run has (a spec whose grids all list rates other
         than the source's, say), each held at the value most completed runs have instead."""
+        from reports.spec import moot_settings
+
         if self._anchor is None:
             self._anchor = {}
             for key, value in self.base.items():
                 if key == SEED or not self.ok:
                     continue
-                seen = [json.dumps(r["config"].get(key), sort_keys=True) for r in self.ok]
-                if json.dumps(value, sort_keys=True) not in seen:
+                seen = [json.dumps(r["config"].get(key), sort_keys=True) for r in self.ok
+                        if key not in moot_settings(r["config"])]
+                if seen and json.dumps(value, sort_keys=True) not in seen:
                     self._anchor[key] = json.loads(max(dict.fromkeys(seen), key=seen.count))
         return self._anchor
 
     def slice(self, *vary: str, **fixed: Any) -> list[dict[str, Any]]:
         """OK runs that differ from the base only in ``vary`` (other keys at base, or as ``fixed``;
-        a base value no run has is replaced by ``anchor``'s)."""
+        a base value no run has is replaced by ``anchor``'s; a setting moot for a run, such as the
+        offload policy of a run without an offload store, never excludes it)."""
+        from reports.spec import moot_settings
+
         want = {**self.base, **self.anchor(), **fixed}
         out = []
         for r in self.ok:
             config = r["config"]
-            if all(config.get(k) == v for k, v in want.items() if k not in vary and k != SEED):
+            moot = moot_settings(config)  # (the offload policy of a run without an offload store)
+            if all(config.get(k) == v for k, v in want.items() if k not in vary and k != SEED and k not in moot):
                 out.append(r)
         return out
 
@@ -231,15 +243,37 @@ def _meta_problem(meta: Any) -> str | None:
     return None
 
 
+# What a run without an offload store has in place of the offload keys (which only a run with one
+# reports): every prefix hit an HBM hit, nothing from or to the CPU tier. The host link's busy
+# share is left unknown (swaps use it too).
+OFFLOAD_OFF = {"hbm_hit_rate": "prefix_hit_rate", "offload_hit_rate": 0.0, "offload_hit_tokens": 0.0,
+               "offload_loaded_bytes": 0.0, "offload_stored_bytes": 0.0, "offload_loaded_blocks": 0.0,
+               "offload_stored_blocks": 0.0}
+
+
 def metric(record: dict[str, Any], key: str) -> float | None:
     summary = record.get("summary") or {}
     if key == "preemptions_total":  # a run that does not report preemptions has no count, not zero
         pre = summary.get("preemptions")
         return float(sum(pre.values())) if isinstance(pre, dict) else None
+    if key in OFFLOAD_OFF and key not in summary:
+        return _offload_off(record, key)
     value: Any = summary
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _offload_off(record: dict[str, Any], key: str) -> float | None:
+    """An offload key a run does not report: its value without an offload store if the run had
+    none (and a prefix hit rate to split), else unknown (a simulator that does not split tiers)."""
+    from reports.spec import offloading
+
+    hit_rate = metric(record, "prefix_hit_rate")
+    if offloading(record.get("config") or {}) or hit_rate is None:
+        return None
+    value = OFFLOAD_OFF[key]
+    return hit_rate if value == "prefix_hit_rate" else value
 
 
 def describe_config(config: dict[str, Any], base: dict[str, Any], *, seed: bool = True) -> str:

@@ -12,7 +12,7 @@ The run's ``seed`` seeds the simulator and is added to the source's seed for the
 study listing seeds repeats each setting on independently drawn requests (seed 0: the source's).
 
 Contiguous baselines (``allocator`` max / pow2 / oracle) have no blocks to cache, evict or preempt:
-the paged-only settings of the run's config are not passed to them.
+the paged-only settings of the run's config are not passed to them (KV offloading included).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from reports.spec import RunConfig, run_id
+from reports.spec import RunConfig, moot_settings, offloading, run_id
 from sim.cost.roofline import RooflineParams
 
 QUANTILES = np.linspace(0.0, 1.0, 101)
@@ -35,7 +35,8 @@ MEMORY_POINTS = 400
 # study setting -> scheduler config field
 SCHEDULER_SETTINGS = {"eviction": "eviction_policy", "preemption": "preemption_mode", "victim": "victim_policy",
                       "prefix_caching": "enable_prefix_caching", "max_num_seqs": "max_num_seqs",
-                      "max_num_batched_tokens": "max_num_batched_tokens", "chunked_prefill": "enable_chunked_prefill"}
+                      "max_num_batched_tokens": "max_num_batched_tokens", "chunked_prefill": "enable_chunked_prefill",
+                      "kv_offloading_policy": "offload_eviction_policy"}
 
 
 def run_one(config: RunConfig) -> dict[str, Any]:
@@ -94,6 +95,8 @@ def _run_spec(config: RunConfig):
 
     overrides = {}
     for key, setting in SCHEDULER_SETTINGS.items():
+        if key in moot_settings(config):
+            continue
         if config.get(key) is not None and (config["allocator"] == "paged" or setting not in PAGED_ONLY):
             overrides[setting] = config[key]
     spec = RunSpec(model=config["model"], gpu=config["gpu"], tp=config["tp"], ep=config.get("ep") or 1,
@@ -102,6 +105,7 @@ def _run_spec(config: RunConfig):
                    allocator=config["allocator"], placement=config["placement"], block_size=config["block_size"],
                    num_gpu_blocks=config["num_gpu_blocks"], kv_cache_gb=config["kv_cache_gb"],
                    swap_space_gb=config["swap_space_gb"], max_model_len=config["max_model_len"],
+                   kv_offloading_gb=config.get("kv_offloading_size") if offloading(config) else None,
                    overrides=overrides, plugins=_plugins(config),
                    scheduler=(config.get("scheduler") if config["allocator"] == "paged" else None) or "default")
     overhead_s = _engine_overhead_s(config["engine_overhead_ms"], spec)
@@ -137,6 +141,7 @@ def _kwon2023_overhead_s() -> float:
 
 
 def _simulate(config: RunConfig) -> dict[str, Any]:
+    from sim.cli import replica_block_bytes
     from sim.cluster import Cluster, build_replicas
     from sim.router import make_router
     from sim.simulator import SimOptions
@@ -146,13 +151,14 @@ def _simulate(config: RunConfig) -> dict[str, Any]:
     built = builts[0]
     options = SimOptions(seed=config["seed"], sample_lengths=config["sample_lengths"])
     result = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router(config["router"]), options,
-                     tp=config["tp"]).run()
+                     tp=config["tp"], block_bytes=replica_block_bytes(built)).run()
     return {
         "summary": result.summary,
         "deployment": {"kv_cache_slots": built.scheduler.kv_usage().total_slots,
                        "num_gpu_blocks": built.scheduler.config.num_gpu_blocks,
                        "kv_cache_source": built.kv_cache_source,
-                       "block_bytes": built.deployment.block_bytes_per_gpu(config["block_size"])},
+                       "block_bytes": built.deployment.block_bytes_per_gpu(config["block_size"]),
+                       **({"num_offload_blocks": built.scheduler.config.num_offload_blocks} if offloading(config) else {})},
         "trace": {"requests": len(trace), "rate_rps": trace.rate_rps, "source": trace.source},
         # a cluster's memory series is replica 0's (the replicas' steps do not line up in time)
         "preemption": _preemption(result, built.deployment.block_bytes_per_gpu(config["block_size"])),

@@ -25,7 +25,15 @@ the document, the value in TOML syntax or a bare string) change the document bef
 
 vLLM's names for the same settings are accepted and renamed (``VLLM_SOURCE_NAMES``,
 ``VLLM_SETTING_NAMES``): ``num_prompts``, ``request_rate``, ``tensor_parallel_size``,
-``num_gpu_blocks_override``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``swap_space``.
+``num_gpu_blocks_override``, ``enable_prefix_caching``, ``enable_chunked_prefill``, ``swap_space``;
+``kv_offloading_gb`` (``RunSpec``'s name) is accepted for ``kv_offloading_size`` too.
+
+KV offloading (a second KV tier in CPU memory, ``engine/policy/offload``) is two settings:
+``kv_offloading_size`` (GiB over the replica's GPUs, as vLLM's ``--kv-offloading-size``; absent or
+0: off) and ``kv_offloading_policy`` (the offload store's eviction: lru, arc, lfu). Without an
+offload store the policy means nothing, so a run of size 0 carries no policy (``moot_settings``):
+``kv_offloading_size = [0, 64]`` x ``kv_offloading_policy = ["lru", "arc"]`` is three runs, the
+HBM-only one shared by both policies.
 
 ``seed = [0, 1, 2]`` in ``[base]`` repeats every grid once per seed (a grid may also list its own
 ``seed`` axis); the report then gives each setting's metrics as a mean with a 95% interval and calls
@@ -64,7 +72,7 @@ SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int
 # NOTE: settings added after studies were first run stay out of a run's config at their default,
 # so the run ids of a study that does not use them (and resuming it) outlive their addition.
 LATER_SETTINGS = {"scheduler": (None, "default"), "ep": (None, 1), "dtype": (None, "auto"),
-                  "kv_cache_dtype": (None, "auto")}
+                  "kv_cache_dtype": (None, "auto"), "kv_offloading_size": (None,), "kv_offloading_policy": (None,)}
 # (setting -> the values that mean its default)
 # Settings a run has (base or grid axis) and their defaults; None = the preset's / the deployment's.
 SETTINGS: dict[str, Any] = {
@@ -78,6 +86,8 @@ SETTINGS: dict[str, Any] = {
     "engine_overhead_ms": 0.0, "scheduler": None,
     # the deployment's number formats and expert parallelism (simulate's --dtype, --kv-cache-dtype, --ep)
     "ep": None, "dtype": None, "kv_cache_dtype": None,
+    # KV offloading: GiB of CPU memory for the offload store (None or 0: off) and its eviction policy
+    "kv_offloading_size": None, "kv_offloading_policy": None,
 }
 SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
                  "eviction": str, "preemption": str, "victim": str, "kv_cache_gb": float, "num_gpu_blocks": int,
@@ -85,7 +95,8 @@ SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator"
                  "max_num_seqs": int, "prefix_caching": bool, "workload": str, "rate": float, "n": int,
                  "beam_width": int, "sample_lengths": str, "placement": str, "max_model_len": int,
                  "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str),
-                 "scheduler": str, "ep": int, "dtype": str, "kv_cache_dtype": str}
+                 "scheduler": str, "ep": int, "dtype": str, "kv_cache_dtype": str, "kv_offloading_size": float,
+                 "kv_offloading_policy": str}
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper", "plugins"}
 # vLLM's names (``vllm serve`` / ``vllm bench serve`` flags, dashes as underscores) -> pagesim's: a spec may
 # use either; they are renamed before anything else, so a run's config (and id) is the same either way.
@@ -93,6 +104,8 @@ VLLM_SOURCE_NAMES = {"num_prompts": "num_requests", "request_rate": "rate"}
 VLLM_SETTING_NAMES = {"tensor_parallel_size": "tp", "num_gpu_blocks_override": "num_gpu_blocks",
                       "enable_prefix_caching": "prefix_caching", "enable_chunked_prefill": "chunked_prefill",
                       "request_rate": "rate", "swap_space": "swap_space_gb"}
+# pagesim's other names for a setting (``RunSpec``'s field), renamed the same way
+SETTING_ALIASES = {"kv_offloading_gb": "kv_offloading_size"}
 PAPERS = ("kwon2023",)
 MAX_RUNS = 10_000  # runs a study may make unless --max-runs says more
 MAX_SPEC_BYTES = 4 * 2**20  # a study spec is a page of TOML; a bigger file is not one
@@ -138,8 +151,22 @@ class StudySpec:
                 for key, defaults in LATER_SETTINGS.items():
                     if config[key] in defaults:
                         del config[key]
+                for key in moot_settings(config):
+                    config.pop(key, None)
                 configs.setdefault(run_id(config), config)
         return list(configs.values())
+
+
+def offloading(config: RunConfig) -> bool:
+    """Whether the run has an offload store (a paged run of ``kv_offloading_size`` > 0)."""
+    return bool(config.get("kv_offloading_size")) and config.get("allocator", "paged") == "paged"
+
+
+def moot_settings(config: RunConfig) -> set[str]:
+    """Settings that mean nothing to this run: the offload policy without an offload store. A
+    run's config leaves them out (so runs differing only in them are one run), and the report
+    neither compares nor labels a run by them."""
+    return set() if offloading(config) else {"kv_offloading_policy"}
 
 
 def load_spec(path: str | Path, overrides: Iterable[str] = (), *, allow_plugins: bool = False,
@@ -227,12 +254,13 @@ def validate(doc: dict, origin: str = "spec", *, allow_plugins: bool = False, ma
                         f"unless asked; to run them all, pass --max-runs {count}")
     spec = StudySpec(name, source, base, grids, description=str(doc.get("description", "")),
                      paper=paper, document=doc)
+    _check_offload_axes(base, grids, origin)  # (before runs(), which drops a policy no store uses)
     for config in spec.runs():
         _check_run(config, origin)
     return spec
 
 
-def _vllm_names(table: Any, names: dict[str, str], where: str) -> Any:
+def _vllm_names(table: Any, names: dict[str, str], where: str, whose: str = "vLLM's name") -> Any:
     """``table`` with vLLM's key names renamed to pagesim's (both given for one setting: an error)."""
     if not isinstance(table, dict):
         return table
@@ -240,7 +268,7 @@ def _vllm_names(table: Any, names: dict[str, str], where: str) -> Any:
     for vllm_name, ours in names.items():
         if vllm_name in out:
             if ours in out:
-                raise SpecError(f"{where}: {vllm_name} (vLLM's name) and {ours} are the same setting: give one")
+                raise SpecError(f"{where}: {vllm_name} ({whose}) and {ours} are the same setting: give one")
             out[ours] = out.pop(vllm_name)
     return out
 
@@ -297,6 +325,7 @@ def _settings(table: Any, where: str, *, scalar: bool) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise SpecError(f"{where} must be a table")
     table = _vllm_names(table, VLLM_SETTING_NAMES, where)
+    table = _vllm_names(table, SETTING_ALIASES, where, "another name")
     if "plugins" in table:
         raise SpecError(f"{where}: plugins is a top-level key (plugins = [\"FILE.py:CLASS\"]), not a setting")
     unknown = set(table) - set(SETTINGS)
@@ -386,7 +415,51 @@ def _check_run(config: RunConfig, origin: str) -> None:
         raise SpecError(f"{origin}: n and beam_width cannot both be > 1 in one run")
     if config["sample_lengths"] not in ("drawn", "same"):
         raise SpecError(f"{origin}: sample_lengths must be 'drawn' or 'same', got {config['sample_lengths']!r}")
+    _check_offloading(config, origin)
     overhead = config["engine_overhead_ms"]
     if isinstance(overhead, str) and overhead != "kwon2023":
         raise SpecError(f"{origin}: engine_overhead_ms is milliseconds per step, or 'kwon2023' (derived from the "
                         f"PagedAttention paper's vLLM), got {overhead!r}")
+
+
+def _check_offload_axes(base: dict[str, Any], grids: list[dict[str, list]], origin: str) -> None:
+    """Every ``kv_offloading_policy`` the spec names (in [base] or a grid), and that a grid varying
+    it has an offload store to apply it to (else its runs would be one run)."""
+    from engine.policy.offload import OFFLOAD_POLICIES
+
+    for table in (base, *grids):
+        value = table.get("kv_offloading_policy")
+        for policy in value if isinstance(value, list) else [value]:
+            if policy is not None and policy not in OFFLOAD_POLICIES:
+                raise SpecError(f"{origin}: kv_offloading_policy = {policy!r} is not one of "
+                                f"{', '.join(OFFLOAD_POLICIES)}")
+    for i, grid in enumerate(grids):
+        if len(grid.get("kv_offloading_policy", [])) < 2:
+            continue
+        sizes = grid.get("kv_offloading_size", [base["kv_offloading_size"]])
+        if not any(sizes) or "paged" not in grid.get("allocator", [base["allocator"]]):
+            raise SpecError(f"{origin}: grid[{i}]: kv_offloading_policy varies, but no run of the grid has an offload "
+                            "store (kv_offloading_size > 0, paged allocator) for the policy to act on")
+
+
+def _check_offloading(config: RunConfig, origin: str) -> None:
+    """An offload store's size, and what it needs of the run: prefix caching (it keeps prefix-cache
+    blocks by their keys) and vLLM v1's step order (what the policy preset sets)."""
+    from engine.policy.presets import PRESETS, make_config
+
+    size = config.get("kv_offloading_size")
+    if size is not None and not 0 <= size < math.inf:
+        raise SpecError(f"{origin}: kv_offloading_size must be a finite number of GiB >= 0, got {size:g}")
+    if not offloading(config):
+        return
+    caching = config["prefix_caching"]
+    if caching is None:
+        caching = PRESETS[config["policy"]].settings.get("enable_prefix_caching", True)
+    if not caching:
+        why = "prefix_caching = false" if config["prefix_caching"] is False else f"policy {config['policy']!r} has none"
+        raise SpecError(f"{origin}: kv_offloading_size = {size:g} needs prefix caching (the offload store keeps "
+                        f"prefix-cache blocks by their keys), but {why}")
+    try:
+        make_config(config["policy"], enable_prefix_caching=True, num_offload_blocks=1)
+    except ValueError as exc:
+        raise SpecError(f"{origin}: kv_offloading_size = {size:g} with policy {config['policy']!r}: {exc}") from None

@@ -1,7 +1,9 @@
 """The all-runs table: one row per run of the study, over as many pages as it takes.
 
 Columns: the run's id, the settings the study varies (seed included), the load regime
-(``reports.load``), then the metrics a serving engineer compares (``COLUMNS``). Failed runs are
+(``reports.load``), then the metrics a serving engineer compares (``COLUMNS``; with KV offloading
+in any run, the prefix hits split by tier and the host link's busy share too, ``OFFLOAD_COLUMNS``;
+a setting moot for a run, the offload policy without an offload store, is "-"). Failed runs are
 rows too, marked "failed", so the table accounts for every run the study holds. ``all_runs``
 returns the rows as strings (what the PDF draws and the HTML report sorts).
 """
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 
 from reports.load import run_load
 from reports.results import M, SEED, Study, metric, value_label
+from reports.spec import moot_settings, offloading
 from reports.style import Page, Table, new_page
 
 COLUMNS = (
@@ -27,7 +30,21 @@ COLUMNS = (
     ("prefix_hit_rate", "prefix\nhit rate"),
     ("memory_utilization", "memory\nutil."),
 )
+OFFLOAD_COLUMNS = (
+    ("hbm_hit_rate", "HBM\nhits"),
+    ("offload_hit_rate", "CPU\nhits"),
+    ("host_link_busy_fraction", "host link\nbusy"),
+)
 ROWS_PER_PAGE = 26
+
+
+def columns(study: Study) -> tuple[tuple[str, str], ...]:
+    """The metric columns: ``COLUMNS``, and the offload tiers' after the prefix hit rate when any
+    run of the study has an offload store."""
+    if not any(offloading(r["config"]) for r in study.records):
+        return COLUMNS
+    at = [key for key, _ in COLUMNS].index("prefix_hit_rate") + 1
+    return COLUMNS[:at] + OFFLOAD_COLUMNS + COLUMNS[at:]
 
 
 def table_axes(study: Study) -> list[str]:
@@ -38,16 +55,18 @@ def table_axes(study: Study) -> list[str]:
 
 def all_runs(study: Study) -> Table:
     axes = table_axes(study)
+    shown = columns(study)
     header = ["run", *(a.replace("_", "_\n", 1) if len(a) > 10 else a for a in axes), "load",
-              *(label for _, label in COLUMNS)]
+              *(label for _, label in shown)]
     rows = []
     for r in study.records:
         config = r["config"]
-        settings = [value_label(config.get(a)) for a in axes]
+        moot = moot_settings(config)
+        settings = ["-" if a in moot else value_label(config.get(a)) for a in axes]
         if r["status"] != "ok":
-            rows.append([r["id"][:8], *settings, "failed", *("-" for _ in COLUMNS)])
+            rows.append([r["id"][:8], *settings, "failed", *("-" for _ in shown)])
             continue
-        values = [M[key].format(metric(r, key)) for key, _ in COLUMNS]
+        values = [M[key].format(metric(r, key)) for key, _ in shown]
         rows.append([r["id"][:8], *settings, run_load(r).regime, *values])
     return Table(header, rows)
 
