@@ -78,19 +78,20 @@ class OffloadManager:
             if len(kept) != len(keys):
                 keys, blocks, positions = ([x[i] for i in kept] for x in (keys, blocks, positions))
             seen = self._seen_by(request_id)
-            made = store.prepare_store(keys, request_id, positions, seen.missed)
-            slots = dict(made or ())
+            slots = store.prepare_store(keys, request_id, positions, seen.missed) or {}
+            state, inserted, seen_keys = store.state, seen.inserted, seen.keys
             for key, block, position in zip(keys, blocks, positions):
-                slot = slots.pop(key, None)
+                slot = slots.get(key)
                 if slot is not None:
                     copies.append((block, slot))
-                    seen.inserted.add(key)
-                elif store.is_ready(key):  # used, even when the offer was refused
-                    if key not in seen.inserted:
+                    inserted.add(key)
+                elif state.get(key, -1) >= 0:  # ready: used, even when the offer was refused
+                    if key not in inserted:
                         seen.reused.add(key)
                 else:  # being stored by another request, or refused: not this one's
                     continue
-                seen.keys.setdefault(key, position)
+                if key not in seen_keys:
+                    seen_keys[key] = position
         self.num_stored_blocks += len(copies)
         return copies
 

@@ -40,6 +40,8 @@ class OffloadStore:
             raise ValueError(f"an offload store needs at least one block, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self.policy: OffloadPolicy = make_offload_policy(policy, num_blocks)
+        # Whether the policy reads store_miss (ARC adapts there); else the store skips the call.
+        self._hears_misses = type(self.policy).store_miss is not OffloadPolicy.store_miss
         self.slot_of: dict[Hashable, int] = {}
         self.state: dict[Hashable, int] = {}  # STORING, READY, or the number of loads in flight
         self.key_of: list[Hashable | None] = [None] * num_blocks
@@ -75,22 +77,18 @@ class OffloadStore:
 
     # ------------------------------------------------------------ stores
     def prepare_store(self, keys: list[Hashable], request_id: str, positions: list[int],
-                      missed: set | None = None) -> list[tuple[Hashable, int]] | None:
-        """Give every key of ``keys`` not stored yet a slot (evicting by the policy); returns
-        ``(key, slot)`` of the copies to make, in order, or ``None`` if there is no room for them
+                      missed: set | None = None) -> dict[Hashable, int] | None:
+        """Give every key of ``keys`` (distinct) not stored yet a slot (evicting by the policy);
+        returns the slot of each key to copy, in order, or ``None`` if there is no room for them
         all (then nothing is stored). Keys already ready count as used by the request. The
         policy hears of a key offered while not stored once per request: ``missed`` holds those
-        it heard of (updated)."""
+        it heard of (updated; ``None``: tell it every time)."""
         state = self.state
         new: list[Hashable] = []
         new_positions: list[int] = []
-        seen = set()
         used: list[Hashable] = []
         used_positions: list[int] = []
         for key, position in zip(keys, positions):
-            if key in seen:
-                continue
-            seen.add(key)
             s = state.get(key)
             if s is None:
                 new.append(key)
@@ -102,17 +100,19 @@ class OffloadStore:
         if used:
             policy.access(used, request_id, used_positions)
         if not new:
-            return []
-        if missed is None:
-            policy.store_miss(new)
-        else:
-            first_misses = [key for key in new if key not in missed]
-            missed.update(first_misses)
-            if first_misses:
-                policy.store_miss(first_misses)
+            return {}
+        if self._hears_misses:
+            if missed is not None:
+                new_misses = [key for key in new if key not in missed]
+                missed.update(new_misses)
+            else:
+                new_misses = new
+            if new_misses:
+                policy.store_miss(new_misses)
         need = len(new) - self.num_free_blocks
         if need > 0:
-            victims = policy.evict(need, seen)
+            # (of the keys offered, only those ready could be evicted: protect them)
+            victims = policy.evict(need, set(used))
             if victims is None:
                 self.num_refused_blocks += len(new)
                 return None
@@ -122,16 +122,17 @@ class OffloadStore:
                                      f"{'does not hold' if key not in state else 'is copying'}")
             for key in victims:
                 self._drop(key)
-        copies = []
+        slots = {}
+        slot_of, key_of, storing, insert = self.slot_of, self.key_of, self._storing, policy.insert
         for key, position in zip(new, new_positions):
             slot = self._take_slot()
-            self.slot_of[key] = slot
-            self.key_of[slot] = key
+            slot_of[key] = slot
+            key_of[slot] = key
             state[key] = STORING
-            policy.insert(key, request_id, position)
-            self._storing.append(key)
-            copies.append((key, slot))
-        return copies
+            insert(key, request_id, position)
+            storing.append(key)
+            slots[key] = slot
+        return slots
 
     def _take_slot(self) -> int:
         if self._num_never_used:
@@ -168,9 +169,11 @@ class OffloadStore:
     def complete(self) -> None:
         """The last step's copies are done: its stores become ready, its loads unpin."""
         state, policy = self.state, self.policy
-        for key in self._storing:
+        storing = self._storing
+        for key in storing:
             state[key] = READY
-            policy.set_evictable(key, True)
+        if storing:
+            policy.set_evictable_many(storing)
         for key in self._loading:
             s = state[key] - 1
             state[key] = s
