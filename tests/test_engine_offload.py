@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from engine.cli import main
 from engine.policy.admission import peak_blocks
-from engine.policy.offload import OFFLOAD_POLICIES
+from engine.policy.user_plugins import builtin_names
 from engine.runtime import ExecutionError, SamplingParams
 from engine.runtime.kv_cache import PagedKVCache
 from tests.conftest import scaled_examples
@@ -31,6 +31,8 @@ PREFIXES = [prompt_of(900 + i, 16) for i in range(3)]
 REQUESTS = [request(f"r{i}", PREFIXES[i % 3] + prompt_of(i, 3 + i % 4), 6 + 2 * (i % 3)) for i in range(8)]
 RELEASE = {f"r{i}": 2 * i for i in range(8)}
 SETTINGS = dict(block_size=4, num_gpu_blocks=12, num_cpu_blocks=20, num_offload_blocks=12)
+
+BUILT_IN_POLICIES = builtin_names("kv_offloading_policy")  # (not plug-ins other tests registered)
 
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
@@ -72,7 +74,7 @@ def workloads(draw):
         max_num_batched_tokens=draw(st.integers(4, 48)) if chunked else max_model_len,
         num_cpu_blocks=draw(st.integers(4, 30)),
         num_offload_blocks=draw(st.integers(1, 24)),
-        offload_eviction_policy=draw(st.sampled_from(sorted(OFFLOAD_POLICIES))),
+        offload_eviction_policy=draw(st.sampled_from(BUILT_IN_POLICIES)),
         offload_prompt_only=draw(st.booleans()),
     )
     peak = max(peak_blocks(r, block_size, max_model_len) for r in requests)
