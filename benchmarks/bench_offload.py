@@ -8,9 +8,9 @@ prefix caching on, one replica. Cases, each in a spawned process of its own pinn
 (the last CPU this process may use; OMP, MKL and OpenBLAS limited to one thread):
 
 - ``off``: no offloading (skip-ahead on, as a user runs it);
-- ``off, step by step``: no offloading, skip-ahead off: with offloading on every step goes
-  through the scheduler (``sim/replica.py`` says why), so this separates what the offload tier
-  costs from what losing skip-ahead costs;
+- ``off, step by step``: no offloading, skip-ahead off: what skip-ahead buys on this trace (it
+  stays on with offloading, since decodes store nothing; a step that admits or stores goes
+  through the scheduler either way), so the offload tier's own cost is ``on`` against ``off``;
 - ``on``: a ``--size`` GiB offload store (default 256, vLLM's ``--kv-offloading-size``) with each
   ``--policies`` eviction policy (default lru).
 

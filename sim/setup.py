@@ -40,7 +40,7 @@ from sim.hardware import get_gpu_preset
 ALLOCATORS = ("paged", *RESERVATION_MODES)
 #: Settings that mean nothing to a contiguous baseline (no blocks to cache, evict or preempt).
 PAGED_ONLY = {"eviction_policy": "--eviction", "preemption_mode": "--preemption", "victim_policy": "--victim",
-              "enable_prefix_caching": "--prefix-caching"}
+              "enable_prefix_caching": "--prefix-caching", "offload_eviction_policy": "--kv-offloading-policy"}
 #: The most KV blocks, GPU plus CPU swap over all replicas, a run builds. The policy keeps about
 #: 80 bytes of bookkeeping per block (reference count, key, three ticks, free-list entry), so
 #: this caps it near 4 GiB; a real GPU's cache is at most a few million blocks.
@@ -102,6 +102,9 @@ class RunSpec:
         if self.allocator != "paged" and self.scheduler != "default":
             raise ValueError(f"--scheduler applies to the paged allocator only, not to the contiguous "
                              f"{self.allocator!r} baseline")
+        if self.allocator != "paged" and (self.kv_offloading_gb or self.num_offload_blocks):
+            raise ValueError(f"--kv-offloading-size applies to the paged allocator only, not to the contiguous "
+                             f"{self.allocator!r} baseline (its slabs have no blocks to store)")
         if self.allocator != "paged":
             paged_only = sorted(set(self.overrides) & set(PAGED_ONLY))
             if paged_only:

@@ -283,3 +283,13 @@ def test_bench_offload_smoke(tmp_path):
     assert cases["off"]["prefix_hit_rate"] == cases["off, step by step"]["prefix_hit_rate"]
     assert cases["off"]["hbm_hit_rate"] is None and cases["on 256 GiB lru"]["offload_blocks"] == 131_072
     assert "x off step by step" in proc.stdout
+
+
+def test_a_contiguous_baseline_refuses_offloading():
+    from sim.setup import RunSpec
+
+    with pytest.raises(ValueError, match="--kv-offloading-size applies to the paged allocator only"):
+        RunSpec(allocator="max", kv_offloading_gb=8.0)
+    with pytest.raises(ValueError, match="--kv-offloading-policy applies to the paged allocator only"):
+        RunSpec(allocator="pow2", overrides={"offload_eviction_policy": "arc"})
+
