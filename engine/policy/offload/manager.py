@@ -57,9 +57,8 @@ class OffloadManager:
         self.prompt_only = prompt_only
         self._offers: list[tuple[str, list[BlockKey], list[int], list[int]]] = []  # this step's
         self._seen: dict[str, _Seen] = {}
-        self.num_hit_blocks = 0  # loaded at admissions
         self.num_stored_blocks = 0
-        self.num_loaded_blocks = 0
+        self.num_loaded_blocks = 0  # at admissions (first ones and resumptions)
 
     # ----------------------------------------------------------- the step
     def begin_step(self) -> None:
@@ -129,7 +128,6 @@ class OffloadManager:
             if key not in seen.inserted:
                 seen.reused.add(key)
         seq.num_offered_blocks = first_block + len(keys)
-        self.num_hit_blocks += len(keys)
         self.num_loaded_blocks += len(keys)
         return list(zip(slots, gpu_blocks))
 

@@ -11,8 +11,9 @@ multi-sequence requests. Within a token budget and a batch limit, in this order:
    watermark (skipped in a step that preempted). vLLM v1 has no swapping; this pass follows v0's
    rule for it.
 3. **Waiting** requests, FIFO (recompute victims at the front): the longest cached prefix is
-   reused, and a request is admitted only if its whole known sequence fits above the watermark,
-   minus cache hits; the head blocks everyone behind it (no overtaking). Skipped in a step that
+   reused (the GPU's, continued with blocks the offload store can load, when there is one; see
+   ``engine/policy/offload``), and a request is admitted only if its whole known sequence fits
+   above the watermark, minus the GPU's hits (loaded blocks take fresh GPU blocks); the head blocks everyone behind it (no overtaking). Skipped in a step that
    preempted.
 
 The per-step work is proportional to the requests scheduled, preempted or admitted, never to the
@@ -132,8 +133,8 @@ class VllmV1StepOrder(StepOrder):
             seqs = list(request.live_seqs)
             hits = [[] if seq.parked else kv.find_cached_prefix(seq) for seq in seqs]
             # The second tier continues each GPU hit with blocks it can load (engine/policy/offload).
-            loads = [[] if seq.parked or offload is None else offload.lookup(seq, len(h))
-                     for seq, h in zip(seqs, hits)] if offload is not None else None
+            loads = None if offload is None else [[] if seq.parked else offload.lookup(seq, len(h))
+                                                  for seq, h in zip(seqs, hits)]
             plan = s.planner.plan(request, st.token_budget,
                                   [len(h) * bs for h in hits] if loads is None else
                                   [(len(h) + len(l)) * bs for h, l in zip(hits, loads)])
