@@ -23,31 +23,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.bench_sim import _core, _pin, run_in_process  # noqa: E402  (one core, one thread per library)
 
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 TIER_KEYS = ("prefix_hit_rate", "hbm_hit_rate", "offload_hit_rate", "offload_loaded_blocks",
              "offload_stored_blocks", "offload_evictions", "host_link_busy_fraction", "offload_load_wait_s")
 
 
-def _core() -> int | None:
-    """The CPU each case runs on: the last one this process may use (None where unsupported)."""
-    return max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-
-
 def _run_case(case: dict, queue) -> None:
-    for var in THREAD_VARS:
-        os.environ[var] = "1"
-    if case.get("core") is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {case["core"]})
+    _pin(case.get("core"))
     from sim.cli import replica_block_bytes
     from sim.cluster import Cluster, build_replicas
     from sim.router import make_router
@@ -73,31 +63,6 @@ def _run_case(case: dict, queue) -> None:
                "ttft_mean_s": s["ttft_s"]["mean"], "ttft_p99_s": s["ttft_s"]["p99"],
                "offload_blocks": builts[0].scheduler.config.num_offload_blocks,
                **{k: s.get(k) for k in TIER_KEYS}})
-
-
-def run_in_process(case: dict) -> dict:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_run_case, args=({**case, "core": _core()}, queue))
-    saved = {var: os.environ.get(var) for var in THREAD_VARS}
-    os.environ.update(dict.fromkeys(THREAD_VARS, "1"))  # the child's environment, from its first import
-    try:
-        proc.start()
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
-    while True:  # a child that dies must not leave us waiting forever
-        try:
-            result = queue.get(timeout=5)
-            break
-        except Exception:
-            if not proc.is_alive():
-                raise RuntimeError(f"benchmark case {case} died with exit code {proc.exitcode}") from None
-    proc.join()
-    return result
 
 
 def _pct(x) -> str:
@@ -154,7 +119,7 @@ def main() -> None:
               for policy in args.policies.split(",")]
     rows = []
     for label, case in cases:
-        r = run_in_process({**case, "requests": args.num_requests})
+        r = run_in_process({**case, "requests": args.num_requests}, _run_case)
         print(f"  {label}: {r['requests']:,} requests in {r['wall_s']:.2f} s wall, prefix hit "
               f"{_pct(r['prefix_hit_rate'])}", flush=True)
         rows.append((label, r))

@@ -126,10 +126,12 @@ def _run_case(case: dict, queue) -> None:
                "summary": json.dumps(summary, sort_keys=True)})
 
 
-def run_in_process(case: dict) -> dict:
+def run_in_process(case: dict, target=None) -> dict:
+    """``target(case, queue)`` (default: this file's ``_run_case``) in a spawned process pinned to
+    one core with one thread per numeric library; returns what it put on the queue."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_run_case, args=({**case, "core": _core()}, queue))
+    proc = ctx.Process(target=target or _run_case, args=({**case, "core": _core()}, queue))
     saved = {var: os.environ.get(var) for var in THREAD_VARS}
     os.environ.update(dict.fromkeys(THREAD_VARS, "1"))  # the child's environment, from its first import
     try:
