@@ -121,7 +121,7 @@ def _head(study: Study, grid: dict[str, list], facet: dict[str, Any], sweep: Swe
 
 def _size_claims(study: Study, sweep: Sweep) -> list[str]:
     """Per policy, the largest size against HBM only (size 0), where the sweep has both."""
-    from reports.findings import _gap
+    from reports.findings import _gap, _join
 
     smallest, largest = sweep.sizes[0], sweep.sizes[-1]
     if not sweep.shared(smallest):
@@ -154,7 +154,7 @@ def _size_claims(study: Study, sweep: Sweep) -> list[str]:
 
 def _policy_claims(study: Study, sweep: Sweep) -> list[str]:
     """The policies at the largest size, per metric: the best where it is ahead by more than noise."""
-    from reports.findings import _gap, rank
+    from reports.findings import _gap, _join, rank
 
     largest = sweep.sizes[-1]
     group = [s for p in sweep.policies if p is not None and (s := sweep.cells.get((largest, p))) is not None]
@@ -182,10 +182,6 @@ def _policy_claims(study: Study, sweep: Sweep) -> list[str]:
     if flat:
         claims.append(f"at {largest:g} GiB, no measurable difference between the policies in {_join(flat)}")
     return claims
-
-
-def _join(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def estimate_of(setting: Setting | None, key: str) -> Estimate | None:
