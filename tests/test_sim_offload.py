@@ -24,10 +24,10 @@ import pytest
 from engine.cli import main
 from engine.policy import Scheduler, make_config
 from sim.cluster import Cluster
-from sim.cost.base import TERMS, CostModel, StepCost, StepWork
 from sim.router import make_router
 from sim.simulator import SimOptions, Simulation
 from traces.trace import Trace
+from tests.test_sim_properties import LinearCost as SimLinearCost
 
 BLOCK_BYTES = 32 * 8 * 128 * 2 * 2 * 16  # llama3-8b bf16: one 16-token block of every layer, K and V
 OFFLOAD_KEYS = {"offload_hit_tokens", "hbm_hit_tokens", "hbm_hit_rate", "offload_hit_rate", "offload_loaded_blocks",
@@ -112,17 +112,11 @@ def test_a_slow_host_link_makes_the_loads_wait(runs):
 
 
 # ----------------------------------------------------------------- the link, by hand
-class LinearCost(CostModel):
-    """1 s per step that computes plus 0.1 s per token; 0.5 s per block over the host link."""
+class LinearCost(SimLinearCost):
+    """1 s per step that computes plus 0.1 s per token; 0.5 s per block over the host link
+    (test_sim_properties' model: offload copies cost what swaps do)."""
 
     name = "linear (tests)"
-
-    def step_cost(self, work: StepWork) -> StepCost:
-        terms = dict.fromkeys(TERMS, 0.0)
-        if work.num_tokens:
-            terms["linear"] = 1.0 + 0.1 * work.num_tokens
-        terms["swap"] = 0.5 * (work.num_swap_out_blocks + work.num_swap_in_blocks)
-        return StepCost(terms)
 
 
 def prefix_trace(ids: list[list[int]], arrivals=None) -> Trace:
