@@ -44,7 +44,6 @@ def test_cpu_tier_hits_match_the_reference(mode):
     assert stats.preemptions[mode] > 0 and sched.offload.store.num_evictions > 0
     assert report.match and report.checked_requests == len(REQUESTS), report.to_dict()
     sched.check()
-    sched.offload.store.check()
 
 
 @st.composite
@@ -94,7 +93,6 @@ def test_offloading_engine_tokens_equal_the_no_paging_reference(case):
     assert report.match, report.to_dict()
     assert not engine.has_unfinished_requests
     engine.scheduler.check()
-    engine.scheduler.offload.store.check()
     assert engine.scheduler.pool.num_used_blocks == 0
 
 

@@ -34,7 +34,6 @@ def _drive(policy: str, *, num_offload_blocks: int = 10, seed: int = 0) -> Sched
         out = s.schedule()
         s.update(out, {(x.request_id, x.seq_index): 1 for x in out.scheduled if x.samples})
         s.check()
-        s.offload.store.check()
     return s
 
 

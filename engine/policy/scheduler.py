@@ -381,6 +381,8 @@ class Scheduler:
     def check(self) -> None:
         """Assert the policy's invariants (O(blocks + requests); for tests)."""
         self.kv.check(self.requests.values())
+        if self.offload is not None:
+            self.offload.store.check()
         for request in self.running:
             assert request.status is RequestStatus.RUNNING
         for request in self.waiting:
