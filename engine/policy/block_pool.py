@@ -22,6 +22,8 @@ Allocation order (vLLM's, which the oracle logs pin down):
 
 Blocks are ints (their ids); per-block state lives in flat lists indexed by id, which keeps the hot
 path (allocate + free) to a few list operations. Block 0 can be reserved as vLLM v1's null block.
+The facts eviction policies order by (release and cache ticks, hit counts) are kept only when the
+policy reads them (``EvictionPolicy.reads_block_stats``; ``lru`` does not: its queue is the order).
 
 **Lazy keys.** A full block whose content is unique to its own sequence (an unnamed generated
 block, a prompt tail no other request can share; ``KVCacheManager`` decides) may be registered
@@ -54,6 +56,16 @@ class _LazyKey:
     def __repr__(self) -> str:
         return "LAZY_KEY"
 
+    # One marker, compared by identity: copies and pickles of a pool keep it (free_block_order).
+    def __copy__(self) -> _LazyKey:
+        return self
+
+    def __deepcopy__(self, memo) -> _LazyKey:
+        return self
+
+    def __reduce__(self) -> str:
+        return "LAZY_KEY"
+
 
 LAZY_KEY: BlockKey = _LazyKey()  # type: ignore[assignment]  # stands where a BlockKey would
 
@@ -84,6 +96,7 @@ class BlockPool:
         self._free: deque[int] = deque(range(self.first_block_id, num_blocks))
         self.eviction: EvictionPolicy = make_eviction_policy(eviction_policy, self)
         self.cache = PrefixCacheIndex(track_children=self.eviction.uses_key_tree)
+        self._stats = self.eviction.reads_block_stats  # keep release_tick, cached_tick, hit_count
         self.num_evictions = 0
         self.on_release: Callable[[int], None] | None = None
 
@@ -96,6 +109,11 @@ class BlockPool:
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take: free plus cached-but-unreferenced."""
         return len(self._free) + len(self.eviction)
+
+    @property
+    def num_plain_free_blocks(self) -> int:
+        """Free blocks that carry no key (allocations take these before evicting)."""
+        return len(self._free)
 
     @property
     def num_cached_free_blocks(self) -> int:
@@ -118,6 +136,8 @@ class BlockPool:
         evictions, in the order (and with the hooks) that one-by-one allocation makes them."""
         if num_blocks > self.num_free_blocks:
             raise NoFreeBlocksError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
+        if num_blocks <= 2:  # (one call each costs less than the bulk path's set-up)
+            return [self.allocate() for _ in range(num_blocks)]
         free = self._free
         plain = num_blocks if num_blocks <= len(free) else len(free)
         popleft = free.popleft
@@ -155,12 +175,15 @@ class BlockPool:
         if len(blocks) < count:
             raise NoFreeBlocksError("no free or cached block left")
         keys, remove, hook = self.keys, self.cache.remove, self.on_release
+        victim_keys = list(map(keys.__getitem__, blocks))
         for block_id in blocks:
-            key = keys[block_id]
             keys[block_id] = None
-            if key is not LAZY_KEY:
-                remove(key, block_id)
-            if hook is not None:
+        if victim_keys.count(LAZY_KEY) != count:  # some are in the index (lazy keys never are)
+            for block_id, key in zip(blocks, victim_keys):
+                if key is not LAZY_KEY:
+                    remove(key, block_id)
+        if hook is not None:
+            for block_id in blocks:
                 hook(block_id)
         self.num_evictions += count
         return blocks
@@ -176,8 +199,9 @@ class BlockPool:
         assert count >= 0, f"block {block_id} freed more often than referenced"
         self.ref_counts[block_id] = count
         if count == 0:
-            self._tick += 1
-            self.release_tick[block_id] = self._tick
+            if self._stats:
+                self._tick += 1
+                self.release_tick[block_id] = self._tick
             if self.keys[block_id] is None:
                 self._free.appendleft(block_id)
                 if self.on_release is not None:
@@ -189,6 +213,9 @@ class BlockPool:
         """Release a whole block table, last block first (see the module docstring for the order)."""
         ref_counts, keys, release_tick = self.ref_counts, self.keys, self.release_tick
         eviction = self.eviction
+        if not self._stats and eviction.batches and set(map(ref_counts.__getitem__, block_ids)) == {1}:
+            self._free_unshared(block_ids)  # the common case, in bulk: every block leaves use
+            return
         unkeyed_in_walk_order = []
         keyed_in_walk_order: list[int] = []
         make_evictable = keyed_in_walk_order.append if eviction.batches else eviction.add
@@ -213,6 +240,24 @@ class BlockPool:
             for block_id in unkeyed_in_walk_order:
                 self.on_release(block_id)
 
+    def _free_unshared(self, block_ids: Sequence[int]) -> None:
+        """``free_table`` of a table whose blocks all have one reference, for a policy that
+        batches and reads no ticks: the same order, with one pass per list touched."""
+        ref_counts, keys = self.ref_counts, self.keys
+        for block_id in block_ids:
+            ref_counts[block_id] = 0
+        walk = block_ids[::-1]
+        unkeyed = [block_id for block_id in walk if keys[block_id] is None]
+        if not unkeyed:
+            self.eviction.add_many(walk)
+            return
+        if len(unkeyed) < len(walk):
+            self.eviction.add_many([block_id for block_id in walk if keys[block_id] is not None])
+        self._free.extendleft(reversed(unkeyed))
+        if self.on_release is not None:
+            for block_id in unkeyed:
+                self.on_release(block_id)
+
     # --------------------------------------------------------- prefix cache
     def lookup(self, key: BlockKey) -> int | None:
         return self.cache.lookup(key)
@@ -223,7 +268,8 @@ class BlockPool:
         if self.ref_counts[block_id] == 0:
             self.eviction.remove(block_id)
         self.ref_counts[block_id] += 1
-        self.hit_count[block_id] += 1
+        if self._stats:
+            self.hit_count[block_id] += 1
 
     def cache_block(self, block_id: int, key: BlockKey) -> None:
         """Give an in-use, full block its content key (register it in the prefix cache)."""
@@ -231,14 +277,19 @@ class BlockPool:
         keys = self.keys
         assert keys[block_id] is None, f"block {block_id} already carries a key"
         keys[block_id] = key
-        self._tick = tick = self._tick + 1
-        self.cached_tick[block_id] = tick
-        self.hit_count[block_id] = 0
+        if self._stats:
+            self._tick = tick = self._tick + 1
+            self.cached_tick[block_id] = tick
+            self.hit_count[block_id] = 0
         self.cache.insert(key, block_id)
 
     def cache_lazy(self, block_ids: Sequence[int]) -> None:
         """``cache_block`` with ``LAZY_KEY`` for each of these in-use, unkeyed, full blocks, in order."""
         keys, cached_tick, hit_count = self.keys, self.cached_tick, self.hit_count
+        if not self._stats:
+            for block_id in block_ids:
+                keys[block_id] = LAZY_KEY
+            return
         tick = self._tick
         for block_id in block_ids:
             tick += 1

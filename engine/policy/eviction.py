@@ -52,6 +52,9 @@ class EvictionPolicy(ABC):
     #: Whether the policy reads the prefix tree (``key_has_children``, ``on_leaf``). A policy that
     #: says ``False`` lets the pool skip the tree's bookkeeping (one dict per key insert/remove).
     uses_key_tree: ClassVar[bool] = True
+    #: Whether the policy reads ``BlockStats``' per-block ticks and hit counts. A policy that says
+    #: ``False`` lets the pool skip keeping them (three list writes per block released or cached).
+    reads_block_stats: ClassVar[bool] = True
 
     def __init__(self, stats: BlockStats):
         self.stats = stats
@@ -112,6 +115,7 @@ class LRUPolicy(EvictionPolicy):
 
     name = "lru"
     uses_key_tree = False
+    reads_block_stats = False  # the queue is the order
     batches = True  # the order is release order alone
     compact_slack = 1024  # stale entries allowed beyond the live ones
 
