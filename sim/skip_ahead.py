@@ -31,7 +31,7 @@ import functools
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 
 import numpy as np
 import simpy
@@ -48,7 +48,7 @@ def decode_work(run: DecodeRun, block_size: int | None) -> StepWork:
     """The ``StepWork`` of the run's first step (``StepWork.from_output`` of a pure decode)."""
     num_seqs = len(run.seqs)
     return StepWork(num_seqs=num_seqs, num_tokens=num_seqs, num_decode_seqs=num_seqs,
-                    decode_context_tokens=sum(run.computed) + num_seqs, num_sampled=num_seqs,
+                    decode_context_tokens=run.context_tokens + num_seqs, num_sampled=num_seqs,
                     block_size=block_size)
 
 
@@ -56,13 +56,14 @@ def decode_step_work(step: DecodeStep, block_size: int | None) -> StepWork:
     """The ``StepWork`` of a ``DecodeStep``: the batch's decodes plus what the waiting pass added
     (every field is a sum over sequences, so the two parts add up to ``StepWork.from_output`` of
     the whole step)."""
-    decodes = decode_work(step.run, block_size)
     added = StepWork.from_output(step.output, block_size)
-    return StepWork(**{f: getattr(decodes, f) + getattr(added, f) for f in SUMMED}, block_size=block_size)
-
-
-#: The StepWork fields that are sums over a step's sequences (all but the block size).
-SUMMED = tuple(f.name for f in fields(StepWork) if f.name != "block_size")
+    if not added.num_seqs:  # (the waiting pass added nothing: the decodes alone)
+        return decode_work(step.run, block_size)
+    n = len(step.run.seqs)  # the fields decode_work sets (its others are 0)
+    return replace(added, num_seqs=n + added.num_seqs, num_tokens=n + added.num_tokens,
+                   num_decode_seqs=n + added.num_decode_seqs,
+                   decode_context_tokens=step.run.context_tokens + n + added.decode_context_tokens,
+                   num_sampled=n + added.num_sampled)
 
 
 def step_terms(cost_model: CostModel, work: StepWork, k: int,
@@ -70,7 +71,10 @@ def step_terms(cost_model: CostModel, work: StepWork, k: int,
     """Per-term costs and totals of ``k`` decode steps from ``work`` (step j's decode context is
     ``work.decode_context_tokens + j * work.num_decode_seqs``); ``first`` is the first step's
     terms when the caller has them."""
-    contexts = work.decode_context_tokens + work.num_decode_seqs * np.arange(k, dtype=np.int64)
+    n = work.num_decode_seqs
+    start = work.decode_context_tokens
+    contexts = (np.arange(start, start + n * k, n, dtype=np.int64) if n
+                else np.full(k, start, dtype=np.int64))  # start + n * j for j < k
     if first is None:
         first = cost_model.step_cost(work).terms
     decode = cost_model.decode_attention_s(work, contexts)
@@ -90,8 +94,6 @@ def step_terms(cost_model: CostModel, work: StepWork, k: int,
 
 
 def _with_context(work: StepWork, context: int) -> StepWork:
-    from dataclasses import replace
-
     return replace(work, decode_context_tokens=context)
 
 
@@ -113,9 +115,9 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
         durations[0] += now  # (in place: the array is step_terms' own) the running sum from now
         ends = np.add.accumulate(durations)
         if end_before_arrival:
-            k = int(np.searchsorted(ends, next_arrival_s, side="left"))  # ends < next arrival
+            k = int(ends.searchsorted(next_arrival_s))  # ends < next arrival
         else:  # starts < next arrival: the first step, and each after an end before it
-            k = min(guess, 1 + int(np.searchsorted(ends, next_arrival_s, side="left")))
+            k = min(guess, 1 + int(ends.searchsorted(next_arrival_s)))
         if k < guess or guess == limit:
             break
         guess = min(limit, guess * 2)
@@ -136,7 +138,7 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s
     bs = sched.block_size
     num_requests = len(run.requests)
     replica.steps.record_deferred(DecodeSpan(
-        k, done.first_step, start_s, ends[:k], tuple(_first(terms.get(t, 0.0), k) for t in TERMS),
+        k, done.first_step, start_s, ends[:k], tuple([_first(terms.get(t, 0.0), k) for t in TERMS]),
         (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
         run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, run.computed))
     return float(ends[k - 1]), done.finished

@@ -125,10 +125,11 @@ def configs(draw, trace: Trace):
     return preset, settings_
 
 
-def run(trace: Trace, preset: str, settings_: dict, cost_model: CostModel, *, skip_ahead: bool):
-    """The run's result (or the error it stopped with: vLLM 0.6.3's aborts), decision log lines and
-    steps skipped."""
-    config = make_config(preset, **settings_, record_decisions=True)
+def run(trace: Trace, preset: str, settings_: dict, cost_model: CostModel, *, skip_ahead: bool,
+        record: bool = True):
+    """The run's result (or the error it stopped with: vLLM 0.6.3's aborts), decision log lines
+    (none unless ``record``) and steps skipped."""
+    config = make_config(preset, **settings_, record_decisions=record)
     lines: list[str] = []
     sim = Simulation(trace, Scheduler(config), cost_model, SimOptions(skip_ahead=skip_ahead, seed=3),
                      decision_sink=lines.append)
@@ -137,23 +138,40 @@ def run(trace: Trace, preset: str, settings_: dict, cost_model: CostModel, *, sk
     except (SwapSpaceExhausted, VllmV0Abort) as exc:
         result = exc
     RUN_STATS["past_finish"] = sim.replica.skips_past_finish
+    pool = sim.replica.scheduler.pool
+    RUN_STATS["pool"] = (pool.free_block_order(), pool.num_evictions)  # which block ids went where
     return result, lines, sim.replica.steps_skipped
 
 
-RUN_STATS: dict[str, int] = {}  # of the last run(): how often a skip went on past a finish
+RUN_STATS: dict = {}  # of the last run(): how often a skip went on past a finish, the pool's end state
 
 
 def assert_same(trace: Trace, preset: str, settings_: dict, cost_model_factory) -> int:
-    """Run with and without skip-ahead and compare everything; returns the steps skipped."""
+    """Run with and without skip-ahead and compare everything; returns the steps skipped. The
+    skip-ahead run is made twice: recording decisions (compared record for record) and, as a
+    simulation runs by default, not recording them (its skips take the bulk paths, e.g.
+    ``apply_events_in_bulk``), compared on everything else."""
     plain, plain_log, none_skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=False)
     fast, fast_log, skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=True)
     assert none_skipped == 0
     for i, (a, b) in enumerate(zip(plain_log, fast_log)):
         assert a == b, f"decision record {i} differs:\n{a}\n{b}"
     assert len(plain_log) == len(fast_log)
+    fast_pool = RUN_STATS["pool"]
+    quiet, _, quiet_skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=True, record=False)
+    assert quiet_skipped == skipped
+    assert RUN_STATS["pool"] == fast_pool, "the pool ends in another state when decisions are not recorded"
+    assert_same_results(plain, fast)
+    assert_same_results(plain, quiet)
+    return skipped
+
+
+def assert_same_results(plain, fast) -> None:
+    """Two runs' results agree on every step and request column, the term totals and the summary
+    (or both runs stopped with the same error)."""
     if isinstance(plain, Exception) or isinstance(fast, Exception):  # both must stop, the same way
         assert repr(plain) == repr(fast)
-        return skipped
+        return
     for name in STEP_COLUMNS:
         a, b = plain.steps.array(name), fast.steps.array(name)
         assert a.shape == b.shape and np.array_equal(a, b), f"step column {name} differs"
@@ -163,7 +181,6 @@ def assert_same(trace: Trace, preset: str, settings_: dict, cost_model_factory) 
     assert plain.requests.reject_reasons == fast.requests.reject_reasons
     assert plain.steps.term_totals_s == fast.steps.term_totals_s
     assert json.dumps(plain.summary, sort_keys=True) == json.dumps(fast.summary, sort_keys=True)
-    return skipped
 
 
 @settings(max_examples=scaled_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -61,6 +61,7 @@ from engine.policy.output import ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import finish_reason
 from engine.policy.steps.base import Step
+from engine.policy.steps.vllm_v1 import VllmV1StepOrder
 
 if TYPE_CHECKING:
     from engine.policy.scheduler import Scheduler
@@ -89,6 +90,7 @@ class DecodeRun:
     used_blocks: int
     cached_blocks: int
     table_blocks: int  # blocks in the running tables, a shared block once per table
+    context_tokens: int  # sum(computed): the batch's cached tokens before the first step
 
 
 @dataclass(slots=True)
@@ -119,15 +121,29 @@ def waiting_stays_refused(s: Scheduler) -> bool:
             and hint[1] in STABLE_WAITING_STOPS)
 
 
+_Scheduler: type | None = None  # engine.policy.scheduler.Scheduler, once decode_batch has imported it
+
+
+def _retire_finished():
+    """``engine.policy.scheduler.retire_finished`` (imported on first use: a cycle at import time)."""
+    global _retire
+    if _retire is None:
+        from engine.policy.scheduler import retire_finished as _retire
+    return _retire
+
+
+_retire = None
+
+
 def decode_batch(s: Scheduler) -> DecodeRun | None:
     """The running requests as a steady decode batch (every condition of the module docstring but
     the waiting queue's), with how many steps it lasts, or ``None``."""
-    from engine.policy.scheduler import Scheduler  # (a cycle at import time otherwise)
-    from engine.policy.steps.vllm_v1 import VllmV1StepOrder
-
+    global _Scheduler
     if not s.running or s.swapped or s._pending_rejections:
         return None
-    if type(s) is not Scheduler or type(s.step_order) is not VllmV1StepOrder or s.kv.hybrid:
+    if _Scheduler is None:
+        from engine.policy.scheduler import Scheduler as _Scheduler  # (a cycle at import time otherwise)
+    if type(s) is not _Scheduler or type(s.step_order) is not VllmV1StepOrder or s.kv.hybrid:
         return None  # (a hybrid cache frees window blocks as it decodes: not modelled here yet)
     if s.offload is not None and not s.offload.prompt_only:
         return None  # decodes would offer their blocks to the offload store
@@ -139,7 +155,7 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
     computed: list[int] = []
     finish_steps: list[int] = []
     horizon = 1 << 62
-    table_blocks = 0
+    table_blocks = context = 0
     for request in s.running:
         if request.beam_width > 1 or (request.n > 1 and not request.forked):
             return None
@@ -161,6 +177,7 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
                 horizon = finish_in
             seqs.append(seq)
             computed.append(c)
+            context += c
             finish_steps.append(finish_in)
             table_blocks += len(table)
     if len(seqs) > cfg.max_num_batched_tokens:  # some would wait for budget: not the same batch
@@ -173,13 +190,15 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
     if horizon < 1:
         return None
     return DecodeRun(s, list(s.running), seqs, computed, finish_steps, first_finish, horizon, free, free - pool.num_cached_free_blocks,
-                     pool.num_used_blocks, pool.num_cached_free_blocks, table_blocks)
+                     pool.num_used_blocks, pool.num_cached_free_blocks, table_blocks, context)
 
 
 def _steps_within_blocks(computed: list[int], bs: int, free: int, horizon: int) -> int:
     """The most decode steps, up to ``horizon``, whose new blocks fit in ``free`` (a sequence at
     computed ``c`` takes a new block in step ``j`` when ``(c + j - 1) % bs == 0``, i.e. from step
     ``(-c) % bs + 1`` on, every ``bs`` steps)."""
+    if len(computed) * (horizon // bs + 1) <= free:  # (each sequence takes at most this many)
+        return horizon
     firsts = [(-c) % bs + 1 for c in computed]
 
     def blocks(k: int) -> int:
@@ -229,7 +248,10 @@ def advance(run: DecodeRun, k: int) -> Advanced:
         s.decision_log.append(record)
         s._last_record = record
     if not recording:
-        apply_events(events, 0, k, seqs, run.computed, kv, pool, allocations, evictions)
+        if pool.eviction.batches and not pool.eviction.reads_block_stats:
+            apply_events_in_bulk(events, seqs, run.computed, kv, pool, allocations, evictions)
+        else:
+            apply_events(events, 0, k, seqs, run.computed, kv, pool, allocations, evictions)
         e = num_events
     assert e == num_events
     set_computed(run, k)
@@ -240,21 +262,33 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     return Advanced(first_step, allocations, evictions, finished)
 
 
-def decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[tuple[int, int, int]]:
+def decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[int]:
     """The pool calls of ``k`` decode steps, in the order the step-by-step path makes them: step
     by step, sequence by sequence, a sequence's new block before the block it fills is
-    registered: ``(step, scheduling position, 0 allocate / 1 register)``."""
-    events: list[tuple[int, int, int]] = []
+    registered. Each is one int, ``(step * len(computed) + scheduling position) * 2 + kind``
+    (kind 0 allocates, 1 registers), so that sorting the ints sorts the calls (``event``
+    splits one)."""
+    events: list[int] = []
+    width = 2 * len(computed)  # codes of step j are [j * width, (j + 1) * width)
+    end = (k + 1) * width
+    stride = bs * width
     for i, c in enumerate(computed):
         first = (-c) % bs + 1
         if first <= k:
-            events.extend([(j, i, 0) for j in range(first, k + 1, bs)])
+            events.extend(range(first * width + 2 * i, end, stride))
         if caching:
             first = (-c - 1) % bs + 1
             if first <= k:
-                events.extend([(j, i, 1) for j in range(first, k + 1, bs)])
+                events.extend(range(first * width + 2 * i + 1, end, stride))
     events.sort()
     return events
+
+
+def event(code: int, width: int) -> tuple[int, int, int]:
+    """``(step, scheduling position, kind)`` of a ``decode_events`` code (``width``: twice the
+    batch's sequences)."""
+    j, rest = divmod(code, width)
+    return j, rest >> 1, rest & 1
 
 
 def set_computed(run: DecodeRun, k: int) -> None:
@@ -272,8 +306,7 @@ def set_computed(run: DecodeRun, k: int) -> None:
 def _finish(run: DecodeRun, k: int) -> list[Request]:
     """``update()``'s finishes for step ``k``: sequences retire in scheduling order (their blocks
     freed in that order), then the finished requests leave the scheduler (``retire_finished``)."""
-    from engine.policy.scheduler import retire_finished
-
+    retire_finished = _retire_finished()
     s = run.scheduler
     processor = s.output_processor
     if k < run.first_finish:
@@ -299,10 +332,14 @@ def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, al
     """Carry out the events of steps up to ``through_step`` from index ``e``; returns the next index."""
     bs = kv.block_size
     num = len(events)
+    width = 2 * len(seqs)
+    stop = (through_step + 1) * width  # codes of later steps
     while e < num:
-        j, i, kind = events[e]
-        if j > through_step:
+        code = events[e]
+        if code >= stop:
             break
+        j, rest = divmod(code, width)
+        i, kind = rest >> 1, rest & 1
         seq = seqs[i]
         if kind == 0:
             evicted = pool.num_evictions
@@ -314,6 +351,45 @@ def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, al
             kv.register_block(seq, (computed[i] + j) // bs - 1)  # the block its step-j token completes
         e += 1
     return e
+
+
+def apply_events_in_bulk(events, seqs, computed, kv, pool, allocations, evictions) -> None:
+    """``apply_events`` of all ``events`` with the allocations made in one ``allocate_many`` and
+    the lazily keyed registrations in one ``cache_lazy``, for an eviction policy that batches and
+    reads no block stats (``lru``). For such a policy the two kinds of call commute: which block
+    an allocation takes depends only on the free list and the eviction order, and a registration
+    touches neither (it keys a block in use, which is in neither); the index ends the same whichever
+    comes first when a victim carries the key a block is given (each key's blocks keep their order)."""
+    bs = kv.block_size
+    width = 2 * len(seqs)
+    allocs = [code for code in events if not code & 1]
+    if allocs:
+        plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
+        blocks = pool.allocate_many(len(allocs))
+        for taken, (code, block_id) in enumerate(zip(allocs, blocks)):
+            j, rest = divmod(code, width)
+            seq = seqs[rest >> 1]
+            seq.block_table.append(block_id)
+            seq.table_snapshot = None
+            allocations[j - 1] += 1
+            if taken >= plain:
+                evictions[j - 1] += 1
+    if len(allocs) == len(events):
+        return
+    keys = pool.keys
+    lazy = []
+    for code in events:
+        if code & 1:
+            j, rest = divmod(code, width)
+            i = rest >> 1
+            seq = seqs[i]
+            index = (computed[i] + j) // bs - 1  # the block its step-j token completes
+            if index >= kv._lazy_start(seq) and keys[seq.block_table[index]] is None:
+                lazy.append(seq.block_table[index])
+            else:
+                kv.register_block(seq, index)
+    if lazy:
+        pool.cache_lazy(lazy)
 
 
 def _decode_record(step: int, requests: list[Request], num_free: int, num_free_cpu: int,
@@ -399,8 +475,7 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
 def update_decode_step(step: DecodeStep) -> list[Request]:
     """``update()`` for a ``DecodeStep`` with unnamed tokens: the decodes' tokens and finishes, in
     scheduling order, then the admitted sequences' (``OutputProcessor.process``)."""
-    from engine.policy.scheduler import retire_finished
-
+    retire_finished = _retire_finished()
     run = step.run
     s = run.scheduler
     processor = s.output_processor
