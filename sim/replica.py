@@ -34,8 +34,8 @@ import numpy as np
 import simpy
 
 from engine.policy import Request
-from engine.policy.fast_forward import (DecodeRun, decode_batch, schedule_decode_step, update_decode_step,
-                                        waiting_stays_refused)
+from engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usage, schedule_decode_step,
+                                        update_decode_step, waiting_stays_refused)
 from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
@@ -173,7 +173,7 @@ class Replica:
                     f"step {out.step} at t={env.now:.6f}s scheduled nothing with {len(sched.waiting)} waiting, "
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped requests"
                 )
-            usage = sched.kv_usage()
+            usage = sched.kv_usage() if decode_step is None else decode_step_usage(decode_step)
             num_running, num_waiting = len(sched.running), len(sched.waiting)
             cost = cost_model.step_cost(work)
             start = env.now

@@ -62,6 +62,7 @@ from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import finish_reason
 from engine.policy.steps.base import Step
 from engine.policy.steps.vllm_v1 import VllmV1StepOrder
+from engine.policy.usage import KvUsage
 
 if TYPE_CHECKING:
     from engine.policy.scheduler import Scheduler
@@ -472,6 +473,25 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     return DecodeStep(run, output, allocations[0], evictions[0])
 
 
+def decode_step_usage(step: DecodeStep) -> KvUsage:
+    """``Scheduler.kv_usage()`` right after ``schedule_decode_step``, in O(admitted): the batch's
+    tables hold ``table_blocks`` plus the step's new blocks, and each of its sequences holds
+    ``computed + 1`` tokens with a last block of its own (``decode_batch`` requires a partly filled
+    one to be unshared; a full one got a fresh block), so their idle slots are the blocks' slots
+    less those tokens. The requests the waiting pass admitted follow the batch's in the running
+    list; a partly filled block is never shared across requests (a hit takes full blocks only)."""
+    run = step.run
+    s = run.scheduler
+    blocks = run.table_blocks + step.allocations
+    idle = blocks * s.block_size - run.context_tokens - len(run.seqs)
+    admitted = s.running[len(run.requests):]
+    if admitted:
+        more_blocks, more_idle = s.table_slots(admitted)
+        blocks += more_blocks
+        idle += more_idle
+    return s.usage_with(blocks, idle)
+
+
 def update_decode_step(step: DecodeStep) -> list[Request]:
     """``update()`` for a ``DecodeStep`` with unnamed tokens: the decodes' tokens and finishes, in
     scheduling order, then the admitted sequences' (``OutputProcessor.process``)."""
@@ -482,15 +502,17 @@ def update_decode_step(step: DecodeStep) -> list[Request]:
     retired = processor.num_seqs_finished
     max_model_len = processor.max_model_len
     finished: list[Request] = []
-    for request in run.requests:
-        for seq in list(request.live_seqs):
-            seq.output_token_ids.append(None)
-            reason = finish_reason(seq, max_model_len)
-            if reason is not None:
-                processor._finish(seq, reason)
-        if not request.live_seqs:
-            request.status = RequestStatus.FINISHED
-            finished.append(request)
+    for seq in run.seqs:
+        seq.output_token_ids.append(None)
+    if run.first_finish == 1:  # (finish_in: the step whose token ends each sequence)
+        ending = {id(seq) for seq, f in zip(run.seqs, run.finish_in) if f == 1}
+        for request in run.requests:
+            for seq in list(request.live_seqs):
+                if id(seq) in ending:
+                    processor._finish(seq, finish_reason(seq, max_model_len))
+            if not request.live_seqs:
+                request.status = RequestStatus.FINISHED
+                finished.append(request)
     finished += processor.process(step.output, s.requests)
     retire_finished(s, step.output.step, finished)
     s._finished_in_last_update = processor.num_seqs_finished != retired

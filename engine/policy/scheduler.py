@@ -342,13 +342,30 @@ class Scheduler:
     def kv_usage(self) -> KvUsage:
         """The GPU cache's slots right now (O(running sequences)). A block shared by several
         sequences counts once; only a table's last block can be partly filled."""
+        return self.usage_with(*self.table_slots(self.running))
+
+    def usage_with(self, unshared: int, idle: int) -> KvUsage:
+        """``kv_usage()`` from the running tables' blocks (each table's count) and idle slots."""
         bs = self.block_size
         pool = self.pool
-        ref_counts = pool.ref_counts
+        allocated = pool.num_used_blocks * bs
+        return KvUsage(
+            total_slots=pool.num_usable_blocks * bs,
+            allocated_slots=allocated,
+            used_slots=allocated - idle,
+            cached_slots=pool.num_cached_free_blocks * bs,
+            unshared_slots=unshared * bs,
+        )
+
+    def table_slots(self, requests) -> tuple[int, int]:
+        """(blocks in the tables of ``requests``' live sequences, each table's count; slots of
+        their partly filled last blocks that hold no token, a block shared by several once)."""
+        bs = self.block_size
+        ref_counts = self.pool.ref_counts
         unshared = 0
         idle = 0
         seen_partial: set[int] = set()
-        for request in self.running:
+        for request in requests:
             for seq in request.live_seqs:
                 if seq.extra_tables is None:
                     tables = (seq.block_table,)
@@ -368,14 +385,7 @@ class Scheduler:
                         elif last not in seen_partial:
                             seen_partial.add(last)
                             idle += tail
-        allocated = pool.num_used_blocks * bs
-        return KvUsage(
-            total_slots=pool.num_usable_blocks * bs,
-            allocated_slots=allocated,
-            used_slots=allocated - idle,
-            cached_slots=pool.num_cached_free_blocks * bs,
-            unshared_slots=unshared * bs,
-        )
+        return unshared, idle
 
     # ------------------------------------------------------------ checking
     def check(self) -> None:
