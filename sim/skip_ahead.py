@@ -110,6 +110,10 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
         guess = min(limit, int((next_arrival_s - now) / first) + 2)
     else:
         guess = limit
+    if guess <= SHORT_SKIP and usage is None:
+        decode = cost_model.decode_attention_fn(work)
+        if decode is not None:
+            return _plan_short(work, first_cost.terms, decode, now, next_arrival_s, limit, end_before_arrival)
     while True:
         terms, durations = step_terms(cost_model, work, guess, first_cost.terms)
         durations[0] += now  # (in place: the array is step_terms' own) the running sum from now
@@ -126,6 +130,50 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
         if k:
             terms, _ = step_terms(cost_model, work, k)
     return k, terms, ends
+
+
+#: A skip expected to be at most this many steps is costed in Python floats (``_plan_short``):
+#: below it, numpy's cost per call is more than the arithmetic.
+SHORT_SKIP = 48
+
+
+def _plan_short(work: StepWork, first: dict[str, float], decode, now: float, next_arrival_s: float, limit: int,
+                end_before_arrival: bool) -> tuple[int, dict, np.ndarray]:
+    """``plan_skip`` step by step in Python floats, for a model with ``decode_attention_fn``:
+    the same operations in the same order as ``step_terms`` and ``np.add.accumulate``, one step
+    at a time, stopping at the first step that does not qualify (at most ``limit``)."""
+    before = 0  # the terms before decode_attention, summed as StepCost.total_s sums them
+    after = []  # the nonzero terms after it, in order
+    seen = False
+    for name, value in first.items():
+        if name == "decode_attention":
+            seen = True
+        elif not (value.__class__ is float and value == 0.0):
+            if seen:
+                after.append(value)
+            else:
+                before = before + value
+    n = work.num_decode_seqs
+    context = work.decode_context_tokens
+    attention: list[float] = []
+    ends: list[float] = []
+    end = now
+    while len(ends) < limit:
+        seconds = decode(context)
+        total = before + seconds
+        for value in after:
+            total = total + value
+        end = end + total
+        if end_before_arrival and not end < next_arrival_s:
+            break
+        attention.append(seconds)
+        ends.append(end)
+        if not end < next_arrival_s:  # (the next step would start at or after the arrival)
+            break
+        context += n
+    terms: dict[str, np.ndarray | float] = dict(first)
+    terms["decode_attention"] = np.array(attention, dtype=np.float64)
+    return len(ends), terms, np.array(ends, dtype=np.float64)
 
 
 def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s: float) -> tuple[float, list]:

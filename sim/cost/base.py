@@ -16,6 +16,7 @@ decides whether it runs synchronously with the step (vLLM v0) or overlapped with
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -139,6 +140,13 @@ class CostModel(ABC):
         vectorized, bit for bit what ``step_cost`` gives each; ``None`` if the model has no such
         form (skip-ahead then asks ``step_cost`` step by step). A model that implements it promises
         that no other term depends on ``decode_context_tokens``."""
+        return None
+
+    def decode_attention_fn(self, work: StepWork) -> Callable[[int], float] | None:
+        """The ``decode_attention`` term of ``work`` as a function of its decode context alone, in
+        Python floats, bit for bit what ``step_cost`` gives (``None``: the model has none). Skip-ahead
+        uses it for short skips, where a vectorized call costs more than the arithmetic; the same
+        promise as ``decode_attention_s``."""
         return None
 
     def usage_snapshot(self) -> object:

@@ -236,6 +236,16 @@ class RooflineCostModel(CostModel):
     def _block_overhead(self, work: StepWork) -> float:
         return 1.0 + self.params.block_overhead_tokens / work.block_size if work.block_size else 1.0
 
+    def decode_attention_fn(self, work: StepWork):
+        # The operations of _decode_attention_s, in its order; 0 for no context, as step_cost.
+        if self._window is not None:
+            return None
+        per_token, bw, overhead = self._kv_token_bytes, self._bw, self._block_overhead(work)
+        if self._mla_decode_flops:
+            mla, peak = self._mla_decode_flops, self._flops * self.params.attention_efficiency
+            return lambda context: max(context * per_token / bw * overhead, context * mla / peak) if context else 0.0
+        return lambda context: context * per_token / bw * overhead if context else 0.0
+
     def decode_attention_s(self, work: StepWork, decode_context_tokens: np.ndarray) -> np.ndarray | None:
         # The same operations in the same order as step_cost, elementwise (exact in float64).
         if self._window is not None:
