@@ -273,8 +273,11 @@ class Replica:
 
     def _decoded(self, run: DecodeRun, first_row: int, last_row: int) -> None:
         """Every request of a decode batch received a token in each of steps ``first_row..last_row``."""
-        rows = self._rows
-        batch_rows = np.fromiter((rows[r.request_id] for r in run.requests), np.int64, len(run.requests))
+        batch_rows = run.rows
+        if batch_rows is None:  # (kept on the run while its requests stay the same)
+            rows = self._rows
+            batch_rows = run.rows = np.fromiter((rows[r.request_id] for r in run.requests), np.int64,
+                                                len(run.requests))
         self.token_runs.tokens(self.index, batch_rows, first_row, last_row)
 
     def _flush_decisions(self) -> None:

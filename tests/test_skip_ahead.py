@@ -194,6 +194,36 @@ def test_skip_ahead_changes_no_decision_and_no_metric(data):
     event("a skip went on past a finish" if RUN_STATS["past_finish"] else "no skip past a finish")
 
 
+@settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_carried_batch_is_the_batch_decode_batch_finds(data):
+    """The batch ``advance`` and ``update_decode_step`` leave for the next ``decode_batch`` equals,
+    field for field, the one ``decode_batch`` builds from the scheduler's state (checked at every
+    call of generated runs)."""
+    trace = data.draw(workloads())
+    preset, settings_ = data.draw(configs(trace))
+    build = fast_forward.decode_batch
+    carried_calls = []
+
+    def checked(s):
+        carried = s._decode_run
+        got = build(s)
+        if carried is not None and got is carried:
+            fresh = build(s)  # (the carried batch is taken: this one is built from the state)
+            assert fresh is not None
+            for name in ("requests", "seqs", "computed", "finish_in", "first_finish", "max_steps", "free_blocks",
+                         "plain_free_blocks", "used_blocks", "cached_blocks", "table_blocks", "context_tokens",
+                         "step"):
+                assert getattr(got, name) == getattr(fresh, name), f"carried {name} differs"
+            carried_calls.append(1)
+        return got
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sim.replica.decode_batch", checked)
+        run(trace, preset, settings_, roofline(), skip_ahead=True, record=False)
+    event("a carried batch was used" if carried_calls else "no carried batch")
+
+
 def decode_heavy(num: int = 12) -> Trace:
     rng = np.random.default_rng(7)
     return Trace(arrival_s=np.sort(rng.uniform(0, 1.0, num)), prompt_len=rng.integers(5, 40, num),

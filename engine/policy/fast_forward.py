@@ -92,6 +92,8 @@ class DecodeRun:
     cached_blocks: int
     table_blocks: int  # blocks in the running tables, a shared block once per table
     context_tokens: int  # sum(computed): the batch's cached tokens before the first step
+    step: int  # the scheduler's next step when this state was taken (it is stale after any other)
+    rows: object = None  # the executor's own per-batch data (kept while the batch has the same requests)
 
 
 @dataclass(slots=True)
@@ -140,24 +142,32 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
     """The running requests as a steady decode batch (every condition of the module docstring but
     the waiting queue's), with how many steps it lasts, or ``None``."""
     global _Scheduler
+    carried, s._decode_run = s._decode_run, None
     if not s.running or s.swapped or s._pending_rejections:
         return None
+    if carried is not None and carried.step == s.next_step and len(carried.requests) == len(s.running):
+        return carried  # (what advance or update_decode_step left: nothing has happened since)
     if _Scheduler is None:
         from engine.policy.scheduler import Scheduler as _Scheduler  # (a cycle at import time otherwise)
     if type(s) is not _Scheduler or type(s.step_order) is not VllmV1StepOrder or s.kv.hybrid:
         return None  # (a hybrid cache frees window blocks as it decodes: not modelled here yet)
     if s.offload is not None and not s.offload.prompt_only:
         return None  # decodes would offer their blocks to the offload store
-    cfg = s.config
+    members = _decoders(s, s.running)
+    return None if members is None else _run_of(s, list(s.running), *members)
+
+
+def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[int], int, int] | None:
+    """The live sequences of ``requests`` if every one is a steady decoder (module docstring):
+    ``(seqs, computed, finish_in, table blocks, sum(computed))``; else ``None``."""
     bs = s.block_size
     ref_counts = s.pool.ref_counts
-    max_model_len = cfg.max_model_len
+    max_model_len = s.config.max_model_len
     seqs: list[Sequence] = []
     computed: list[int] = []
     finish_steps: list[int] = []
-    horizon = 1 << 62
     table_blocks = context = 0
-    for request in s.running:
+    for request in requests:
         if request.beam_width > 1 or (request.n > 1 and not request.forked):
             return None
         prompt_len = request.prompt_len
@@ -173,25 +183,72 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
                 return None
             # It finishes at the step whose sample reaches its length (or max_model_len).
             limit = request.max_tokens if lens is None else lens[seq.index]  # request.max_tokens_of(seq)
-            finish_in = limit - outputs if limit - outputs < max_model_len - n else max_model_len - n
-            if finish_in < horizon:
-                horizon = finish_in
             seqs.append(seq)
             computed.append(c)
             context += c
-            finish_steps.append(finish_in)
+            finish_steps.append(limit - outputs if limit - outputs < max_model_len - n else max_model_len - n)
             table_blocks += len(table)
-    if len(seqs) > cfg.max_num_batched_tokens:  # some would wait for budget: not the same batch
+    return seqs, computed, finish_steps, table_blocks, context
+
+
+def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], computed: list[int], finish_in: list[int],
+            table_blocks: int, context: int) -> DecodeRun | None:
+    """The ``DecodeRun`` of these decoders (the running requests, in order), or ``None`` when it
+    cannot take one step: some would wait for the token budget, or no step fits in the free blocks."""
+    if not seqs or len(seqs) > s.config.max_num_batched_tokens:  # some would wait for budget: not the same batch
         return None
     pool = s.pool
     free = pool.num_free_blocks
-    first_finish = horizon
+    first_finish = horizon = min(finish_in)
     if horizon >= 1:
-        horizon = _steps_within_blocks(computed, bs, free, horizon)
+        horizon = _steps_within_blocks(computed, s.block_size, free, horizon)
     if horizon < 1:
         return None
-    return DecodeRun(s, list(s.running), seqs, computed, finish_steps, first_finish, horizon, free, free - pool.num_cached_free_blocks,
-                     pool.num_used_blocks, pool.num_cached_free_blocks, table_blocks, context)
+    return DecodeRun(s, requests, seqs, computed, finish_in, first_finish, horizon, free,
+                     free - pool.num_cached_free_blocks, pool.num_used_blocks, pool.num_cached_free_blocks,
+                     table_blocks, context, s.next_step)
+
+
+def _carry(run: DecodeRun, k: int, admitted: list[Request] | None = None) -> DecodeRun | None:
+    """The batch after ``run``'s first ``k`` steps were applied and their finishes retired (and
+    ``admitted`` joined it, for a ``DecodeStep``): what ``decode_batch`` would find, built from
+    what the run knows (the survivors are still steady decoders: their counters moved together,
+    a block they filled was replaced by a fresh one of their own) plus the checks of the newcomers;
+    ``None`` when it is not a batch. Left for the next ``decode_batch`` (``Scheduler._decode_run``)."""
+    s = run.scheduler
+    some_finished = run.first_finish == k
+    if some_finished:  # keep the others, in order
+        keep = [i for i, f in enumerate(run.finish_in) if f != k]
+        seqs = [run.seqs[i] for i in keep]
+        computed = [run.computed[i] + k for i in keep]
+        finish_in = [run.finish_in[i] - k for i in keep]
+        requests = [r for r in run.requests if r.live_seqs]
+        rows = None
+    else:
+        seqs = run.seqs
+        computed = [c + k for c in run.computed]
+        finish_in = [f - k for f in run.finish_in]
+        requests = run.requests
+        rows = run.rows
+    table_blocks = sum([len(seq.block_table) for seq in seqs])
+    context = sum(computed) if some_finished else run.context_tokens + k * len(seqs)
+    if admitted:
+        members = _decoders(s, admitted)
+        if members is None:
+            return None
+        seqs = seqs + members[0]
+        computed = computed + members[1]
+        finish_in = finish_in + members[2]
+        table_blocks += members[3]
+        context += members[4]
+        requests = requests + admitted
+        rows = None
+    if len(requests) != len(s.running):
+        return None
+    carried = _run_of(s, requests, seqs, computed, finish_in, table_blocks, context)
+    if carried is not None:
+        carried.rows = rows
+    return carried
 
 
 def _steps_within_blocks(computed: list[int], bs: int, free: int, horizon: int) -> int:
@@ -260,6 +317,7 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     # As after a pure decode schedule(): the waiting head (if any) still refused for its reason.
     s._pure_decode_step = (s.next_step - 1, s._pure_decode_step[1] if s.waiting else "empty")
     finished = _finish(run, k)
+    s._decode_run = _carry(run, k)
     return Advanced(first_step, allocations, evictions, finished)
 
 
@@ -429,6 +487,7 @@ class DecodeStep:
     output: SchedulerOutput
     allocations: int  # blocks the decodes allocated
     evictions: int
+    admitted: list[Request]  # the requests the waiting pass added to the running list, in order
 
 
 def schedule_decode_step(run: DecodeRun) -> DecodeStep:
@@ -470,7 +529,7 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
                         for seq, c in zip(run.seqs, run.computed))
         s._last_record = replace(output, scheduled=decodes + output.scheduled).to_record()
         s.decision_log.append(s._last_record)
-    return DecodeStep(run, output, allocations[0], evictions[0])
+    return DecodeStep(run, output, allocations[0], evictions[0], s.running[len(run.requests):])
 
 
 def decode_step_usage(step: DecodeStep) -> KvUsage:
@@ -516,4 +575,5 @@ def update_decode_step(step: DecodeStep) -> list[Request]:
     finished += processor.process(step.output, s.requests)
     retire_finished(s, step.output.step, finished)
     s._finished_in_last_update = processor.num_seqs_finished != retired
+    s._decode_run = _carry(run, 1, [r for r in step.admitted if r.live_seqs])
     return finished

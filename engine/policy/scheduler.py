@@ -98,6 +98,8 @@ class Scheduler:
         # sequence (freeing blocks or batch room).
         self._pure_decode_step: tuple[int, str | None] | None = None
         self._finished_in_last_update = False
+        # The decode batch the fast path left after its last step (fast_forward.decode_batch takes it).
+        self._decode_run = None
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> bool:
@@ -126,6 +128,7 @@ class Scheduler:
     def abort_request(self, request_id: str) -> None:
         """Drop an unfinished request wherever it is, releasing its GPU and CPU blocks."""
         request = self.requests.pop(request_id)
+        self._decode_run = None
         for queue in (self.waiting, self.swapped):
             if request in queue:
                 queue.remove(request)
