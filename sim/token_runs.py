@@ -49,9 +49,13 @@ class TokenRuns:
         self.first = np.full(num_requests, NO_ROW, np.int64)
         self.last = np.full(num_requests, NO_ROW, np.int64)
         self._closed = [array("q") for _ in range(num_replicas)]  # flat (row, first, last) triples
+        # (rows, last_row, replica) of the latest tokens() call, if nothing has changed ``last`` since:
+        # a caller that passes the same rows array again (the same batch) skips the continuity check.
+        self._latest: tuple[np.ndarray, int, int] | None = None
 
     def token(self, replica: int, row: int, step_row: int) -> None:
         """Request ``row`` received a token at the end of ``step_row`` (repeats in one step count once)."""
+        self._latest = None
         last = int(self.last[row])
         if last == step_row:
             return
@@ -68,6 +72,13 @@ class TokenRuns:
         ``first_row..last_row``."""
         if rows.size == 0:
             return
+        latest = self._latest
+        if latest is not None and latest[0] is rows and latest[1] == first_row - 1 and latest[2] == replica:
+            # the same rows object as the last call, which ended the step before: every run goes on
+            self.last[rows] = last_row
+            self._latest = (rows, last_row, replica)
+            return
+        self._latest = (rows, last_row, replica)
         last = self.last[rows]
         if first_row >= 1 and last.min() >= first_row - 1:  # every run goes on (the common case)
             self.last[rows] = last_row

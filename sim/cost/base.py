@@ -39,7 +39,9 @@ def window_pairs(start: int, new: int, window: int) -> int:
     return (a + window) * (window - a + 1) // 2 + window * (b - window)
 
 
-@dataclass(frozen=True, slots=True)
+# NOTE: a value, never changed once built, but not frozen: a frozen dataclass costs four times as
+# much to build, and the simulator builds a few per step it runs (hashable all the same).
+@dataclass(slots=True, unsafe_hash=True)
 class StepWork:
     num_seqs: int = 0  # sequences computing tokens this step
     num_tokens: int = 0  # tokens computed (prefill chunks + decodes)
