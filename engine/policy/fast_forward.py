@@ -39,6 +39,16 @@ finishes them in scheduling order before the admitted sequences' samples are pro
 (``OutputProcessor.process``), the order ``update()`` uses. So a step with an arrival costs
 O(admitted + blocks), not O(running). The decision record, when kept, lists the whole step.
 
+**The batch carries over.** ``advance`` and ``update_decode_step`` know the batch they leave:
+the survivors' counters moved together, the finished sequences left, the admitted ones joined
+(checked as ``decode_batch`` checks every sequence). They leave it in ``Scheduler._decode_run``
+for the next ``decode_batch``, which takes it when the scheduler is still at that step with the
+same number of running requests (any other step moves the counter; ``abort_request`` drops it),
+instead of rebuilding it from every running sequence. ``tests/test_skip_ahead.py`` compares every
+carried batch with the one built from the scheduler's state. Without recording decisions, a
+skip's allocations and lazily keyed registrations are made in one pool call each
+(``apply_events_in_bulk``, for ``lru``, whose order lets the two commute).
+
 Entry points, in the order an executor uses them (the simulator's one caller is
 ``sim/replica.py`` with ``sim/skip_ahead.py``; the engine never takes the fast path, it names
 real tokens):
