@@ -219,12 +219,13 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], compute
                      table_blocks, context, s.next_step)
 
 
-def _carry(run: DecodeRun, k: int, admitted: list[Request] | None = None) -> DecodeRun | None:
+def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | None = None) -> DecodeRun | None:
     """The batch after ``run``'s first ``k`` steps were applied and their finishes retired (and
     ``admitted`` joined it, for a ``DecodeStep``): what ``decode_batch`` would find, built from
     what the run knows (the survivors are still steady decoders: their counters moved together,
     a block they filled was replaced by a fresh one of their own) plus the checks of the newcomers;
-    ``None`` when it is not a batch. Left for the next ``decode_batch`` (``Scheduler._decode_run``)."""
+    ``None`` when it is not a batch. ``allocated``: the blocks the steps gave the batch. Left for
+    the next ``decode_batch`` (``Scheduler._decode_run``)."""
     s = run.scheduler
     some_finished = run.first_finish == k
     if some_finished:  # keep the others, in order
@@ -240,8 +241,12 @@ def _carry(run: DecodeRun, k: int, admitted: list[Request] | None = None) -> Dec
         finish_in = [f - k for f in run.finish_in]
         requests = run.requests
         rows = run.rows
-    table_blocks = sum([len(seq.block_table) for seq in seqs])
-    context = sum(computed) if some_finished else run.context_tokens + k * len(seqs)
+    if some_finished:
+        table_blocks = sum([len(seq.block_table) for seq in seqs])
+        context = sum(computed)
+    else:
+        table_blocks = run.table_blocks + allocated
+        context = run.context_tokens + k * len(seqs)
     if admitted:
         members = _decoders(s, admitted)
         if members is None:
@@ -297,8 +302,9 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     first_step = s.next_step
     events = decode_events(run.computed, bs, k, caching)
     seqs = run.seqs
+    unnamed = [None] * k
     for seq in seqs:  # the tokens exist before their blocks are registered (contents are by position)
-        seq.output_token_ids.extend([None] * k)
+        seq.output_token_ids.extend(unnamed)
     allocations = [0] * k
     evictions = [0] * k
     recording = s.config.record_decisions
@@ -327,7 +333,7 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     # As after a pure decode schedule(): the waiting head (if any) still refused for its reason.
     s._pure_decode_step = (s.next_step - 1, s._pure_decode_step[1] if s.waiting else "empty")
     finished = _finish(run, k)
-    s._decode_run = _carry(run, k)
+    s._decode_run = _carry(run, k, sum(allocations))
     return Advanced(first_step, allocations, evictions, finished)
 
 
@@ -585,5 +591,5 @@ def update_decode_step(step: DecodeStep) -> list[Request]:
     finished += processor.process(step.output, s.requests)
     retire_finished(s, step.output.step, finished)
     s._finished_in_last_update = processor.num_seqs_finished != retired
-    s._decode_run = _carry(run, 1, [r for r in step.admitted if r.live_seqs])
+    s._decode_run = _carry(run, 1, step.allocations, [r for r in step.admitted if r.live_seqs])
     return finished
