@@ -345,6 +345,18 @@ def decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[i
     splits one)."""
     events: list[int] = []
     width = 2 * len(computed)  # codes of step j are [j * width, (j + 1) * width)
+    if k <= bs:  # (the usual skip: at most one event of each kind per sequence)
+        append = events.append
+        for i, c in enumerate(computed):
+            first = (-c) % bs + 1  # the step that allocates
+            if first <= k:
+                append(first * width + 2 * i)
+            if caching:
+                fills = first - 1 if first > 1 else bs  # (-c - 1) % bs + 1: the step that fills a block
+                if fills <= k:
+                    append(fills * width + 2 * i + 1)
+        events.sort()
+        return events
     end = (k + 1) * width
     stride = bs * width
     for i, c in enumerate(computed):
