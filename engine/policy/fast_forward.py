@@ -449,32 +449,32 @@ def apply_events_in_bulk(events, seqs, computed, kv, pool, allocations, eviction
     comes first when a victim carries the key a block is given (each key's blocks keep their order)."""
     bs = kv.block_size
     width = 2 * len(seqs)
-    allocs = [code for code in events if not code & 1]
-    if allocs:
-        plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
-        blocks = pool.allocate_many(len(allocs))
-        for taken, (code, block_id) in enumerate(zip(allocs, blocks)):
-            j, rest = divmod(code, width)
-            seq = seqs[rest >> 1]
-            seq.block_table.append(block_id)
+    num_allocations = len(events) - sum([code & 1 for code in events])
+    plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
+    blocks = pool.allocate_many(num_allocations) if num_allocations else ()
+    taken = 0
+    keys = pool.keys
+    lazy_keys = kv.lazy_keys
+    lazy = []
+    for code in events:  # (in order: a block is appended before the event that fills it registers it)
+        j, rest = divmod(code, width)
+        i = rest >> 1
+        seq = seqs[i]
+        if rest & 1:
+            index = (computed[i] + j) // bs - 1  # the block its step-j token completes
+            block_id = seq.block_table[index]
+            start = seq.lazy_from if lazy_keys and seq.lazy_from >= 0 else kv._lazy_start(seq)
+            if index >= start and keys[block_id] is None:
+                lazy.append(block_id)
+            else:
+                kv.register_block(seq, index)
+        else:
+            seq.block_table.append(blocks[taken])
             seq.table_snapshot = None
             allocations[j - 1] += 1
             if taken >= plain:
                 evictions[j - 1] += 1
-    if len(allocs) == len(events):
-        return
-    keys = pool.keys
-    lazy = []
-    for code in events:
-        if code & 1:
-            j, rest = divmod(code, width)
-            i = rest >> 1
-            seq = seqs[i]
-            index = (computed[i] + j) // bs - 1  # the block its step-j token completes
-            if index >= kv._lazy_start(seq) and keys[seq.block_table[index]] is None:
-                lazy.append(seq.block_table[index])
-            else:
-                kv.register_block(seq, index)
+            taken += 1
     if lazy:
         pool.cache_lazy(lazy)
 
