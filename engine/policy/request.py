@@ -161,11 +161,19 @@ class Request:
     def block_content(self, seq: Sequence, start: int, end: int) -> Hashable:
         """The content of ``seq``'s tokens ``[start, end)``: what a prefix-cache key hashes."""
         prompt_len = self.prompt_len
-        # NOTE: two fast paths for what the general rule below gives (one key per full block is a
+        # NOTE: three fast paths for what the general rule below gives (one key per full block is a
         # hot path): a prompt with neither token ids nor prefix ids is one segment unique to this
-        # request (``_identity_segments``), and a run of unnamed outputs is one segment.
-        if start < end <= prompt_len and self.prompt_token_ids is None and self.prefix_block_ids is None:
-            return (("prompt", self.request_id, start, end),)
+        # request (``_identity_segments``), so is a stretch within one prefix identity's tokens,
+        # and a run of unnamed outputs is one segment.
+        if start < end <= prompt_len and self.prompt_token_ids is None:
+            ids = self.prefix_block_ids
+            if ids is None:
+                return (("prompt", self.request_id, start, end),)
+            size = self.prefix_block_tokens
+            if size:
+                k = start // size
+                if k < len(ids) and (end - 1) // size == k:
+                    return ((ids[k], start - k * size, end - k * size),)
         if prompt_len <= start < end:
             outputs = seq.output_token_ids[start - prompt_len:end - prompt_len]
             if outputs.count(None) == len(outputs):
