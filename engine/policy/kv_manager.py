@@ -141,8 +141,10 @@ class KVCacheManager:
             return keys[index]
         bs = self.block_size
         parent = keys[-1] if num_keys else None
-        for i in range(num_keys, index + 1):  # usually one: the next block
-            parent = BlockKey(parent, seq.request.block_content(seq, i * bs, (i + 1) * bs), self.hash_fn)
+        content = seq.request.block_content
+        hash_fn = self.hash_fn
+        for start in range(num_keys * bs, (index + 1) * bs, bs):
+            parent = BlockKey(parent, content(seq, start, start + bs), hash_fn)
             keys.append(parent)
         return parent
 
@@ -221,10 +223,14 @@ class KVCacheManager:
         keys = pool.keys
         table = seq.block_table
         lazy = self._lazy_start(seq)
-        for i in range(first, num_full if num_full < lazy else lazy):
+        eager_end = num_full if num_full < lazy else lazy
+        chain = seq.block_keys
+        for i in range(first, eager_end):
             block_id = table[i]
             if keys[block_id] is None:
-                pool.cache_block(block_id, self.block_key(seq, i))
+                if i >= len(chain):  # (the keys through the range's end, in one go)
+                    self.block_key(seq, eager_end - 1)
+                pool.cache_block(block_id, chain[i])
         if num_full > lazy:
             pool.cache_lazy([b for b in table[max(first, lazy):num_full] if keys[b] is None])
         seq.num_registered_blocks = num_full
