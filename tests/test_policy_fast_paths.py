@@ -98,3 +98,26 @@ def test_pools_track_the_key_tree_only_for_policies_that_read_it():
     for name, cls in EVICTION_POLICIES.items():
         assert BlockPool(8, eviction_policy=name).cache.track_children is cls.uses_key_tree
     assert EVICTION_POLICIES["radix-leaf"].uses_key_tree
+
+
+def test_a_subclass_makes_the_pools_shortcut_promises_only_by_stating_them():
+    """``lru`` promises it reads no block stats; a plug-in subclass that orders by hit counts
+    does not inherit that promise, so the pool keeps its counts."""
+    from engine.policy.block_key import BlockKey
+    from engine.policy.eviction import LRUPolicy
+
+    class HitsFirst(LRUPolicy):  # keeps lru's queue, reads hit counts (a plug-in author's variant)
+        name = "hits-first-test"
+
+    assert not LRUPolicy.reads_block_stats and HitsFirst.reads_block_stats
+    EVICTION_POLICIES[HitsFirst.name] = HitsFirst
+    try:
+        pool = BlockPool(8, eviction_policy=HitsFirst.name)
+        block = pool.allocate()
+        pool.cache_block(block, BlockKey(None, ("c",)))
+        pool.free(block)
+        pool.touch(block)
+        pool.touch(block)
+        assert pool.hit_count[block] == 2 and pool.release_tick[block] > 0
+    finally:
+        del EVICTION_POLICIES[HitsFirst.name]

@@ -59,6 +59,15 @@ class EvictionPolicy(ABC):
     def __init__(self, stats: BlockStats):
         self.stats = stats
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # A class promises to read no block stats only by saying so in its own body: a plug-in
+        # that subclasses ``lru`` and orders by hit counts must not inherit ``lru``'s promise, or
+        # it would read counts the pool stopped keeping. (A subclass that reads the key tree
+        # without saying so fails loudly instead: the index refuses ``has_children``.)
+        if "reads_block_stats" not in cls.__dict__:
+            cls.reads_block_stats = True
+
     @abstractmethod
     def add(self, block_id: int) -> None: ...
 
