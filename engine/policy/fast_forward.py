@@ -227,26 +227,23 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     ``None`` when it is not a batch. ``allocated``: the blocks the steps gave the batch. Left for
     the next ``decode_batch`` (``Scheduler._decode_run``)."""
     s = run.scheduler
-    some_finished = run.first_finish == k
-    if some_finished:  # keep the others, in order
+    if run.first_finish == k:  # some finished: keep the others, in order
         keep = [i for i, f in enumerate(run.finish_in) if f != k]
         seqs = [run.seqs[i] for i in keep]
         computed = [run.computed[i] + k for i in keep]
         finish_in = [run.finish_in[i] - k for i in keep]
         requests = [r for r in run.requests if r.live_seqs]
+        table_blocks = sum([len(seq.block_table) for seq in seqs])
+        context = sum(computed)
         rows = None
     else:
         seqs = run.seqs
         computed = [c + k for c in run.computed]
         finish_in = [f - k for f in run.finish_in]
         requests = run.requests
-        rows = run.rows
-    if some_finished:
-        table_blocks = sum([len(seq.block_table) for seq in seqs])
-        context = sum(computed)
-    else:
         table_blocks = run.table_blocks + allocated
         context = run.context_tokens + k * len(seqs)
+        rows = run.rows
     if admitted:
         members = _decoders(s, admitted)
         if members is None:
@@ -341,8 +338,8 @@ def decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[i
     """The pool calls of ``k`` decode steps, in the order the step-by-step path makes them: step
     by step, sequence by sequence, a sequence's new block before the block it fills is
     registered. Each is one int, ``(step * len(computed) + scheduling position) * 2 + kind``
-    (kind 0 allocates, 1 registers), so that sorting the ints sorts the calls (``event``
-    splits one)."""
+    (kind 0 allocates, 1 registers), so that sorting the ints sorts the calls; ``divmod(code,
+    2 * len(computed))`` gives back the step and ``2 * position + kind``."""
     events: list[int] = []
     width = 2 * len(computed)  # codes of step j are [j * width, (j + 1) * width)
     if k <= bs:  # (the usual skip: at most one event of each kind per sequence)
@@ -369,13 +366,6 @@ def decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[i
                 events.extend(range(first * width + 2 * i + 1, end, stride))
     events.sort()
     return events
-
-
-def event(code: int, width: int) -> tuple[int, int, int]:
-    """``(step, scheduling position, kind)`` of a ``decode_events`` code (``width``: twice the
-    batch's sequences)."""
-    j, rest = divmod(code, width)
-    return j, rest >> 1, rest & 1
 
 
 def set_computed(run: DecodeRun, k: int) -> None:
@@ -571,9 +561,8 @@ def decode_step_usage(step: DecodeStep) -> KvUsage:
     s = run.scheduler
     blocks = run.table_blocks + step.allocations
     idle = blocks * s.block_size - run.context_tokens - len(run.seqs)
-    admitted = s.running[len(run.requests):]
-    if admitted:
-        more_blocks, more_idle = s.table_slots(admitted)
+    if step.admitted:
+        more_blocks, more_idle = s.table_slots(step.admitted)
         blocks += more_blocks
         idle += more_idle
     return s.usage_with(blocks, idle)
