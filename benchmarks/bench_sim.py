@@ -300,6 +300,19 @@ def print_table(table: list) -> None:
     sys.stdout.flush()
 
 
+def _sizes(text: str) -> list[int]:
+    """``--sizes``: request counts, each an integer with an optional k or M (10k, 1M)."""
+    sizes = []
+    for item in text.split(","):
+        item = item.strip()
+        scale = {"k": 1_000, "m": 1_000_000}.get(item[-1:].lower(), 1)
+        digits = item[:-1] if scale > 1 else item
+        if not digits.isdigit() or int(digits) * scale < 1:
+            raise argparse.ArgumentTypeError(f"expected sizes like 10000,100k,1M, got {item!r}")
+        sizes.append(int(digits) * scale)
+    return sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="azure,scaling,mooncake,cluster",
@@ -307,7 +320,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="CI: 2,000 Azure and Mooncake requests, sizes 2k and 5k, a 5k-request cluster of 4, "
                              "baselines on 2,000 requests")
-    parser.add_argument("--sizes", default="10000,100000,1000000", help="scaling sizes (default 10k,100k,1M)")
+    parser.add_argument("--sizes", type=_sizes, default="10000,100000,1000000",
+                        help="comma-separated scaling sizes, e.g. 10000,100k,1M (default 10k,100k,1M)")
     parser.add_argument("--replicas", type=int, help="cluster replicas (default 16; quick: 4)")
     parser.add_argument("--max-requests", type=int, metavar="N",
                         help="cap every case's requests (and baseline sample) at N: a smoke test")
@@ -322,7 +336,7 @@ def main() -> None:
     def cap(n: int) -> int:
         return n if args.max_requests is None else max(1, min(n, args.max_requests))
 
-    sizes = sorted({cap(s) for s in ([2_000, 5_000] if args.quick else (int(s) for s in args.sizes.split(",")))})
+    sizes = sorted({cap(s) for s in ([2_000, 5_000] if args.quick else args.sizes)})
     sample = cap(2_000 if args.quick else NOSKIP_SAMPLE)
     replicas = args.replicas or (4 if args.quick else 16)
     core = _core()
