@@ -138,12 +138,16 @@ def run(trace: Trace, preset: str, settings_: dict, cost_model: CostModel, *, sk
     except (SwapSpaceExhausted, VllmV0Abort) as exc:
         result = exc
     RUN_STATS["past_finish"] = sim.replica.skips_past_finish
-    pool = sim.replica.scheduler.pool
-    RUN_STATS["pool"] = (pool.free_block_order(), pool.num_evictions)  # which block ids went where
+    RUN_STATS["pool"] = sim.replica.scheduler.pool
     return result, lines, sim.replica.steps_skipped
 
 
-RUN_STATS: dict = {}  # of the last run(): how often a skip went on past a finish, the pool's end state
+RUN_STATS: dict = {}  # of the last run(): how often a skip went on past a finish, its block pool
+
+
+def pool_state(pool) -> tuple:
+    """Which block ids went where: every free block in the order it would be taken, and the evictions."""
+    return pool.free_block_order(), pool.num_evictions
 
 
 def assert_same(trace: Trace, preset: str, settings_: dict, cost_model_factory) -> int:
@@ -157,10 +161,10 @@ def assert_same(trace: Trace, preset: str, settings_: dict, cost_model_factory) 
     for i, (a, b) in enumerate(zip(plain_log, fast_log)):
         assert a == b, f"decision record {i} differs:\n{a}\n{b}"
     assert len(plain_log) == len(fast_log)
-    fast_pool = RUN_STATS["pool"]
+    fast_pool = pool_state(RUN_STATS["pool"])
     quiet, _, quiet_skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=True, record=False)
     assert quiet_skipped == skipped
-    assert RUN_STATS["pool"] == fast_pool, "the pool ends in another state when decisions are not recorded"
+    assert pool_state(RUN_STATS["pool"]) == fast_pool, "the pool ends in another state when decisions are not recorded"
     assert_same_results(plain, fast)
     assert_same_results(plain, quiet)
     return skipped

@@ -255,8 +255,6 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         context += members[4]
         requests = requests + admitted
         rows = None
-    if len(requests) != len(s.running):
-        return None
     carried = _run_of(s, requests, seqs, computed, finish_in, table_blocks, context)
     if carried is not None:
         carried.rows = rows
@@ -444,7 +442,6 @@ def apply_events_in_bulk(events, seqs, computed, kv, pool, allocations, eviction
     blocks = pool.allocate_many(num_allocations) if num_allocations else ()
     taken = 0
     keys = pool.keys
-    lazy_keys = kv.lazy_keys
     lazy = []
     for code in events:  # (in order: a block is appended before the event that fills it registers it)
         j, rest = divmod(code, width)
@@ -453,8 +450,7 @@ def apply_events_in_bulk(events, seqs, computed, kv, pool, allocations, eviction
         if rest & 1:
             index = (computed[i] + j) // bs - 1  # the block its step-j token completes
             block_id = seq.block_table[index]
-            start = seq.lazy_from if lazy_keys and seq.lazy_from >= 0 else kv._lazy_start(seq)
-            if index >= start and keys[block_id] is None:
+            if index >= kv._lazy_start(seq) and keys[block_id] is None:
                 lazy.append(block_id)
             else:
                 kv.register_block(seq, index)
