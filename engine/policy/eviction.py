@@ -83,6 +83,11 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def __contains__(self, block_id: object) -> bool: ...
 
+    def members(self) -> set[int]:
+        """Every block the policy holds (for checks; a policy that cannot list them cheaply may
+        leave this out: ``BlockPool.check`` then asks ``in`` of every block)."""
+        raise NotImplementedError
+
     #: ``add_many`` and ``pop_many`` may stand for a run of ``add`` / ``pop`` calls with the
     #: pool's bookkeeping done before or after the whole run (the policy's order reads nothing
     #: that changes in between). Only built-in policies that know it say so.
@@ -114,12 +119,17 @@ class LRUPolicy(EvictionPolicy):
     request's table is released tail first, a chain's tail is evicted before its prefix.
 
     The order is a ``deque`` of block ids (C, contiguous: joining and leaving in bulk cost one
-    call each) plus the set of blocks it holds. A cache hit takes a block out of the middle in
-    O(1) by leaving its entry behind as *stale*: ``_stale[b]`` counts the stale entries of ``b``
-    still queued. They are always older than ``b``'s live entry (a block has at most one, the one
-    added last), so the front's entry of ``b`` is stale exactly when that count is positive, and
-    is skipped. Stale entries are dropped in one pass when they outnumber the live ones. (The
-    same order as vLLM's intrusive free-block queue, without per-node Python objects.)
+    call each). A cache hit takes a block out of the middle in O(1) by leaving its entry behind
+    as *stale*: ``_stale[b]`` counts the stale entries of ``b`` still queued. They are always
+    older than ``b``'s live entry (a block has at most one, the one added last), so the front's
+    entry of ``b`` is stale exactly when that count is positive, and is skipped. Stale entries are
+    dropped in one pass when they outnumber the live ones. (The same order as vLLM's intrusive
+    free-block queue, without per-node Python objects.)
+
+    No set of members is kept: the pool knows which blocks are cached (count 0 with a key), and a
+    set of tens of thousands of ids costs a hashed write per block joining and leaving, the
+    simulator's commonest operations. So ``len`` is ``len(queue) - stale entries``, and ``in`` /
+    ``members`` scan the queue (O(blocks): for checks and tests, never the hot path).
     """
 
     name = "lru"
@@ -131,48 +141,43 @@ class LRUPolicy(EvictionPolicy):
     def __init__(self, stats: BlockStats):
         super().__init__(stats)
         self._queue: deque[int] = deque()
-        self._members: set[int] = set()
         self._stale: dict[int, int] = {}
         self._num_stale = 0
 
     def add(self, block_id: int) -> None:
         self._queue.append(block_id)
-        self._members.add(block_id)
 
     def add_many(self, block_ids: list[int]) -> None:
         self._queue.extend(block_ids)
-        self._members.update(block_ids)
 
     def remove(self, block_id: int) -> None:
-        self._members.remove(block_id)
+        # (the pool removes only a cached block: count 0 with a key, which is queued exactly once live)
         stale = self._stale
         stale[block_id] = stale.get(block_id, 0) + 1
-        self._num_stale += 1
-        if self._num_stale > len(self._members) + self.compact_slack:
+        self._num_stale = num_stale = self._num_stale + 1
+        if num_stale > len(self._queue) - num_stale + self.compact_slack:
             self._compact()
 
     def pop(self) -> int | None:
-        if not self._members:
-            return None
         queue = self._queue
+        if len(queue) == self._num_stale:
+            return None
         stale = self._stale
         while True:
             block_id = queue.popleft()
             if stale and block_id in stale:
                 self._drop_stale(block_id)
                 continue
-            self._members.remove(block_id)
             return block_id
 
     def pop_many(self, count: int) -> list[int]:
-        if count > len(self._members):
-            count = len(self._members)
+        live = len(self._queue) - self._num_stale
+        if count > live:
+            count = live
         if self._stale:
             return [self.pop() for _ in range(count)]  # type: ignore[misc]
         popleft = self._queue.popleft
-        victims = [popleft() for _ in range(count)]
-        self._members.difference_update(victims)
-        return victims
+        return [popleft() for _ in range(count)]
 
     def _drop_stale(self, block_id: int) -> None:
         left = self._stale[block_id] - 1
@@ -196,10 +201,18 @@ class LRUPolicy(EvictionPolicy):
         self._num_stale = 0
 
     def __len__(self) -> int:
-        return len(self._members)
+        return len(self._queue) - self._num_stale
 
     def __contains__(self, block_id: object) -> bool:
-        return block_id in self._members
+        """O(queued entries): for checks and tests."""
+        return self._queue.count(block_id) > self._stale.get(block_id, 0)  # type: ignore[call-overload]
+
+    def members(self) -> set[int]:
+        queued: dict[int, int] = {}
+        for block_id in self._queue:
+            queued[block_id] = queued.get(block_id, 0) + 1
+        stale = self._stale
+        return {block_id for block_id, n in queued.items() if n > stale.get(block_id, 0)}
 
 
 class _HeapPolicy(EvictionPolicy):
@@ -252,6 +265,9 @@ class _HeapPolicy(EvictionPolicy):
 
     def __contains__(self, block_id: object) -> bool:
         return block_id in self._live
+
+    def members(self) -> set[int]:
+        return set(self._live)
 
 
 class FIFOPolicy(_HeapPolicy):
