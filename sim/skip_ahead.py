@@ -63,10 +63,13 @@ def decode_step_work(step: DecodeStep, block_size: int | None) -> StepWork:
     if not added.num_seqs:  # (the waiting pass added nothing: the decodes alone)
         return decode_work(step.run, block_size)
     n = len(step.run.seqs)  # the fields decode_work sets (its others are 0)
-    return replace(added, num_seqs=n + added.num_seqs, num_tokens=n + added.num_tokens,
-                   num_decode_seqs=n + added.num_decode_seqs,
-                   decode_context_tokens=step.run.context_tokens + n + added.decode_context_tokens,
-                   num_sampled=n + added.num_sampled)
+    # (``added`` is this call's own, not yet seen by anyone: completed in place, cheaper than replace())
+    added.num_seqs += n
+    added.num_tokens += n
+    added.num_decode_seqs += n
+    added.decode_context_tokens += step.run.context_tokens + n
+    added.num_sampled += n
+    return added
 
 
 def step_terms(cost_model: CostModel, work: StepWork, k: int,
@@ -189,10 +192,14 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s
     bs = sched.block_size
     num_requests = len(run.requests)
     replica.steps.record_deferred(DecodeSpan(
-        k, done.first_step, start_s, ends[:k], tuple([_first(terms.get(t, 0.0), k) for t in TERMS]),
+        k, done.first_step, start_s, ends[:k], tuple([v if v.__class__ is float else _first(v, k)
+                                                      for v in map(terms.get, TERMS, _ZEROS)]),
         (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
         run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, run.computed))
     return float(ends[k - 1]), done.finished
+
+
+_ZEROS = (0.0,) * len(TERMS)  # (a term the step has not: 0.0)
 
 
 def _first(value, k: int):
