@@ -249,18 +249,19 @@ class DecodeSpan:
         out[:, _NUM_WAITING] = counts[:, 2]
         out[:, _NUM_SEQS] = out[:, _NUM_TOKENS] = out[:, _DECODE_SEQS] = counts[:, 3]
         out[:, _TOTAL_SLOTS] = counts[:, 4]
-        for i, (_, column) in enumerate(_TERM_COLUMNS):
-            values = [span.terms[i] for span in spans]
-            if all(isinstance(v, np.ndarray) for v in values):
-                out[:, column] = np.concatenate(values)
-            elif not any(isinstance(v, np.ndarray) for v in values):
+        by_term = zip(*[span.terms for span in spans])  # per term: its value in each span
+        for values, (_, column) in zip(by_term, _TERM_COLUMNS):
+            kinds = set(map(type, values))
+            if np.ndarray not in kinds:
                 out[:, column] = np.array(values, dtype=np.float64)[sid]
+            elif len(kinds) == 1:
+                out[:, column] = np.concatenate(values)
             else:
                 out[:, column] = np.concatenate([v if isinstance(v, np.ndarray) else np.full(k, v)
                                                  for v, k in zip(values, ks.tolist())])
         # Blocks allocated and evicted through each step: cumulative sums within each span.
-        allocs = np.fromiter(itertools.chain.from_iterable(span.allocations for span in spans), np.int64, total)
-        evicts = np.fromiter(itertools.chain.from_iterable(span.evictions for span in spans), np.int64, total)
+        allocs = np.fromiter(itertools.chain.from_iterable([span.allocations for span in spans]), np.int64, total)
+        evicts = np.fromiter(itertools.chain.from_iterable([span.evictions for span in spans]), np.int64, total)
         allocs = _segment_cumsum(allocs, first, sid)
         evicts = _segment_cumsum(evicts, first, sid)
         per_span = np.array([(span.used_blocks, span.cached_blocks, span.table_blocks, span.block_size)
@@ -275,13 +276,16 @@ class DecodeSpan:
         for size in set(span.block_size for span in spans):
             members = [i for i, span in enumerate(spans) if span.block_size == size]
             lens = [len(spans[i].computed) for i in members]
-            computed = np.fromiter(itertools.chain.from_iterable(spans[i].computed for i in members), np.int64,
+            computed = np.fromiter(itertools.chain.from_iterable([spans[i].computed for i in members]), np.int64,
                                    sum(lens))
             owner = np.repeat(np.arange(len(members)), lens)  # (sequences of a span: its residue counts)
             residues = np.bincount(owner * size + computed % size, minlength=len(members) * size)
             periods = residues.reshape(len(members), size) @ _idle_pattern(size)  # [spans, size]
-            mine = np.flatnonzero(bs == size)
-            idle[mine] = periods[np.searchsorted(members, sid[mine]), j[mine] % size]
+            if len(members) == len(spans):  # (one block size, as in every run: span i is row i)
+                idle = periods.ravel()[sid * size + j % size]
+            else:
+                mine = np.flatnonzero(bs == size)
+                idle[mine] = periods[np.searchsorted(members, sid[mine]), j[mine] % size]
         out[:, _USED] = allocated - idle
         out[:, _CACHED] = (per_span[:, 1] - evicts) * bs
         out[:, _UNSHARED] = (per_span[:, 2] + allocs) * bs
