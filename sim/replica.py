@@ -46,6 +46,10 @@ from sim.token_runs import TokenRuns
 from sim.workload import BeamModel
 
 
+#: A decode batch of at most this many requests hands ``TokenRuns`` a list of rows, more an array.
+FEW_ROWS = 64
+
+
 class SimulationStalled(RuntimeError):
     """The scheduler stopped making progress with requests unfinished."""
 
@@ -276,8 +280,10 @@ class Replica:
         batch_rows = run.rows
         if batch_rows is None:  # (kept on the run while its requests stay the same)
             rows = self._rows
-            batch_rows = run.rows = np.fromiter((rows[r.request_id] for r in run.requests), np.int64,
-                                                len(run.requests))
+            batch_rows = [rows[r.request_id] for r in run.requests]
+            if len(batch_rows) > FEW_ROWS:  # (a few are done in Python: numpy's cost per call is more)
+                batch_rows = np.array(batch_rows, dtype=np.int64)
+            run.rows = batch_rows
         self.token_runs.tokens(self.index, batch_rows, first_row, last_row)
 
     def _flush_decisions(self) -> None:

@@ -46,8 +46,13 @@ class TokenRuns:
     """
 
     def __init__(self, num_requests: int, num_replicas: int = 1):
-        self.first = np.full(num_requests, NO_ROW, np.int64)
-        self.last = np.full(num_requests, NO_ROW, np.int64)
+        # int64 arrays that numpy reads as views (``first``/``last``, for the vectorized paths) and
+        # Python indexes without numpy's per-scalar cost (``_first``/``_last``, for batches of a few
+        # requests, which are most of them); never resized, so the views stay valid.
+        self._first = array("q", [NO_ROW]) * num_requests
+        self._last = array("q", [NO_ROW]) * num_requests
+        self.first = np.frombuffer(self._first, np.int64) if num_requests else np.empty(0, np.int64)
+        self.last = np.frombuffer(self._last, np.int64) if num_requests else np.empty(0, np.int64)
         self._closed = [array("q") for _ in range(num_replicas)]  # flat (row, first, last) triples
         # (rows, last_row, replica) of the latest tokens() call, if nothing has changed ``last`` since:
         # a caller that passes the same rows array again (the same batch) skips the continuity check.
@@ -56,20 +61,23 @@ class TokenRuns:
     def token(self, replica: int, row: int, step_row: int) -> None:
         """Request ``row`` received a token at the end of ``step_row`` (repeats in one step count once)."""
         self._latest = None
-        last = int(self.last[row])
+        last = self._last[row]
         if last == step_row:
             return
         if last == step_row - 1 and last != NO_ROW:
-            self.last[row] = step_row
+            self._last[row] = step_row
             return
         if last != NO_ROW:
-            self._closed[replica].extend((row, int(self.first[row]), last))
-        self.first[row] = step_row
-        self.last[row] = step_row
+            self._closed[replica].extend((row, self._first[row], last))
+        self._first[row] = step_row
+        self._last[row] = step_row
 
-    def tokens(self, replica: int, rows: np.ndarray, first_row: int, last_row: int) -> None:
-        """Each request in ``rows`` (distinct) received a token at the end of every step
-        ``first_row..last_row``."""
+    def tokens(self, replica: int, rows: np.ndarray | list[int], first_row: int, last_row: int) -> None:
+        """Each request in ``rows`` (distinct: an int64 array, or a list for a batch of a few, which
+        is done in Python) received a token at the end of every step ``first_row..last_row``."""
+        if rows.__class__ is list:
+            self._tokens_few(replica, rows, first_row, last_row)
+            return
         if rows.size == 0:
             return
         latest = self._latest
@@ -94,6 +102,19 @@ class TokenRuns:
             self._closed[replica].extend(triples.tolist())
         self.first[rows[broken]] = first_row
         self.last[rows] = last_row
+
+    def _tokens_few(self, replica: int, rows: list[int], first_row: int, last_row: int) -> None:
+        """``tokens`` for a list of rows, one request at a time (the same cases as the arrays')."""
+        self._latest = None
+        first, last, closed = self._first, self._last, self._closed[replica]
+        before = first_row - 1
+        for row in rows:
+            latest = last[row]
+            if latest < before or latest == NO_ROW:  # no token in the step before, or none yet: a new run
+                if latest != NO_ROW:
+                    closed.extend((row, first[row], latest))
+                first[row] = first_row
+            last[row] = last_row
 
     def runs(self, replica: int, request_rows: np.ndarray) -> np.ndarray:
         """All runs of the requests in ``request_rows`` served by ``replica``, as an ``[R, 3]`` array of

@@ -1,7 +1,8 @@
 """``TokenRuns`` keeps, per request, the runs of consecutive step rows in which it got tokens:
 checked against a plain model (every row each request got a token in) on generated call
 sequences, including calls that pass the same rows array again (the fast path for a batch that
-goes on, which must still notice a gap or a ``token`` call in between)."""
+goes on, which must still notice a gap or a ``token`` call in between) and calls with a list of
+rows (a small batch, done in Python), mixed with the others."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def runs_of(rows_got: dict[int, list[int]]) -> list[tuple[int, int, int]]:
     return sorted(out)
 
 
-calls = st.lists(st.tuples(st.sampled_from(["batch", "same", "one"]),
+calls = st.lists(st.tuples(st.sampled_from(["batch", "same", "one", "list"]),
                            st.lists(st.integers(0, NUM_REQUESTS - 1), min_size=1, max_size=NUM_REQUESTS, unique=True),
                            st.integers(0, 2), st.integers(1, 3)), max_size=25)
 
@@ -50,12 +51,14 @@ def test_runs_match_every_row_each_request_got(calls):
             got.setdefault(request, []).append(row)
             row += 1
             continue
-        if kind == "same" and latest is not None:
+        if kind == "list":  # a few rows, done in Python
+            rows = list(members)
+        elif kind == "same" and latest is not None:
             rows = latest  # the very same array object again
         else:
             rows = latest = np.array(members, dtype=np.int64)
         runs.tokens(0, rows, row, row + length - 1)
-        for request in rows.tolist():
+        for request in list(rows):
             got.setdefault(request, []).extend(range(row, row + length))
         row += length
     if not got:
