@@ -110,6 +110,7 @@ class Replica:
         # sliding-window layers see at most this many keys (StepWork's windowed counts), whether the
         # cache drops the blocks behind the window or not
         self._work_window = cost_model.attention_window
+        self._decode_terms: dict = {}  # plan_skip's, for this replica's cost model
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------- arrivals
@@ -250,8 +251,8 @@ class Replica:
         ran = False
         completions = []  # (requests, end): reported once the clock is there (a client sends then)
         while run is not None:
-            k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, now,
-                                       self.next_arrival_s, end_before_arrival=self.observed)
+            k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, now, self.next_arrival_s,
+                                       end_before_arrival=self.observed, decode_terms=self._decode_terms)
             if k == 0:
                 break
             first_row = len(self.steps)

@@ -104,24 +104,43 @@ def _with_context(work: StepWork, context: int) -> StepWork:
 
 
 def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now: float,
-              next_arrival_s: float, *, end_before_arrival: bool) -> tuple[int, dict, np.ndarray]:
+              next_arrival_s: float, *, end_before_arrival: bool,
+              decode_terms: dict | None = None) -> tuple[int, dict, np.ndarray]:
     """How many of the run's steps start (or end, with ``end_before_arrival``) strictly before
-    ``next_arrival_s`` (the caller's ``now`` is before it), with their terms and end times."""
-    work = decode_work(run, block_size)
+    ``next_arrival_s`` (the caller's ``now`` is before it), with their terms and end times.
+
+    ``decode_terms`` (the caller's, kept for one cost model) remembers, per number of sequences,
+    a pure decode step's terms and its ``decode_attention_fn``: the model promises that no other
+    term depends on the decode context, so a later step of as many sequences has those terms with
+    ``decode_attention`` at its own context, and costs no ``step_cost`` call (models that record
+    their calls, ``usage_snapshot``, are always asked)."""
+    n = len(run.seqs)
+    context = run.context_tokens + n  # the first step's decode context (decode_work's)
     usage = cost_model.usage_snapshot()  # costing steps not taken must not count as using them
-    first_cost = cost_model.step_cost(work)
-    first = first_cost.total_s
+    known = decode_terms.get(n) if decode_terms is not None and usage is None else None
+    work = None
+    if known is None:
+        work = decode_work(run, block_size)
+        first_terms = cost_model.step_cost(work).terms
+        decode = cost_model.decode_attention_fn(work) if usage is None else None
+        if decode is not None and decode_terms is not None:
+            decode_terms[n] = (first_terms, decode)
+    else:
+        first_terms, decode = known
+        first_terms = dict(first_terms)
+        first_terms["decode_attention"] = decode(context)
+    first = sum(first_terms.values())  # StepCost.total_s
     limit = min(run.max_steps, MAX_CHUNK)
     if math.isfinite(next_arrival_s) and first > 0:
         guess = min(limit, int((next_arrival_s - now) / first) + 2)
     else:
         guess = limit
-    if guess <= SHORT_SKIP and usage is None:
-        decode = cost_model.decode_attention_fn(work)
-        if decode is not None:
-            return _plan_short(work, first_cost.terms, decode, now, next_arrival_s, limit, end_before_arrival)
+    if guess <= SHORT_SKIP and decode is not None:
+        return _plan_short(n, context, first_terms, decode, now, next_arrival_s, limit, end_before_arrival)
+    if work is None:
+        work = decode_work(run, block_size)
     while True:
-        terms, durations = step_terms(cost_model, work, guess, first_cost.terms)
+        terms, durations = step_terms(cost_model, work, guess, first_terms)
         durations[0] += now  # (in place: the array is step_terms' own) the running sum from now
         ends = np.add.accumulate(durations)
         if end_before_arrival:
@@ -143,8 +162,8 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
 SHORT_SKIP = 48
 
 
-def _plan_short(work: StepWork, first: dict[str, float], decode, now: float, next_arrival_s: float, limit: int,
-                end_before_arrival: bool) -> tuple[int, dict, np.ndarray]:
+def _plan_short(n: int, context: int, first: dict[str, float], decode, now: float, next_arrival_s: float,
+                limit: int, end_before_arrival: bool) -> tuple[int, dict, np.ndarray]:
     """``plan_skip`` step by step in Python floats, for a model with ``decode_attention_fn``:
     the same operations in the same order as ``step_terms`` and ``np.add.accumulate``, one step
     at a time, stopping at the first step that does not qualify (at most ``limit``)."""
@@ -159,9 +178,7 @@ def _plan_short(work: StepWork, first: dict[str, float], decode, now: float, nex
                 after.append(value)
             else:
                 before = before + value
-    n = work.num_decode_seqs
-    context = work.decode_context_tokens
-    attention: list[float] = []
+    attention: list[float] = []  # (n sequences; the first step's decode context is ``context``)
     ends: list[float] = []
     end = now
     while len(ends) < limit:
