@@ -10,7 +10,9 @@ request's place. Everything is bit for bit what the step-by-step loop produces:
 - step costs come from the cost model's own ``step_cost`` for the first step, and the only term
   that changes from step to step, decode attention (its context grows by one token per sequence),
   from ``CostModel.decode_attention_s`` (vectorized) or, if the model has none, ``step_cost`` per
-  step; totals are summed term by term in the order ``StepCost.total_s`` sums them. A skip of
+  step; totals are summed term by term in the order ``StepCost.total_s`` sums them. For a model
+  with ``decode_attention_fn``, the first step's other terms are those ``step_cost`` gave the
+  replica's last skip of as many sequences (``plan_skip``'s ``decode_terms``). A skip of
   a few steps (``SHORT_SKIP``) is costed in Python floats instead, with the model's
   ``decode_attention_fn`` and the same operations in the same order (``_plan_short``): there
   numpy's cost per call is more than the arithmetic;

@@ -58,6 +58,13 @@ class TokenRuns:
         # a caller that passes the same rows array again (the same batch) skips the continuity check.
         self._latest: tuple[np.ndarray, int, int] | None = None
 
+    def __setstate__(self, state: dict) -> None:
+        # A copy's numpy views must be views of its own arrays, not separate copies of the values.
+        self.__dict__.update(state)
+        if len(self._first):
+            self.first = np.frombuffer(self._first, np.int64)
+            self.last = np.frombuffer(self._last, np.int64)
+
     def token(self, replica: int, row: int, step_row: int) -> None:
         """Request ``row`` received a token at the end of ``step_row`` (repeats in one step count once)."""
         self._latest = None
@@ -88,7 +95,7 @@ class TokenRuns:
             return
         self._latest = (rows, last_row, replica)
         last = self.last[rows]
-        # (a batch is tens of requests: Python's min of a list costs less than numpy's reduction)
+        # (up to a few hundred requests, Python's min of a list costs less than numpy's reduction)
         lowest = min(last.tolist()) if len(last) <= 256 else int(last.min())
         if first_row >= 1 and lowest >= first_row - 1:  # every run goes on (the common case)
             self.last[rows] = last_row

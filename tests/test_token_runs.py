@@ -74,3 +74,18 @@ def test_the_same_rows_after_a_gap_start_new_runs():
     runs.tokens(0, rows, 4, 5)  # goes on
     runs.tokens(0, rows, 8, 9)  # after a gap: new runs
     assert runs.runs(0, np.arange(3)).tolist() == [[0, 0, 5], [0, 8, 9], [2, 0, 5], [2, 8, 9]]
+
+
+def test_a_copy_keeps_its_views_of_its_own_arrays():
+    """``first``/``last`` are numpy views of the arrays the Python path writes: a copy must keep
+    them so (a plain copy would leave the views on the original's values)."""
+    import copy
+    import pickle
+
+    runs = TokenRuns(3)
+    runs.tokens(0, [0, 1], 0, 2)
+    for clone in (copy.deepcopy(runs), pickle.loads(pickle.dumps(runs))):
+        clone.tokens(0, [0, 1], 3, 4)  # the Python path: goes on
+        clone.tokens(0, [1, 2], 7, 7)  # after a gap for 1, new for 2
+        assert clone.runs(0, np.arange(3)).tolist() == [[0, 0, 4], [1, 0, 4], [1, 7, 7], [2, 7, 7]]
+    assert runs.runs(0, np.arange(3)).tolist() == [[0, 0, 2], [1, 0, 2]]  # the original is untouched
