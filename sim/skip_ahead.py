@@ -111,11 +111,11 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     """How many of the run's steps start (or end, with ``end_before_arrival``) strictly before
     ``next_arrival_s`` (the caller's ``now`` is before it), with their terms and end times.
 
-    ``decode_terms`` (the caller's, kept for one cost model) remembers, per number of sequences,
-    a pure decode step's terms and its ``decode_attention_fn``: the model promises that no other
-    term depends on the decode context, so a later step of as many sequences has those terms with
-    ``decode_attention`` at its own context, and costs no ``step_cost`` call (models that record
-    their calls, ``usage_snapshot``, are always asked)."""
+    ``decode_terms`` (the caller's, kept for one cost model and one block size) remembers, per
+    number of sequences, a pure decode step's terms and its ``decode_attention_fn``: the model
+    promises that no other term depends on the decode context, so a later step of as many
+    sequences has those terms with ``decode_attention`` at its own context, and costs no
+    ``step_cost`` call (models that record their calls, ``usage_snapshot``, are always asked)."""
     n = len(run.seqs)
     context = run.context_tokens + n  # the first step's decode context (decode_work's)
     usage = cost_model.usage_snapshot()  # costing steps not taken must not count as using them
