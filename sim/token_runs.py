@@ -95,9 +95,7 @@ class TokenRuns:
             return
         self._latest = (rows, last_row, replica)
         last = self.last[rows]
-        # (up to a few hundred requests, Python's min of a list costs less than numpy's reduction)
-        lowest = min(last.tolist()) if len(last) <= 256 else int(last.min())
-        if first_row >= 1 and lowest >= first_row - 1:  # every run goes on (the common case)
+        if first_row >= 1 and last.min() >= first_row - 1:  # every run goes on (the common case)
             self.last[rows] = last_row
             return
         continues = (last >= first_row - 1) & (last != NO_ROW)  # (a token already counted this step: too)

@@ -329,10 +329,7 @@ class BlockPool:
         """Assert the pool's invariants (O(num_blocks); for tests)."""
         free = set(self._free)
         assert len(free) == len(self._free), "a block is on the free list twice"
-        try:
-            cached = self.eviction.members()
-        except NotImplementedError:
-            cached = {b for b in range(self.num_blocks) if b in self.eviction}
+        cached = self.eviction.members(range(self.num_blocks))
         assert len(cached) == len(self.eviction)
         assert not free & cached, "a block is both free and cached"
         for block_id in range(self.first_block_id, self.num_blocks):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -83,10 +83,10 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def __contains__(self, block_id: object) -> bool: ...
 
-    def members(self) -> set[int]:
-        """Every block the policy holds (for checks; a policy that cannot list them cheaply may
-        leave this out: ``BlockPool.check`` then asks ``in`` of every block)."""
-        raise NotImplementedError
+    def members(self, block_ids: Iterable[int]) -> set[int]:
+        """The blocks of ``block_ids`` the policy holds (for checks: ``BlockPool.check`` passes
+        every block). By default ``in`` of each; a policy that can list its own does so at once."""
+        return {block_id for block_id in block_ids if block_id in self}
 
     #: ``add_many`` and ``pop_many`` may stand for a run of ``add`` / ``pop`` calls with the
     #: pool's bookkeeping done before or after the whole run (the policy's order reads nothing
@@ -205,14 +205,16 @@ class LRUPolicy(EvictionPolicy):
 
     def __contains__(self, block_id: object) -> bool:
         """O(queued entries): for checks and tests."""
-        return self._queue.count(block_id) > self._stale.get(block_id, 0)  # type: ignore[call-overload]
+        return block_id in self._live_entries()
 
-    def members(self) -> set[int]:
-        queued: dict[int, int] = {}
-        for block_id in self._queue:
-            queued[block_id] = queued.get(block_id, 0) + 1
-        stale = self._stale
-        return {block_id for block_id, n in queued.items() if n > stale.get(block_id, 0)}
+    def members(self, block_ids: Iterable[int]) -> set[int]:
+        return self._live_entries().keys() & set(block_ids)
+
+    def _live_entries(self) -> Counter[int]:
+        """Each queued block with its live entries (one; stale ones counted off)."""
+        live = Counter(self._queue)
+        live.subtract(self._stale)
+        return +live  # (drops the blocks left with none)
 
 
 class _HeapPolicy(EvictionPolicy):
@@ -266,8 +268,8 @@ class _HeapPolicy(EvictionPolicy):
     def __contains__(self, block_id: object) -> bool:
         return block_id in self._live
 
-    def members(self) -> set[int]:
-        return set(self._live)
+    def members(self, block_ids: Iterable[int]) -> set[int]:
+        return self._live.keys() & set(block_ids)
 
 
 class FIFOPolicy(_HeapPolicy):
