@@ -34,8 +34,8 @@ import numpy as np
 import simpy
 
 from engine.policy import Request
-from engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usage, schedule_decode_step,
-                                        update_decode_step, waiting_stays_refused)
+from engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usage, decodes_beside_admissions,
+                                        schedule_decode_step, update_decode_step, waiting_stays_refused)
 from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
@@ -75,6 +75,9 @@ class Replica:
         offload = getattr(scheduler, "offload", None)
         self.skip_ahead = (skip_ahead and isinstance(scheduler, Scheduler)
                            and (offload is None or offload.prompt_only))
+        # a step that admits is a DecodeStep when it also runs the batch's decodes (vllm-v1), else a
+        # schedule() (vllm-v0: it then runs the prefills alone); pure decode steps are skipped either way
+        self._decode_steps = self.skip_ahead and decodes_beside_admissions(scheduler)
         if not skip_ahead and getattr(getattr(scheduler, "kv", None), "lazy_keys", False):
             scheduler.kv.lazy_keys = False  # the reference path: every block key made when due
         self.steps_skipped = 0
@@ -153,10 +156,12 @@ class Replica:
                 continue
             while self.next_arrival_s <= env.now:  # same-instant arrivals first
                 yield env.timeout(0)
-            batch = decode_batch(sched) if self.skip_ahead else None
+            # (without DecodeSteps, the batch is only looked for when its steps could be skipped)
+            batch = (decode_batch(sched) if self.skip_ahead and (self._decode_steps or waiting_stays_refused(sched))
+                     else None)
             if batch is not None and waiting_stays_refused(sched) and (yield from self._skip(batch)):
                 continue
-            if batch is not None and not self._has_beams:  # the decodes at once, the rest as usual
+            if batch is not None and self._decode_steps and not self._has_beams:  # the decodes at once, the rest as usual
                 decode_step = schedule_decode_step(batch)
                 out = decode_step.output
                 work = decode_step_work(decode_step, block_size)

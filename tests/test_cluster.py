@@ -255,6 +255,24 @@ def test_skip_ahead_changes_no_routing_or_decision(router):
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("router", ["least-outstanding-tokens", "least-kv"])
+def test_skip_ahead_under_vllm_v0_changes_no_routing_or_decision(router):
+    # vllm-v0's pure decode steps are skipped too; a step that admits runs its prefills alone, so
+    # it goes through schedule() even when a skip stops short of an arrival it must not pass
+    trace = small_trace(60)
+    runs = []
+    for skip_ahead in (True, False):
+        sinks = [[] for _ in range(3)]
+        replicas = [(Scheduler(make_config("vllm-v0", num_gpu_blocks=24, block_size=4, record_decisions=True)),
+                     LinearCost()) for _ in range(3)]
+        result = Cluster(trace, replicas, make_router(router), SimOptions(skip_ahead=skip_ahead),
+                         decision_sinks=[s.append for s in sinks]).run()
+        runs.append((result.replica_of.tolist(), sinks, json.dumps(result.summary, sort_keys=True)))
+        skipped = sum(getattr(r, "steps_skipped", 0) for r in result.replicas)
+        assert (skipped > 0) == skip_ahead
+    assert runs[0] == runs[1]
+
+
 def test_cluster_refuses_shared_schedulers_and_bad_routes():
     sched = paged()
     with pytest.raises(ValueError, match="its own scheduler"):

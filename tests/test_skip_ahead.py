@@ -119,9 +119,11 @@ def configs(draw, trace: Trace):
         chunked = draw(st.booleans())
         settings_["enable_chunked_prefill"] = chunked
         settings_["max_num_batched_tokens"] = draw(st.sampled_from([8, 32, 512])) if chunked else 256
-    else:
-        settings_["max_num_batched_tokens"] = 256
-        settings_["enable_chunked_prefill"] = False
+    else:  # (vLLM 0.6.3 has no prefix caching here; its own preemption mode, swap or recompute)
+        settings_["preemption_mode"] = draw(st.sampled_from(["vllm-v0", "swap", "recompute"]))
+        chunked = draw(st.booleans())
+        settings_["enable_chunked_prefill"] = chunked
+        settings_["max_num_batched_tokens"] = draw(st.sampled_from([8, 32, 512])) if chunked else 256
     return preset, settings_
 
 

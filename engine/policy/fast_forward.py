@@ -13,9 +13,12 @@ writes the same decision records too.
 
 When a run is steady (checked by ``decode_run``; any doubt answers "not steady"):
 
-- the scheduler is the built-in ``Scheduler`` with the ``vllm-v1`` step order (a plug-in subclass
-  or the ``vllm-v0`` order is never skipped), nothing is swapped out and no rejection is pending;
-- the waiting queue is empty, or the last ``schedule()`` was itself pure decode for every running
+- the scheduler is the built-in ``Scheduler`` (a plug-in subclass is never skipped) with the
+  ``vllm-v1`` or the ``vllm-v0`` step order, nothing is swapped out and no rejection is pending;
+  a pure decode step makes the same pool calls under both (``Scheduler.run`` of one token per
+  sequence, in running order);
+- the waiting queue is empty, or (``vllm-v1`` only: the ``vllm-v0`` order records no reason) the
+  last ``schedule()`` was itself pure decode for every running
   request and refused the waiting head for a reason that holds while only decodes run (and no
   sequence finished since): the batch limit (the running set does not change), the token budget
   or no chunk (the decode batch takes the same tokens each step), or blocks. Blocks stay refused because during decode-only steps the free count only falls, while
@@ -27,14 +30,16 @@ When a run is steady (checked by ``decode_run``; any doubt answers "not steady")
 How far: up to and including the step in which the first sequence finishes (its output length,
 or ``max_model_len``; the finishes of that step are applied as ``update()`` applies them), and
 while the blocks the decodes allocate fit in the free (and evictable cached) blocks, so no
-preemption. The executor may stop earlier (the simulator stops before the
+preemption (under ``vllm-v0``, while they leave a block free per sequence of the largest running
+group: vLLM 0.6.3 lets a group append only if the free blocks cover one per sequence, needed or
+not). The executor may stop earlier (the simulator stops before the
 next arrival). Generated tokens are left unnamed (``None``), as a simulator reports them; an
 executor that samples real tokens cannot skip.
 
-**A step that admits requests while the batch decodes** (the waiting queue may admit, so the
-steps cannot be skipped) is still mostly decodes: ``schedule_decode_step`` makes the decodes'
-pool calls as ``advance`` makes them, then runs the ``vllm-v1`` order's own swapped and waiting
-passes on what is left of the budget; ``update_decode_step`` appends the decodes' tokens and
+**A step that admits requests while the batch decodes** (``vllm-v1``: the waiting queue may
+admit, so the steps cannot be skipped; ``decodes_beside_admissions``) is still mostly decodes:
+``schedule_decode_step`` makes the decodes' pool calls as ``advance`` makes them, then runs the
+``vllm-v1`` order's own swapped and waiting passes on what is left of the budget; ``update_decode_step`` appends the decodes' tokens and
 finishes them in scheduling order before the admitted sequences' samples are processed
 (``OutputProcessor.process``), the order ``update()`` uses. So a step with an arrival costs
 O(admitted + blocks), not O(running). The decision record, when kept, lists the whole step.
@@ -71,6 +76,7 @@ from engine.policy.output import ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import finish_reason
 from engine.policy.steps.base import Step
+from engine.policy.steps.vllm_v0 import VllmV0StepOrder
 from engine.policy.steps.vllm_v1 import VllmV1StepOrder
 from engine.policy.usage import KvUsage
 
@@ -135,6 +141,16 @@ def waiting_stays_refused(s: Scheduler) -> bool:
 
 
 _Scheduler: type | None = None  # engine.policy.scheduler.Scheduler, once decode_batch has imported it
+#: The step orders whose pure decode steps ``advance`` applies (module docstring).
+_STEADY_ORDERS = (VllmV1StepOrder, VllmV0StepOrder)
+
+
+def decodes_beside_admissions(s: Scheduler) -> bool:
+    """Whether a step that admits requests also runs the running batch's decodes (``vllm-v1``):
+    only then does ``schedule_decode_step`` stand for such a step. Under ``vllm-v0`` (chunked
+    prefill off) a step that admits runs the prefills alone, and with it on the running pass
+    comes first; either way such a step goes through ``schedule()``."""
+    return type(s.step_order) is VllmV1StepOrder
 
 
 def _retire_finished():
@@ -159,7 +175,7 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
         return carried  # (what advance or update_decode_step left: nothing has happened since)
     if _Scheduler is None:
         from engine.policy.scheduler import Scheduler as _Scheduler  # (a cycle at import time otherwise)
-    if type(s) is not _Scheduler or type(s.step_order) is not VllmV1StepOrder or s.kv.hybrid:
+    if type(s) is not _Scheduler or type(s.step_order) not in _STEADY_ORDERS or s.kv.hybrid:
         return None  # (a hybrid cache frees window blocks as it decodes: not modelled here yet)
     if s.offload is not None and not s.offload.prompt_only:
         return None  # decodes would offer their blocks to the offload store
@@ -211,7 +227,14 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], compute
     free = pool.num_free_blocks
     first_finish = horizon = min(finish_in)
     if horizon >= 1:
-        horizon = _steps_within_blocks(computed, s.block_size, free, horizon)
+        # vLLM 0.6.3 lets a group append only while the free blocks cover a block per running
+        # sequence of it (``VllmV0StepOrder._can_append``: a decode touches one block, new or not),
+        # checked group by group as the step allocates: steps that leave that many free whatever
+        # the order pass every check. vLLM v1 needs only the blocks it allocates.
+        room = free
+        if type(s.step_order) is VllmV0StepOrder:
+            room -= max([len(request.live_seqs) for request in requests])
+        horizon = _steps_within_blocks(computed, s.block_size, room, horizon) if room >= 0 else 0
     if horizon < 1:
         return None
     return DecodeRun(s, requests, seqs, computed, finish_in, first_finish, horizon, free,
