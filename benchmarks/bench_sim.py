@@ -20,6 +20,9 @@ peak resident memory is that run's own. Llama 3 8B on H200 throughout, the ``pag
    prefix hit rate is printed beside the speed. Skipped (and said so) when the file is absent.
 4. ``cluster``: the same 1M-request ShareGPT-like trace at 16x the rate (320 requests/s) on 16
    replicas behind the round-robin router (each replica sees the single-replica load).
+5. ``azure-v0``: case 1 under the ``vllm-v0`` policy (vLLM 0.6.3's decisions), whose pure decode
+   steps are skipped too (a step that admits runs its prefills alone there, so it is never a
+   skip).
 
 Baseline: skip-ahead off (``--no-skip-ahead``) on the whole trace where it has at most
 ``NOSKIP_SAMPLE`` (20,000) requests (azure, mooncake), else on its first 20,000 requests, where
@@ -111,7 +114,8 @@ def _run_case(case: dict, queue) -> None:
         return
     replicas = case.get("replicas", 1)
     overrides = {"enable_prefix_caching": True} if case.get("prefix_caching") else {}
-    builts = build_replicas(RunSpec(model="llama3-8b", gpu="h200", overrides=overrides), replicas)
+    builts = build_replicas(RunSpec(model="llama3-8b", gpu="h200", policy=case.get("policy", "pagesim"),
+                                    overrides=overrides), replicas)
     cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router("round-robin"),
                       SimOptions(skip_ahead=case["mode"] != "noskip"))
     t0 = time.perf_counter()
@@ -207,16 +211,18 @@ def _1m_target(r: dict) -> str:
     return f"1M in < {TARGET_1M_S:.0f} s and < 1 GB: {'met' if met else 'not met'}"
 
 
-def bench_azure(requests: int, sample: int, report: dict, table: list) -> None:
+def bench_azure(requests: int, sample: int, report: dict, table: list, policy: str = "pagesim") -> None:
     label = "Azure conversation trace" + ("" if AZURE.exists() else " (absent: synthetic stand-in)")
-    print(f"{label}, one replica", flush=True)
-    case = {"kind": "azure", "requests": requests}
+    name = "azure" if policy == "pagesim" else f"azure-{policy.removeprefix('vllm-')}"
+    print(f"{label}, one replica" + ("" if policy == "pagesim" else f", {policy} policy"), flush=True)
+    case = {"kind": "azure", "requests": requests, "policy": policy}
     trace_only = run_in_process({**case, "mode": "trace"})
     fast = run_in_process({**case, "mode": "skip"})
     print(_line("skip-ahead", fast, trace_only), flush=True)
     base = _baseline(case, fast, sample, trace_only)
-    report["azure"] = {"skip": fast, "trace_only": trace_only, **base, "synthetic": not AZURE.exists()}
-    table.append(_row("azure" + ("" if AZURE.exists() else " (synthetic)"), fast, base, _rps_target(fast)))
+    report[name] = {"skip": fast, "trace_only": trace_only, **base, "synthetic": not AZURE.exists()}
+    label = name + ("" if AZURE.exists() else " (synthetic)") + ("" if policy == "pagesim" else f" ({policy} policy)")
+    table.append(_row(label, fast, base, _rps_target(fast) if policy == "pagesim" else "-"))
 
 
 def bench_scaling(sizes: list[int], sample: int, report: dict, table: list) -> None:
@@ -315,10 +321,10 @@ def _sizes(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="azure,scaling,mooncake,cluster",
-                        help="comma-separated: azure, scaling, mooncake, cluster")
+    parser.add_argument("--cases", default="azure,scaling,mooncake,cluster,azure-v0",
+                        help="comma-separated: azure, scaling, mooncake, cluster, azure-v0")
     parser.add_argument("--quick", action="store_true",
-                        help="CI: 2,000 Azure and Mooncake requests, sizes 2k and 5k, a 5k-request cluster of 4, "
+                        help="CI: 2,000 Azure (both policies) and Mooncake requests, sizes 2k and 5k, a 5k-request cluster of 4, "
                              "baselines on 2,000 requests")
     parser.add_argument("--sizes", type=_sizes, default="10000,100000,1000000",
                         help="comma-separated scaling sizes, e.g. 10000,100k,1M (default 10k,100k,1M)")
@@ -328,7 +334,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
-    known = {"azure", "scaling", "mooncake", "cluster"}
+    known = {"azure", "scaling", "mooncake", "cluster", "azure-v0"}
     unknown = cases - known
     if unknown:
         parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
@@ -344,11 +350,13 @@ def main() -> None:
           if core is not None else "each case in its own process (CPU affinity unsupported here)", flush=True)
     report: dict = {"core": core, "noskip_sample": sample, "quick": args.quick}
     table: list = []
-    for name in ("azure", "scaling", "mooncake", "cluster"):  # the issue's order: (a), (b), (c), (d)
+    for name in ("azure", "scaling", "mooncake", "cluster", "azure-v0"):  # the issue's order: (a) to (d)
         if name not in cases:
             continue
         if name == "azure":
             bench_azure(cap(2_000 if args.quick else 19_366), sample, report, table)
+        elif name == "azure-v0":
+            bench_azure(cap(2_000 if args.quick else 19_366), sample, report, table, policy="vllm-v0")
         elif name == "scaling":
             bench_scaling(sizes, sample, report, table)
         elif name == "mooncake":

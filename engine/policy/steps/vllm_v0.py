@@ -352,10 +352,14 @@ class VllmV0StepOrder(StepOrder):
                     s.waiting.popleft(), f"it needs {need} blocks; the pool above the watermark has {cfg.num_gpu_blocks - watermark}"
                 )
                 continue
+            # (why the head waits, for skip-ahead: both hold while only decodes run and none
+            # finishes, as the free blocks only fall and the running groups and their tokens stay)
             if s.pool.num_free_blocks - need < watermark:
+                st.waiting_stop = "blocks"
                 break
             slots = request.max_running_seqs
             if tokens <= 0 or not budget.can_schedule(tokens, slots):
+                st.waiting_stop = "budget"
                 break
             s.waiting.popleft()
             s.admit(request, 0, st)
