@@ -246,9 +246,9 @@ class Replica:
         """Run, at once, the pure decode steps of ``run`` before the next arrival (skip_ahead.py);
         returns whether it ran any (the loop then looks again, as after any step).
 
-        A run lasts until its first finish. When that leaves the waiting queue empty (so nothing
-        could be admitted in its place), nobody waits for completions (a closed-loop client sends
-        its next request then) and time is still before the next arrival, the next step would be
+        A run lasts until its first finish. When that leaves the waiting and swapped queues empty
+        (so nothing could be admitted or swapped in in its place), nobody waits for completions (a
+        closed-loop client sends its next request then) and time is still before the next arrival, the next step would be
         another pure decode of the rest: the skip goes on with the new batch, and the replica
         yields to SimPy once, at the end of the last step."""
         sched = self.scheduler
@@ -270,7 +270,8 @@ class Replica:
             now = end
             if finished:
                 completions.append((finished, end))
-            if not finished or sched.waiting or self.on_request_done is not None or not now < self.next_arrival_s:
+            if (not finished or sched.waiting or sched.swapped or self.on_request_done is not None
+                    or not now < self.next_arrival_s):
                 break
             run = decode_batch(sched)  # (None when nothing runs any more)
             self.skips_past_finish += run is not None

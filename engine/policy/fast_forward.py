@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     from engine.policy.scheduler import Scheduler
 
 #: Waiting-pass stops that stay true while only decodes run and nothing finishes.
-STABLE_WAITING_STOPS = frozenset({"seq_limit", "no_plan", "blocks", "budget"})
+STABLE_WAITING_STOPS = frozenset({"seq_limit", "no_plan", "blocks", "budget", "swapped"})
 
 
 @dataclass(slots=True)
@@ -129,15 +129,17 @@ def decode_run(s: Scheduler) -> DecodeRun | None:
 
 
 def waiting_stays_refused(s: Scheduler) -> bool:
-    """The waiting queue is empty, or its head was refused by the last (pure decode) step for a
-    reason that holds while only decodes run and nothing finishes."""
-    if not s.waiting:
+    """The waiting queue and the swapped queue are each empty, or their head was refused by the
+    last (pure decode) step for a reason that holds while only decodes run and nothing finishes."""
+    waiting, swapped = s.waiting, s.swapped
+    if not waiting and not swapped:
         return True
-    if s.offload is not None and s.offload.store.has_pending_stores:
+    if waiting and s.offload is not None and s.offload.store.has_pending_stores:
         return False  # blocks stored last step are found from the next: the head may hit more
     hint = s._pure_decode_step
     return (hint is not None and hint[0] == s.next_step - 1 and not s._finished_in_last_update
-            and hint[1] in STABLE_WAITING_STOPS)
+            and (not waiting or hint[1] in STABLE_WAITING_STOPS)
+            and (not swapped or hint[2] in STABLE_WAITING_STOPS))
 
 
 _Scheduler: type | None = None  # engine.policy.scheduler.Scheduler, once decode_batch has imported it
@@ -169,7 +171,7 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
     the waiting queue's), with how many steps it lasts, or ``None``."""
     global _Scheduler
     carried, s._decode_run = s._decode_run, None
-    if not s.running or s.swapped or s._pending_rejections:
+    if not s.running or s._pending_rejections:
         return None
     if carried is not None and carried.step == s.next_step and len(carried.requests) == len(s.running):
         return carried  # (what advance or update_decode_step left: nothing has happened since)
@@ -349,7 +351,8 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     set_computed(run, k)
     s.next_step += k
     # As after a pure decode schedule(): the waiting head (if any) still refused for its reason.
-    s._pure_decode_step = (s.next_step - 1, s._pure_decode_step[1] if s.waiting else "empty")
+    hint = s._pure_decode_step
+    s._pure_decode_step = (s.next_step - 1, hint[1] if s.waiting else "empty", hint[2] if s.swapped else "empty")
     finished = _finish(run, k)
     s._decode_run = _carry(run, k, sum(allocations))
     return Advanced(first_step, allocations, evictions, finished)
@@ -530,8 +533,8 @@ class DecodeStep:
 def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     """``schedule()`` for a step whose running pass is ``run``'s decodes (``run.max_steps >= 1``:
     they need no preemption): the decodes' pool calls as ``advance`` makes them, then the
-    ``vllm-v1`` order's swapped and waiting passes themselves (admissions, rejections), so a step
-    that admits a request costs O(admitted + blocks), not O(running)."""
+    ``vllm-v1`` order's swapped and waiting passes themselves (swap-ins, admissions, rejections),
+    so a step that admits a request costs O(admitted + blocks), not O(running)."""
     s = run.scheduler
     cfg = s.config
     st = Step(step=s.next_step, token_budget=cfg.max_num_batched_tokens - len(run.seqs))
@@ -546,16 +549,16 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     for request in run.requests:
         st.tokens_per_request[request.request_id] = len(request.live_seqs)
     order = s.step_order
-    order._schedule_swapped(st)  # (nothing is swapped: a decode batch requires it)
+    order._schedule_swapped(st)
     order._schedule_waiting(st)
     stores = offload.end_step() if offload is not None else []
-    pure = not (st.new or st.resumed or st.copies or s._pending_rejections or st.loads or stores)
-    s._pure_decode_step = (st.step, st.waiting_stop) if pure else None
+    pure = not (st.new or st.resumed or st.swapped_in or st.copies or s._pending_rejections or st.loads or stores)
+    s._pure_decode_step = (st.step, st.waiting_stop, st.swapped_stop) if pure else None
     output = SchedulerOutput(
         step=st.step, scheduled=tuple(st.scheduled), num_scheduled_tokens=frozen_map(st.tokens_per_request),
-        new=frozen_map(st.new), resumed=frozen_map(st.resumed), swapped_in=(), preempted=(),
+        new=frozen_map(st.new), resumed=frozen_map(st.resumed), swapped_in=tuple(st.swapped_in), preempted=(),
         rejected=frozen_map(s._pending_rejections), blocks_to_copy=tuple(st.copies), blocks_to_swap_out=(),
-        blocks_to_swap_in=(), num_free_blocks=s.pool.num_free_blocks,
+        blocks_to_swap_in=tuple(st.swap_in), num_free_blocks=s.pool.num_free_blocks,
         num_free_cpu_blocks=s.swap_pool.num_free_blocks, num_cached_free_blocks=s.pool.num_cached_free_blocks,
         **({} if offload is None else offload.output_fields(st.loads, st.offload_hits, stores)),
     )

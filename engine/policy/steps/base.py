@@ -38,8 +38,11 @@ class Step:
     offload_hits: dict[str, int] = field(default_factory=dict)  # request -> tokens loaded
     # Why the waiting pass stopped at a head it did not admit, if an order says (the skip-ahead
     # of fast_forward.py relies on it): "seq_limit", "no_plan", "blocks" or "budget"; "empty"
-    # when the queue ran out; None when the order does not say or the pass did not run.
+    # when the queue ran out; "swapped" when the order admits nothing while a request is swapped
+    # out (vllm-v0); None when the order does not say or the pass did not run.
     waiting_stop: str | None = None
+    # The same for the swapped pass and the swapped queue's head.
+    swapped_stop: str | None = None
 
     def reorder(self, rank: dict[str, int]) -> None:
         """Put the scheduled requests in the order ``rank`` gives (stable within a request)."""

@@ -199,6 +199,8 @@ class VllmV0StepOrder(StepOrder):
                 budget.add_seqs(request.request_id, request.max_running_seqs)
             if not s.swapped:
                 admitted = self._schedule_prefills(st, budget, chunking)
+            else:  # (for skip-ahead: nothing is admitted while a request is swapped out)
+                st.waiting_stop = "swapped"
             if not admitted:
                 not_reached, ran = self._schedule_running(st, budget, chunking, victims)
                 if not victims:
@@ -311,6 +313,7 @@ class VllmV0StepOrder(StepOrder):
                 # NOTE: one that needs more than the pool above the watermark would wait forever
                 # in vLLM 0.6.3; pagesim brings it back into an idle pool (nothing holds a block).
                 if s.pool.num_free_blocks < usable or need <= usable - watermark:
+                    st.swapped_stop = "blocks"  # (for skip-ahead; as the waiting pass's below)
                     break
             plan = self._plan(request, budget, chunking=False)
             tokens = sum(n for _, n in plan)
@@ -321,6 +324,7 @@ class VllmV0StepOrder(StepOrder):
                 plan = _cap(plan, budget.remaining_tokens)
                 tokens = sum(n for _, n in plan)
             if tokens <= 0 or not budget.can_schedule(tokens, request.max_running_seqs):
+                st.swapped_stop = "budget"
                 break
             s.swapped.popleft()
             prefill = self._is_prefill(request)

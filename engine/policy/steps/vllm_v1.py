@@ -92,9 +92,11 @@ class VllmV1StepOrder(StepOrder):
         while s.swapped and st.token_budget > 0:
             request = s.swapped[0]
             if used + self._batch_slots(request) > cfg.max_num_seqs:
+                st.swapped_stop = "seq_limit"
                 break
             plan = s.planner.plan(request, st.token_budget)
             if not plan:
+                st.swapped_stop = "no_plan"
                 break
             need = s.planner.swap_in_need(request, plan)
             if need > usable:
@@ -106,6 +108,7 @@ class VllmV1StepOrder(StepOrder):
             # grew into it could otherwise never come back (vLLM would wait forever here).
             watermark = cfg.watermark_blocks if s.running else 0
             if s.pool.num_free_blocks - need < watermark:
+                st.swapped_stop = "blocks"
                 break
             s.swapped.popleft()
             s.swap_in(request, st)
@@ -113,6 +116,8 @@ class VllmV1StepOrder(StepOrder):
             s.running.append(request)
             s.run(request, plan, st)
             used += self._batch_slots(request)
+        if st.swapped_stop is None:
+            st.swapped_stop = "budget" if s.swapped else "empty"
 
     # ---------------------------------------------------------- waiting
     def _schedule_waiting(self, st: Step) -> None:
