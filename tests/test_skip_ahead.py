@@ -270,6 +270,29 @@ def test_tight_pool_with_preemptions_still_identical():
     assert plain.summary["preemptions"]["swap"] > 0 and skipped > 0
 
 
+@pytest.mark.parametrize("preset, mode", [("pagesim", "swap"), ("pagesim", "recompute"), ("vllm-v0", "vllm-v0")])
+def test_skips_while_requests_are_swapped_out_or_waiting_under_either_order(preset, mode, monkeypatch):
+    """Steps are skipped, identically, while a request waits or is swapped out (its queue's head
+    refused for a reason decodes cannot change), under both step orders."""
+    import sim.skip_ahead
+
+    queues = Counter()
+    real = fast_forward.advance
+
+    def spy(run_, k):
+        s = run_.scheduler
+        queues["swapped" if s.swapped else "waiting" if s.waiting else "empty"] += 1
+        return real(run_, k)
+
+    monkeypatch.setattr(sim.skip_ahead, "advance", spy)
+    trace = decode_heavy(16)
+    settings_ = dict(block_size=4, num_gpu_blocks=60, num_cpu_blocks=256, max_model_len=256, preemption_mode=mode)
+    assert assert_same(trace, preset, settings_, roofline) > 0
+    assert queues["swapped" if mode == "swap" else "waiting"] > 0, queues
+    if mode == "vllm-v0":  # (vLLM 0.6.3 swaps a multi-sequence request out, recomputes the rest)
+        assert queues["swapped"] > 0, queues
+
+
 def test_comparison_has_teeth(monkeypatch):
     """Skipping over a waiting request nobody has refused yet delays its admission: caught."""
     trace = Trace(arrival_s=np.array([0.0, 0.35]), prompt_len=np.array([8, 8]), output_len=np.array([60, 5]),
