@@ -161,7 +161,8 @@ class Replica:
                      else None)
             if batch is not None and waiting_stays_refused(sched) and (yield from self._skip(batch)):
                 continue
-            if batch is not None and self._decode_steps and not self._has_beams:  # the decodes at once, the rest as usual
+            if batch is not None and self._decode_steps and not self._has_beams:  # the decodes at once, the rest as
+                # usual
                 decode_step = schedule_decode_step(batch)
                 out = decode_step.output
                 work = decode_step_work(decode_step, block_size)
@@ -248,8 +249,8 @@ class Replica:
 
         A run lasts until its first finish. When that leaves the waiting and swapped queues empty
         (so nothing could be admitted or swapped in in its place), nobody waits for completions (a
-        closed-loop client sends its next request then) and time is still before the next arrival, the next step would be
-        another pure decode of the rest: the skip goes on with the new batch, and the replica
+        closed-loop client sends its next request then) and time is still before the next arrival,
+        the next step would be another pure decode of the rest: the skip goes on with the new batch, and the replica
         yields to SimPy once, at the end of the last step."""
         sched = self.scheduler
         now = self.env.now

@@ -14,16 +14,18 @@ writes the same decision records too.
 When a run is steady (checked by ``decode_run``; any doubt answers "not steady"):
 
 - the scheduler is the built-in ``Scheduler`` (a plug-in subclass is never skipped) with the
-  ``vllm-v1`` or the ``vllm-v0`` step order, nothing is swapped out and no rejection is pending;
-  a pure decode step makes the same pool calls under both (``Scheduler.run`` of one token per
-  sequence, in running order);
-- the waiting queue is empty, or (``vllm-v1`` only: the ``vllm-v0`` order records no reason) the
-  last ``schedule()`` was itself pure decode for every running
-  request and refused the waiting head for a reason that holds while only decodes run (and no
-  sequence finished since): the batch limit (the running set does not change), the token budget
-  or no chunk (the decode batch takes the same tokens each step), or blocks. Blocks stay refused because during decode-only steps the free count only falls, while
-  the head's need can only grow (a decode allocation may evict a cached block the head would have
-  hit; generated blocks have contents unique to their sequence, so nothing new becomes a hit);
+  ``vllm-v1`` or the ``vllm-v0`` step order and no rejection is pending; a pure decode step
+  makes the same pool calls under both (``Scheduler.run`` of one token per sequence, in running
+  order);
+- the waiting queue and the swapped queue are each empty, or the last ``schedule()`` was itself
+  pure decode for every running request and refused each queue's head for a reason that holds
+  while only decodes run (and no sequence finished since): the batch limit (the running set does
+  not change), the token budget or no chunk (the decode batch takes the same tokens each step),
+  blocks, or (``vllm-v0``'s waiting queue) a request swapped out, since that order admits nothing
+  then. Blocks stay refused because during decode-only steps the free count only falls, while
+  a waiting head's need can only grow (a decode allocation may evict a cached block the head would
+  have hit; generated blocks have contents unique to their sequence, so nothing new becomes a
+  hit) and a swapped head's is its CPU tables, which do not change;
 - every running sequence is decoding (one token left to compute, nothing parked, no beam search,
   parallel samples already forked) and writes into a block only it holds, so no copy-on-write.
 
@@ -36,13 +38,14 @@ not). The executor may stop earlier (the simulator stops before the
 next arrival). Generated tokens are left unnamed (``None``), as a simulator reports them; an
 executor that samples real tokens cannot skip.
 
-**A step that admits requests while the batch decodes** (``vllm-v1``: the waiting queue may
-admit, so the steps cannot be skipped; ``decodes_beside_admissions``) is still mostly decodes:
+**A step that admits requests while the batch decodes** (``vllm-v1``: a queue may admit or
+swap in, so the steps cannot be skipped; ``decodes_beside_admissions``) is still mostly decodes:
 ``schedule_decode_step`` makes the decodes' pool calls as ``advance`` makes them, then runs the
-``vllm-v1`` order's own swapped and waiting passes on what is left of the budget; ``update_decode_step`` appends the decodes' tokens and
-finishes them in scheduling order before the admitted sequences' samples are processed
-(``OutputProcessor.process``), the order ``update()`` uses. So a step with an arrival costs
-O(admitted + blocks), not O(running). The decision record, when kept, lists the whole step.
+``vllm-v1`` order's own swapped and waiting passes on what is left of the budget;
+``update_decode_step`` appends the decodes' tokens and finishes them in scheduling order before
+the added sequences' samples are processed (``OutputProcessor.process``), the order ``update()``
+uses. So a step with an arrival costs O(admitted + blocks), not O(running). The decision record,
+when kept, lists the whole step.
 
 **The batch carries over.** ``advance`` and ``update_decode_step`` know the batch they leave:
 the survivors' counters moved together, the finished sequences left, the admitted ones joined
@@ -168,7 +171,7 @@ _retire = None
 
 def decode_batch(s: Scheduler) -> DecodeRun | None:
     """The running requests as a steady decode batch (every condition of the module docstring but
-    the waiting queue's), with how many steps it lasts, or ``None``."""
+    the queues'), with how many steps it lasts, or ``None``."""
     global _Scheduler
     carried, s._decode_run = s._decode_run, None
     if not s.running or s._pending_rejections:
@@ -350,7 +353,7 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     assert e == num_events
     set_computed(run, k)
     s.next_step += k
-    # As after a pure decode schedule(): the waiting head (if any) still refused for its reason.
+    # As after a pure decode schedule(): the waiting and swapped heads (if any) still refused, for their reasons.
     hint = s._pure_decode_step
     s._pure_decode_step = (s.next_step - 1, hint[1] if s.waiting else "empty", hint[2] if s.swapped else "empty")
     finished = _finish(run, k)
@@ -515,11 +518,11 @@ def _decode_record(step: int, requests: list[Request], num_free: int, num_free_c
 # --------------------------------------------------- a decode step that also admits
 @dataclass(slots=True)
 class DecodeStep:
-    """One step of a decode batch with the waiting pass run as ``schedule()`` runs it.
+    """One step of a decode batch with the swapped and waiting passes run as ``schedule()`` runs them.
 
     ``output`` is the step's ``SchedulerOutput`` except that ``scheduled`` lists only the
-    sequences the waiting pass added (the batch's decodes are ``run``'s); every other field is the
-    whole step's. Only an executor that does not need the decodes listed one by one (a simulator)
+    sequences the swapped and waiting passes added (the batch's decodes are ``run``'s); every other
+    field is the whole step's. Only an executor that does not need the decodes listed one by one (a simulator)
     may use it; ``update_decode_step`` must follow.
     """
 
@@ -527,7 +530,7 @@ class DecodeStep:
     output: SchedulerOutput
     allocations: int  # blocks the decodes allocated
     evictions: int
-    admitted: list[Request]  # the requests the waiting pass added to the running list, in order
+    admitted: list[Request]  # the requests the swapped and waiting passes added to running, in order
 
 
 def schedule_decode_step(run: DecodeRun) -> DecodeStep:
@@ -577,8 +580,9 @@ def decode_step_usage(step: DecodeStep) -> KvUsage:
     tables hold ``table_blocks`` plus the step's new blocks, and each of its sequences holds
     ``computed + 1`` tokens with a last block of its own (``decode_batch`` requires a partly filled
     one to be unshared; a full one got a fresh block), so their idle slots are the blocks' slots
-    less those tokens. The requests the waiting pass admitted follow the batch's in the running
-    list; a partly filled block is never shared across requests (a hit takes full blocks only)."""
+    less those tokens. The requests the swapped and waiting passes added follow the batch's in the
+    running list; a partly filled block is never shared across requests (a hit takes full blocks
+    only; a swap-in takes fresh ones)."""
     run = step.run
     s = run.scheduler
     blocks = run.table_blocks + step.allocations
