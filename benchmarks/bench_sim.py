@@ -324,8 +324,8 @@ def main() -> None:
     parser.add_argument("--cases", default="azure,scaling,mooncake,cluster,azure-v0",
                         help="comma-separated: azure, scaling, mooncake, cluster, azure-v0")
     parser.add_argument("--quick", action="store_true",
-                        help="CI: 2,000 Azure (both policies) and Mooncake requests, sizes 2k and 5k, a 5k-request cluster of 4, "
-                             "baselines on 2,000 requests")
+                        help="CI: 2,000 Azure (both policies) and Mooncake requests, sizes 2k and 5k, "
+                             "a 5k-request cluster of 4, baselines on 2,000 requests")
     parser.add_argument("--sizes", type=_sizes, default="10000,100000,1000000",
                         help="comma-separated scaling sizes, e.g. 10000,100k,1M (default 10k,100k,1M)")
     parser.add_argument("--replicas", type=int, help="cluster replicas (default 16; quick: 4)")
