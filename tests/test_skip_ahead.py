@@ -293,6 +293,20 @@ def test_skips_while_requests_are_swapped_out_or_waiting_under_either_order(pres
         assert queues["swapped"] > 0, queues
 
 
+def test_an_abort_between_steps_ends_a_refusal():
+    """An aborted request frees blocks and batch room: the queue heads refused before may fit."""
+    from engine.policy import Request
+
+    s = Scheduler(make_config("pagesim", block_size=4, num_gpu_blocks=12, max_model_len=256, max_num_seqs=1))
+    s.add_request(Request("a", 8, 40))
+    s.add_request(Request("b", 8, 40))
+    for _ in range(3):  # "a" decodes; "b" waits at the batch limit
+        s.update(s.schedule())
+    assert s.waiting and fast_forward.waiting_stays_refused(s)
+    s.abort_request("a")
+    assert not fast_forward.waiting_stays_refused(s)
+
+
 def test_comparison_has_teeth(monkeypatch):
     """Skipping over a waiting request nobody has refused yet delays its admission: caught."""
     trace = Trace(arrival_s=np.array([0.0, 0.35]), prompt_len=np.array([8, 8]), output_len=np.array([60, 5]),

@@ -129,6 +129,7 @@ class Scheduler:
         """Drop an unfinished request wherever it is, releasing its GPU and CPU blocks."""
         request = self.requests.pop(request_id)
         self._decode_run = None
+        self._pure_decode_step = None  # (its blocks and batch room free up: no queue head stays refused)
         for queue in (self.waiting, self.swapped):
             if request in queue:
                 queue.remove(request)
