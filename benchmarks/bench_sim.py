@@ -212,17 +212,19 @@ def _1m_target(r: dict) -> str:
 
 
 def bench_azure(requests: int, sample: int, report: dict, table: list, policy: str = "pagesim") -> None:
+    default = policy == "pagesim"  # (the case (a); another policy is reported beside it)
+    name = "azure" if default else f"azure-{policy.removeprefix('vllm-')}"
+    which = "" if default else f", {policy} policy"
     label = "Azure conversation trace" + ("" if AZURE.exists() else " (absent: synthetic stand-in)")
-    name = "azure" if policy == "pagesim" else f"azure-{policy.removeprefix('vllm-')}"
-    print(f"{label}, one replica" + ("" if policy == "pagesim" else f", {policy} policy"), flush=True)
+    print(f"{label}, one replica{which}", flush=True)
     case = {"kind": "azure", "requests": requests, "policy": policy}
     trace_only = run_in_process({**case, "mode": "trace"})
     fast = run_in_process({**case, "mode": "skip"})
     print(_line("skip-ahead", fast, trace_only), flush=True)
     base = _baseline(case, fast, sample, trace_only)
     report[name] = {"skip": fast, "trace_only": trace_only, **base, "synthetic": not AZURE.exists()}
-    label = name + ("" if AZURE.exists() else " (synthetic)") + ("" if policy == "pagesim" else f" ({policy} policy)")
-    table.append(_row(label, fast, base, _rps_target(fast) if policy == "pagesim" else "-"))
+    row = name + ("" if AZURE.exists() else " (synthetic)") + ("" if default else f" ({policy} policy)")
+    table.append(_row(row, fast, base, _rps_target(fast) if default else "-"))
 
 
 def bench_scaling(sizes: list[int], sample: int, report: dict, table: list) -> None:

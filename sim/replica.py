@@ -35,7 +35,7 @@ import simpy
 
 from engine.policy import Request
 from engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usage, decodes_beside_admissions,
-                                        schedule_decode_step, update_decode_step, waiting_stays_refused)
+                                        schedule_decode_step, update_decode_step, queues_stay_refused)
 from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
@@ -156,13 +156,14 @@ class Replica:
                 continue
             while self.next_arrival_s <= env.now:  # same-instant arrivals first
                 yield env.timeout(0)
-            # (without DecodeSteps, the batch is only looked for when its steps could be skipped)
-            batch = (decode_batch(sched) if self.skip_ahead and (self._decode_steps or waiting_stays_refused(sched))
-                     else None)
-            if batch is not None and waiting_stays_refused(sched) and (yield from self._skip(batch)):
-                continue
-            if batch is not None and self._decode_steps and not self._has_beams:  # the decodes at once, the rest as
-                # usual
+            batch = None
+            if self.skip_ahead:
+                refused = queues_stay_refused(sched)
+                if refused or self._decode_steps:  # (without DecodeSteps, only a batch that could skip)
+                    batch = decode_batch(sched)
+                if batch is not None and refused and (yield from self._skip(batch)):
+                    continue
+            if batch is not None and self._decode_steps and not self._has_beams:  # decodes at once, the rest as usual
                 decode_step = schedule_decode_step(batch)
                 out = decode_step.output
                 work = decode_step_work(decode_step, block_size)
@@ -250,8 +251,8 @@ class Replica:
         A run lasts until its first finish. When that leaves the waiting and swapped queues empty
         (so nothing could be admitted or swapped in in its place), nobody waits for completions (a
         closed-loop client sends its next request then) and time is still before the next arrival,
-        the next step would be another pure decode of the rest: the skip goes on with the new batch, and the replica
-        yields to SimPy once, at the end of the last step."""
+        the next step would be another pure decode of the rest: the skip goes on with the new batch,
+        and the replica yields to SimPy once, at the end of the last step."""
         sched = self.scheduler
         now = self.env.now
         ran = False

@@ -302,9 +302,9 @@ def test_an_abort_between_steps_ends_a_refusal():
     s.add_request(Request("b", 8, 40))
     for _ in range(3):  # "a" decodes; "b" waits at the batch limit
         s.update(s.schedule())
-    assert s.waiting and fast_forward.waiting_stays_refused(s)
+    assert s.waiting and fast_forward.queues_stay_refused(s)
     s.abort_request("a")
-    assert not fast_forward.waiting_stays_refused(s)
+    assert not fast_forward.queues_stay_refused(s)
 
 
 def test_comparison_has_teeth(monkeypatch):

@@ -63,7 +63,7 @@ real tokens):
 
 1. ``decode_batch(s)``: the running requests as a steady decode batch, or ``None`` (then
    ``schedule()`` / ``update()`` as usual);
-2. ``waiting_stays_refused(s)``: whether its steps may be advanced at once; if so,
+2. ``queues_stay_refused(s)``: whether its steps may be advanced at once; if so,
    ``advance(run, k)`` applies any ``k <= run.max_steps`` of them (the executor picks ``k``: the
    simulator stops before the next arrival);
 3. otherwise ``schedule_decode_step(run)`` + ``update_decode_step(step)`` stand for one
@@ -86,7 +86,7 @@ from engine.policy.usage import KvUsage
 if TYPE_CHECKING:
     from engine.policy.scheduler import Scheduler
 
-#: Waiting-pass stops that stay true while only decodes run and nothing finishes.
+#: Stops of the waiting and swapped passes that stay true while only decodes run and nothing finishes.
 STABLE_WAITING_STOPS = frozenset({"seq_limit", "no_plan", "blocks", "budget", "swapped"})
 
 
@@ -128,10 +128,10 @@ class Advanced:
 def decode_run(s: Scheduler) -> DecodeRun | None:
     """The steady decoding state the scheduler is in, or ``None`` (see the module docstring)."""
     run = decode_batch(s)
-    return run if run is not None and waiting_stays_refused(s) else None
+    return run if run is not None and queues_stay_refused(s) else None
 
 
-def waiting_stays_refused(s: Scheduler) -> bool:
+def queues_stay_refused(s: Scheduler) -> bool:
     """The waiting queue and the swapped queue are each empty, or their head was refused by the
     last (pure decode) step for a reason that holds while only decodes run and nothing finishes."""
     waiting, swapped = s.waiting, s.swapped
@@ -353,7 +353,8 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     assert e == num_events
     set_computed(run, k)
     s.next_step += k
-    # As after a pure decode schedule(): the waiting and swapped heads (if any) still refused, for their reasons.
+    # As after a pure decode schedule(): the waiting and swapped heads (if any) still refused for
+    # their reasons.
     hint = s._pure_decode_step
     s._pure_decode_step = (s.next_step - 1, hint[1] if s.waiting else "empty", hint[2] if s.swapped else "empty")
     finished = _finish(run, k)
@@ -518,12 +519,13 @@ def _decode_record(step: int, requests: list[Request], num_free: int, num_free_c
 # --------------------------------------------------- a decode step that also admits
 @dataclass(slots=True)
 class DecodeStep:
-    """One step of a decode batch with the swapped and waiting passes run as ``schedule()`` runs them.
+    """One step of a decode batch with the swapped and waiting passes run as ``schedule()`` runs
+    them.
 
     ``output`` is the step's ``SchedulerOutput`` except that ``scheduled`` lists only the
     sequences the swapped and waiting passes added (the batch's decodes are ``run``'s); every other
-    field is the whole step's. Only an executor that does not need the decodes listed one by one (a simulator)
-    may use it; ``update_decode_step`` must follow.
+    field is the whole step's. Only an executor that does not need the decodes listed one by one
+    (a simulator) may use it; ``update_decode_step`` must follow.
     """
 
     run: DecodeRun
@@ -555,7 +557,7 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     order._schedule_swapped(st)
     order._schedule_waiting(st)
     stores = offload.end_step() if offload is not None else []
-    pure = not (st.new or st.resumed or st.swapped_in or st.copies or s._pending_rejections or st.loads or stores)
+    pure = st.only_computes() and not (s._pending_rejections or stores)
     s._pure_decode_step = (st.step, st.waiting_stop, st.swapped_stop) if pure else None
     output = SchedulerOutput(
         step=st.step, scheduled=tuple(st.scheduled), num_scheduled_tokens=frozen_map(st.tokens_per_request),

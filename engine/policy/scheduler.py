@@ -93,9 +93,9 @@ class Scheduler:
         self._pending_rejections: dict[str, str] = {}
         self._num_admissions = 0
         self._last_record: dict | None = None
-        # For skip-ahead (fast_forward.py): (step, waiting- and swapped-pass stops) of the last schedule() if
-        # it was pure decode for every running request, and whether the last update() finished any
-        # sequence (freeing blocks or batch room).
+        # For skip-ahead (fast_forward.py): (step, waiting- and swapped-pass stops) of the last
+        # schedule() if it was pure decode for every running request, and whether the last update()
+        # finished any sequence (freeing blocks or batch room).
         self._pure_decode_step: tuple[int, str | None, str | None] | None = None
         self._finished_in_last_update = False
         # The decode batch the fast path left after its last step (fast_forward.decode_batch takes it).
@@ -158,8 +158,7 @@ class Scheduler:
         if self.has_unfinished_requests:
             self.step_order.schedule(st)
         stores = offload.end_step() if offload is not None else []
-        pure = not (st.new or st.resumed or st.swapped_in or st.preempted or st.copies or st.swap_out
-                    or st.swap_in or self._pending_rejections or st.loads or stores)
+        pure = st.only_computes() and not (self._pending_rejections or stores)
         self._pure_decode_step = (
             (st.step, st.waiting_stop, st.swapped_stop)
             if pure and st.scheduled and len(st.scheduled) == cfg.max_num_batched_tokens - st.token_budget

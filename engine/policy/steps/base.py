@@ -41,8 +41,14 @@ class Step:
     # when the queue ran out; "swapped" when the order admits nothing while a request is swapped
     # out (vllm-v0); None when the order does not say or the pass did not run.
     waiting_stop: str | None = None
-    # The same for the swapped pass and the swapped queue's head.
+    # The same for the swapped pass and its queue's head.
     swapped_stop: str | None = None
+
+    def only_computes(self) -> bool:
+        """Whether the step admitted, resumed, swapped, preempted, copied and loaded nothing: it only
+        computed tokens of running requests (with no rejection or offload store pending, a pure step)."""
+        return not (self.new or self.resumed or self.swapped_in or self.preempted or self.copies or self.swap_out
+                    or self.swap_in or self.loads)
 
     def reorder(self, rank: dict[str, int]) -> None:
         """Put the scheduled requests in the order ``rank`` gives (stable within a request)."""
