@@ -242,7 +242,7 @@ class HybridKVCacheManager(KVCacheManager):
         hits: dict[int, list[int | None]] = {}
         length = longest = max_blocks
         if self.full_groups:
-            found = self._leading_hits(keys, max_blocks, self.full_groups)
+            found = self._leading_hits(seq, keys, max_blocks, self.full_groups)
             length = longest = len(found[0])
             hits.update(zip(self.full_groups, found))
         while True:
@@ -270,14 +270,23 @@ class HybridKVCacheManager(KVCacheManager):
             found.append(block_id)
         return found
 
-    def _leading_hits(self, keys: list[BlockKey], max_blocks: int, groups: list[int]) -> list[list[int | None]]:
+    def _leading_hits(self, seq: Sequence, keys: list[BlockKey], max_blocks: int,
+                      groups: list[int]) -> list[list[int | None]]:
         found: list[list[int | None]] = [[] for _ in groups]
+        stored = self.pool.keys
         for i in range(max_blocks):
             ids = self._lookup(keys[i], groups)
             if ids is None:
                 break
             for blocks, block_id in zip(found, ids):
                 blocks.append(block_id)
+            # As KVCacheManager.find_cached_prefix: chain our next key onto the stored one, so the
+            # next lookup verifies one link, not the whole chain (O(n) a prefix, not O(n^2)).
+            canonical = stored[ids[0]]
+            if groups[0]:
+                canonical = canonical.key
+            if canonical is not keys[i]:
+                self.adopt_key(seq, i, canonical)
         return found
 
     def _window_hits(self, keys: list[BlockKey], max_blocks: int, groups: list[int],

@@ -35,6 +35,13 @@ from engine.policy.block_key import BlockKey
 NULL_BLOCK_ID = 0
 
 
+def executor_table(table: list[int | None]) -> tuple[int, ...]:
+    """``table`` as the executor sees it: the null block where a window dropped an entry (they
+    lead the table: copied in C, not element by element)."""
+    dropped = num_dropped(table)
+    return (NULL_BLOCK_ID,) * dropped + tuple(table[dropped:]) if dropped else tuple(table)
+
+
 def num_dropped(table: list[int | None]) -> int:
     """Entries a sliding window dropped from a table: they lead it, so a binary search finds them."""
     lo, hi = 0, len(table)
@@ -261,7 +268,7 @@ class Sequence:
             if self.extra_tables is None:
                 snapshot = tuple(self.block_table)
             else:  # the executor sees the null block (0) where a window dropped a block
-                snapshot = tuple(NULL_BLOCK_ID if b is None else b for b in self.block_table)
+                snapshot = executor_table(self.block_table)
             self.table_snapshot = snapshot
         return snapshot
 
@@ -271,8 +278,7 @@ class Sequence:
             return ()
         snapshot = self.extra_snapshot
         if snapshot is None:
-            snapshot = self.extra_snapshot = tuple(
-                tuple(NULL_BLOCK_ID if b is None else b for b in t) for t in self.extra_tables)
+            snapshot = self.extra_snapshot = tuple(map(executor_table, self.extra_tables))
         return snapshot
 
     @property
