@@ -166,7 +166,7 @@ class Replica:
             if batch is not None and self._decode_steps and not self._has_beams:  # decodes at once, the rest as usual
                 decode_step = schedule_decode_step(batch)
                 out = decode_step.output
-                work = decode_step_work(decode_step, block_size)
+                work = decode_step_work(decode_step, block_size, self._work_window)
             else:
                 decode_step = None
                 out = sched.schedule()
@@ -259,7 +259,8 @@ class Replica:
         completions = []  # (requests, end): reported once the clock is there (a client sends then)
         while run is not None:
             k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, now, self.next_arrival_s,
-                                       end_before_arrival=self.observed, decode_terms=self._decode_terms)
+                                       end_before_arrival=self.observed, decode_terms=self._decode_terms,
+                                       window=self._work_window)
             if k == 0:
                 break
             first_row = len(self.steps)

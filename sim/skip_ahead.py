@@ -23,8 +23,12 @@ request's place. Everything is bit for bit what the step-by-step loop produces:
   reads the step counter, which is already past that step either way. When something reads the
   replica's state at arrivals (a load-aware router), a skipped step must also *end* before it, so
   the reader finds the replica in the same state, mid-step, as without skipping;
-- KV usage per step is counted from the allocations and evictions ``advance`` reports, in the
-  definitions of ``Scheduler.kv_usage``;
+- a model with sliding-window layers (``CostModel.attention_window``) also counts each step's
+  windowed decode context, ``sum(min(c + j, window))``, which stops growing at the window
+  (``window_contexts``), for its decode attention;
+- KV usage per step is counted from the allocations and evictions ``advance`` reports (and, for
+  a hybrid cache, the entries and blocks its windows dropped, every group's table counted), in
+  the definitions of ``Scheduler.kv_usage``;
 - a skipped stretch is recorded as one ``DecodeSpan`` (its first step, its end times and cost
   terms, its sequences' computed tokens, the blocks allocated and evicted per step), whose rows
   ``StepMetrics`` writes later, many spans at once (``DecodeSpan.fill``).
@@ -49,21 +53,25 @@ from sim.step_metrics import COLUMN_INDEX, NUM_COLUMNS
 MAX_CHUNK = 1 << 15
 
 
-def decode_work(run: DecodeRun, block_size: int | None) -> StepWork:
-    """The ``StepWork`` of the run's first step (``StepWork.from_output`` of a pure decode)."""
+def decode_work(run: DecodeRun, block_size: int | None, window: int | None = None) -> StepWork:
+    """The ``StepWork`` of the run's first step (``StepWork.from_output`` of a pure decode, with
+    the model's sliding ``window``, if any)."""
     num_seqs = len(run.seqs)
-    return StepWork(num_seqs=num_seqs, num_tokens=num_seqs, num_decode_seqs=num_seqs,
+    work = StepWork(num_seqs=num_seqs, num_tokens=num_seqs, num_decode_seqs=num_seqs,
                     decode_context_tokens=run.context_tokens + num_seqs, num_sampled=num_seqs,
                     block_size=block_size)
+    if window is not None:
+        work.decode_window_context_tokens = window_contexts(run.computed, window, 1)[0]
+    return work
 
 
-def decode_step_work(step: DecodeStep, block_size: int | None) -> StepWork:
+def decode_step_work(step: DecodeStep, block_size: int | None, window: int | None = None) -> StepWork:
     """The ``StepWork`` of a ``DecodeStep``: the batch's decodes plus what the waiting pass added
     (every field is a sum over sequences, so the two parts add up to ``StepWork.from_output`` of
     the whole step)."""
-    added = StepWork.from_output(step.output, block_size)
+    added = StepWork.from_output(step.output, block_size, window)
     if not added.num_seqs:  # (the waiting pass added nothing: the decodes alone)
-        return decode_work(step.run, block_size)
+        return decode_work(step.run, block_size, window)
     n = len(step.run.seqs)  # the fields decode_work sets (its others are 0)
     # (``added`` is this call's own, not yet seen by anyone: completed in place, cheaper than replace())
     added.num_seqs += n
@@ -71,26 +79,66 @@ def decode_step_work(step: DecodeStep, block_size: int | None) -> StepWork:
     added.num_decode_seqs += n
     added.decode_context_tokens += step.run.context_tokens + n
     added.num_sampled += n
+    if window is not None:
+        added.decode_window_context_tokens += window_contexts(step.run.computed, window, 1)[0]
     return added
 
 
-def step_terms(cost_model: CostModel, work: StepWork, k: int,
-               first: dict[str, float] | None = None) -> tuple[dict[str, np.ndarray | float], np.ndarray]:
+def window_contexts(computed: list[int], window: int, k: int) -> list[int]:
+    """The windowed decode context (``StepWork.decode_window_context_tokens``) of each of ``k``
+    decode steps of sequences at ``computed``: step ``j``'s is ``sum(min(c + j, window))``."""
+    return list(itertools.islice(iter_window_contexts(computed, window), k))
+
+
+def iter_window_contexts(computed: list[int], window: int):
+    """``window_contexts`` of steps 1, 2, ... without end. Each sequence's term grows by one a
+    step until it reaches the window, so each sum is the last plus the sequences still growing:
+    running counts, exact in integers."""
+    total = 0
+    grows: list[int] = []  # per sequence below the window after step 1: how many more steps it grows
+    for c in computed:
+        if c + 1 < window:
+            total += c + 1
+            grows.append(window - c - 1)
+        else:
+            total += window
+    yield total
+    grows.sort()
+    growing, g, j = len(grows), 0, 1
+    while growing:
+        while growing and grows[g] < j:  # (from step j to j + 1 grow those with at least j more steps)
+            g += 1
+            growing -= 1
+        total += growing
+        yield total
+        j += 1
+    while True:
+        yield total
+
+
+def step_terms(cost_model: CostModel, work: StepWork, k: int, first: dict[str, float] | None = None,
+               windowed: list[int] | None = None) -> tuple[dict[str, np.ndarray | float], np.ndarray]:
     """Per-term costs and totals of ``k`` decode steps from ``work`` (step j's decode context is
-    ``work.decode_context_tokens + j * work.num_decode_seqs``); ``first`` is the first step's
-    terms when the caller has them."""
+    ``work.decode_context_tokens + j * work.num_decode_seqs``; ``windowed``, for a model with a
+    sliding window, is each step's windowed decode context, at least ``k`` of them); ``first``
+    is the first step's terms when the caller has them."""
     n = work.num_decode_seqs
     start = work.decode_context_tokens
     contexts = (np.arange(start, start + n * k, n, dtype=np.int64) if n
                 else np.full(k, start, dtype=np.int64))  # start + n * j for j < k
     if first is None:
         first = cost_model.step_cost(work).terms
-    decode = cost_model.decode_attention_s(work, contexts)
+    if windowed is None:
+        decode = cost_model.decode_attention_s(work, contexts)
+    else:
+        windowed = windowed[:k]
+        decode = cost_model.decode_attention_s(work, contexts, np.array(windowed, dtype=np.int64))
     if decode is not None:
         terms: dict[str, np.ndarray | float] = dict(first)
         terms["decode_attention"] = decode
     else:
-        rows = [first] + [cost_model.step_cost(_with_context(work, int(c))).terms for c in contexts[1:]]
+        rows = [first] + [cost_model.step_cost(_with_context(work, int(c), None if windowed is None else windowed[j]
+                                                             )).terms for j, c in enumerate(contexts[1:], 1)]
         terms = {t: np.array([r[t] for r in rows]) for t in first}
     total: np.ndarray | float = 0
     for value in terms.values():  # StepCost.total_s: sum(terms.values()), left to right
@@ -101,15 +149,19 @@ def step_terms(cost_model: CostModel, work: StepWork, k: int,
     return terms, np.full(k, total, dtype=np.float64)
 
 
-def _with_context(work: StepWork, context: int) -> StepWork:
-    return replace(work, decode_context_tokens=context)
+def _with_context(work: StepWork, context: int, window_context: int | None) -> StepWork:
+    if window_context is None:
+        return replace(work, decode_context_tokens=context)
+    return replace(work, decode_context_tokens=context, decode_window_context_tokens=window_context)
 
 
 def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now: float,
-              next_arrival_s: float, *, end_before_arrival: bool,
-              decode_terms: dict | None = None) -> tuple[int, dict, np.ndarray]:
+              next_arrival_s: float, *, end_before_arrival: bool, decode_terms: dict | None = None,
+              window: int | None = None) -> tuple[int, dict, np.ndarray]:
     """How many of the run's steps start (or end, with ``end_before_arrival``) strictly before
     ``next_arrival_s`` (the caller's ``now`` is before it), with their terms and end times.
+    ``window``: the cost model's ``attention_window`` (its sliding layers' decode context, which
+    stops growing at the window, is counted step by step: ``window_contexts``).
 
     ``decode_terms`` (the caller's, kept for one cost model and one block size) remembers, per
     number of sequences, a pure decode step's terms and its ``decode_attention_fn``: the model
@@ -118,11 +170,13 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     ``step_cost`` call (models that record their calls, ``usage_snapshot``, are always asked)."""
     n = len(run.seqs)
     context = run.context_tokens + n  # the first step's decode context (decode_work's)
+    windowed = None if window is None else iter_window_contexts(run.computed, window)
+    window_context = 0 if windowed is None else next(windowed)
     usage = cost_model.usage_snapshot()  # costing steps not taken must not count as using them
     known = decode_terms.get(n) if decode_terms is not None and usage is None else None
     work = None
     if known is None:
-        work = decode_work(run, block_size)
+        work = decode_work(run, block_size, window)
         first_terms = cost_model.step_cost(work).terms
         decode = cost_model.decode_attention_fn(work) if usage is None else None
         if decode is not None and decode_terms is not None:
@@ -130,7 +184,7 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     else:
         first_terms, decode = known
         first_terms = dict(first_terms)
-        first_terms["decode_attention"] = decode(context)
+        first_terms["decode_attention"] = decode(context, window_context)
     first = sum(first_terms.values())  # StepCost.total_s
     limit = min(run.max_steps, MAX_CHUNK)
     if math.isfinite(next_arrival_s) and first > 0:
@@ -138,11 +192,15 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     else:
         guess = limit
     if guess <= SHORT_SKIP and decode is not None:
-        return _plan_short(n, context, first_terms, decode, now, next_arrival_s, limit, end_before_arrival)
+        return _plan_short(n, context, first_terms, decode, now, next_arrival_s, limit, end_before_arrival,
+                           window_context, windowed)
     if work is None:
-        work = decode_work(run, block_size)
+        work = decode_work(run, block_size, window)
+    contexts = None if windowed is None else [window_context]  # each step's windowed context, as needed
     while True:
-        terms, durations = step_terms(cost_model, work, guess, first_terms)
+        if contexts is not None:
+            contexts.extend(itertools.islice(windowed, guess - len(contexts)))
+        terms, durations = step_terms(cost_model, work, guess, first_terms, contexts)
         durations[0] += now  # (in place: the array is step_terms' own) the running sum from now
         ends = np.add.accumulate(durations)
         if end_before_arrival:
@@ -155,7 +213,7 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     if usage is not None:  # count exactly the k steps taken, as step by step would
         cost_model.restore_usage(usage)
         if k:
-            terms, _ = step_terms(cost_model, work, k)
+            terms, _ = step_terms(cost_model, work, k, None, contexts)
     return k, terms, ends
 
 
@@ -165,10 +223,13 @@ SHORT_SKIP = 48
 
 
 def _plan_short(n: int, context: int, first: dict[str, float], decode, now: float, next_arrival_s: float,
-                limit: int, end_before_arrival: bool) -> tuple[int, dict, np.ndarray]:
+                limit: int, end_before_arrival: bool, window_context: int = 0,
+                windowed=None) -> tuple[int, dict, np.ndarray]:
     """``plan_skip`` step by step in Python floats, for a model with ``decode_attention_fn``:
     the same operations in the same order as ``step_terms`` and ``np.add.accumulate``, one step
-    at a time, stopping at the first step that does not qualify (at most ``limit``)."""
+    at a time, stopping at the first step that does not qualify (at most ``limit``).
+    ``window_context`` is the first step's windowed decode context, ``windowed`` (an iterator)
+    gives the next steps' (``iter_window_contexts``; ``None``: the model has no window)."""
     before = 0  # the terms before decode_attention, summed as StepCost.total_s sums them
     after = []  # the nonzero terms after it, in order
     seen = False
@@ -184,7 +245,7 @@ def _plan_short(n: int, context: int, first: dict[str, float], decode, now: floa
     ends: list[float] = []
     end = now
     while len(ends) < limit:
-        seconds = decode(context)
+        seconds = decode(context, window_context)
         total = before + seconds
         for value in after:
             total = total + value
@@ -196,6 +257,8 @@ def _plan_short(n: int, context: int, first: dict[str, float], decode, now: floa
         if not end < next_arrival_s:  # (the next step would start at or after the arrival)
             break
         context += n
+        if windowed is not None:
+            window_context = next(windowed)
     terms: dict[str, np.ndarray | float] = dict(first)
     terms["decode_attention"] = np.array(attention, dtype=np.float64)
     return len(ends), terms, np.array(ends, dtype=np.float64)
@@ -214,7 +277,8 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s
         k, done.first_step, start_s, ends[:k], tuple([v if v.__class__ is float else _first(v, k)
                                                       for v in map(terms.get, TERMS, _ZEROS)]),
         (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
-        run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, run.computed))
+        run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, run.computed,
+        None if done.hybrid is None else (sched.kv.num_groups, done.hybrid)))
     return float(ends[k - 1]), done.finished
 
 
@@ -246,6 +310,9 @@ class DecodeSpan:
     evictions: list[int]
     block_size: int
     computed: list[int]  # each sequence's computed tokens before the first step
+    # A hybrid cache's (groups, window_decode.HybridCounts): every group's table counts, and the
+    # windows' drops take entries from the tables and blocks out of use (None: one group)
+    hybrid: tuple | None = None
 
     @staticmethod
     def fill(spans: list[DecodeSpan], offsets: list[int], block: np.ndarray) -> None:
@@ -286,7 +353,17 @@ class DecodeSpan:
         per_span = np.array([(span.used_blocks, span.cached_blocks, span.table_blocks, span.block_size)
                              for span in spans], dtype=np.int64)[sid]
         bs = per_span[:, 3]
-        allocated = (per_span[:, 0] + allocs) * bs
+        used_blocks, cached_blocks, table_blocks = per_span[:, 0] + allocs, per_span[:, 1] - evicts, per_span[:, 2] + allocs
+        groups = None
+        if any(span.hybrid is not None for span in spans):  # drops: entries out of tables, blocks out of use
+            dropped, freed, cached = (_segment_cumsum(np.fromiter(itertools.chain.from_iterable(
+                [span.rows * (0,) if span.hybrid is None else getattr(span.hybrid[1], name) for span in spans]),
+                np.int64, total), first, sid) for name in ("dropped", "freed", "cached"))
+            used_blocks -= freed
+            cached_blocks += cached
+            table_blocks -= dropped
+            groups = np.array([1 if span.hybrid is None else span.hybrid[0] for span in spans], dtype=np.int64)[sid]
+        allocated = used_blocks * bs
         out[:, _ALLOCATED] = allocated
         # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after
         # its step-j write, (-(c + j)) mod bs, summed over sequences; periodic in j with period
@@ -305,9 +382,11 @@ class DecodeSpan:
             else:
                 mine = np.flatnonzero(bs == size)
                 idle[mine] = periods[np.searchsorted(members, sid[mine]), j[mine] % size]
+        if groups is not None:  # (each group's table has the same length and the same last-block tail)
+            idle = idle * groups
         out[:, _USED] = allocated - idle
-        out[:, _CACHED] = (per_span[:, 1] - evicts) * bs
-        out[:, _UNSHARED] = (per_span[:, 2] + allocs) * bs
+        out[:, _CACHED] = cached_blocks * bs
+        out[:, _UNSHARED] = table_blocks * bs
         block[np.repeat(np.asarray(offsets, dtype=np.int64) - first, ks) + np.arange(total)] = out
 
 

@@ -218,7 +218,7 @@ def test_carried_batch_is_the_batch_decode_batch_finds(data):
             fresh = build(s)  # (the carried batch is taken: this one is built from the state)
             assert fresh is not None
             for name in ("requests", "seqs", "computed", "finish_in", "first_finish", "max_steps", "free_blocks",
-                         "plain_free_blocks", "used_blocks", "cached_blocks", "table_blocks", "context_tokens",
+                         "plain_free_blocks", "used_blocks", "cached_blocks", "table_blocks", "dropped_entries", "context_tokens",
                          "step"):
                 assert getattr(got, name) == getattr(fresh, name), f"carried {name} differs"
             carried_calls.append(1)

@@ -25,16 +25,22 @@ When a run is steady (checked by ``decode_run``; any doubt answers "not steady")
   then. Blocks stay refused because during decode-only steps the free count only falls, while
   a waiting head's need can only grow (a decode allocation may evict a cached block the head would
   have hit; generated blocks have contents unique to their sequence, so nothing new becomes a
-  hit) and a swapped head's is its CPU tables, which do not change;
+  hit) and a swapped head's is its CPU tables, which do not change. With sliding-window layer
+  groups (a hybrid cache) the decodes also drop the blocks that leave each window, which raises
+  the free count: there a head refused for blocks does not stay refused;
 - every running sequence is decoding (one token left to compute, nothing parked, no beam search,
   parallel samples already forked) and writes into a block only it holds, so no copy-on-write.
+  A hybrid cache's decodes (``engine.policy.window_decode``) also need one live sequence per
+  request, every group's last block its own and the full blocks registered; their drops,
+  allocations and registrations are applied event by event with the KV manager's own calls.
 
 How far: up to and including the step in which the first sequence finishes (its output length,
 or ``max_model_len``; the finishes of that step are applied as ``update()`` applies them), and
 while the blocks the decodes allocate fit in the free (and evictable cached) blocks, so no
 preemption (under ``vllm-v0``, while they leave a block free per sequence of the largest running
 group: vLLM 0.6.3 lets a group append only if the free blocks cover one per sequence, needed or
-not). The executor may stop earlier (the simulator stops before the
+not; with a hybrid cache, every group's new block counts, and the drops' blocks are not counted
+as room). The executor may stop earlier (the simulator stops before the
 next arrival). Generated tokens are left unnamed (``None``), as a simulator reports them; an
 executor that samples real tokens cannot skip.
 
@@ -82,6 +88,8 @@ from engine.policy.steps.base import Step
 from engine.policy.steps.vllm_v0 import VllmV0StepOrder
 from engine.policy.steps.vllm_v1 import VllmV1StepOrder
 from engine.policy.usage import KvUsage
+from engine.policy.window_decode import (HybridCounts, apply_hybrid_events, decode_record_tables, hybrid_events,
+                                         table_counts)
 
 if TYPE_CHECKING:
     from engine.policy.scheduler import Scheduler
@@ -113,6 +121,7 @@ class DecodeRun:
     context_tokens: int  # sum(computed): the batch's cached tokens before the first step
     step: int  # the scheduler's next step when this state was taken (it is stale after any other)
     rows: object = None  # the executor's own per-batch data (kept while the batch has the same requests)
+    dropped_entries: int = 0  # table entries sliding windows dropped (hybrid caches: table_blocks counts the rest)
 
 
 @dataclass(slots=True)
@@ -123,6 +132,7 @@ class Advanced:
     allocations: list[int]  # blocks allocated in each step
     evictions: list[int]  # of those, cached blocks evicted
     finished: list[Request]  # requests finished by the last step, in scheduling order
+    hybrid: HybridCounts | None = None  # a hybrid cache's per-step counts (allocations, evictions, drops)
 
 
 def decode_run(s: Scheduler) -> DecodeRun | None:
@@ -133,7 +143,8 @@ def decode_run(s: Scheduler) -> DecodeRun | None:
 
 def queues_stay_refused(s: Scheduler) -> bool:
     """The waiting queue and the swapped queue are each empty, or their head was refused by the
-    last (pure decode) step for a reason that holds while only decodes run and nothing finishes."""
+    last (pure decode) step for a reason that holds while only decodes run and nothing finishes
+    (for a hybrid cache's waiting head, not blocks: windows free blocks as they move)."""
     waiting, swapped = s.waiting, s.swapped
     if not waiting and not swapped:
         return True
@@ -141,7 +152,7 @@ def queues_stay_refused(s: Scheduler) -> bool:
         return False  # blocks stored last step are found from the next: the head may hit more
     hint = s._pure_decode_step
     return (hint is not None and hint[0] == s.next_step - 1 and not s._finished_in_last_update
-            and (not waiting or hint[1] in STABLE_WAITING_STOPS)
+            and (not waiting or hint[1] in STABLE_WAITING_STOPS and not (hint[1] == "blocks" and s.kv.hybrid))
             and (not swapped or hint[2] in STABLE_WAITING_STOPS))
 
 
@@ -180,26 +191,29 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
         return carried  # (what advance or update_decode_step left: nothing has happened since)
     if _Scheduler is None:
         from engine.policy.scheduler import Scheduler as _Scheduler  # (a cycle at import time otherwise)
-    if type(s) is not _Scheduler or type(s.step_order) not in _STEADY_ORDERS or s.kv.hybrid:
-        return None  # (a hybrid cache frees window blocks as it decodes: not modelled here yet)
+    if type(s) is not _Scheduler or type(s.step_order) not in _STEADY_ORDERS:
+        return None
     if s.offload is not None and not s.offload.prompt_only:
         return None  # decodes would offer their blocks to the offload store
     members = _decoders(s, s.running)
     return None if members is None else _run_of(s, list(s.running), *members)
 
 
-def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[int], int, int] | None:
+def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[int], int, int, int] | None:
     """The live sequences of ``requests`` if every one is a steady decoder (module docstring):
-    ``(seqs, computed, finish_in, table blocks, sum(computed))``; else ``None``."""
+    ``(seqs, computed, finish_in, table blocks, sum(computed), dropped entries)``; else ``None``."""
     bs = s.block_size
     ref_counts = s.pool.ref_counts
     max_model_len = s.config.max_model_len
+    hybrid = s.kv.hybrid
     seqs: list[Sequence] = []
     computed: list[int] = []
     finish_steps: list[int] = []
     table_blocks = context = 0
     for request in requests:
         if request.beam_width > 1 or (request.n > 1 and not request.forked):
+            return None
+        if hybrid and len(request.live_seqs) != 1:  # (window_decode: one sequence per request)
             return None
         prompt_len = request.prompt_len
         lens = request.sample_max_tokens
@@ -208,6 +222,8 @@ def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[i
             outputs = len(seq.output_token_ids)
             n = prompt_len + outputs  # seq.num_tokens, spelled out on this hot path
             if seq.parked or not seq.decoding or c != n - 1 or seq.num_filled_tokens != c:
+                return None
+            if hybrid and not _steady_in_every_group(s, seq, c):
                 return None
             table = seq.block_table
             if c % bs and ref_counts[table[-1]] != 1:  # the next write would copy on write
@@ -219,11 +235,25 @@ def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[i
             context += c
             finish_steps.append(limit - outputs if limit - outputs < max_model_len - n else max_model_len - n)
             table_blocks += len(table)
-    return seqs, computed, finish_steps, table_blocks, context
+    if hybrid:  # (blocks held, each table's count, and entries the windows dropped)
+        held, dropped = table_counts(seqs)
+        return seqs, computed, finish_steps, held, context, dropped
+    return seqs, computed, finish_steps, table_blocks, context, 0
+
+
+def _steady_in_every_group(s: Scheduler, seq: Sequence, c: int) -> bool:
+    """A hybrid cache's further conditions for a steady decoder (``window_decode``): every group's
+    last block is its own when the next write goes into it, and its full blocks are registered."""
+    ref_counts = s.pool.ref_counts
+    for table in (seq.block_table, *(seq.extra_tables or ())):
+        last = table[-1] if table else None
+        if last is None or (c % s.block_size and ref_counts[last] != 1):
+            return False
+    return not s.kv.enable_prefix_caching or seq.num_registered_blocks == c // s.block_size
 
 
 def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], computed: list[int], finish_in: list[int],
-            table_blocks: int, context: int) -> DecodeRun | None:
+            table_blocks: int, context: int, dropped_entries: int = 0) -> DecodeRun | None:
     """The ``DecodeRun`` of these decoders (the running requests, in order), or ``None`` when it
     cannot take one step: some would wait for the token budget, or no step fits in the free blocks."""
     if not seqs or len(seqs) > s.config.max_num_batched_tokens:  # some would wait for budget: not the same batch
@@ -239,21 +269,25 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], compute
         room = free
         if type(s.step_order) is VllmV0StepOrder:
             room -= max([len(request.live_seqs) for request in requests])
+        elif s.kv.hybrid:  # a new block in every group at once; drops only add room (window_decode)
+            room //= s.kv.num_groups
         horizon = _steps_within_blocks(computed, s.block_size, room, horizon) if room >= 0 else 0
     if horizon < 1:
         return None
     return DecodeRun(s, requests, seqs, computed, finish_in, first_finish, horizon, free,
                      free - pool.num_cached_free_blocks, pool.num_used_blocks, pool.num_cached_free_blocks,
-                     table_blocks, context, s.next_step)
+                     table_blocks, context, s.next_step, dropped_entries=dropped_entries)
 
 
-def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | None = None) -> DecodeRun | None:
+def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | None = None,
+           dropped: int = 0) -> DecodeRun | None:
     """The batch after ``run``'s first ``k`` steps were applied and their finishes retired (and
     ``admitted`` joined it, for a ``DecodeStep``): what ``decode_batch`` would find, built from
     what the run knows (the survivors are still steady decoders: their counters moved together,
     a block they filled was replaced by a fresh one of their own) plus the checks of the newcomers;
-    ``None`` when it is not a batch. ``allocated``: the blocks the steps gave the batch. Left for
-    the next ``decode_batch`` (``Scheduler._decode_run``)."""
+    ``None`` when it is not a batch. ``allocated``: the blocks the steps gave the batch,
+    ``dropped``: the table entries windows dropped from it (hybrid caches). Left for the next
+    ``decode_batch`` (``Scheduler._decode_run``)."""
     s = run.scheduler
     if run.first_finish == k:  # some finished: keep the others, in order
         keep = [i for i, f in enumerate(run.finish_in) if f != k]
@@ -261,7 +295,10 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         computed = [run.computed[i] + k for i in keep]
         finish_in = [run.finish_in[i] - k for i in keep]
         requests = [r for r in run.requests if r.live_seqs]
-        table_blocks = sum([len(seq.block_table) for seq in seqs])
+        if s.kv.hybrid:
+            table_blocks, dropped_entries = table_counts(seqs)
+        else:
+            table_blocks, dropped_entries = sum([len(seq.block_table) for seq in seqs]), 0
         context = sum(computed)
         rows = None
     else:
@@ -269,7 +306,8 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         computed = [c + k for c in run.computed]
         finish_in = [f - k for f in run.finish_in]
         requests = run.requests
-        table_blocks = run.table_blocks + allocated
+        table_blocks = run.table_blocks + allocated - dropped
+        dropped_entries = run.dropped_entries + dropped
         context = run.context_tokens + k * len(seqs)
         rows = run.rows
     if admitted:
@@ -281,9 +319,10 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         finish_in = finish_in + members[2]
         table_blocks += members[3]
         context += members[4]
+        dropped_entries += members[5]
         requests = requests + admitted
         rows = None
-    carried = _run_of(s, requests, seqs, computed, finish_in, table_blocks, context)
+    carried = _run_of(s, requests, seqs, computed, finish_in, table_blocks, context, dropped_entries)
     if carried is not None:
         carried.rows = rows
     return carried
@@ -323,11 +362,13 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     pool = s.pool
     caching = kv.enable_prefix_caching
     first_step = s.next_step
-    events = decode_events(run.computed, bs, k, caching)
     seqs = run.seqs
     unnamed = [None] * k
     for seq in seqs:  # the tokens exist before their blocks are registered (contents are by position)
         seq.output_token_ids.extend(unnamed)
+    if kv.hybrid:
+        return _advance_hybrid(run, k)
+    events = decode_events(run.computed, bs, k, caching)
     allocations = [0] * k
     evictions = [0] * k
     recording = s.config.record_decisions
@@ -360,6 +401,34 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     finished = _finish(run, k)
     s._decode_run = _carry(run, k, sum(allocations))
     return Advanced(first_step, allocations, evictions, finished)
+
+
+def _advance_hybrid(run: DecodeRun, k: int) -> Advanced:
+    """``advance`` for a hybrid cache (the tokens already appended): the events of
+    ``window_decode``, applied one at a time by the KV manager's own calls."""
+    s = run.scheduler
+    kv = s.kv
+    first_step = s.next_step
+    events = hybrid_events(kv, run.computed, run.seqs, k)
+    counts = HybridCounts(k)
+    if s.config.record_decisions:
+        e = 0
+        for j in range(1, k + 1):
+            e = apply_hybrid_events(events, e, j, run.seqs, run.computed, kv, counts)
+            record = _decode_record(first_step + j - 1, run.requests, s.pool.num_free_blocks,
+                                    s.swap_pool.num_free_blocks, None, hybrid=True)
+            s.decision_log.append(record)
+            s._last_record = record
+    else:
+        e = apply_hybrid_events(events, 0, k, run.seqs, run.computed, kv, counts)
+    assert e == len(events)
+    set_computed(run, k)
+    s.next_step += k
+    hint = s._pure_decode_step  # (as in advance: a waiting head still refused for its reason)
+    s._pure_decode_step = (s.next_step - 1, hint[1] if s.waiting else "empty", hint[2] if s.swapped else "empty")
+    finished = _finish(run, k)
+    s._decode_run = _carry(run, k, sum(counts.allocations), dropped=sum(counts.dropped))
+    return Advanced(first_step, counts.allocations, counts.evictions, finished, counts)
 
 
 def decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[int]:
@@ -496,21 +565,27 @@ def apply_events_in_bulk(events, seqs, computed, kv, pool, allocations, eviction
 
 
 def _decode_record(step: int, requests: list[Request], num_free: int, num_free_cpu: int,
-                   num_free_offload: int | None) -> dict:
+                   num_free_offload: int | None, hybrid: bool = False) -> dict:
     """The decision record of one pure decode step (``SchedulerOutput.to_record``'s format)."""
     scheduled = {}
     block_ids = {}
+    group_block_ids = None
+    if hybrid:  # (the null block where a window dropped an entry; every group's table)
+        block_ids, group_block_ids = decode_record_tables(requests)
     for request in requests:
         rid = request.request_id
         live = request.live_seqs
         scheduled[rid] = len(live)
-        block_ids[rid] = {str(seq.index): list(seq.block_table) for seq in live}
+        if not hybrid:
+            block_ids[rid] = {str(seq.index): list(seq.block_table) for seq in live}
     record = {
         "step": step, "scheduled": scheduled, "order": list(scheduled), "new": {}, "resumed": [],
         "resumed_cached": {}, "swapped_in": [], "preempted": [], "preempted_mode": {}, "rejected": {},
         "finished": [], "num_free_blocks": num_free, "num_free_cpu_blocks": num_free_cpu, "block_ids": block_ids,
         "blocks_to_copy": [], "blocks_to_swap_out": [], "blocks_to_swap_in": [],
     }
+    if group_block_ids:
+        record["group_block_ids"] = group_block_ids
     if num_free_offload is not None:
         record.update(num_free_offload_blocks=num_free_offload, blocks_to_load=[], blocks_to_store=[], offload_hits={})
     return record
@@ -533,6 +608,7 @@ class DecodeStep:
     allocations: int  # blocks the decodes allocated
     evictions: int
     admitted: list[Request]  # the requests the swapped and waiting passes added to running, in order
+    dropped: int = 0  # table entries the decodes' windows dropped (hybrid caches)
 
 
 def schedule_decode_step(run: DecodeRun) -> DecodeStep:
@@ -548,8 +624,14 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     if offload is not None:
         offload.begin_step()
     allocations, evictions = [0], [0]
-    events = decode_events(run.computed, s.block_size, 1, s.kv.enable_prefix_caching)
-    apply_events(events, 0, 1, run.seqs, run.computed, s.kv, s.pool, allocations, evictions)
+    dropped = 0
+    if s.kv.hybrid:
+        counts = HybridCounts(1)
+        apply_hybrid_events(hybrid_events(s.kv, run.computed, run.seqs, 1), 0, 1, run.seqs, run.computed, s.kv, counts)
+        allocations, evictions, dropped = counts.allocations, counts.evictions, counts.dropped[0]
+    else:
+        events = decode_events(run.computed, s.block_size, 1, s.kv.enable_prefix_caching)
+        apply_events(events, 0, 1, run.seqs, run.computed, s.kv, s.pool, allocations, evictions)
     set_computed(run, 1)
     for request in run.requests:
         st.tokens_per_request[request.request_id] = len(request.live_seqs)
@@ -570,11 +652,12 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     s._pending_rejections = {}
     if cfg.record_decisions:  # the whole step's record, decodes listed
         bs = s.block_size
-        decodes = tuple(ScheduledSequence(seq.request.request_id, seq.index, c, 1, seq.block_table_tuple(), bs, True)
+        decodes = tuple(ScheduledSequence(seq.request.request_id, seq.index, c, 1, seq.block_table_tuple(), bs, True,
+                                          seq.extra_table_tuples() if seq.extra_tables is not None else ())
                         for seq, c in zip(run.seqs, run.computed))
         s._last_record = replace(output, scheduled=decodes + output.scheduled).to_record()
         s.decision_log.append(s._last_record)
-    return DecodeStep(run, output, allocations[0], evictions[0], s.running[len(run.requests):])
+    return DecodeStep(run, output, allocations[0], evictions[0], s.running[len(run.requests):], dropped)
 
 
 def decode_step_usage(step: DecodeStep) -> KvUsage:
@@ -588,7 +671,12 @@ def decode_step_usage(step: DecodeStep) -> KvUsage:
     run = step.run
     s = run.scheduler
     blocks = run.table_blocks + step.allocations
-    idle = blocks * s.block_size - run.context_tokens - len(run.seqs)
+    if s.kv.hybrid:  # every group's table: held entries, and idle slots in each group's last block
+        idle = ((blocks + run.dropped_entries) * s.block_size
+                - s.kv.num_groups * (run.context_tokens + len(run.seqs)))
+        blocks -= step.dropped
+    else:
+        idle = blocks * s.block_size - run.context_tokens - len(run.seqs)
     if step.admitted:
         more_blocks, more_idle = s.table_slots(step.admitted)
         blocks += more_blocks
@@ -620,5 +708,5 @@ def update_decode_step(step: DecodeStep) -> list[Request]:
     finished += processor.process(step.output, s.requests)
     retire_finished(s, step.output.step, finished)
     s._finished_in_last_update = processor.num_seqs_finished != retired
-    s._decode_run = _carry(run, 1, step.allocations, [r for r in step.admitted if r.live_seqs])
+    s._decode_run = _carry(run, 1, step.allocations, [r for r in step.admitted if r.live_seqs], step.dropped)
     return finished

@@ -137,18 +137,21 @@ class CostModel(ABC):
     @abstractmethod
     def step_cost(self, work: StepWork) -> StepCost: ...
 
-    def decode_attention_s(self, work: StepWork, decode_context_tokens: np.ndarray) -> np.ndarray | None:
-        """The ``decode_attention`` term of steps that are ``work`` but for their decode context,
-        vectorized, bit for bit what ``step_cost`` gives each; ``None`` if the model has no such
-        form (skip-ahead then asks ``step_cost`` step by step). A model that implements it promises
-        that no other term depends on ``decode_context_tokens``."""
+    def decode_attention_s(self, work: StepWork, decode_context_tokens: np.ndarray,
+                           decode_window_context_tokens: np.ndarray | None = None) -> np.ndarray | None:
+        """The ``decode_attention`` term of steps that are ``work`` but for their decode context
+        (and, for a model with ``attention_window``, their windowed decode context), vectorized,
+        bit for bit what ``step_cost`` gives each; ``None`` if the model has no such form
+        (skip-ahead then asks ``step_cost`` step by step). A model that implements it promises
+        that no other term depends on either context."""
         return None
 
-    def decode_attention_fn(self, work: StepWork) -> Callable[[int], float] | None:
-        """The ``decode_attention`` term of ``work`` as a function of its decode context alone, in
-        Python floats, bit for bit what ``step_cost`` gives (``None``: the model has none). Skip-ahead
-        uses it for short skips, where a vectorized call costs more than the arithmetic; the same
-        promise as ``decode_attention_s``."""
+    def decode_attention_fn(self, work: StepWork) -> Callable[[int, int], float] | None:
+        """The ``decode_attention`` term of ``work`` as a function of its decode context and its
+        windowed decode context (``decode_window_context_tokens``; 0 without a window) alone, in
+        Python floats, bit for bit what ``step_cost`` gives (``None``: the model has none).
+        Skip-ahead uses it for short skips, where a vectorized call costs more than the
+        arithmetic; the same promise as ``decode_attention_s``."""
         return None
 
     def usage_snapshot(self) -> object:

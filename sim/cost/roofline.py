@@ -238,19 +238,29 @@ class RooflineCostModel(CostModel):
 
     def decode_attention_fn(self, work: StepWork):
         # The operations of _decode_attention_s, in its order; 0 for no context, as step_cost.
+        overhead = self._block_overhead(work)
         if self._window is not None:
-            return None
-        per_token, bw, overhead = self._kv_token_bytes, self._bw, self._block_overhead(work)
+            full, windowed, bw = self._kv_full_token_bytes, self._kv_window_token_bytes, self._bw
+            return lambda context, window_context: (
+                (context * full + window_context * windowed) / bw * overhead if context else 0.0)
+        per_token, bw = self._kv_token_bytes, self._bw
         if self._mla_decode_flops:
             mla, peak = self._mla_decode_flops, self._flops * self.params.attention_efficiency
-            return lambda context: max(context * per_token / bw * overhead, context * mla / peak) if context else 0.0
-        return lambda context: context * per_token / bw * overhead if context else 0.0
+            return lambda context, _: max(context * per_token / bw * overhead, context * mla / peak) if context else 0.0
+        return lambda context, _: context * per_token / bw * overhead if context else 0.0
 
-    def decode_attention_s(self, work: StepWork, decode_context_tokens: np.ndarray) -> np.ndarray | None:
-        # The same operations in the same order as step_cost, elementwise (exact in float64).
-        if self._window is not None:
-            return None  # the windowed context is not a function of the total (skip-ahead steps aside)
+    def decode_attention_s(self, work: StepWork, decode_context_tokens: np.ndarray,
+                           decode_window_context_tokens: np.ndarray | None = None) -> np.ndarray | None:
+        # The same operations in the same order as step_cost, elementwise (exact in float64: the
+        # byte counts are integers well below 2**53, as Python's are before its one division).
         ctx = np.asarray(decode_context_tokens, dtype=np.int64)
+        if self._window is not None:
+            if decode_window_context_tokens is None:
+                return None
+            window_ctx = np.asarray(decode_window_context_tokens, dtype=np.int64)
+            read = ctx * self._kv_full_token_bytes + window_ctx * self._kv_window_token_bytes
+            seconds = read / self._bw * self._block_overhead(work)
+            return np.where(ctx != 0, seconds, 0.0)
         seconds = ctx * self._kv_token_bytes / self._bw * self._block_overhead(work)
         if self._mla_decode_flops:
             compute = ctx * self._mla_decode_flops / (self._flops * self.params.attention_efficiency)
