@@ -4,7 +4,8 @@ Issue 23 asks for, in one run: simulated requests per wall second and peak memor
 below, each beside the same run with the fast path (skip-ahead) off, and the ratio. Every run
 is a spawned process of its own, pinned to one core (the last CPU this process may use; OMP, MKL
 and OpenBLAS limited to one thread), so one case's garbage does not count against the next and
-peak resident memory is that run's own. Llama 3 8B on H200 throughout, the ``pagesim`` policy.
+peak resident memory is that run's own. Llama 3 8B on H200 and the ``pagesim`` policy unless a
+case says otherwise.
 
 1. ``azure``: the shared Azure conversation trace (``../shared/traces/azure_llm_2023/``, 19,366
    requests over an hour; a synthetic stand-in of the same size and mean lengths when the folder
@@ -23,6 +24,8 @@ peak resident memory is that run's own. Llama 3 8B on H200 throughout, the ``pag
 5. ``azure-v0``: case 1 under the ``vllm-v0`` policy (vLLM 0.6.3's decisions), whose pure decode
    steps are skipped too (a step that admits runs its prefills alone there, so it is never a
    skip).
+6. ``azure-oss``: case 1 on gpt-oss-120b (half its layers attend through a 128-token sliding
+   window: vLLM v1's hybrid KV cache, whose decodes drop the blocks that leave the window).
 
 Baseline: skip-ahead off (``--no-skip-ahead``) on the whole trace where it has at most
 ``NOSKIP_SAMPLE`` (20,000) requests (azure, mooncake), else on its first 20,000 requests, where
@@ -114,7 +117,7 @@ def _run_case(case: dict, queue) -> None:
         return
     replicas = case.get("replicas", 1)
     overrides = {"enable_prefix_caching": True} if case.get("prefix_caching") else {}
-    builts = build_replicas(RunSpec(model="llama3-8b", gpu="h200", policy=case.get("policy", "pagesim"),
+    builts = build_replicas(RunSpec(model=case.get("model", "llama3-8b"), gpu="h200", policy=case.get("policy", "pagesim"),
                                     overrides=overrides), replicas)
     cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router("round-robin"),
                       SimOptions(skip_ahead=case["mode"] != "noskip"))
@@ -211,19 +214,22 @@ def _1m_target(r: dict) -> str:
     return f"1M in < {TARGET_1M_S:.0f} s and < 1 GB: {'met' if met else 'not met'}"
 
 
-def bench_azure(requests: int, sample: int, report: dict, table: list, policy: str = "pagesim") -> None:
-    default = policy == "pagesim"  # (the issue's case (a); another policy is reported beside it)
-    name = "azure" if default else f"azure-{policy.removeprefix('vllm-')}"
-    which = "" if default else f", {policy} policy"
+def bench_azure(requests: int, sample: int, report: dict, table: list, policy: str = "pagesim",
+                model: str = "llama3-8b") -> None:
+    default = policy == "pagesim" and model == "llama3-8b"  # (the issue's case (a); others beside it)
+    name = ("azure" if default else f"azure-{policy.removeprefix('vllm-')}" if policy != "pagesim"
+            else "azure-oss" if model == "gpt-oss-120b" else f"azure-{model}")
+    which = "" if policy == "pagesim" else f", {policy} policy"
+    which += "" if model == "llama3-8b" else f", {model}"
     label = "Azure conversation trace" + ("" if AZURE.exists() else " (absent: synthetic stand-in)")
     print(f"{label}, one replica{which}", flush=True)
-    case = {"kind": "azure", "requests": requests, "policy": policy}
+    case = {"kind": "azure", "requests": requests, "policy": policy, "model": model}
     trace_only = run_in_process({**case, "mode": "trace"})
     fast = run_in_process({**case, "mode": "skip"})
     print(_line("skip-ahead", fast, trace_only), flush=True)
     base = _baseline(case, fast, sample, trace_only)
     report[name] = {"skip": fast, "trace_only": trace_only, **base, "synthetic": not AZURE.exists()}
-    row = name + ("" if AZURE.exists() else " (synthetic)") + ("" if default else f" ({policy} policy)")
+    row = name + ("" if AZURE.exists() else " (synthetic)") + ("" if default else f" ({which.lstrip(', ')})")
     table.append(_row(row, fast, base, _rps_target(fast) if default else "-"))
 
 
@@ -323,10 +329,10 @@ def _sizes(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="azure,scaling,mooncake,cluster,azure-v0",
-                        help="comma-separated: azure, scaling, mooncake, cluster, azure-v0")
+    parser.add_argument("--cases", default="azure,scaling,mooncake,cluster,azure-v0,azure-oss",
+                        help="comma-separated: azure, scaling, mooncake, cluster, azure-v0, azure-oss")
     parser.add_argument("--quick", action="store_true",
-                        help="CI: 2,000 Azure (both policies) and Mooncake requests, sizes 2k and 5k, "
+                        help="CI: 2,000 Azure (both policies, and gpt-oss-120b) and Mooncake requests, sizes 2k and 5k, "
                              "a 5k-request cluster of 4, baselines on 2,000 requests")
     parser.add_argument("--sizes", type=_sizes, default="10000,100000,1000000",
                         help="comma-separated scaling sizes, e.g. 10000,100k,1M (default 10k,100k,1M)")
@@ -336,7 +342,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
-    known = {"azure", "scaling", "mooncake", "cluster", "azure-v0"}
+    known = {"azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss"}
     unknown = cases - known
     if unknown:
         parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
@@ -352,13 +358,15 @@ def main() -> None:
           if core is not None else "each case in its own process (CPU affinity unsupported here)", flush=True)
     report: dict = {"core": core, "noskip_sample": sample, "quick": args.quick}
     table: list = []
-    for name in ("azure", "scaling", "mooncake", "cluster", "azure-v0"):  # the issue's order: (a) to (d)
+    for name in ("azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss"):  # the issue's (a) to (d), then more
         if name not in cases:
             continue
         if name == "azure":
             bench_azure(cap(2_000 if args.quick else 19_366), sample, report, table)
         elif name == "azure-v0":
             bench_azure(cap(2_000 if args.quick else 19_366), sample, report, table, policy="vllm-v0")
+        elif name == "azure-oss":
+            bench_azure(cap(2_000 if args.quick else 19_366), sample, report, table, model="gpt-oss-120b")
         elif name == "scaling":
             bench_scaling(sizes, sample, report, table)
         elif name == "mooncake":

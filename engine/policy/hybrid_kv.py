@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.policy.block_key import BlockKey, HashFn, default_hash
-from engine.policy.block_pool import BlockPool
+from engine.policy.block_pool import LAZY_KEY, BlockPool
 from engine.policy.kv_manager import KVCacheManager, cdiv, grow_table
 from engine.policy.request import Request, Sequence
 from engine.policy.swap_pool import SwapPool
@@ -337,12 +337,17 @@ class HybridKVCacheManager(KVCacheManager):
             return
         pool = self.pool
         keys = pool.keys
+        lazy = self._lazy_start(seq)
         for g, table in enumerate(self.tables(seq)):
-            keep = None if self.windows[g] is None else self._kept_blocks(seq, g, first, num_full)
-            for i in range(first, num_full):
+            full = self.windows[g] is None
+            keep = None if full else self._kept_blocks(seq, g, first, num_full)
+            eager_end = num_full if not full or num_full < lazy else max(first, lazy)
+            for i in range(first, eager_end):
                 block_id = table[i]
                 if block_id is not None and keys[block_id] is None and (keep is None or i in keep):
                     pool.cache_block(block_id, self.group_key(seq, g, i))
+            if eager_end < num_full:  # a full group's blocks unique to this sequence: lazy keys
+                pool.cache_lazy([b for b in table[eager_end:num_full] if keys[b] is None])
         seq.num_registered_blocks = num_full
 
     def _kept_blocks(self, seq: Sequence, group: int, first: int, end: int) -> set[int] | None:
@@ -386,7 +391,17 @@ class HybridKVCacheManager(KVCacheManager):
         raise AssertionError("a hybrid KV cache never parks sequences (each re-prefills its own)")
 
     def free(self, seq: Sequence, *, final: bool = False) -> None:
+        """Release every group's table; unless the sequence leaves for good, its lazily keyed
+        blocks (full groups only: a sliding group keys eagerly, and its blocks leave the table
+        as the window moves) get their real keys first, as ``KVCacheManager.free`` does."""
         pool = self.pool
+        if not final and 0 <= seq.lazy_from < seq.num_registered_blocks and seq.extra_tables is not None:
+            keys, tables = pool.keys, self.tables(seq)
+            for g in self.full_groups:
+                table = tables[g]
+                for i in range(seq.lazy_from, seq.num_registered_blocks):
+                    if keys[table[i]] is LAZY_KEY:
+                        pool.materialize(table[i], self.group_key(seq, g, i))
         for table in (seq.block_table, *(seq.extra_tables or ())):
             held = [b for b in table if b is not None]
             if held:

@@ -67,8 +67,8 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_fn = hash_fn
         # Lazy keys need a policy that never reads a cached block's key (a built-in one: a
-        # plug-in may look) and one table per sequence.
-        self.lazy_keys = (enable_prefix_caching and not self.hybrid
+        # plug-in may look); a hybrid cache gives them in its full-attention groups only.
+        self.lazy_keys = (enable_prefix_caching
                           and type(block_pool.eviction).__module__ == "engine.policy.eviction"
                           and not block_pool.eviction.uses_key_tree)
 
