@@ -259,8 +259,7 @@ class Replica:
         completions = []  # (requests, end): reported once the clock is there (a client sends then)
         while run is not None:
             k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, now, self.next_arrival_s,
-                                       end_before_arrival=self.observed, decode_terms=self._decode_terms,
-                                       window=self._work_window)
+                                       end_before_arrival=self.observed, decode_terms=self._decode_terms)
             if k == 0:
                 break
             first_row = len(self.steps)

@@ -40,6 +40,7 @@ import functools
 import heapq
 import itertools
 import math
+import operator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -90,6 +91,12 @@ def window_contexts(computed: list[int], window: int, k: int) -> list[int]:
     return list(itertools.islice(iter_window_contexts(computed, window), k))
 
 
+def _first_window_context(computed: list[int], window: int):
+    """(``iter_window_contexts`` past its first value, that value)."""
+    windowed = iter_window_contexts(computed, window)
+    return windowed, next(windowed)
+
+
 def iter_window_contexts(computed: list[int], window: int):
     """``window_contexts`` of steps 1, 2, ... without end. Each sequence's term grows by one a
     step until it reaches the window, so each sum is the last plus the sequences still growing:
@@ -137,8 +144,9 @@ def step_terms(cost_model: CostModel, work: StepWork, k: int, first: dict[str, f
         terms: dict[str, np.ndarray | float] = dict(first)
         terms["decode_attention"] = decode
     else:
-        rows = [first] + [cost_model.step_cost(_with_context(work, int(c), None if windowed is None else windowed[j]
-                                                             )).terms for j, c in enumerate(contexts[1:], 1)]
+        later_windows = itertools.repeat(None) if windowed is None else windowed[1:]
+        rows = [first] + [cost_model.step_cost(_with_context(work, int(c), w)).terms
+                          for c, w in zip(contexts[1:], later_windows)]
         terms = {t: np.array([r[t] for r in rows]) for t in first}
     total: np.ndarray | float = 0
     for value in terms.values():  # StepCost.total_s: sum(terms.values()), left to right
@@ -156,12 +164,12 @@ def _with_context(work: StepWork, context: int, window_context: int | None) -> S
 
 
 def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now: float,
-              next_arrival_s: float, *, end_before_arrival: bool, decode_terms: dict | None = None,
-              window: int | None = None) -> tuple[int, dict, np.ndarray]:
+              next_arrival_s: float, *, end_before_arrival: bool,
+              decode_terms: dict | None = None) -> tuple[int, dict, np.ndarray]:
     """How many of the run's steps start (or end, with ``end_before_arrival``) strictly before
     ``next_arrival_s`` (the caller's ``now`` is before it), with their terms and end times.
-    ``window``: the cost model's ``attention_window`` (its sliding layers' decode context, which
-    stops growing at the window, is counted step by step: ``window_contexts``).
+    With a cost model that has an ``attention_window``, each step's windowed decode context
+    (which stops growing at the window) is counted too (``window_contexts``).
 
     ``decode_terms`` (the caller's, kept for one cost model and one block size) remembers, per
     number of sequences, a pure decode step's terms and its ``decode_attention_fn``: the model
@@ -170,8 +178,8 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     ``step_cost`` call (models that record their calls, ``usage_snapshot``, are always asked)."""
     n = len(run.seqs)
     context = run.context_tokens + n  # the first step's decode context (decode_work's)
-    windowed = None if window is None else iter_window_contexts(run.computed, window)
-    window_context = 0 if windowed is None else next(windowed)
+    window = cost_model.attention_window
+    windowed, window_context = (None, 0) if window is None else _first_window_context(run.computed, window)
     usage = cost_model.usage_snapshot()  # costing steps not taken must not count as using them
     known = decode_terms.get(n) if decode_terms is not None and usage is None else None
     work = None
@@ -192,8 +200,8 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     else:
         guess = limit
     if guess <= SHORT_SKIP and decode is not None:
-        return _plan_short(n, context, first_terms, decode, now, next_arrival_s, limit, end_before_arrival,
-                           window_context, windowed)
+        return _plan_short(n, context, first_terms, decode, now, next_arrival_s, limit, end_before_arrival, windowed,
+                           window_context)
     if work is None:
         work = decode_work(run, block_size, window)
     contexts = None if windowed is None else [window_context]  # each step's windowed context, as needed
@@ -223,8 +231,8 @@ SHORT_SKIP = 48
 
 
 def _plan_short(n: int, context: int, first: dict[str, float], decode, now: float, next_arrival_s: float,
-                limit: int, end_before_arrival: bool, window_context: int = 0,
-                windowed=None) -> tuple[int, dict, np.ndarray]:
+                limit: int, end_before_arrival: bool, windowed=None,
+                window_context: int = 0) -> tuple[int, dict, np.ndarray]:
     """``plan_skip`` step by step in Python floats, for a model with ``decode_attention_fn``:
     the same operations in the same order as ``step_terms`` and ``np.add.accumulate``, one step
     at a time, stopping at the first step that does not qualify (at most ``limit``).
@@ -278,11 +286,12 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s
                                                       for v in map(terms.get, TERMS, _ZEROS)]),
         (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
         run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, run.computed,
-        None if done.hybrid is None else (sched.kv.num_groups, done.hybrid)))
+        done.hybrid))
     return float(ends[k - 1]), done.finished
 
 
 _ZEROS = (0.0,) * len(TERMS)  # (a term the step has not: 0.0)
+_HYBRID = operator.attrgetter("hybrid")
 
 
 def _first(value, k: int):
@@ -310,9 +319,9 @@ class DecodeSpan:
     evictions: list[int]
     block_size: int
     computed: list[int]  # each sequence's computed tokens before the first step
-    # A hybrid cache's (groups, window_decode.HybridCounts): every group's table counts, and the
-    # windows' drops take entries from the tables and blocks out of use (None: one group)
-    hybrid: tuple | None = None
+    # A hybrid cache's window_decode.HybridCounts: every group's table counts (``groups``), and
+    # the windows' drops take entries from the tables and blocks out of use (None: one group)
+    hybrid: object = None
 
     @staticmethod
     def fill(spans: list[DecodeSpan], offsets: list[int], block: np.ndarray) -> None:
@@ -353,16 +362,18 @@ class DecodeSpan:
         per_span = np.array([(span.used_blocks, span.cached_blocks, span.table_blocks, span.block_size)
                              for span in spans], dtype=np.int64)[sid]
         bs = per_span[:, 3]
-        used_blocks, cached_blocks, table_blocks = per_span[:, 0] + allocs, per_span[:, 1] - evicts, per_span[:, 2] + allocs
+        used_blocks = per_span[:, 0] + allocs
+        cached_blocks = per_span[:, 1] - evicts
+        table_blocks = per_span[:, 2] + allocs
         groups = None
-        if any(span.hybrid is not None for span in spans):  # drops: entries out of tables, blocks out of use
+        if any(map(_HYBRID, spans)):  # drops: entries out of tables, blocks out of use
             dropped, freed, cached = (_segment_cumsum(np.fromiter(itertools.chain.from_iterable(
-                [span.rows * (0,) if span.hybrid is None else getattr(span.hybrid[1], name) for span in spans]),
+                [span.rows * (0,) if span.hybrid is None else getattr(span.hybrid, name) for span in spans]),
                 np.int64, total), first, sid) for name in ("dropped", "freed", "cached"))
             used_blocks -= freed
             cached_blocks += cached
             table_blocks -= dropped
-            groups = np.array([1 if span.hybrid is None else span.hybrid[0] for span in spans], dtype=np.int64)[sid]
+            groups = np.array([1 if span.hybrid is None else span.hybrid.groups for span in spans], dtype=np.int64)[sid]
         allocated = used_blocks * bs
         out[:, _ALLOCATED] = allocated
         # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after

@@ -201,19 +201,18 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
 
 def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[int], int, int, int] | None:
     """The live sequences of ``requests`` if every one is a steady decoder (module docstring):
-    ``(seqs, computed, finish_in, table blocks, sum(computed), dropped entries)``; else ``None``."""
+    ``(seqs, computed, finish_in, table blocks, dropped entries, sum(computed))``; else ``None``."""
+    if s.kv.hybrid and not _hybrid_decoders(s, requests):
+        return None
     bs = s.block_size
     ref_counts = s.pool.ref_counts
     max_model_len = s.config.max_model_len
-    hybrid = s.kv.hybrid
     seqs: list[Sequence] = []
     computed: list[int] = []
     finish_steps: list[int] = []
     table_blocks = context = 0
     for request in requests:
         if request.beam_width > 1 or (request.n > 1 and not request.forked):
-            return None
-        if hybrid and len(request.live_seqs) != 1:  # (window_decode: one sequence per request)
             return None
         prompt_len = request.prompt_len
         lens = request.sample_max_tokens
@@ -222,8 +221,6 @@ def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[i
             outputs = len(seq.output_token_ids)
             n = prompt_len + outputs  # seq.num_tokens, spelled out on this hot path
             if seq.parked or not seq.decoding or c != n - 1 or seq.num_filled_tokens != c:
-                return None
-            if hybrid and not _steady_in_every_group(s, seq, c):
                 return None
             table = seq.block_table
             if c % bs and ref_counts[table[-1]] != 1:  # the next write would copy on write
@@ -235,25 +232,34 @@ def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[i
             context += c
             finish_steps.append(limit - outputs if limit - outputs < max_model_len - n else max_model_len - n)
             table_blocks += len(table)
-    if hybrid:  # (blocks held, each table's count, and entries the windows dropped)
-        held, dropped = table_counts(seqs)
-        return seqs, computed, finish_steps, held, context, dropped
-    return seqs, computed, finish_steps, table_blocks, context, 0
+    if s.kv.hybrid:  # (blocks held, each table's count, and entries the windows dropped)
+        return seqs, computed, finish_steps, *table_counts(seqs), context
+    return seqs, computed, finish_steps, table_blocks, 0, context
 
 
-def _steady_in_every_group(s: Scheduler, seq: Sequence, c: int) -> bool:
-    """A hybrid cache's further conditions for a steady decoder (``window_decode``): every group's
-    last block is its own when the next write goes into it, and its full blocks are registered."""
+def _hybrid_decoders(s: Scheduler, requests) -> bool:
+    """A hybrid cache's further conditions for steady decoders (``window_decode``): one live
+    sequence per request, every group's last block its own when the next write goes into it, the
+    full blocks registered."""
+    bs = s.block_size
     ref_counts = s.pool.ref_counts
-    for table in (seq.block_table, *(seq.extra_tables or ())):
-        last = table[-1] if table else None
-        if last is None or (c % s.block_size and ref_counts[last] != 1):
+    caching = s.kv.enable_prefix_caching
+    for request in requests:
+        if len(request.live_seqs) != 1:
             return False
-    return not s.kv.enable_prefix_caching or seq.num_registered_blocks == c // s.block_size
+        seq = request.live_seqs[0]
+        c = seq.num_computed_tokens
+        for table in (seq.block_table, *(seq.extra_tables or ())):
+            last = table[-1] if table else None
+            if last is None or (c % bs and ref_counts[last] != 1):
+                return False
+        if caching and seq.num_registered_blocks != c // bs:
+            return False
+    return True
 
 
 def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], computed: list[int], finish_in: list[int],
-            table_blocks: int, context: int, dropped_entries: int = 0) -> DecodeRun | None:
+            table_blocks: int, dropped_entries: int, context: int) -> DecodeRun | None:
     """The ``DecodeRun`` of these decoders (the running requests, in order), or ``None`` when it
     cannot take one step: some would wait for the token budget, or no step fits in the free blocks."""
     if not seqs or len(seqs) > s.config.max_num_batched_tokens:  # some would wait for budget: not the same batch
@@ -266,17 +272,15 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], compute
         # sequence of it (``VllmV0StepOrder._can_append``: a decode touches one block, new or not),
         # checked group by group as the step allocates: steps that leave that many free whatever
         # the order pass every check. vLLM v1 needs only the blocks it allocates.
-        room = free
+        room = free // s.kv.num_groups  # (a hybrid cache: a new block in every group; drops only add room)
         if type(s.step_order) is VllmV0StepOrder:
             room -= max([len(request.live_seqs) for request in requests])
-        elif s.kv.hybrid:  # a new block in every group at once; drops only add room (window_decode)
-            room //= s.kv.num_groups
         horizon = _steps_within_blocks(computed, s.block_size, room, horizon) if room >= 0 else 0
     if horizon < 1:
         return None
     return DecodeRun(s, requests, seqs, computed, finish_in, first_finish, horizon, free,
                      free - pool.num_cached_free_blocks, pool.num_used_blocks, pool.num_cached_free_blocks,
-                     table_blocks, context, s.next_step, dropped_entries=dropped_entries)
+                     table_blocks, context, s.next_step, None, dropped_entries)
 
 
 def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | None = None,
@@ -295,10 +299,8 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         computed = [run.computed[i] + k for i in keep]
         finish_in = [run.finish_in[i] - k for i in keep]
         requests = [r for r in run.requests if r.live_seqs]
-        if s.kv.hybrid:
-            table_blocks, dropped_entries = table_counts(seqs)
-        else:
-            table_blocks, dropped_entries = sum([len(seq.block_table) for seq in seqs]), 0
+        table_blocks, dropped_entries = (table_counts(seqs) if s.kv.hybrid
+                                         else (sum([len(seq.block_table) for seq in seqs]), 0))
         context = sum(computed)
         rows = None
     else:
@@ -306,8 +308,7 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         computed = [c + k for c in run.computed]
         finish_in = [f - k for f in run.finish_in]
         requests = run.requests
-        table_blocks = run.table_blocks + allocated - dropped
-        dropped_entries = run.dropped_entries + dropped
+        table_blocks, dropped_entries = run.table_blocks + allocated - dropped, run.dropped_entries + dropped
         context = run.context_tokens + k * len(seqs)
         rows = run.rows
     if admitted:
@@ -318,11 +319,11 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         computed = computed + members[1]
         finish_in = finish_in + members[2]
         table_blocks += members[3]
-        context += members[4]
-        dropped_entries += members[5]
+        dropped_entries += members[4]
+        context += members[5]
         requests = requests + admitted
         rows = None
-    carried = _run_of(s, requests, seqs, computed, finish_in, table_blocks, context, dropped_entries)
+    carried = _run_of(s, requests, seqs, computed, finish_in, table_blocks, dropped_entries, context)
     if carried is not None:
         carried.rows = rows
     return carried
@@ -410,7 +411,7 @@ def _advance_hybrid(run: DecodeRun, k: int) -> Advanced:
     kv = s.kv
     first_step = s.next_step
     events = hybrid_events(kv, run.computed, run.seqs, k)
-    counts = HybridCounts(k)
+    counts = HybridCounts(k, kv.num_groups)
     if s.config.record_decisions:
         e = 0
         for j in range(1, k + 1):
@@ -626,7 +627,7 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     allocations, evictions = [0], [0]
     dropped = 0
     if s.kv.hybrid:
-        counts = HybridCounts(1)
+        counts = HybridCounts(1, s.kv.num_groups)
         apply_hybrid_events(hybrid_events(s.kv, run.computed, run.seqs, 1), 0, 1, run.seqs, run.computed, s.kv, counts)
         allocations, evictions, dropped = counts.allocations, counts.evictions, counts.dropped[0]
     else:

@@ -30,6 +30,11 @@ tokens, and a sequence holds a table per group, all of one length. This follows 
   end of that prefix (``Request.shared_prefix_boundary``, vLLM's Marconi-style junction); with an
   interval ``N`` also the tail of every ``N``-token segment; ``None`` keys them all. Blocks left
   unkeyed go back to the front of the free list when the window leaves them, as vLLM's do.
+- **Lazy keys** (``KVCacheManager``'s, a simulator's shortcut): a full-attention group's blocks
+  whose content is unique to their sequence get ``LAZY_KEY`` and their real key only when the
+  sequence is released unfinished (it may look them up after its recompute); a sliding group
+  keys its few kept blocks eagerly, since they leave the table while the sequence runs. Lookups
+  adopt the stored key they hit, so verifying the next hit compares one link of the chain.
 - **Admission** (vLLM 0.33's ``scheduler_reserve_full_isl``, the default): the whole known sequence
   must fit, less its hits, with a sliding group counted at most ``cdiv(min(window - 1 +
   max_num_batched_tokens, max_model_len), block_size) + 1`` blocks (``max_admission_blocks_per_request``

@@ -49,6 +49,7 @@ def cdiv(a: int, b: int) -> int:
 class KVCacheManager:
     #: One table per sequence (``HybridKVCacheManager`` keeps one per layer group).
     hybrid = False
+    num_groups = 1
 
     def __init__(
         self,

@@ -42,7 +42,7 @@ def hybrid_events(kv, computed: list[int], seqs: list[Sequence], k: int) -> list
     kind`` (0 drop, 1 allocate, 2 register)."""
     bs = kv.block_size
     n = len(seqs)
-    windows = sorted({w for w in kv.windows if w is not None})
+    windows = [w for w, _ in kv.sliding_types]  # (each distinct window once)
     caching = kv.enable_prefix_caching
     events: list[int] = []
     for i, (seq, c) in enumerate(zip(seqs, computed)):
@@ -83,11 +83,12 @@ class HybridCounts:
     """Per-step counts of what the events did, for the step rows (``sim.skip_ahead.DecodeSpan``)
     and the carried batch: blocks allocated (every group's) and evicted, table entries dropped,
     dropped blocks that left use (their count reached 0) and, of those, the ones that became
-    cached (they carry a key)."""
+    cached (they carry a key); ``groups``: the cache's layer groups (each has a table)."""
 
-    __slots__ = ("allocations", "evictions", "dropped", "freed", "cached")
+    __slots__ = ("allocations", "evictions", "dropped", "freed", "cached", "groups")
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, groups: int):
+        self.groups = groups
         self.allocations = [0] * k
         self.evictions = [0] * k
         self.dropped = [0] * k
