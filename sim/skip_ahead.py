@@ -225,6 +225,8 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     return k, terms, ends
 
 
+_NO_TERMS = (0.0, 0.0, 0.0, 0.0)  # (_plan_short's unrolled sum: at most four terms after decode attention)
+
 #: A skip expected to be at most this many steps is costed in Python floats (``_plan_short``):
 #: below it, numpy's cost per call is more than the arithmetic.
 SHORT_SKIP = 48
@@ -252,21 +254,35 @@ def _plan_short(n: int, context: int, first: dict[str, float], decode, now: floa
     attention: list[float] = []  # (n sequences; the first step's decode context is ``context``)
     ends: list[float] = []
     end = now
-    while len(ends) < limit:
-        seconds = decode(context, window_context)
-        total = before + seconds
-        for value in after:
-            total = total + value
-        end = end + total
-        if end_before_arrival and not end < next_arrival_s:
-            break
-        attention.append(seconds)
-        ends.append(end)
-        if not end < next_arrival_s:  # (the next step would start at or after the arrival)
-            break
-        context += n
-        if windowed is not None:
-            window_context = next(windowed)
+    if windowed is None and len(after) <= len(_NO_TERMS) and not end_before_arrival:
+        # (the common case, unrolled: a term padded with +0.0 adds nothing, as x + 0.0 is x for
+        # the nonnegative totals here)
+        a1, a2, a3, a4 = (*after, *_NO_TERMS[len(after):])
+        keep, reach = attention.append, ends.append
+        for _ in range(limit):
+            seconds = decode(context, window_context)
+            end = end + ((((before + seconds) + a1) + a2) + a3 + a4)
+            keep(seconds)
+            reach(end)
+            if not end < next_arrival_s:  # (the next step would start at or after the arrival)
+                break
+            context += n
+    else:
+        while len(ends) < limit:
+            seconds = decode(context, window_context)
+            total = before + seconds
+            for value in after:
+                total = total + value
+            end = end + total
+            if end_before_arrival and not end < next_arrival_s:
+                break
+            attention.append(seconds)
+            ends.append(end)
+            if not end < next_arrival_s:  # (the next step would start at or after the arrival)
+                break
+            context += n
+            if windowed is not None:
+                window_context = next(windowed)
     terms: dict[str, np.ndarray | float] = dict(first)
     terms["decode_attention"] = np.array(attention, dtype=np.float64)
     return len(ends), terms, np.array(ends, dtype=np.float64)

@@ -140,14 +140,16 @@ class BlockPool:
             return [self.allocate() for _ in range(num_blocks)]
         free = self._free
         plain = num_blocks if num_blocks <= len(free) else len(free)
-        popleft = free.popleft
-        blocks = [popleft() for _ in range(plain)]
-        if plain < num_blocks:
-            blocks += self._evict_many(num_blocks - plain)
         ref_counts = self.ref_counts
-        for block_id in blocks:
-            ref_counts[block_id] = 1
-        return blocks
+        if plain:
+            popleft = free.popleft
+            blocks = [popleft() for _ in range(plain)]
+            for block_id in blocks:
+                ref_counts[block_id] = 1
+            if plain < num_blocks:
+                blocks += self._evict_many(num_blocks - plain, ref_counts)
+            return blocks
+        return self._evict_many(num_blocks, ref_counts)
 
     def _evict(self) -> int:
         block_id = self.eviction.pop()
@@ -166,18 +168,28 @@ class BlockPool:
             self.on_release(block_id)
         return block_id
 
-    def _evict_many(self, count: int) -> list[int]:
-        """``count`` evictions, as ``count`` calls of ``_evict`` make them."""
+    def _evict_many(self, count: int, ref_counts: list[int] | None = None) -> list[int]:
+        """``count`` evictions, as ``count`` calls of ``_evict`` make them (with ``ref_counts``,
+        the pool's, each evicted block's count set to 1 too: ``allocate_many``)."""
         eviction = self.eviction
         if not eviction.batches:  # e.g. a leaf found by one eviction may be the next one's victim
-            return [self._evict() for _ in range(count)]
+            blocks = [self._evict() for _ in range(count)]
+            if ref_counts is not None:
+                for block_id in blocks:
+                    ref_counts[block_id] = 1
+            return blocks
         blocks = eviction.pop_many(count)
         if len(blocks) < count:
             raise NoFreeBlocksError("no free or cached block left")
         keys, remove, hook = self.keys, self.cache.remove, self.on_release
         victim_keys = list(map(keys.__getitem__, blocks))
-        for block_id in blocks:
-            keys[block_id] = None
+        if ref_counts is None:
+            for block_id in blocks:
+                keys[block_id] = None
+        else:
+            for block_id in blocks:
+                keys[block_id] = None
+                ref_counts[block_id] = 1
         if victim_keys.count(LAZY_KEY) != count:  # some are in the index (lazy keys never are)
             for block_id, key in zip(blocks, victim_keys):
                 if key is not LAZY_KEY:
@@ -247,12 +259,18 @@ class BlockPool:
         for block_id in block_ids:
             ref_counts[block_id] = 0
         walk = block_ids[::-1]
-        unkeyed = [block_id for block_id in walk if keys[block_id] is None]
-        if not unkeyed:
+        walk_keys = list(map(keys.__getitem__, walk))
+        num_unkeyed = walk_keys.count(None)
+        if not num_unkeyed:
             self.eviction.add_many(walk)
             return
-        if len(unkeyed) < len(walk):
-            self.eviction.add_many([block_id for block_id in walk if keys[block_id] is not None])
+        if num_unkeyed == 1 and walk_keys[0] is None:  # (the usual: only the last block, partly filled)
+            unkeyed = walk[:1]
+            self.eviction.add_many(walk[1:])
+        else:
+            unkeyed = [block_id for block_id, key in zip(walk, walk_keys) if key is None]
+            if len(unkeyed) < len(walk):
+                self.eviction.add_many([block_id for block_id, key in zip(walk, walk_keys) if key is not None])
         self._free.extendleft(reversed(unkeyed))
         if self.on_release is not None:
             for block_id in unkeyed:

@@ -265,7 +265,9 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], compute
     if not seqs or len(seqs) > s.config.max_num_batched_tokens:  # some would wait for budget: not the same batch
         return None
     pool = s.pool
-    free = pool.num_free_blocks
+    cached = pool.num_cached_free_blocks
+    plain = pool.num_plain_free_blocks
+    free = plain + cached  # (pool.num_free_blocks)
     first_finish = horizon = min(finish_in)
     if horizon >= 1:
         # vLLM 0.6.3 lets a group append only while the free blocks cover a block per running
@@ -278,9 +280,8 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], compute
         horizon = _steps_within_blocks(computed, s.block_size, room, horizon) if room >= 0 else 0
     if horizon < 1:
         return None
-    return DecodeRun(s, requests, seqs, computed, finish_in, first_finish, horizon, free,
-                     free - pool.num_cached_free_blocks, pool.num_used_blocks, pool.num_cached_free_blocks,
-                     table_blocks, context, s.next_step, None, dropped_entries)
+    return DecodeRun(s, requests, seqs, computed, finish_in, first_finish, horizon, free, plain,
+                     pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, None, dropped_entries)
 
 
 def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | None = None,
@@ -488,18 +489,28 @@ def _finish(run: DecodeRun, k: int) -> list[Request]:
         s._finished_in_last_update = False
         retire_finished(s, s.next_step - 1, [])
         return []
-    ending = {id(seq) for seq, f in zip(run.seqs, run.finish_in) if f == k}
-    finished: list[Request] = []
-    if ending:
-        for request in run.requests:
-            for seq in list(request.live_seqs):
-                if id(seq) in ending:
-                    processor._finish(seq, finish_reason(seq, processor.max_model_len))
-            if not request.live_seqs:
-                request.status = RequestStatus.FINISHED
-                finished.append(request)
-    s._finished_in_last_update = bool(ending)
+    finished = _finish_seqs(run, k, processor)
+    s._finished_in_last_update = k in run.finish_in  # (always: k is the run's first finish)
     retire_finished(s, s.next_step - 1, finished)
+    return finished
+
+
+def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
+    """Retire the sequences whose last token is step ``k``'s, in scheduling order (the run's
+    sequences are request by request, each request's live sequences in order); returns the
+    requests left with none, in that order. O(finishing) Python work (``list.index`` scans)."""
+    finish_in, seqs = run.finish_in, run.seqs
+    max_model_len = processor.max_model_len
+    finished: list[Request] = []
+    i = -1
+    for _ in range(finish_in.count(k)):
+        i = finish_in.index(k, i + 1)
+        seq = seqs[i]
+        processor._finish(seq, finish_reason(seq, max_model_len))
+        request = seq.request
+        if not request.live_seqs:
+            request.status = RequestStatus.FINISHED
+            finished.append(request)
     return finished
 
 
@@ -693,19 +704,11 @@ def update_decode_step(step: DecodeStep) -> list[Request]:
     s = run.scheduler
     processor = s.output_processor
     retired = processor.num_seqs_finished
-    max_model_len = processor.max_model_len
     finished: list[Request] = []
     for seq in run.seqs:
         seq.output_token_ids.append(None)
     if run.first_finish == 1:  # (finish_in: the step whose token ends each sequence)
-        ending = {id(seq) for seq, f in zip(run.seqs, run.finish_in) if f == 1}
-        for request in run.requests:
-            for seq in list(request.live_seqs):
-                if id(seq) in ending:
-                    processor._finish(seq, finish_reason(seq, max_model_len))
-            if not request.live_seqs:
-                request.status = RequestStatus.FINISHED
-                finished.append(request)
+        finished = _finish_seqs(run, 1, processor)
     finished += processor.process(step.output, s.requests)
     retire_finished(s, step.output.step, finished)
     s._finished_in_last_update = processor.num_seqs_finished != retired
