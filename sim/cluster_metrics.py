@@ -35,6 +35,7 @@ import numpy as np
 
 from sim.bench_metrics import DEFAULT_PERCENTILES, Slo
 from sim.metrics import OffloadTotals, RequestMetrics, StepMetrics, summarize
+from sim.step_metrics import STEP_COLUMNS
 from sim.token_runs import ItlSample
 
 
@@ -58,10 +59,10 @@ class ClusterSteps:
             return self.parts[0].array(name)
         return np.concatenate([p.array(name) for p in self.parts])
 
-    def iter_chunks(self) -> Iterator[dict[str, np.ndarray]]:
+    def iter_chunks(self, columns: Sequence[str] = STEP_COLUMNS) -> Iterator[dict[str, np.ndarray]]:
         """Every row in order, replica by replica, a chunk at a time (``StepMetrics.iter_chunks``)."""
         for part in self.parts:
-            yield from part.iter_chunks()
+            yield from part.iter_chunks(columns)
 
     def replica_index(self) -> np.ndarray:
         """For each row of ``array``: the replica whose step it is."""

@@ -157,7 +157,7 @@ def step_sums(steps) -> dict[str, float]:
     products are summed exactly (``math.fsum``) and the chunks' sums exactly again: the result
     does not depend on the order of the steps, and within one chunk on nothing at all."""
     sums: dict[str, list[float]] = {k: [] for k in SUM_KEYS}
-    for c in steps.iter_chunks():
+    for c in steps.iter_chunks(SUM_COLUMNS):
         dur = c["duration_s"]
         allocated = c["allocated_slots"]
         used = c["used_slots"]
@@ -183,6 +183,8 @@ def step_sums(steps) -> dict[str, float]:
     return {k: math.fsum(v) for k, v in sums.items()}
 
 
+SUM_COLUMNS = ("duration_s", "allocated_slots", "used_slots", "total_slots", "unshared_slots", "num_requests",
+               "num_running", "swap_out_blocks", "swap_in_blocks", "cow_blocks")  # (what step_sums reads)
 SUM_KEYS = ("busy_s", "held_s", "utilization_x_s", "allocated_fraction_x_s", "used_fraction_x_s",
             "sharing_saved_x_s", "batched_x_s", "running_x_s", "swap_out_blocks", "swap_in_blocks", "cow_blocks")
 

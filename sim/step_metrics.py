@@ -38,7 +38,7 @@ import shutil
 import tempfile
 import weakref
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -228,23 +228,30 @@ class StepMetrics:
         out[spilled:] = np.frombuffer(self._live).reshape(-1, NUM_COLUMNS)[:, j]  # the view dies here
         return out
 
-    def iter_chunks(self) -> Iterator[dict[str, np.ndarray]]:
-        """Every row in order, up to ``chunk_rows`` at a time: ``{column: values}`` per chunk
-        (for writers of whole tables; record nothing while iterating)."""
+    def iter_chunks(self, columns: Sequence[str] = STEP_COLUMNS) -> Iterator[dict[str, np.ndarray]]:
+        """Every row in order, up to ``chunk_rows`` at a time: ``{column: values}`` per chunk,
+        for ``columns`` (default all; a reader of a few reads only theirs from disk); for
+        writers of whole tables and the summary's sums. Record nothing while iterating."""
         self._check_open()
+        unknown = [name for name in columns if name not in _COLUMN_SET]
+        if unknown:
+            raise ValueError(f"unknown step columns {unknown}")
         self._write_deferred()
         spilled = self._num_spilled
         if spilled:
-            files = [open(self._path / f"{name}.f64", "rb") for name in STEP_COLUMNS]
+            files = [open(self._path / f"{name}.f64", "rb") for name in columns]
             try:
                 for start in range(0, spilled, self.chunk_rows):
                     rows = min(self.chunk_rows, spilled - start)
-                    yield {name: np.fromfile(f, dtype=np.float64, count=rows) for name, f in zip(STEP_COLUMNS, files)}
+                    yield {name: np.fromfile(f, dtype=np.float64, count=rows) for name, f in zip(columns, files)}
             finally:
                 for f in files:
                     f.close()
         if self._live:
-            yield dict(zip(STEP_COLUMNS, self._live_block()))
+            live = np.frombuffer(self._live).reshape(-1, NUM_COLUMNS)
+            chunk = {name: live[:, _INDEX[name]].copy() for name in columns}
+            del live  # (no view of the buffer kept while suspended: the array must stay resizable)
+            yield chunk
 
     def _live_block(self) -> np.ndarray:
         """The live chunk as (columns, rows), a copy."""

@@ -119,6 +119,9 @@ def test_record_many_rejects_bad_columns():
     assert len(store) == 0
 
 
+TERMS_COLUMN = f"{TERMS[0]}_s"
+
+
 def test_spills_to_disk_and_reads_back_in_order(tmp_path):
     rng = random.Random(1)
     rows = [random_row(rng) for _ in range(10)]
@@ -136,6 +139,29 @@ def test_spills_to_disk_and_reads_back_in_order(tmp_path):
     assert [len(c["step"]) for c in chunks] == [4, 4, 2]
     for name in STEP_COLUMNS:
         assert bits(np.concatenate([c[name] for c in chunks])) == bits(as_columns(rows)[name])
+    store.close()
+
+
+def test_iter_chunks_of_a_few_columns_is_those_columns_of_every_chunk(tmp_path):
+    rng = random.Random(2)
+    rows = [random_row(rng) for _ in range(11)]
+    store = StepMetrics(chunk_rows=4, spill_dir=tmp_path)
+    for row in rows:
+        record_row(store, row)
+    few = ("duration_s", "used_slots", TERMS_COLUMN)
+    whole = list(store.iter_chunks())
+    some = list(store.iter_chunks(few))
+    assert [sorted(c) for c in some] == [sorted(few)] * 3  # two spilled chunks and the live one
+    for a, b in zip(whole, some):
+        for name in few:
+            assert bits(a[name]) == bits(b[name])
+    with pytest.raises(ValueError, match="unknown step columns"):
+        list(store.iter_chunks(("duration_s", "nope")))
+    chunks = store.iter_chunks(few)
+    for _ in range(3):  # the live chunk's turn, then abandoned: the store must still record
+        next(chunks)
+    record_row(store, random_row(rng))
+    assert len(store) == 12
     store.close()
 
 
