@@ -167,7 +167,8 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
               next_arrival_s: float, *, end_before_arrival: bool,
               decode_terms: dict | None = None) -> tuple[int, dict, np.ndarray]:
     """How many of the run's steps start (or end, with ``end_before_arrival``) strictly before
-    ``next_arrival_s`` (the caller's ``now`` is before it), with their terms and end times.
+    ``next_arrival_s`` (the caller's ``now`` is before it), with their terms (a value for all,
+    or an array of exactly those ``k`` steps') and end times (at least ``k``).
     With a cost model that has an ``attention_window``, each step's windowed decode context
     (which stops growing at the window) is counted too (``window_contexts``).
 
@@ -222,6 +223,8 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
         cost_model.restore_usage(usage)
         if k:
             terms, _ = step_terms(cost_model, work, k, None, contexts)
+    elif k < guess:  # (a term given per step has exactly the k steps': skip records them as they are)
+        terms = {t: v[:k] if isinstance(v, np.ndarray) else v for t, v in terms.items()}
     return k, terms, ends
 
 
@@ -298,8 +301,7 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s
     bs = sched.block_size
     num_requests = len(run.requests)
     replica.steps.record_deferred(DecodeSpan(
-        k, done.first_step, start_s, ends[:k], tuple([v if v.__class__ is float else _first(v, k)
-                                                      for v in map(terms.get, TERMS, _ZEROS)]),
+        k, done.first_step, start_s, ends[:k], tuple(map(terms.get, TERMS, _ZEROS)),
         (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
         run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, run.computed,
         done.hybrid))
@@ -308,10 +310,6 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s
 
 _ZEROS = (0.0,) * len(TERMS)  # (a term the step has not: 0.0)
 _HYBRID = operator.attrgetter("hybrid")
-
-
-def _first(value, k: int):
-    return value[:k] if isinstance(value, np.ndarray) else value
 
 
 @dataclass(slots=True)
