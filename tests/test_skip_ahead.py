@@ -156,7 +156,7 @@ def assert_same(trace: Trace, preset: str, settings_: dict, cost_model_factory) 
     """Run with and without skip-ahead and compare everything; returns the steps skipped. The
     skip-ahead run is made twice: recording decisions (compared record for record) and, as a
     simulation runs by default, not recording them (its skips take the bulk paths, e.g.
-    ``apply_events_in_bulk``), compared on everything else."""
+    ``apply_in_bulk``), compared on everything else."""
     plain, plain_log, none_skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=False)
     fast, fast_log, skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=True)
     assert none_skipped == 0

@@ -61,7 +61,7 @@ same number of running requests (any other step moves the counter; ``abort_reque
 instead of rebuilding it from every running sequence. ``tests/test_skip_ahead.py`` compares every
 carried batch with the one built from the scheduler's state. Without recording decisions, a
 skip's allocations and lazily keyed registrations are made in one pool call each
-(``apply_events_in_bulk``, for ``lru``, whose order lets the two commute).
+(``apply_in_bulk``, for ``lru``, whose order lets the two commute).
 
 Entry points, in the order an executor uses them (the simulator's one caller is
 ``sim/replica.py`` with ``sim/skip_ahead.py``; the engine never takes the fast path, it names
@@ -370,30 +370,29 @@ def advance(run: DecodeRun, k: int) -> Advanced:
         seq.output_token_ids.extend(unnamed)
     if kv.hybrid:
         return _advance_hybrid(run, k)
-    events = decode_events(run.computed, bs, k, caching)
     allocations = [0] * k
     evictions = [0] * k
     recording = s.config.record_decisions
-    free_cpu = s.swap_pool.num_free_blocks
     offload = s.offload
     if offload is not None:  # (its copies of the step before are done; decodes store nothing)
         offload.begin_step()
-    free_offload = None if offload is None else offload.store.num_free_blocks
-    e = 0
-    num_events = len(events)
-    for j in range(1, k + 1) if recording else ():
-        e = apply_events(events, e, j, seqs, run.computed, kv, pool, allocations, evictions)
-        free = pool.num_free_blocks
-        record = _decode_record(first_step + j - 1, run.requests, free, free_cpu, free_offload)
-        s.decision_log.append(record)
-        s._last_record = record
-    if not recording:
-        if pool.eviction.batches and not pool.eviction.reads_block_stats:
-            apply_events_in_bulk(events, seqs, run.computed, kv, pool, allocations, evictions)
-        else:
+    if not recording and pool.eviction.batches and not pool.eviction.reads_block_stats:
+        apply_in_bulk(seqs, run.computed, k, kv, pool, allocations, evictions)
+    else:
+        events = decode_events(run.computed, bs, k, caching)
+        if not recording:
             apply_events(events, 0, k, seqs, run.computed, kv, pool, allocations, evictions)
-        e = num_events
-    assert e == num_events
+        else:
+            free_cpu = s.swap_pool.num_free_blocks
+            free_offload = None if offload is None else offload.store.num_free_blocks
+            e = 0
+            for j in range(1, k + 1):
+                e = apply_events(events, e, j, seqs, run.computed, kv, pool, allocations, evictions)
+                record = _decode_record(first_step + j - 1, run.requests, pool.num_free_blocks, free_cpu,
+                                        free_offload)
+                s.decision_log.append(record)
+                s._last_record = record
+            assert e == len(events)
     set_computed(run, k)
     s.next_step += k
     # As after a pure decode schedule(): the waiting and swapped heads (if any) still refused for
@@ -539,41 +538,66 @@ def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, al
     return e
 
 
-def apply_events_in_bulk(events, seqs, computed, kv, pool, allocations, evictions) -> None:
-    """``apply_events`` of all ``events`` with the allocations made in one ``allocate_many`` and
-    the lazily keyed registrations in one ``cache_lazy``, for an eviction policy that batches and
-    reads no block stats (``lru``). For such a policy the two kinds of call commute: which block
-    an allocation takes depends only on the free list and the eviction order, and a registration
-    touches neither (it keys a block in use, which is in neither); the index ends the same whichever
-    comes first when a victim carries the key a block is given (each key's blocks keep their order)."""
+def apply_in_bulk(seqs, computed, k: int, kv, pool, allocations, evictions) -> None:
+    """The pool calls of ``k`` decode steps (``decode_events``' allocations and registrations)
+    for an eviction policy that batches and reads no block stats (``lru``), in bulk: every
+    allocation in one ``allocate_many``, the blocks handed out in the order of the step-by-step
+    path (by step, then scheduling position), then the registrations in that same order, the
+    lazily keyed ones in one ``cache_lazy``. For such a policy the two kinds of call commute:
+    which block an allocation takes depends only on the free list and the eviction order, and a
+    registration touches neither (it keys a block in use, which is in neither); the index ends
+    the same whichever comes first when a victim carries the key a block is given (each key's
+    blocks keep their order). A sequence at computed ``c`` allocates at steps ``(-c) % bs + 1``,
+    then every ``bs``; it fills a block the step before each (the first at step ``bs`` when it
+    allocates at step 1)."""
     bs = kv.block_size
-    width = 2 * len(seqs)
-    num_allocations = len(events) - sum([code & 1 for code in events])
-    plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
-    blocks = pool.allocate_many(num_allocations) if num_allocations else ()
-    taken = 0
-    keys = pool.keys
-    lazy = []
-    for code in events:  # (in order: a block is appended before the event that fills it registers it)
-        j, rest = divmod(code, width)
-        i = rest >> 1
-        seq = seqs[i]
-        if rest & 1:
+    n = len(seqs)
+    caching = kv.enable_prefix_caching
+    allocating: list[int] = []  # step * n + position: sorting orders them by step, then position
+    filling: list[int] = []
+    if k <= bs:  # (the usual skip: at most one of each per sequence)
+        for i, c in enumerate(computed):
+            first = (-c) % bs + 1
+            if first <= k:
+                allocating.append(first * n + i)
+            if caching:
+                fills = first - 1 if first > 1 else bs
+                if fills <= k:
+                    filling.append(fills * n + i)
+    else:
+        end, stride = (k + 1) * n, bs * n
+        for i, c in enumerate(computed):
+            first = (-c) % bs + 1
+            allocating.extend(range(first * n + i, end, stride))
+            if caching:
+                filling.extend(range((first - 1 if first > 1 else bs) * n + i, end, stride))
+    if allocating:
+        allocating.sort()
+        plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
+        blocks = pool.allocate_many(len(allocating))
+        for taken, code in enumerate(allocating):
+            j, i = divmod(code, n)
+            seq = seqs[i]
+            seq.block_table.append(blocks[taken])
+            seq.table_snapshot = None
+            allocations[j - 1] += 1
+            if taken >= plain:
+                evictions[j - 1] += 1
+    if filling:
+        filling.sort()
+        keys = pool.keys
+        lazy = []
+        for code in filling:
+            j, i = divmod(code, n)
+            seq = seqs[i]
             index = (computed[i] + j) // bs - 1  # the block its step-j token completes
             block_id = seq.block_table[index]
             if index >= kv._lazy_start(seq) and keys[block_id] is None:
                 lazy.append(block_id)
             else:
                 kv.register_block(seq, index)
-        else:
-            seq.block_table.append(blocks[taken])
-            seq.table_snapshot = None
-            allocations[j - 1] += 1
-            if taken >= plain:
-                evictions[j - 1] += 1
-            taken += 1
-    if lazy:
-        pool.cache_lazy(lazy)
+        if lazy:
+            pool.cache_lazy(lazy)
 
 
 def _decode_record(step: int, requests: list[Request], num_free: int, num_free_cpu: int,
