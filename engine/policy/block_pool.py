@@ -301,6 +301,16 @@ class BlockPool:
             self.hit_count[block_id] = 0
         self.cache.insert(key, block_id)
 
+    def cache_lazy_unkeyed(self, block_ids: Sequence[int]) -> None:
+        """``cache_lazy`` of those of ``block_ids`` that carry no key yet, in order (one pass)."""
+        keys = self.keys
+        if self._stats:
+            self.cache_lazy([block_id for block_id in block_ids if keys[block_id] is None])
+            return
+        for block_id in block_ids:
+            if keys[block_id] is None:
+                keys[block_id] = LAZY_KEY
+
     def cache_lazy(self, block_ids: Sequence[int]) -> None:
         """``cache_block`` with ``LAZY_KEY`` for each of these in-use, unkeyed, full blocks, in order."""
         keys, cached_tick, hit_count = self.keys, self.cached_tick, self.hit_count

@@ -352,7 +352,7 @@ class HybridKVCacheManager(KVCacheManager):
                 if block_id is not None and keys[block_id] is None and (keep is None or i in keep):
                     pool.cache_block(block_id, self.group_key(seq, g, i))
             if eager_end < num_full:  # a full group's blocks unique to this sequence: lazy keys
-                pool.cache_lazy([b for b in table[eager_end:num_full] if keys[b] is None])
+                pool.cache_lazy_unkeyed(table[eager_end:num_full])
         seq.num_registered_blocks = num_full
 
     def _kept_blocks(self, seq: Sequence, group: int, first: int, end: int) -> set[int] | None:

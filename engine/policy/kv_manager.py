@@ -233,7 +233,7 @@ class KVCacheManager:
                     self.block_key(seq, eager_end - 1)
                 pool.cache_block(block_id, chain[i])
         if num_full > lazy:
-            pool.cache_lazy([b for b in table[max(first, lazy):num_full] if keys[b] is None])
+            pool.cache_lazy_unkeyed(table[max(first, lazy):num_full])
         seq.num_registered_blocks = num_full
 
     def register_block(self, seq: Sequence, index: int) -> None:
