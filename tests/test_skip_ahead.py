@@ -208,6 +208,20 @@ def test_carried_batch_is_the_batch_decode_batch_finds(data):
     call of generated runs)."""
     trace = data.draw(workloads())
     preset, settings_ = data.draw(configs(trace))
+    carried = check_carried_batches(trace, preset, settings_, roofline())
+    event("a carried batch was used" if carried else "no carried batch")
+
+
+#: The fields a carried ``DecodeRun`` must share with one ``decode_batch`` builds afresh.
+CARRIED_FIELDS = ("requests", "seqs", "computed", "finish_in", "first_finish", "max_steps", "free_blocks",
+                  "plain_free_blocks", "used_blocks", "cached_blocks", "table_blocks", "dropped_entries",
+                  "context_tokens", "step")
+
+
+def check_carried_batches(trace: Trace, preset: str, settings_: dict, cost_model) -> int:
+    """Run with skip-ahead (decisions not recorded), comparing at every ``decode_batch`` call that
+    takes the carried batch each ``CARRIED_FIELDS`` with the batch built from the scheduler's
+    state; returns how many carried batches were taken."""
     build = fast_forward.decode_batch
     carried_calls = []
 
@@ -217,17 +231,15 @@ def test_carried_batch_is_the_batch_decode_batch_finds(data):
         if carried is not None and got is carried:
             fresh = build(s)  # (the carried batch is taken: this one is built from the state)
             assert fresh is not None
-            for name in ("requests", "seqs", "computed", "finish_in", "first_finish", "max_steps", "free_blocks",
-                         "plain_free_blocks", "used_blocks", "cached_blocks", "table_blocks", "dropped_entries", "context_tokens",
-                         "step"):
+            for name in CARRIED_FIELDS:
                 assert getattr(got, name) == getattr(fresh, name), f"carried {name} differs"
             carried_calls.append(1)
         return got
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("sim.replica.decode_batch", checked)
-        run(trace, preset, settings_, roofline(), skip_ahead=True, record=False)
-    event("a carried batch was used" if carried_calls else "no carried batch")
+        run(trace, preset, settings_, cost_model, skip_ahead=True, record=False)
+    return len(carried_calls)
 
 
 def decode_heavy(num: int = 12) -> Trace:

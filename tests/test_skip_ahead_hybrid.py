@@ -35,7 +35,8 @@ from sim.deployment import Deployment
 from sim.hardware import get_gpu_preset
 from sim.skip_ahead import window_contexts
 from tests.conftest import scaled_examples
-from tests.test_skip_ahead import RUN_STATS, ContextCost, assert_same, decode_heavy, roofline, run, workloads
+from tests.test_skip_ahead import (RUN_STATS, ContextCost, assert_same, check_carried_batches, decode_heavy, roofline,
+                                   run, workloads)
 from traces.trace import Trace
 
 COST_WINDOW = 24  # the windowed cost models' window: reached within the generated runs
@@ -115,24 +116,7 @@ def test_carried_hybrid_batch_is_the_batch_decode_batch_finds(data):
     ``decode_batch`` builds from the scheduler's state."""
     trace = data.draw(workloads())
     preset, settings_ = data.draw(hybrid_configs(trace))
-    build = fast_forward.decode_batch
-    carried = []
-
-    def checked(s):
-        kept = s._decode_run
-        got = build(s)
-        if kept is not None and got is kept:
-            fresh = build(s)
-            assert fresh is not None
-            for name in ("requests", "seqs", "computed", "finish_in", "first_finish", "max_steps", "free_blocks",
-                         "used_blocks", "cached_blocks", "table_blocks", "dropped_entries", "context_tokens", "step"):
-                assert getattr(got, name) == getattr(fresh, name), f"carried {name} differs"
-            carried.append(1)
-        return got
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("sim.replica.decode_batch", checked)
-        run(trace, preset, settings_, windowed_roofline(), skip_ahead=True, record=False)
+    carried = check_carried_batches(trace, preset, settings_, windowed_roofline())
     event("a carried batch was used" if carried else "no carried batch")
 
 

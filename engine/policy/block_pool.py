@@ -140,16 +140,16 @@ class BlockPool:
             return [self.allocate() for _ in range(num_blocks)]
         free = self._free
         plain = num_blocks if num_blocks <= len(free) else len(free)
+        if not plain:
+            return self._evict_many(num_blocks)
+        popleft = free.popleft
+        blocks = [popleft() for _ in range(plain)]
         ref_counts = self.ref_counts
-        if plain:
-            popleft = free.popleft
-            blocks = [popleft() for _ in range(plain)]
-            for block_id in blocks:
-                ref_counts[block_id] = 1
-            if plain < num_blocks:
-                blocks += self._evict_many(num_blocks - plain, ref_counts)
-            return blocks
-        return self._evict_many(num_blocks, ref_counts)
+        for block_id in blocks:
+            ref_counts[block_id] = 1
+        if plain < num_blocks:
+            blocks += self._evict_many(num_blocks - plain)
+        return blocks
 
     def _evict(self) -> int:
         block_id = self.eviction.pop()
@@ -168,28 +168,24 @@ class BlockPool:
             self.on_release(block_id)
         return block_id
 
-    def _evict_many(self, count: int, ref_counts: list[int] | None = None) -> list[int]:
-        """``count`` evictions, as ``count`` calls of ``_evict`` make them (with ``ref_counts``,
-        the pool's, each evicted block's count set to 1 too: ``allocate_many``)."""
+    def _evict_many(self, count: int) -> list[int]:
+        """``count`` evictions, as ``count`` calls of ``_evict`` make them, for ``allocate_many``:
+        each evicted block leaves with its reference count set to 1."""
         eviction = self.eviction
+        ref_counts = self.ref_counts
         if not eviction.batches:  # e.g. a leaf found by one eviction may be the next one's victim
             blocks = [self._evict() for _ in range(count)]
-            if ref_counts is not None:
-                for block_id in blocks:
-                    ref_counts[block_id] = 1
+            for block_id in blocks:
+                ref_counts[block_id] = 1
             return blocks
         blocks = eviction.pop_many(count)
         if len(blocks) < count:
             raise NoFreeBlocksError("no free or cached block left")
         keys, remove, hook = self.keys, self.cache.remove, self.on_release
         victim_keys = list(map(keys.__getitem__, blocks))
-        if ref_counts is None:
-            for block_id in blocks:
-                keys[block_id] = None
-        else:
-            for block_id in blocks:
-                keys[block_id] = None
-                ref_counts[block_id] = 1
+        for block_id in blocks:
+            keys[block_id] = None
+            ref_counts[block_id] = 1
         if victim_keys.count(LAZY_KEY) != count:  # some are in the index (lazy keys never are)
             for block_id, key in zip(blocks, victim_keys):
                 if key is not LAZY_KEY:

@@ -355,44 +355,56 @@ def _steps_within_blocks(computed: list[int], bs: int, free: int, horizon: int) 
 
 def advance(run: DecodeRun, k: int) -> Advanced:
     """Apply ``k`` (``1 <= k <= run.max_steps``) pure decode steps, exactly as ``k`` rounds of
-    ``schedule()`` and ``update()`` with unnamed tokens would; the run is stale afterwards."""
+    ``schedule()`` and ``update()`` with unnamed tokens would; the run is stale afterwards. A
+    hybrid cache's steps are ``window_decode``'s events, applied one at a time by the KV
+    manager's own calls."""
     s = run.scheduler
     if not 1 <= k <= run.max_steps:
         raise ValueError(f"can advance 1 to {run.max_steps} steps, not {k}")
-    bs = s.block_size
     kv = s.kv
     pool = s.pool
-    caching = kv.enable_prefix_caching
     first_step = s.next_step
-    seqs = run.seqs
+    seqs, computed = run.seqs, run.computed
     unnamed = [None] * k
     for seq in seqs:  # the tokens exist before their blocks are registered (contents are by position)
         seq.output_token_ids.extend(unnamed)
-    if kv.hybrid:
-        return _advance_hybrid(run, k)
-    allocations = [0] * k
-    evictions = [0] * k
     recording = s.config.record_decisions
     offload = s.offload
     if offload is not None:  # (its copies of the step before are done; decodes store nothing)
         offload.begin_step()
-    if not recording and pool.eviction.batches and not pool.eviction.reads_block_stats:
-        apply_in_bulk(seqs, run.computed, k, kv, pool, allocations, evictions)
+    hybrid = None
+    if kv.hybrid:
+        hybrid = HybridCounts(k, kv.num_groups)
+        allocations, evictions = hybrid.allocations, hybrid.evictions
+        events = hybrid_events(kv, computed, seqs, k)
+
+        def apply(e: int, through_step: int) -> int:
+            return apply_hybrid_events(events, e, through_step, seqs, computed, kv, hybrid)
     else:
-        events = decode_events(run.computed, bs, k, caching)
-        if not recording:
-            apply_events(events, 0, k, seqs, run.computed, kv, pool, allocations, evictions)
+        allocations = [0] * k
+        evictions = [0] * k
+        if not recording and pool.eviction.batches and not pool.eviction.reads_block_stats:
+            apply_in_bulk(seqs, computed, k, kv, pool, allocations, evictions)
+            events = None
         else:
+            events = decode_events(computed, s.block_size, k, kv.enable_prefix_caching)
+
+            def apply(e: int, through_step: int) -> int:
+                return apply_events(events, e, through_step, seqs, computed, kv, pool, allocations, evictions)
+    if events is not None:
+        if recording:
             free_cpu = s.swap_pool.num_free_blocks
             free_offload = None if offload is None else offload.store.num_free_blocks
             e = 0
             for j in range(1, k + 1):
-                e = apply_events(events, e, j, seqs, run.computed, kv, pool, allocations, evictions)
+                e = apply(e, j)
                 record = _decode_record(first_step + j - 1, run.requests, pool.num_free_blocks, free_cpu,
-                                        free_offload)
+                                        free_offload, hybrid=hybrid is not None)
                 s.decision_log.append(record)
                 s._last_record = record
-            assert e == len(events)
+        else:
+            e = apply(0, k)
+        assert e == len(events)
     set_computed(run, k)
     s.next_step += k
     # As after a pure decode schedule(): the waiting and swapped heads (if any) still refused for
@@ -400,36 +412,8 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     hint = s._pure_decode_step
     s._pure_decode_step = (s.next_step - 1, hint[1] if s.waiting else "empty", hint[2] if s.swapped else "empty")
     finished = _finish(run, k)
-    s._decode_run = _carry(run, k, sum(allocations))
-    return Advanced(first_step, allocations, evictions, finished)
-
-
-def _advance_hybrid(run: DecodeRun, k: int) -> Advanced:
-    """``advance`` for a hybrid cache (the tokens already appended): the events of
-    ``window_decode``, applied one at a time by the KV manager's own calls."""
-    s = run.scheduler
-    kv = s.kv
-    first_step = s.next_step
-    events = hybrid_events(kv, run.computed, run.seqs, k)
-    counts = HybridCounts(k, kv.num_groups)
-    if s.config.record_decisions:
-        e = 0
-        for j in range(1, k + 1):
-            e = apply_hybrid_events(events, e, j, run.seqs, run.computed, kv, counts)
-            record = _decode_record(first_step + j - 1, run.requests, s.pool.num_free_blocks,
-                                    s.swap_pool.num_free_blocks, None, hybrid=True)
-            s.decision_log.append(record)
-            s._last_record = record
-    else:
-        e = apply_hybrid_events(events, 0, k, run.seqs, run.computed, kv, counts)
-    assert e == len(events)
-    set_computed(run, k)
-    s.next_step += k
-    hint = s._pure_decode_step  # (as in advance: a waiting head still refused for its reason)
-    s._pure_decode_step = (s.next_step - 1, hint[1] if s.waiting else "empty", hint[2] if s.swapped else "empty")
-    finished = _finish(run, k)
-    s._decode_run = _carry(run, k, sum(counts.allocations), dropped=sum(counts.dropped))
-    return Advanced(first_step, counts.allocations, counts.evictions, finished, counts)
+    s._decode_run = _carry(run, k, sum(allocations), dropped=0 if hybrid is None else sum(hybrid.dropped))
+    return Advanced(first_step, allocations, evictions, finished, hybrid)
 
 
 def decode_events(computed: list[int], bs: int, k: int, caching: bool) -> list[int]:
