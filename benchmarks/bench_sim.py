@@ -120,7 +120,7 @@ def _run_case(case: dict, queue) -> None:
     builts = build_replicas(RunSpec(model=case.get("model", "llama3-8b"), gpu="h200", policy=case.get("policy", "pagesim"),
                                     overrides=overrides), replicas)
     cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router("round-robin"),
-                      SimOptions(skip_ahead=case["mode"] != "noskip"))
+                      SimOptions(skip_ahead=case["mode"] != "noskip", step_rows=False))  # (as simulate without --out)
     t0 = time.perf_counter()
     result = cluster.run()
     wall_s = time.perf_counter() - t0

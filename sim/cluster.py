@@ -123,7 +123,7 @@ class Cluster:
         # other replica can foresee, so with several replicas none may skip ahead past it.
         skip_ahead = opts.skip_ahead and not (closed_loop and len(replicas) > 1)
         self.replicas = [
-            Replica(self.env, sched, cost_model, requests=self.request_metrics, steps=StepMetrics(),
+            Replica(self.env, sched, cost_model, requests=self.request_metrics, steps=StepMetrics(keep_rows=opts.step_rows),
                     beam_model=BeamModel(opts.seed, opts.beam_stay_prob, replica=k),
                     overlap_swaps=opts.overlap_swaps, decision_sink=sinks[k], on_done=progress,
                     skip_ahead=skip_ahead, replica_index=k, token_runs=token_runs)

@@ -41,7 +41,7 @@ from sim.token_runs import ItlSample
 
 class ClusterSteps:
     """Several replicas' step tables read as one, replica by replica (``array``, ``len``,
-    ``term_totals_s`` and ``iter_chunks``: what ``summarize`` and the ``--out`` writers read).
+    ``term_totals_s``, ``iter_chunks`` and ``chunk_sums``: what ``summarize`` and the ``--out`` writers read).
     Made once the run has ended: the term totals are taken then."""
 
     def __init__(self, parts: Sequence[StepMetrics]):
@@ -63,6 +63,11 @@ class ClusterSteps:
         """Every row in order, replica by replica, a chunk at a time (``StepMetrics.iter_chunks``)."""
         for part in self.parts:
             yield from part.iter_chunks(columns)
+
+    def chunk_sums(self) -> Iterator[tuple[float, ...]]:
+        """Each chunk's ``sim.step_sums``, replica by replica (``StepMetrics.chunk_sums``)."""
+        for part in self.parts:
+            yield from part.chunk_sums()
 
     def replica_index(self) -> np.ndarray:
         """For each row of ``array``: the replica whose step it is."""

@@ -51,7 +51,6 @@ With KV offloading on (``engine.policy.offload``; ``OffloadTotals``), also:
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -60,6 +59,7 @@ import numpy as np
 from sim import bench_metrics
 from sim.bench_metrics import DEFAULT_PERCENTILES, Slo, _r, latency_stats
 from sim.step_metrics import STEP_COLUMNS, StepMetrics
+from sim.step_sums import total_sums
 from sim.token_runs import ItlSample
 
 __all__ = ["COMPLETED", "PENDING", "REJECTED", "REQUEST_COLUMNS", "STEP_COLUMNS", "OffloadTotals", "RequestMetrics",
@@ -152,41 +152,12 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 def step_sums(steps) -> dict[str, float]:
-    """The sums over steps that the summary's step figures are ratios of, read a chunk at a time
-    (``iter_chunks``), so a run of millions of steps never holds a column in memory. Each chunk's
-    products are summed exactly (``math.fsum``) and the chunks' sums exactly again: the result
-    does not depend on the order of the steps, and within one chunk on nothing at all."""
-    sums: dict[str, list[float]] = {k: [] for k in SUM_KEYS}
-    for c in steps.iter_chunks(SUM_COLUMNS):
-        dur = c["duration_s"]
-        allocated = c["allocated_slots"]
-        used = c["used_slots"]
-        total = np.maximum(c["total_slots"], 1)
-        held = allocated > 0
-        held_dur = dur[held]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            parts = {
-                "busy_s": dur,
-                "held_s": held_dur,
-                "utilization_x_s": (used[held] / allocated[held]) * held_dur,
-                "allocated_fraction_x_s": (allocated / total) * dur,
-                "used_fraction_x_s": (used / total) * dur,
-                "sharing_saved_x_s": (1.0 - allocated[held] / c["unshared_slots"][held]) * held_dur,
-                "batched_x_s": c["num_requests"] * dur,
-                "running_x_s": c["num_running"] * dur,
-                "swap_out_blocks": c["swap_out_blocks"],
-                "swap_in_blocks": c["swap_in_blocks"],
-                "cow_blocks": c["cow_blocks"],
-            }
-        for k, values in parts.items():
-            sums[k].append(math.fsum(memoryview(values)))  # (the same floats as tolist(), without the list)
-    return {k: math.fsum(v) for k, v in sums.items()}
-
-
-SUM_COLUMNS = ("duration_s", "allocated_slots", "used_slots", "total_slots", "unshared_slots", "num_requests",
-               "num_running", "swap_out_blocks", "swap_in_blocks", "cow_blocks")  # (what step_sums reads)
-SUM_KEYS = ("busy_s", "held_s", "utilization_x_s", "allocated_fraction_x_s", "used_fraction_x_s",
-            "sharing_saved_x_s", "batched_x_s", "running_x_s", "swap_out_blocks", "swap_in_blocks", "cow_blocks")
+    """The sums over steps that the summary's step figures are ratios of (``sim.step_sums``),
+    from the store's sums of each chunk of rows (``chunk_sums``: read back a chunk at a time, or
+    taken when the chunk left memory), so a run of millions of steps never holds a column in
+    memory. Exact sums: the result does not depend on the order of the steps, and within one
+    chunk on nothing at all."""
+    return total_sums(steps.chunk_sums())
 
 
 def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preemptions: dict[str, int],

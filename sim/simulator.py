@@ -42,6 +42,9 @@ class SimOptions:
     slo_e2el_s: float | None = None  # and end-to-end latency at most this
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of every latency in the summary
     max_concurrency: int | None = None  # a closed-loop client (sim/client.py): at most this many in flight
+    # keep every step's row (the --out tables, reports); False: only what the summary reads
+    # (StepMetrics(keep_rows=False): start and duration per step, sums per chunk), same summary
+    step_rows: bool = True
 
     def __post_init__(self) -> None:
         self.slo  # checks the SLOs
@@ -77,7 +80,7 @@ class Simulation:
         self.options = options or SimOptions()
         self.env = simpy.Environment()
         self.request_metrics = RequestMetrics(len(trace))
-        self.step_metrics = StepMetrics()
+        self.step_metrics = StepMetrics(keep_rows=self.options.step_rows)
         factory = RequestFactory(trace, seed=self.options.seed, sample_lengths=self.options.sample_lengths)
         self.replica = Replica(
             self.env, scheduler, cost_model, requests=self.request_metrics, steps=self.step_metrics,

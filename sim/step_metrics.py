@@ -16,7 +16,15 @@ kept; every read (and a few thousand waiting rows) writes them out first. ``len(
 
 ``array(name)`` reads one whole column back (disk, then the live chunk): O(steps) memory only
 when a caller asks, one column at a time. ``iter_chunks()`` streams the rows in chunks for
-writers that need every column.
+writers that need every column; ``chunk_sums()`` gives each chunk's ``sim.step_sums`` (the
+summary's sums over steps).
+
+**Summary stores** (``keep_rows=False``: nothing will read a step's row, only the summary): a
+chunk leaving memory writes only ``KEPT_COLUMNS`` (start and duration, which the ITL sample
+reads per step) to disk and keeps its ``chunk_sums`` and term sums, so a long run writes 2 of
+the 30 columns (a 1M-request run's 2 GB of spill files become 128 MB) and the summary reads
+nothing else back. Every figure of the summary is the same float as a full store's: the same
+chunks, the same sums of the same values. Reading any other column is refused by name.
 
 Invariants:
 - after every call, ``0 <= num_buffered_rows < chunk_rows``: memory is one chunk at most;
@@ -27,7 +35,9 @@ Invariants:
   definition, unlike ``np.sum``'s pairwise order), the live chunk when asked;
 - ``record_many(columns, k)`` leaves the store exactly as ``k`` calls of ``record`` with the
   same values would, bit for bit, chunk boundaries included; so does ``record_deferred`` with
-  the rows its span's ``fill`` writes.
+  the rows its span's ``fill`` writes;
+- chunks are ``chunk_rows`` rows in recording order (the last one partial), in both kinds of
+  store: ``chunk_sums()`` of a summary store equals a full store's, value for value.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import numpy as np
 
 from engine.policy.usage import KvUsage
 from sim.cost.base import TERMS, StepCost, StepWork
+from sim.step_sums import SUM_COLUMNS, chunk_sums
 
 STEP_COLUMNS = (
     "step", "start_s", "duration_s", "num_requests", "num_running", "num_waiting", "num_seqs", "num_tokens", "prefill_tokens",
@@ -60,15 +71,22 @@ _TERM_INDEX = [_INDEX[f"{t}_s"] for t in TERMS]
 DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 28 columns x 8 bytes = 7 MiB in memory at most
 #: Deferred rows (spans' and those waiting behind them) written out at once beyond this.
 DEFERRED_ROWS = 8_192
+#: The columns a summary store (``keep_rows=False``) keeps per step: what the ITL sample reads.
+KEPT_COLUMNS = ("start_s", "duration_s")
 
 
 class StepMetrics:
-    """One row per step, in memory up to ``chunk_rows`` rows, spilled to disk beyond."""
+    """One row per step, in memory up to ``chunk_rows`` rows, spilled to disk beyond (with
+    ``keep_rows=False``, only what the summary reads: module docstring)."""
 
-    def __init__(self, *, chunk_rows: int = DEFAULT_CHUNK_ROWS, spill_dir: str | os.PathLike | None = None):
+    def __init__(self, *, chunk_rows: int = DEFAULT_CHUNK_ROWS, spill_dir: str | os.PathLike | None = None,
+                 keep_rows: bool = True):
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
         self.chunk_rows = chunk_rows
+        self.keep_rows = keep_rows
+        self._columns = STEP_COLUMNS if keep_rows else KEPT_COLUMNS  # the columns that can be read back
+        self._spilled_sums: list[tuple[float, ...]] = []  # a summary store's: chunk_sums of each spilled chunk
         self._spill_parent = spill_dir
         self._live = array("d")  # row-major, the rows not yet spilled
         self._live_limit = chunk_rows * NUM_COLUMNS
@@ -178,9 +196,11 @@ class StepMetrics:
         self._check_open()
         block = _transposed(self._live)
         path = self._directory()
-        for name, column in zip(STEP_COLUMNS, block):
+        for name in self._columns:
             with open(path / f"{name}.f64", "ab") as f:
-                column.tofile(f)
+                block[_INDEX[name]].tofile(f)
+        if not self.keep_rows:  # (a full store's summary reads these columns back instead)
+            self._spilled_sums.append(chunk_sums({name: block[_INDEX[name]] for name in SUM_COLUMNS}))
         self._spilled_term_totals = _fold_terms(self._spilled_term_totals, block)
         self._num_spilled += block.shape[1]
         del self._live[:]
@@ -216,8 +236,8 @@ class StepMetrics:
 
     def array(self, name: str) -> np.ndarray:
         """One column, every row in order, as a new float64 array."""
+        self._check_readable([name])
         j = _INDEX[name]
-        self._check_open()
         self._write_deferred()
         out = np.empty(len(self))
         spilled = self._num_spilled
@@ -232,10 +252,7 @@ class StepMetrics:
         """Every row in order, up to ``chunk_rows`` at a time: ``{column: values}`` per chunk,
         for ``columns`` (default all; a reader of a few reads only theirs from disk); for
         writers of whole tables and the summary's sums. Record nothing while iterating."""
-        self._check_open()
-        unknown = [name for name in columns if name not in _COLUMN_SET]
-        if unknown:
-            raise ValueError(f"unknown step columns {unknown}")
+        self._check_readable(columns)
         self._write_deferred()
         spilled = self._num_spilled
         if spilled:
@@ -253,6 +270,34 @@ class StepMetrics:
             del live  # (no view of the buffer kept while suspended: the array must stay resizable)
             yield chunk
 
+    def chunk_sums(self) -> Iterator[tuple[float, ...]]:
+        """``sim.step_sums.chunk_sums`` of each chunk of rows, in order: a summary store's
+        spilled chunks' as it took them, a full store's read back from disk; then the live
+        chunk's."""
+        self._check_open()
+        if self.keep_rows:
+            for chunk in self.iter_chunks(SUM_COLUMNS):
+                yield chunk_sums(chunk)
+            return
+        self._write_deferred()
+        yield from list(self._spilled_sums)
+        if self._live:
+            live = np.frombuffer(self._live).reshape(-1, NUM_COLUMNS)
+            chunk = {name: live[:, _INDEX[name]].copy() for name in SUM_COLUMNS}
+            del live  # (no view of the buffer kept while suspended, as in iter_chunks)
+            yield chunk_sums(chunk)
+
+    def _check_readable(self, columns: Sequence[str]) -> None:
+        self._check_open()
+        unknown = [name for name in columns if name not in _COLUMN_SET]
+        if unknown:
+            raise ValueError(f"unknown step columns {unknown}")
+        dropped = [name for name in columns if name not in self._columns]
+        if dropped:
+            raise ValueError(f"step columns {dropped} were not kept: this store keeps only {list(KEPT_COLUMNS)} "
+                             f"per step (keep_rows=False, what the summary reads); record with keep_rows=True "
+                             f"(pagesim simulate --out) for every column")
+
     def _live_block(self) -> np.ndarray:
         """The live chunk as (columns, rows), a copy."""
         return _transposed(self._live)
@@ -265,6 +310,7 @@ class StepMetrics:
         del self._live[:]
         self._deferred = []
         self._num_deferred_rows = 0
+        self._spilled_sums = []
         self._closed = True
         self._live_limit = 0  # so the next record() spills, and _spill raises: no check on the hot path
 

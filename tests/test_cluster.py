@@ -240,6 +240,31 @@ def test_same_inputs_give_the_same_cluster_run():
     assert all(runs[0][2])  # every replica logged decisions
 
 
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_a_run_keeping_no_step_rows_has_the_same_summary(monkeypatch, replicas):
+    """``SimOptions(step_rows=False)`` (``pagesim simulate`` without ``--out``) keeps only what the
+    summary reads, with chunks of 16 rows so every replica spills many times: the summary is the
+    same, float for float, and the columns it did not keep are refused by name."""
+    from sim.step_metrics import StepMetrics
+
+    monkeypatch.setitem(StepMetrics.__init__.__kwdefaults__, "chunk_rows", 16)
+    trace = generate(workload_spec("kwon2023-sharegpt", rate_rps=20, num_requests=80, seed=4))
+    runs = {}
+    for step_rows in (True, False):
+        builts = build_replicas(RunSpec(gpu="a100-40gb", num_gpu_blocks=300, overrides={"enable_prefix_caching": True}),
+                                replicas)
+        result = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router("round-robin"),
+                         SimOptions(step_rows=step_rows)).run()
+        runs[step_rows] = result
+        assert result.summary["steps"] > 16 * 8 * replicas  # (many spills per replica)
+    assert json.dumps(runs[False].summary, sort_keys=True) == json.dumps(runs[True].summary, sort_keys=True)
+    kept, full = runs[False].steps, runs[True].steps
+    for name in ("start_s", "duration_s"):
+        assert kept.array(name).tolist() == full.array(name).tolist()
+    with pytest.raises(ValueError, match=r"\['used_slots'\] were not kept"):
+        kept.array("used_slots")
+
+
 @pytest.mark.parametrize("router", ["round-robin", "least-outstanding-tokens", "prefix-affinity"])
 def test_skip_ahead_changes_no_routing_or_decision(router):
     # the router reads every replica's progress at each arrival: skipping ahead must leave each

@@ -9,6 +9,7 @@ Tiny ``chunk_rows`` make every few rows a spill and make ``record_many`` batches
 from __future__ import annotations
 
 import gc
+import os
 import random
 
 import numpy as np
@@ -21,7 +22,8 @@ from engine.policy.usage import KvUsage
 from sim.cost.base import TERMS, StepCost, StepWork
 from sim.bench_metrics import Slo
 from sim.metrics import COMPLETED, RequestMetrics, summarize
-from sim.step_metrics import STEP_COLUMNS, StepMetrics
+from sim.step_metrics import KEPT_COLUMNS, STEP_COLUMNS, StepMetrics
+from sim.step_sums import SUM_KEYS
 
 MAGNITUDES = (1e-12, 1e-6, 1e-3, 1.0, 7.0, 1e4, 1e8, 1e16)
 
@@ -231,13 +233,43 @@ def test_summary_does_not_depend_on_chunking():
     requests.status[:] = COMPLETED
     summaries = []
     for chunk_rows in (7, 10_000):
-        with StepMetrics(chunk_rows=chunk_rows) as steps:
-            steps.record_many(columns, n)
-            summaries.append(summarize(requests, steps, slo=Slo(ttft_s=1.0, tpot_s=1.0),
-                                       preemptions={"swap": 0, "recompute": 0}, prefix_hit_rate=None,
-                                       num_evictions=0))
-    assert summaries[0] == summaries[1]
+        for keep_rows in (True, False):  # (a summary store: the same summary)
+            with StepMetrics(chunk_rows=chunk_rows, keep_rows=keep_rows) as steps:
+                steps.record_many(columns, n)
+                summaries.append(summarize(requests, steps, slo=Slo(ttft_s=1.0, tpot_s=1.0),
+                                           preemptions={"swap": 0, "recompute": 0}, prefix_hit_rate=None,
+                                           num_evictions=0))
+    assert all(summary == summaries[0] for summary in summaries)
     assert summaries[0]["steps"] == n
+
+
+def assert_summary_store_matches(summary: StepMetrics, full: StepMetrics) -> None:
+    """A summary store (``keep_rows=False``) fed what ``full`` was fed gives the same floats for
+    everything it keeps, and holds only the kept columns on disk."""
+    assert not summary.keep_rows and full.keep_rows
+    assert len(summary) == len(full)
+    assert [bits(c) for c in summary.chunk_sums()] == [bits(c) for c in full.chunk_sums()]
+    assert bits(list(summary.term_totals_s.values())) == bits(list(full.term_totals_s.values()))
+    for name in KEPT_COLUMNS:
+        assert bits(summary.array(name)) == bits(full.array(name)), name
+    assert summary.num_buffered_rows == full.num_buffered_rows < summary.chunk_rows
+    if summary.spill_path is not None:
+        assert sorted(os.listdir(summary.spill_path)) == sorted(f"{name}.f64" for name in KEPT_COLUMNS)
+
+
+def test_summary_store_refuses_the_columns_it_did_not_keep(tmp_path):
+    rng = random.Random(1)
+    with StepMetrics(chunk_rows=3, spill_dir=tmp_path, keep_rows=False) as store:
+        for _ in range(10):
+            record_row(store, random_row(rng))
+        for read in (lambda: store.array("used_slots"), lambda: list(store.iter_chunks(["start_s", "cow_blocks"]))):
+            with pytest.raises(ValueError, match=r"\['(used_slots|cow_blocks)'\] were not kept.*--out"):
+                read()
+        with pytest.raises(ValueError, match="unknown step columns"):
+            store.array("no_such_column")
+        chunks = list(store.iter_chunks(KEPT_COLUMNS))
+        assert [len(c["start_s"]) for c in chunks] == [3, 3, 3, 1]
+        assert len(list(store.chunk_sums())) == 4 and len(SUM_KEYS) == len(next(store.chunk_sums()))
 
 
 class RowsSpan:
@@ -260,6 +292,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
         super().__init__()
         self.rng = random.Random(0)
         self.store: StepMetrics | None = None
+        self.summary_store: StepMetrics | None = None  # keep_rows=False, fed the same
         self.rows: list[dict[str, float]] = []
 
     @precondition(lambda self: self.store is None)
@@ -267,6 +300,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
     def open(self, chunk_rows: int, seed: int):
         note(f"StepMetrics(chunk_rows={chunk_rows})")
         self.store = StepMetrics(chunk_rows=chunk_rows)
+        self.summary_store = StepMetrics(chunk_rows=chunk_rows, keep_rows=False)
         self.rng = random.Random(seed)
 
     @precondition(lambda self: self.store is not None)
@@ -274,6 +308,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
     def record(self):
         row = random_row(self.rng)
         record_row(self.store, row)
+        record_row(self.summary_store, row)
         self.rows.append(row)
 
     @precondition(lambda self: self.store is not None)
@@ -281,6 +316,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
     def record_many(self, count: int):
         rows = [random_row(self.rng) for _ in range(count)]
         self.store.record_many(as_columns(rows), count)
+        self.summary_store.record_many(as_columns(rows), count)
         self.rows += rows
 
     @precondition(lambda self: self.store is not None)
@@ -294,12 +330,13 @@ class StoreAgainstModel(RuleBasedStateMachine):
         try:
             for k in pieces:
                 rows = [random_row(self.rng) for _ in range(max(k, 1))]
-                if k == 0:
-                    record_row(self.store, rows[0])
-                else:
-                    self.store.record_deferred(RowsSpan(rows))
+                for store in (self.store, self.summary_store):
+                    if k == 0:
+                        record_row(store, rows[0])
+                    else:
+                        store.record_deferred(RowsSpan(rows))
                 self.rows += rows
-                assert len(self.store) == len(self.rows)
+                assert len(self.store) == len(self.summary_store) == len(self.rows)
         finally:
             module.DEFERRED_ROWS = saved
 
@@ -309,10 +346,12 @@ class StoreAgainstModel(RuleBasedStateMachine):
             return
         assert 0 <= self.store.num_buffered_rows < self.store.chunk_rows
         assert_holds(self.store, self.rows)
+        assert_summary_store_matches(self.summary_store, self.store)
 
     def teardown(self):
         if self.store is not None:
             self.store.close()
+            self.summary_store.close()
 
 
 TestStoreAgainstModel = StoreAgainstModel.TestCase

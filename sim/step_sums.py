@@ -1,0 +1,61 @@
+"""The sums over steps that the summary's step figures are ratios of, one chunk of rows at a time.
+
+``chunk_sums`` takes one chunk of a step table (``SUM_COLUMNS``, as ``StepMetrics.iter_chunks``
+yields them) and returns, per ``SUM_KEYS``, the exact sum (``math.fsum``) of that chunk's
+products (duration-weighted memory fractions, batch sizes, ...); ``total_sums`` adds the chunks'
+sums exactly again. A store can take the sums of a chunk when it leaves memory
+(``StepMetrics(keep_rows=False)``) instead of writing its columns to disk for the summary to
+read back: the floats are the same either way.
+
+Invariants: a chunk's sums depend only on its rows as a multiset (``fsum`` is exact, rounded
+once), never on their order within the chunk; the totals depend on how rows are split into
+chunks (each chunk's sum is rounded once), which ``StepMetrics`` fixes at ``chunk_rows`` rows
+per chunk in recording order, the last one partial.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+SUM_COLUMNS = ("duration_s", "allocated_slots", "used_slots", "total_slots", "unshared_slots", "num_requests",
+               "num_running", "swap_out_blocks", "swap_in_blocks", "cow_blocks")  # (what chunk_sums reads)
+SUM_KEYS = ("busy_s", "held_s", "utilization_x_s", "allocated_fraction_x_s", "used_fraction_x_s",
+            "sharing_saved_x_s", "batched_x_s", "running_x_s", "swap_out_blocks", "swap_in_blocks", "cow_blocks")
+
+
+def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
+    """Per ``SUM_KEYS``, the exact sum of one chunk's values (``c``: each of ``SUM_COLUMNS``, one
+    contiguous float64 array per column, all of one length)."""
+    dur = c["duration_s"]
+    allocated = c["allocated_slots"]
+    used = c["used_slots"]
+    total = np.maximum(c["total_slots"], 1)
+    held = allocated > 0
+    held_dur = dur[held]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        parts = (
+            dur,  # busy_s
+            held_dur,  # held_s
+            (used[held] / allocated[held]) * held_dur,  # utilization_x_s
+            (allocated / total) * dur,  # allocated_fraction_x_s
+            (used / total) * dur,  # used_fraction_x_s
+            (1.0 - allocated[held] / c["unshared_slots"][held]) * held_dur,  # sharing_saved_x_s
+            c["num_requests"] * dur,  # batched_x_s
+            c["num_running"] * dur,  # running_x_s
+            c["swap_out_blocks"],
+            c["swap_in_blocks"],
+            c["cow_blocks"],
+        )
+    return tuple(math.fsum(memoryview(values)) for values in parts)  # (the same floats as tolist(), without the list)
+
+
+def total_sums(per_chunk: Iterable[tuple[float, ...]]) -> dict[str, float]:
+    """``SUM_KEYS`` -> the exact sum of the chunks' sums (``chunk_sums`` of each chunk, in order)."""
+    sums: list[list[float]] = [[] for _ in SUM_KEYS]
+    for chunk in per_chunk:
+        for values, value in zip(sums, chunk):
+            values.append(value)
+    return {k: math.fsum(values) for k, values in zip(SUM_KEYS, sums)}
