@@ -153,9 +153,8 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 def step_sums(steps) -> dict[str, float]:
     """The sums over steps that the summary's step figures are ratios of (``sim.step_sums``),
-    from the store's sums of each chunk of rows (``chunk_sums``: read back a chunk at a time, or
-    taken when the chunk left memory), so a run of millions of steps never holds a column in
-    memory. Exact sums: the result does not depend on the order of the steps, and within one
+    from the store's sums of each chunk of rows (``chunk_sums``, taken as each chunk left
+    memory), so a run of millions of steps never holds or reads back a column. Exact sums: the result does not depend on the order of the steps, and within one
     chunk on nothing at all."""
     return total_sums(steps.chunk_sums())
 

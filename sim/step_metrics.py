@@ -17,14 +17,14 @@ kept; every read (and a few thousand waiting rows) writes them out first. ``len(
 ``array(name)`` reads one whole column back (disk, then the live chunk): O(steps) memory only
 when a caller asks, one column at a time. ``iter_chunks()`` streams the rows in chunks for
 writers that need every column; ``chunk_sums()`` gives each chunk's ``sim.step_sums`` (the
-summary's sums over steps).
+summary's sums over steps), taken as the chunk leaves memory, as its term sums are, so the
+summary reads nothing back from disk.
 
 **Summary stores** (``keep_rows=False``: nothing will read a step's row, only the summary): a
 chunk leaving memory writes only ``KEPT_COLUMNS`` (start and duration, which the ITL sample
-reads per step) to disk and keeps its ``chunk_sums`` and term sums, so a long run writes 2 of
-the 30 columns (a 1M-request run's 2 GB of spill files become 128 MB) and the summary reads
-nothing else back. Every figure of the summary is the same float as a full store's: the same
-chunks, the same sums of the same values. Reading any other column is refused by name.
+reads per step) to disk, so a long run writes 2 of the 30 columns (a 1M-request run's 2 GB of
+spill files become 128 MB). Every figure of the summary is the same float as a full store's:
+the same chunks, the same sums of the same values. Reading any other column is refused by name.
 
 Invariants:
 - after every call, ``0 <= num_buffered_rows < chunk_rows``: memory is one chunk at most;
@@ -86,7 +86,7 @@ class StepMetrics:
         self.chunk_rows = chunk_rows
         self.keep_rows = keep_rows
         self._columns = STEP_COLUMNS if keep_rows else KEPT_COLUMNS  # the columns that can be read back
-        self._spilled_sums: list[tuple[float, ...]] = []  # a summary store's: chunk_sums of each spilled chunk
+        self._spilled_sums: list[tuple[float, ...]] = []  # chunk_sums of each spilled chunk, in order
         self._spill_parent = spill_dir
         self._live = array("d")  # row-major, the rows not yet spilled
         self._live_limit = chunk_rows * NUM_COLUMNS
@@ -199,8 +199,7 @@ class StepMetrics:
         for name in self._columns:
             with open(path / f"{name}.f64", "ab") as f:
                 block[_INDEX[name]].tofile(f)
-        if not self.keep_rows:  # (a full store's summary reads these columns back instead)
-            self._spilled_sums.append(chunk_sums({name: block[_INDEX[name]] for name in SUM_COLUMNS}))
+        self._spilled_sums.append(chunk_sums({name: block[_INDEX[name]] for name in SUM_COLUMNS}))
         self._spilled_term_totals = _fold_terms(self._spilled_term_totals, block)
         self._num_spilled += block.shape[1]
         del self._live[:]
@@ -265,27 +264,22 @@ class StepMetrics:
                 for f in files:
                     f.close()
         if self._live:
-            live = np.frombuffer(self._live).reshape(-1, NUM_COLUMNS)
-            chunk = {name: live[:, _INDEX[name]].copy() for name in columns}
-            del live  # (no view of the buffer kept while suspended: the array must stay resizable)
-            yield chunk
+            yield self._live_columns(columns)
 
     def chunk_sums(self) -> Iterator[tuple[float, ...]]:
-        """``sim.step_sums.chunk_sums`` of each chunk of rows, in order: a summary store's
-        spilled chunks' as it took them, a full store's read back from disk; then the live
-        chunk's."""
+        """``sim.step_sums.chunk_sums`` of each chunk of rows, in order: the spilled chunks' as
+        the store took them, then the live chunk's."""
         self._check_open()
-        if self.keep_rows:
-            for chunk in self.iter_chunks(SUM_COLUMNS):
-                yield chunk_sums(chunk)
-            return
         self._write_deferred()
         yield from list(self._spilled_sums)
         if self._live:
-            live = np.frombuffer(self._live).reshape(-1, NUM_COLUMNS)
-            chunk = {name: live[:, _INDEX[name]].copy() for name in SUM_COLUMNS}
-            del live  # (no view of the buffer kept while suspended, as in iter_chunks)
-            yield chunk_sums(chunk)
+            yield chunk_sums(self._live_columns(SUM_COLUMNS))
+
+    def _live_columns(self, columns: Sequence[str]) -> dict[str, np.ndarray]:
+        """The live chunk's ``columns``, each a copy: no numpy view of the buffer outlives the
+        call (a caller suspended in a generator must leave the array resizable)."""
+        live = np.frombuffer(self._live).reshape(-1, NUM_COLUMNS)
+        return {name: live[:, _INDEX[name]].copy() for name in columns}
 
     def _check_readable(self, columns: Sequence[str]) -> None:
         self._check_open()

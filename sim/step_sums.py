@@ -3,9 +3,9 @@
 ``chunk_sums`` takes one chunk of a step table (``SUM_COLUMNS``, as ``StepMetrics.iter_chunks``
 yields them) and returns, per ``SUM_KEYS``, the exact sum (``math.fsum``) of that chunk's
 products (duration-weighted memory fractions, batch sizes, ...); ``total_sums`` adds the chunks'
-sums exactly again. A store can take the sums of a chunk when it leaves memory
-(``StepMetrics(keep_rows=False)``) instead of writing its columns to disk for the summary to
-read back: the floats are the same either way.
+sums exactly again. ``StepMetrics`` takes the sums of a chunk when it leaves memory, so the
+summary reads no column back from disk (and a summary store, ``keep_rows=False``, need not
+write them at all).
 
 Invariants: a chunk's sums depend only on its rows as a multiset (``fsum`` is exact, rounded
 once), never on their order within the chunk; the totals depend on how rows are split into

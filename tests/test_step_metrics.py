@@ -23,7 +23,7 @@ from sim.cost.base import TERMS, StepCost, StepWork
 from sim.bench_metrics import Slo
 from sim.metrics import COMPLETED, RequestMetrics, summarize
 from sim.step_metrics import KEPT_COLUMNS, STEP_COLUMNS, StepMetrics
-from sim.step_sums import SUM_KEYS
+from sim.step_sums import SUM_COLUMNS, SUM_KEYS, chunk_sums
 
 MAGNITUDES = (1e-12, 1e-6, 1e-3, 1.0, 7.0, 1e4, 1e8, 1e16)
 
@@ -248,6 +248,8 @@ def assert_summary_store_matches(summary: StepMetrics, full: StepMetrics) -> Non
     everything it keeps, and holds only the kept columns on disk."""
     assert not summary.keep_rows and full.keep_rows
     assert len(summary) == len(full)
+    read_back = [bits(chunk_sums(c)) for c in full.iter_chunks(SUM_COLUMNS)]  # (the columns themselves)
+    assert [bits(c) for c in full.chunk_sums()] == read_back
     assert [bits(c) for c in summary.chunk_sums()] == [bits(c) for c in full.chunk_sums()]
     assert bits(list(summary.term_totals_s.values())) == bits(list(full.term_totals_s.values()))
     for name in KEPT_COLUMNS:
