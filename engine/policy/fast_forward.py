@@ -365,10 +365,12 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     pool = s.pool
     first_step = s.next_step
     seqs, computed = run.seqs, run.computed
-    unnamed = [None] * k
-    for seq in seqs:  # the tokens exist before their blocks are registered (contents are by position)
-        seq.output_token_ids.extend(unnamed)
     recording = s.config.record_decisions
+    bulk = not (recording or kv.hybrid) and pool.eviction.batches and not pool.eviction.reads_block_stats
+    if not bulk:  # (apply_in_bulk appends them itself)
+        unnamed = [None] * k
+        for seq in seqs:  # the tokens exist before their blocks are registered (contents are by position)
+            seq.output_token_ids.extend(unnamed)
     offload = s.offload
     if offload is not None:  # (its copies of the step before are done; decodes store nothing)
         offload.begin_step()
@@ -383,7 +385,7 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     else:
         allocations = [0] * k
         evictions = [0] * k
-        if not recording and pool.eviction.batches and not pool.eviction.reads_block_stats:
+        if bulk:  # (the tokens, the pool calls and set_computed, in one pass over the sequences)
             apply_in_bulk(seqs, computed, k, kv, pool, allocations, evictions)
             events = None
         else:
@@ -405,7 +407,7 @@ def advance(run: DecodeRun, k: int) -> Advanced:
         else:
             e = apply(0, k)
         assert e == len(events)
-    set_computed(run, k)
+        set_computed(run, k)
     s.next_step += k
     # As after a pure decode schedule(): the waiting and swapped heads (if any) still refused for
     # their reasons.
@@ -522,9 +524,40 @@ def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, al
     return e
 
 
+def _decode_once(seqs, computed, kv, pool) -> tuple[int, int]:
+    """One decode step's pool calls and counters (``decode_events`` and ``apply_events`` for
+    ``k = 1``, then ``set_computed``) in one pass over the sequences in scheduling order: a
+    sequence whose next token starts a block allocates it, takes its counters, and registers the
+    block its token fills. The pool calls are made in ``decode_events``' order; the counters may
+    be set before them (a registration reads a sequence's table, tokens and lazy start, an
+    allocation no sequence at all). Returns the blocks allocated and the cached blocks those
+    evicted."""
+    bs = kv.block_size
+    caching = kv.enable_prefix_caching
+    allocated = 0
+    evicted = pool.num_evictions
+    for seq, c in zip(seqs, computed):
+        if not c % bs:
+            seq.block_table.append(pool.allocate())
+            seq.table_snapshot = None
+            allocated += 1
+        end = c + 1
+        seq.num_computed_tokens = end
+        seq.num_filled_tokens = end
+        if caching:
+            if not end % bs:
+                kv.register_block(seq, end // bs - 1)  # the block this token completes
+            if end // bs > seq.num_registered_blocks:
+                seq.num_registered_blocks = end // bs
+    return allocated, pool.num_evictions - evicted
+
+
 def apply_in_bulk(seqs, computed, k: int, kv, pool, allocations, evictions) -> None:
-    """The pool calls of ``k`` decode steps (``decode_events``' allocations and registrations)
-    for an eviction policy that batches and reads no block stats (``lru``), in bulk: every
+    """``k`` decode steps of ``seqs`` for an eviction policy that batches and reads no block stats
+    (``lru``), without recording: each sequence's ``k`` unnamed tokens and its counters
+    (``set_computed``'s), in the one pass that finds its new and filled blocks, then the pool calls
+    (``decode_events``' allocations and registrations) in bulk. The counters may be set before the
+    registrations: these read a sequence's table, tokens and lazy start, never its counters. Every
     allocation in one ``allocate_many``, the blocks handed out in the order of the step-by-step
     path (by step, then scheduling position), then the registrations in that same order, the
     lazily keyed ones in one ``cache_lazy``. For such a policy the two kinds of call commute:
@@ -539,22 +572,35 @@ def apply_in_bulk(seqs, computed, k: int, kv, pool, allocations, evictions) -> N
     caching = kv.enable_prefix_caching
     allocating: list[int] = []  # step * n + position: sorting orders them by step, then position
     filling: list[int] = []
+    unnamed = [None] * k
     if k <= bs:  # (the usual skip: at most one of each per sequence)
-        for i, c in enumerate(computed):
+        for i, (seq, c) in enumerate(zip(seqs, computed)):
+            seq.output_token_ids.extend(unnamed)  # (set_computed's counters, and the tokens)
+            end = c + k
+            seq.num_computed_tokens = end
+            seq.num_filled_tokens = end
             first = (-c) % bs + 1
             if first <= k:
                 allocating.append(first * n + i)
             if caching:
+                if end // bs > seq.num_registered_blocks:
+                    seq.num_registered_blocks = end // bs
                 fills = first - 1 if first > 1 else bs
                 if fills <= k:
                     filling.append(fills * n + i)
     else:
-        end, stride = (k + 1) * n, bs * n
-        for i, c in enumerate(computed):
+        last, stride = (k + 1) * n, bs * n
+        for i, (seq, c) in enumerate(zip(seqs, computed)):
+            seq.output_token_ids.extend(unnamed)
+            end = c + k
+            seq.num_computed_tokens = end
+            seq.num_filled_tokens = end
             first = (-c) % bs + 1
-            allocating.extend(range(first * n + i, end, stride))
+            allocating.extend(range(first * n + i, last, stride))
             if caching:
-                filling.extend(range((first - 1 if first > 1 else bs) * n + i, end, stride))
+                if end // bs > seq.num_registered_blocks:
+                    seq.num_registered_blocks = end // bs
+                filling.extend(range((first - 1 if first > 1 else bs) * n + i, last, stride))
     if allocating:
         allocating.sort()
         plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
@@ -649,12 +695,10 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
         counts = HybridCounts(1, s.kv.num_groups)
         apply_hybrid_events(hybrid_events(s.kv, run.computed, run.seqs, 1), 0, 1, run.seqs, run.computed, s.kv, counts)
         allocations, evictions, dropped = counts.allocations, counts.evictions, counts.dropped[0]
+        set_computed(run, 1)
     else:
-        events = decode_events(run.computed, s.block_size, 1, s.kv.enable_prefix_caching)
-        apply_events(events, 0, 1, run.seqs, run.computed, s.kv, s.pool, allocations, evictions)
-    set_computed(run, 1)
-    for request in run.requests:
-        st.tokens_per_request[request.request_id] = len(request.live_seqs)
+        allocations[0], evictions[0] = _decode_once(run.seqs, run.computed, s.kv, s.pool)
+    st.tokens_per_request = {request.request_id: len(request.live_seqs) for request in run.requests}
     order = s.step_order
     order._schedule_swapped(st)
     order._schedule_waiting(st)

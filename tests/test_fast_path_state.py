@@ -1,0 +1,129 @@
+"""The fast path leaves the policy's state exactly as ``schedule()`` + ``update()`` leave it.
+
+``tests/test_skip_ahead.py`` compares what a run *reports* with skip-ahead on and off (decision
+logs, step and request columns, summaries). A sequence counter the fast path sets wrong may not
+show there until some later decision reads it (``num_registered_blocks``, for instance, is read
+only when a sequence is preempted or freed). So here two schedulers take the same requests at the
+same steps, one step by step, the other through ``engine.policy.fast_forward`` wherever the
+simulator would (``advance`` over steady stretches up to the next arrival, ``schedule_decode_step``
++ ``update_decode_step`` for a step that admits beside the decodes), and after every step both
+have taken, every sequence's fields and the pool's blocks are compared.
+
+Both schedulers make every block key when due (``kv.lazy_keys`` off, as the simulator's reference
+path does), so the pools can be compared block for block.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from engine.policy import Request, Scheduler, make_config
+from engine.policy import fast_forward as ff
+from tests.conftest import scaled_examples
+
+SEQUENCE_FIELDS = ("index", "num_computed_tokens", "num_filled_tokens", "block_table", "cpu_block_table",
+                   "num_registered_blocks", "num_offered_blocks", "finished", "finish_reason", "parked", "decoding")
+
+
+def state(s: Scheduler) -> tuple:
+    """Everything a later decision could read: each unfinished request's status and sequences,
+    the queues, the pool's blocks (references, keyed or not) and its allocation order."""
+    requests = []
+    for rid, request in sorted(s.requests.items()):
+        seqs = [tuple(getattr(seq, name) if not isinstance(getattr(seq, name), list) else list(getattr(seq, name))
+                      for name in SEQUENCE_FIELDS) + (len(seq.output_token_ids), len(seq.block_keys))
+                for seq in request.seqs]
+        requests.append((rid, request.status, seqs))
+    pool = s.pool
+    return (s.next_step, requests, [r.request_id for r in s.running], [r.request_id for r in s.waiting],
+            [r.request_id for r in s.swapped], list(pool.ref_counts), [k is None for k in pool.keys],
+            pool.free_block_order(), pool.num_evictions, s.num_finished_requests)
+
+
+def make_requests(spec: list[tuple[int, int, int, int]]) -> list[tuple[int, Request]]:
+    """``(arrival step, prompt length, output length, n)`` -> requests by arrival step."""
+    return [(step, Request(f"r{i}", prompt_len=prompt, max_tokens=output, n=n))
+            for i, (step, prompt, output, n) in enumerate(spec)]
+
+
+def drive(config, spec, fast: bool, max_steps: int = 600) -> dict[int, tuple]:
+    """Run the requests of ``spec`` to the end; the state after each step taken, by step number."""
+    s = Scheduler(config)
+    s.kv.lazy_keys = False  # (both sides: every key made when due, so the pools compare block for block)
+    arrivals = sorted(make_requests(spec), key=lambda a: a[0])
+    states: dict[int, tuple] = {}
+    a = 0
+    while (s.has_unfinished_requests or a < len(arrivals)) and s.next_step < max_steps:
+        while a < len(arrivals) and arrivals[a][0] <= s.next_step:
+            s.add_request(arrivals[a][1])
+            a += 1
+        if not s.has_unfinished_requests:  # (idle until the next arrival: the step numbers wait)
+            s.next_step = arrivals[a][0]
+            continue
+        run = ff.decode_batch(s) if fast else None
+        next_arrival = arrivals[a][0] if a < len(arrivals) else max_steps
+        if run is not None and ff.queues_stay_refused(s) and next_arrival > s.next_step:
+            ff.advance(run, min(run.max_steps, next_arrival - s.next_step))
+        elif run is not None and ff.decodes_beside_admissions(s):
+            ff.update_decode_step(ff.schedule_decode_step(run))
+        else:
+            s.update(s.schedule(), None)
+        states[s.next_step - 1] = state(s)
+    return states
+
+
+@st.composite
+def cases(draw):
+    num = draw(st.integers(1, 8))
+    spec = [(draw(st.integers(0, 40)), draw(st.integers(1, 40)), draw(st.integers(1, 60)),
+             draw(st.sampled_from([1, 1, 1, 2]))) for _ in range(num)]
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+    need = max((p + o) * n for _, p, o, n in spec)
+    slots = draw(st.sampled_from([need + 2 * block_size, 2 * need, sum((p + o) * n for _, p, o, n in spec) + 64]))
+    preset = draw(st.sampled_from(["pagesim", "vllm-v1"]))
+    settings_ = dict(block_size=block_size, num_gpu_blocks=-(-slots // block_size) + 1, max_model_len=256,
+                     enable_prefix_caching=draw(st.booleans()), max_num_seqs=draw(st.sampled_from([2, 256])),
+                     preemption_mode=draw(st.sampled_from(["recompute", "swap"])), num_cpu_blocks=64,
+                     record_decisions=draw(st.booleans()))  # (not recording: advance's bulk path)
+    return preset, settings_, spec
+
+
+@settings(max_examples=scaled_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_fast_path_leaves_every_sequence_as_step_by_step(case):
+    preset, settings_, spec = case
+    config = make_config(preset, **settings_)
+    plain = drive(config, spec, fast=False)
+    fast = drive(config, spec, fast=True)
+    assert set(fast) <= set(plain), "the fast path took steps the step-by-step path did not"
+    for step in sorted(fast):
+        assert fast[step] == plain[step], f"state after step {step} differs"
+    event("some steps skipped" if len(fast) < len(plain) else "no step skipped")
+
+
+_REAL_DECODE_ONCE = ff._decode_once
+
+
+def _decode_once_lagging(seqs, computed, kv, pool):
+    """``_decode_once`` that leaves every sequence's registered-block counter where it was."""
+    before = [seq.num_registered_blocks for seq in seqs]
+    counts = _REAL_DECODE_ONCE(seqs, computed, kv, pool)
+    for seq, b in zip(seqs, before):
+        seq.num_registered_blocks = b
+    return counts
+
+
+def test_state_comparison_has_teeth(monkeypatch):
+    """A decode step that leaves the registered-block counter behind is caught here, though no
+    decision reads the counter until the sequence is freed or preempted."""
+    config = make_config("pagesim", block_size=4, num_gpu_blocks=200, max_model_len=256, enable_prefix_caching=True,
+                         record_decisions=False)
+    spec = [(0, 9, 30, 1), (3, 5, 30, 1), (6, 7, 20, 1), (9, 3, 25, 1)]
+    plain = drive(config, spec, fast=False)
+    unmodified = drive(config, spec, fast=True)
+    assert all(unmodified[step] == plain[step] for step in unmodified)
+    monkeypatch.setattr(ff, "_decode_once", _decode_once_lagging)
+    fast = drive(config, spec, fast=True)
+    assert any(fast[step] != plain[step] for step in fast)
