@@ -213,7 +213,7 @@ def test_carried_batch_is_the_batch_decode_batch_finds(data):
 
 
 #: The fields a carried ``DecodeRun`` must share with one ``decode_batch`` builds afresh.
-CARRIED_FIELDS = ("requests", "seqs", "computed", "finish_in", "first_finish", "max_steps", "free_blocks",
+CARRIED_FIELDS = ("requests", "seqs", "computed", "finish_at", "first_finish", "max_steps", "free_blocks",
                   "plain_free_blocks", "used_blocks", "cached_blocks", "table_blocks", "dropped_entries",
                   "context_tokens", "step")
 

@@ -103,15 +103,17 @@ class DecodeRun:
     """A steady decoding state and how far it lasts.
 
     ``seqs`` are the running sequences in scheduling order, ``computed[i]`` their computed tokens
-    (each decode step computes position ``computed[i] + j - 1`` at step ``j = 1, 2, ...``).
+    (each decode step computes position ``computed[i] + j - 1`` at step ``j = 1, 2, ...``), and
+    ``finish_at[i]`` the scheduler's step in which each samples its last token: a number that stays
+    the same while the batch is carried from step to step (so carrying it copies no list).
     """
 
     scheduler: Scheduler
     requests: list[Request]  # running order
     seqs: list[Sequence]  # scheduling order (request by request, live sequences in order)
     computed: list[int]
-    finish_in: list[int]  # the step (1-based) in which each sequence samples its last token
-    first_finish: int  # min(finish_in)
+    finish_at: list[int]  # the step (the scheduler's numbers) in which each sequence samples its last token
+    first_finish: int  # min(finish_at) - step + 1: the first step (1-based) in which some sequence finishes
     max_steps: int  # steps that can be skipped: no preemption, finishes only in the last
     free_blocks: int  # allocatable blocks (free + cached) before the first skipped step
     plain_free_blocks: int  # of those, never-cached ones (taken first; the rest evict)
@@ -201,12 +203,13 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
 
 def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[int], int, int, int] | None:
     """The live sequences of ``requests`` if every one is a steady decoder (module docstring):
-    ``(seqs, computed, finish_in, table blocks, dropped entries, sum(computed))``; else ``None``."""
+    ``(seqs, computed, finish_at, table blocks, dropped entries, sum(computed))``; else ``None``."""
     if s.kv.hybrid and not _hybrid_decoders(s, requests):
         return None
     bs = s.block_size
     ref_counts = s.pool.ref_counts
     max_model_len = s.config.max_model_len
+    last_step = s.next_step - 1  # (a sequence with one token left samples it in step last_step + 1)
     seqs: list[Sequence] = []
     computed: list[int] = []
     finish_steps: list[int] = []
@@ -230,7 +233,8 @@ def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[i
             seqs.append(seq)
             computed.append(c)
             context += c
-            finish_steps.append(limit - outputs if limit - outputs < max_model_len - n else max_model_len - n)
+            finish_steps.append(last_step + (limit - outputs if limit - outputs < max_model_len - n
+                                             else max_model_len - n))
             table_blocks += len(table)
     if s.kv.hybrid:  # (blocks held, each table's count, and entries the windows dropped)
         return seqs, computed, finish_steps, *table_counts(seqs), context
@@ -258,7 +262,7 @@ def _hybrid_decoders(s: Scheduler, requests) -> bool:
     return True
 
 
-def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], computed: list[int], finish_in: list[int],
+def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], computed: list[int], finish_at: list[int],
             table_blocks: int, dropped_entries: int, context: int) -> DecodeRun | None:
     """The ``DecodeRun`` of these decoders (the running requests, in order), or ``None`` when it
     cannot take one step: some would wait for the token budget, or no step fits in the free blocks."""
@@ -268,7 +272,7 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], compute
     cached = pool.num_cached_free_blocks
     plain = pool.num_plain_free_blocks
     free = plain + cached  # (pool.num_free_blocks)
-    first_finish = horizon = min(finish_in)
+    first_finish = horizon = min(finish_at) - s.next_step + 1
     if horizon >= 1:
         # vLLM 0.6.3 lets a group append only while the free blocks cover a block per running
         # sequence of it (``VllmV0StepOrder._can_append``: a decode touches one block, new or not),
@@ -280,7 +284,7 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], compute
         horizon = _steps_within_blocks(computed, s.block_size, room, horizon) if room >= 0 else 0
     if horizon < 1:
         return None
-    return DecodeRun(s, requests, seqs, computed, finish_in, first_finish, horizon, free, plain,
+    return DecodeRun(s, requests, seqs, computed, finish_at, first_finish, horizon, free, plain,
                      pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, None, dropped_entries)
 
 
@@ -295,10 +299,16 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     ``decode_batch`` (``Scheduler._decode_run``)."""
     s = run.scheduler
     if run.first_finish == k:  # some finished: keep the others, in order
-        keep = [i for i, f in enumerate(run.finish_in) if f != k]
-        seqs = [run.seqs[i] for i in keep]
-        computed = [run.computed[i] + k for i in keep]
-        finish_in = [run.finish_in[i] - k for i in keep]
+        last = run.step + k - 1  # (the step that finished them)
+        if run.finish_at.count(last) == 1:  # (the usual: one sequence left)
+            gone = run.finish_at.index(last)
+            seqs, computed, finish_at = run.seqs.copy(), [c + k for c in run.computed], run.finish_at.copy()
+            del seqs[gone], computed[gone], finish_at[gone]
+        else:
+            keep = [i for i, f in enumerate(run.finish_at) if f != last]
+            seqs = [run.seqs[i] for i in keep]
+            computed = [run.computed[i] + k for i in keep]
+            finish_at = [run.finish_at[i] for i in keep]
         requests = [r for r in run.requests if r.live_seqs]
         table_blocks, dropped_entries = (table_counts(seqs) if s.kv.hybrid
                                          else (sum([len(seq.block_table) for seq in seqs]), 0))
@@ -307,7 +317,7 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     else:
         seqs = run.seqs
         computed = [c + k for c in run.computed]
-        finish_in = [f - k for f in run.finish_in]
+        finish_at = run.finish_at  # (never changed in place: a batch that grows gets a new list)
         requests = run.requests
         table_blocks, dropped_entries = run.table_blocks + allocated - dropped, run.dropped_entries + dropped
         context = run.context_tokens + k * len(seqs)
@@ -318,13 +328,13 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
             return None
         seqs = seqs + members[0]
         computed = computed + members[1]
-        finish_in = finish_in + members[2]
+        finish_at = finish_at + members[2]
         table_blocks += members[3]
         dropped_entries += members[4]
         context += members[5]
         requests = requests + admitted
         rows = None
-    carried = _run_of(s, requests, seqs, computed, finish_in, table_blocks, dropped_entries, context)
+    carried = _run_of(s, requests, seqs, computed, finish_at, table_blocks, dropped_entries, context)
     if carried is not None:
         carried.rows = rows
     return carried
@@ -475,7 +485,7 @@ def _finish(run: DecodeRun, k: int) -> list[Request]:
         retire_finished(s, s.next_step - 1, [])
         return []
     finished = _finish_seqs(run, k, processor)
-    s._finished_in_last_update = k in run.finish_in  # (always: k is the run's first finish)
+    s._finished_in_last_update = run.step + k - 1 in run.finish_at  # (always: k is the run's first finish)
     retire_finished(s, s.next_step - 1, finished)
     return finished
 
@@ -484,12 +494,13 @@ def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
     """Retire the sequences whose last token is step ``k``'s, in scheduling order (the run's
     sequences are request by request, each request's live sequences in order); returns the
     requests left with none, in that order. O(finishing) Python work (``list.index`` scans)."""
-    finish_in, seqs = run.finish_in, run.seqs
+    finish_at, seqs = run.finish_at, run.seqs
+    last = run.step + k - 1
     max_model_len = processor.max_model_len
     finished: list[Request] = []
     i = -1
-    for _ in range(finish_in.count(k)):
-        i = finish_in.index(k, i + 1)
+    for _ in range(finish_at.count(last)):
+        i = finish_at.index(last, i + 1)
         seq = seqs[i]
         processor._finish(seq, finish_reason(seq, max_model_len))
         request = seq.request
@@ -759,7 +770,7 @@ def update_decode_step(step: DecodeStep) -> list[Request]:
     finished: list[Request] = []
     for seq in run.seqs:
         seq.output_token_ids.append(None)
-    if run.first_finish == 1:  # (finish_in: the step whose token ends each sequence)
+    if run.first_finish == 1:  # (some sequence samples its last token in this step)
         finished = _finish_seqs(run, 1, processor)
     finished += processor.process(step.output, s.requests)
     retire_finished(s, step.output.step, finished)

@@ -414,8 +414,14 @@ def retire_finished(scheduler, step: int, finished: list[Request]) -> None:
     """What any scheduler does with the requests step ``step`` finished: off ``running`` and out
     of the unfinished map, counted, and listed in the step's decision record."""
     if finished:
-        done = {id(r) for r in finished}
-        scheduler.running = [r for r in scheduler.running if id(r) not in done]
+        running = scheduler.running
+        if len(finished) == 1 and finished[0] in running:  # (the usual; requests compare by identity)
+            running = running.copy()  # (a new list, as below: a caller may still hold the old one)
+            running.remove(finished[0])
+            scheduler.running = running
+        else:
+            done = {id(r) for r in finished}
+            scheduler.running = [r for r in running if id(r) not in done]
         for request in finished:
             del scheduler.requests[request.request_id]
         scheduler.num_finished_requests += len(finished)
