@@ -124,6 +124,7 @@ class DecodeRun:
     step: int  # the scheduler's next step when this state was taken (it is stale after any other)
     rows: object = None  # the executor's own per-batch data (kept while the batch has the same requests)
     dropped_entries: int = 0  # table entries sliding windows dropped (hybrid caches: table_blocks counts the rest)
+    released_entries: int = 0  # table entries the sequences it finished held when freed (set by _finish_seqs)
 
 
 @dataclass(slots=True)
@@ -300,19 +301,28 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     s = run.scheduler
     if run.first_finish == k:  # some finished: keep the others, in order
         last = run.step + k - 1  # (the step that finished them)
-        if run.finish_at.count(last) == 1:  # (the usual: one sequence left)
+        if run.finish_at.count(last) == 1:  # (the usual: one sequence left, and perhaps its request)
             gone = run.finish_at.index(last)
             seqs, computed, finish_at = run.seqs.copy(), [c + k for c in run.computed], run.finish_at.copy()
             del seqs[gone], computed[gone], finish_at[gone]
+            request = run.seqs[gone].request
+            requests = run.requests
+            if not request.live_seqs:
+                requests = requests.copy()
+                requests.remove(request)  # (requests compare by identity)
+            context = run.context_tokens + k * len(run.seqs) - (run.computed[gone] + k)
+            table_blocks = run.table_blocks + allocated - run.released_entries
         else:
             keep = [i for i, f in enumerate(run.finish_at) if f != last]
             seqs = [run.seqs[i] for i in keep]
             computed = [run.computed[i] + k for i in keep]
             finish_at = [run.finish_at[i] for i in keep]
-        requests = [r for r in run.requests if r.live_seqs]
-        table_blocks, dropped_entries = (table_counts(seqs) if s.kv.hybrid
-                                         else (sum([len(seq.block_table) for seq in seqs]), 0))
-        context = sum(computed)
+            requests = [r for r in run.requests if r.live_seqs]
+            context = sum(computed)
+            table_blocks = sum([len(seq.block_table) for seq in seqs])
+        dropped_entries = 0
+        if s.kv.hybrid:
+            table_blocks, dropped_entries = table_counts(seqs)
         rows = None
     else:
         seqs = run.seqs
@@ -498,15 +508,18 @@ def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
     last = run.step + k - 1
     max_model_len = processor.max_model_len
     finished: list[Request] = []
+    released = 0
     i = -1
     for _ in range(finish_at.count(last)):
         i = finish_at.index(last, i + 1)
         seq = seqs[i]
+        released += len(seq.block_table)
         processor._finish(seq, finish_reason(seq, max_model_len))
         request = seq.request
         if not request.live_seqs:
             request.status = RequestStatus.FINISHED
             finished.append(request)
+    run.released_entries = released
     return finished
 
 
