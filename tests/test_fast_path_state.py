@@ -32,14 +32,18 @@ def state(s: Scheduler) -> tuple:
     the queues, the pool's blocks (references, keyed or not) and its allocation order."""
     requests = []
     for rid, request in sorted(s.requests.items()):
-        seqs = [tuple(getattr(seq, name) if not isinstance(getattr(seq, name), list) else list(getattr(seq, name))
-                      for name in SEQUENCE_FIELDS) + (len(seq.output_token_ids), len(seq.block_keys))
-                for seq in request.seqs]
+        seqs = [tuple(_copied(getattr(seq, name)) for name in SEQUENCE_FIELDS)
+                + (len(seq.output_token_ids), len(seq.block_keys)) for seq in request.seqs]
         requests.append((rid, request.status, seqs))
     pool = s.pool
     return (s.next_step, requests, [r.request_id for r in s.running], [r.request_id for r in s.waiting],
             [r.request_id for r in s.swapped], list(pool.ref_counts), [k is None for k in pool.keys],
             pool.free_block_order(), pool.num_evictions, s.num_finished_requests)
+
+
+def _copied(value):
+    """A field's value as it is now (a list is copied: the scheduler goes on changing it)."""
+    return list(value) if isinstance(value, list) else value
 
 
 def make_requests(spec: list[tuple[int, int, int, int]]) -> list[tuple[int, Request]]:

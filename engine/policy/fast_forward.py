@@ -311,7 +311,6 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
                 requests = requests.copy()
                 requests.remove(request)  # (requests compare by identity)
             context = run.context_tokens + k * len(run.seqs) - (run.computed[gone] + k)
-            table_blocks = run.table_blocks + allocated - run.released_entries
         else:
             keep = [i for i, f in enumerate(run.finish_at) if f != last]
             seqs = [run.seqs[i] for i in keep]
@@ -319,10 +318,9 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
             finish_at = [run.finish_at[i] for i in keep]
             requests = [r for r in run.requests if r.live_seqs]
             context = sum(computed)
-            table_blocks = sum([len(seq.block_table) for seq in seqs])
-        dropped_entries = 0
-        if s.kv.hybrid:
-            table_blocks, dropped_entries = table_counts(seqs)
+        # (the tables after the steps, less those the finished sequences held when freed)
+        table_blocks, dropped_entries = (table_counts(seqs) if s.kv.hybrid
+                                         else (run.table_blocks + allocated - run.released_entries, 0))
         rows = None
     else:
         seqs = run.seqs
@@ -597,34 +595,26 @@ def apply_in_bulk(seqs, computed, k: int, kv, pool, allocations, evictions) -> N
     allocating: list[int] = []  # step * n + position: sorting orders them by step, then position
     filling: list[int] = []
     unnamed = [None] * k
-    if k <= bs:  # (the usual skip: at most one of each per sequence)
-        for i, (seq, c) in enumerate(zip(seqs, computed)):
-            seq.output_token_ids.extend(unnamed)  # (set_computed's counters, and the tokens)
-            end = c + k
-            seq.num_computed_tokens = end
-            seq.num_filled_tokens = end
-            first = (-c) % bs + 1
+    short = k <= bs  # (the usual skip: at most one of each per sequence)
+    stop, stride = (k + 1) * n, bs * n  # (a longer one: every bs steps from the first)
+    for i, (seq, c) in enumerate(zip(seqs, computed)):
+        seq.output_token_ids.extend(unnamed)  # (set_computed's counters, and the tokens)
+        end = c + k
+        seq.num_computed_tokens = end
+        seq.num_filled_tokens = end
+        first = (-c) % bs + 1  # the step that allocates
+        fills = first - 1 if first > 1 else bs  # the step that fills a block
+        if short:
             if first <= k:
                 allocating.append(first * n + i)
+            if caching and fills <= k:
+                filling.append(fills * n + i)
+        else:
+            allocating.extend(range(first * n + i, stop, stride))
             if caching:
-                if end // bs > seq.num_registered_blocks:
-                    seq.num_registered_blocks = end // bs
-                fills = first - 1 if first > 1 else bs
-                if fills <= k:
-                    filling.append(fills * n + i)
-    else:
-        last, stride = (k + 1) * n, bs * n
-        for i, (seq, c) in enumerate(zip(seqs, computed)):
-            seq.output_token_ids.extend(unnamed)
-            end = c + k
-            seq.num_computed_tokens = end
-            seq.num_filled_tokens = end
-            first = (-c) % bs + 1
-            allocating.extend(range(first * n + i, last, stride))
-            if caching:
-                if end // bs > seq.num_registered_blocks:
-                    seq.num_registered_blocks = end // bs
-                filling.extend(range((first - 1 if first > 1 else bs) * n + i, last, stride))
+                filling.extend(range(fills * n + i, stop, stride))
+        if caching and end // bs > seq.num_registered_blocks:
+            seq.num_registered_blocks = end // bs
     if allocating:
         allocating.sort()
         plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
