@@ -47,7 +47,7 @@ def test_fill_of_many_spans_is_each_span_filled_alone(drawn):
     for span, offset in zip(group, offsets):
         alone = np.full((span.rows, NUM_COLUMNS), np.nan)
         DecodeSpan.fill([span], [0], alone)
-        assert not np.isnan(alone).any()  # (every column of a span's rows is written)
+        assert not np.isnan(alone).any()  # (every row of the span is written: none keeps its NaN)
         assert np.array_equal(together[offset:offset + span.rows].view(np.int64), alone.view(np.int64))
         written[offset:offset + span.rows] = True
     assert np.isnan(together[~written]).all()  # (and nothing else)
