@@ -61,7 +61,11 @@ def request_outstanding_tokens(request: Request) -> int:
 
 def outstanding_tokens(scheduler) -> int:
     """``request_outstanding_tokens`` summed over the scheduler's unfinished requests (waiting,
-    running or swapped). O(unfinished requests)."""
+    running or swapped). O(unfinished requests). The running sequences are read directly, so a
+    scheduler that lets them lag (``Scheduler.settle``) settles them first."""
+    settle = getattr(scheduler, "settle", None)
+    if settle is not None:
+        settle()
     return sum(request_outstanding_tokens(r) for r in scheduler.requests.values())
 
 

@@ -30,8 +30,9 @@ request's place. Everything is bit for bit what the step-by-step loop produces:
   a hybrid cache, the entries and blocks its windows dropped, every group's table counted), in
   the definitions of ``Scheduler.kv_usage``;
 - a skipped stretch is recorded as one ``DecodeSpan`` (its first step, its end times and cost
-  terms, its sequences' computed tokens, the blocks allocated and evicted per step), whose rows
-  ``StepMetrics`` writes later, many spans at once (``DecodeSpan.fill``).
+  terms, how many sequences have each residue of their computed tokens modulo the block size,
+  the blocks allocated and evicted per step), whose rows ``StepMetrics`` writes later, many spans
+  at once (``DecodeSpan.fill``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import simpy
 
+from engine.policy.bulk_decode import bucket_sizes
 from engine.policy.fast_forward import DecodeRun, DecodeStep, advance
 from sim.cost.base import TERMS, CostModel, StepWork
 from sim.step_metrics import COLUMN_INDEX, NUM_COLUMNS
@@ -297,13 +299,14 @@ def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s
     step finished."""
     sched = replica.scheduler
     pool = sched.pool
-    done = advance(run, k)
     bs = sched.block_size
+    sizes = bucket_sizes(run, bs)  # (before advance: the run's buckets change as it is carried)
+    done = advance(run, k)
     num_requests = len(run.requests)
     replica.steps.record_deferred(DecodeSpan(
         k, done.first_step, start_s, ends[:k], tuple(map(terms.get, TERMS, _ZEROS)),
         (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
-        run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, run.computed,
+        run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, sizes,
         done.hybrid))
     return float(ends[k - 1]), done.finished
 
@@ -332,7 +335,9 @@ class DecodeSpan:
     allocations: list[int]  # per step
     evictions: list[int]
     block_size: int
-    computed: list[int]  # each sequence's computed tokens before the first step
+    # [r]: the sequences whose computed tokens before scheduler step t are (t - r) % block_size
+    # modulo block_size (bulk_decode.bucket_sizes)
+    sizes: list[int]
     # A hybrid cache's window_decode.HybridCounts: every group's table counts (``groups``), and
     # the windows' drops take entries from the tables and blocks out of use (None: one group)
     hybrid: object = None
@@ -396,12 +401,12 @@ class DecodeSpan:
         idle = np.empty(total, dtype=np.int64)
         for size in set(span.block_size for span in spans):
             members = [i for i, span in enumerate(spans) if span.block_size == size]
-            lens = [len(spans[i].computed) for i in members]
-            computed = np.fromiter(itertools.chain.from_iterable([spans[i].computed for i in members]), np.int64,
-                                   sum(lens))
-            owner = np.repeat(np.arange(len(members)), lens)  # (sequences of a span: its residue counts)
-            residues = np.bincount(owner * size + computed % size, minlength=len(members) * size)
-            periods = residues.reshape(len(members), size) @ _idle_pattern(size)  # [spans, size]
+            sizes = np.array([spans[i].sizes for i in members], dtype=np.int64)  # [spans, size]
+            # sequences per residue c % size at each span's first step: [m] = sizes[(first - m) % size]
+            firsts = np.array([spans[i].first_step for i in members], dtype=np.int64)
+            by_residue = (firsts[:, None] - np.arange(size)[None, :]) % size
+            residues = np.take_along_axis(sizes, by_residue, axis=1)
+            periods = residues @ _idle_pattern(size)  # [spans, size]
             if len(members) == len(spans):  # (one block size, as in every run: span i is row i)
                 idle = periods.ravel()[sid * size + j % size]
             else:

@@ -280,6 +280,30 @@ def test_skip_ahead_changes_no_routing_or_decision(router):
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("router", ["least-outstanding-tokens", "prefix-affinity"])
+def test_implicit_decoders_change_no_routing(router):
+    # decisions not recorded: the fast path's decoders are implicit (engine.policy.bulk_decode), their
+    # counters lag, and a router reading them (outstanding tokens) settles them, in the middle of a
+    # step that admits beside the decodes too, where the step's tokens are computed but not sampled
+    trace = small_trace(60)
+    runs = []
+    for skip_ahead in (True, False):
+        replicas = [(paged(record_decisions=False, block_size=16), LinearCost()) for _ in range(3)]
+        chosen = make_router(router)
+        seen = []  # what the router read at each arrival: every replica's outstanding tokens
+
+        def route(request, schedulers, route=chosen.route):
+            seen.append([outstanding_tokens(s) for s in schedulers])
+            return route(request, schedulers)
+
+        chosen.route = route
+        result = Cluster(trace, replicas, chosen, SimOptions(skip_ahead=skip_ahead)).run()
+        runs.append((seen, result.replica_of.tolist(), json.dumps(result.summary, sort_keys=True)))
+        assert (sum(r.steps_skipped for r in result.replicas) > 0) == skip_ahead
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1:] == runs[1][1:]
+
+
 @pytest.mark.parametrize("router", ["least-outstanding-tokens", "least-kv"])
 def test_skip_ahead_under_vllm_v0_changes_no_routing_or_decision(router):
     # vllm-v0's pure decode steps are skipped too; a step that admits runs its prefills alone, so

@@ -27,10 +27,10 @@ def spans(draw) -> tuple[list[DecodeSpan], list[int]]:
         terms = tuple(np.linspace(0.001, 0.002, k) + i if draw(st.booleans()) else float(i) for i in range(len(TERMS)))
         allocations = draw(st.lists(st.integers(0, n), min_size=k, max_size=k))
         evictions = [draw(st.integers(0, a)) for a in allocations]
-        computed = draw(st.lists(st.integers(1, 500), min_size=n, max_size=n))
+        sizes = draw(st.lists(st.integers(0, 6), min_size=bs, max_size=bs))  # sequences per bucket
         result.append(DecodeSpan(k, draw(st.integers(0, 10_000)), start, ends, terms, (n, n, 3, n, 64 * bs),
                                  draw(st.integers(0, 100)), draw(st.integers(0, 100)), draw(st.integers(0, 100)),
-                                 allocations, evictions, bs, computed))
+                                 allocations, evictions, bs, sizes))
         offsets.append(offset)
         offset += k
     return result, offsets

@@ -11,15 +11,21 @@ have taken, every sequence's fields and the pool's blocks are compared.
 
 Both schedulers make every block key when due (``kv.lazy_keys`` off, as the simulator's reference
 path does), so the pools can be compared block for block.
+
+With implicit decoders (``engine.policy.bulk_decode``) the fast scheduler's running sequences lag
+until something reads them; the state compared is what a reader finds, taken from a copy settled
+as ``Scheduler.settle`` settles it, so that the scheduler itself goes on lagging as in a run.
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.policy import Request, Scheduler, make_config
+from engine.policy import Request, Scheduler, bulk_decode, make_config
 from engine.policy import fast_forward as ff
 from tests.conftest import scaled_examples
 
@@ -29,7 +35,11 @@ SEQUENCE_FIELDS = ("index", "num_computed_tokens", "num_filled_tokens", "block_t
 
 def state(s: Scheduler) -> tuple:
     """Everything a later decision could read: each unfinished request's status and sequences,
-    the queues, the pool's blocks (references, keyed or not) and its allocation order."""
+    the queues, the pool's blocks (references, keyed or not) and its allocation order (of a
+    settled copy, when sequences lag)."""
+    if s._lazy_run is not None:
+        s = copy.deepcopy(s)
+        s.settle()
     requests = []
     for rid, request in sorted(s.requests.items()):
         seqs = [tuple(_copied(getattr(seq, name)) for name in SEQUENCE_FIELDS)
@@ -52,8 +62,10 @@ def make_requests(spec: list[tuple[int, int, int, int]]) -> list[tuple[int, Requ
             for i, (step, prompt, output, n) in enumerate(spec)]
 
 
-def drive(config, spec, fast: bool, max_steps: int = 600) -> dict[int, tuple]:
-    """Run the requests of ``spec`` to the end; the state after each step taken, by step number."""
+def drive(config, spec, fast: bool, max_steps: int = 600, mid: dict | None = None) -> dict[int, tuple]:
+    """Run the requests of ``spec`` to the end; the state after each step taken, by step number
+    (and into ``mid``, the state between scheduling and updating each step that admits beside the
+    decodes on the fast path, every step on the other: what a router reads at an arrival then)."""
     s = Scheduler(config)
     s.kv.lazy_keys = False  # (both sides: every key made when due, so the pools compare block for block)
     arrivals = sorted(make_requests(spec), key=lambda a: a[0])
@@ -71,9 +83,15 @@ def drive(config, spec, fast: bool, max_steps: int = 600) -> dict[int, tuple]:
         if run is not None and ff.queues_stay_refused(s) and next_arrival > s.next_step:
             ff.advance(run, min(run.max_steps, next_arrival - s.next_step))
         elif run is not None and ff.decodes_beside_admissions(s):
-            ff.update_decode_step(ff.schedule_decode_step(run))
+            step = ff.schedule_decode_step(run)
+            if mid is not None:
+                mid[s.next_step - 1] = state(s)
+            ff.update_decode_step(step)
         else:
-            s.update(s.schedule(), None)
+            output = s.schedule()
+            if mid is not None and not fast:
+                mid[s.next_step - 1] = state(s)
+            s.update(output, None)
         states[s.next_step - 1] = state(s)
     return states
 
@@ -99,11 +117,14 @@ def cases(draw):
 def test_fast_path_leaves_every_sequence_as_step_by_step(case):
     preset, settings_, spec = case
     config = make_config(preset, **settings_)
-    plain = drive(config, spec, fast=False)
-    fast = drive(config, spec, fast=True)
+    plain_mid, fast_mid = {}, {}
+    plain = drive(config, spec, fast=False, mid=plain_mid)
+    fast = drive(config, spec, fast=True, mid=fast_mid)
     assert set(fast) <= set(plain), "the fast path took steps the step-by-step path did not"
     for step in sorted(fast):
         assert fast[step] == plain[step], f"state after step {step} differs"
+    for step in sorted(fast_mid):  # (a step that admits beside the decodes, before its update)
+        assert fast_mid[step] == plain_mid[step], f"state in the middle of step {step} differs"
     event("some steps skipped" if len(fast) < len(plain) else "no step skipped")
 
 
@@ -119,15 +140,31 @@ def _decode_once_lagging(seqs, computed, kv, pool):
     return counts
 
 
-def test_state_comparison_has_teeth(monkeypatch):
+_REAL_SETTLE_ONE = bulk_decode.settle_one
+
+
+def _settle_one_lagging(seq, *args):
+    """``bulk_decode.settle_one`` that leaves the sequence's registered-block counter where it was."""
+    before = seq.num_registered_blocks
+    _REAL_SETTLE_ONE(seq, *args)
+    seq.num_registered_blocks = before
+
+
+@pytest.mark.parametrize("implicit", [True, False])
+def test_state_comparison_has_teeth(monkeypatch, implicit):
     """A decode step that leaves the registered-block counter behind is caught here, though no
-    decision reads the counter until the sequence is freed or preempted."""
+    decision reads the counter until the sequence is freed or preempted: with implicit decoders
+    (decisions not recorded) in settling, with every sequence written each step (recorded) in
+    the admitting step's decodes."""
     config = make_config("pagesim", block_size=4, num_gpu_blocks=200, max_model_len=256, enable_prefix_caching=True,
-                         record_decisions=False)
+                         record_decisions=not implicit)
     spec = [(0, 9, 30, 1), (3, 5, 30, 1), (6, 7, 20, 1), (9, 3, 25, 1)]
     plain = drive(config, spec, fast=False)
     unmodified = drive(config, spec, fast=True)
     assert all(unmodified[step] == plain[step] for step in unmodified)
-    monkeypatch.setattr(ff, "_decode_once", _decode_once_lagging)
+    if implicit:
+        monkeypatch.setattr(bulk_decode, "settle_one", _settle_one_lagging)
+    else:
+        monkeypatch.setattr(ff, "_decode_once", _decode_once_lagging)
     fast = drive(config, spec, fast=True)
     assert any(fast[step] != plain[step] for step in fast)

@@ -58,10 +58,16 @@ the survivors' counters moved together, the finished sequences left, the admitte
 (checked as ``decode_batch`` checks every sequence). They leave it in ``Scheduler._decode_run``
 for the next ``decode_batch``, which takes it when the scheduler is still at that step with the
 same number of running requests (any other step moves the counter; ``abort_request`` drops it),
-instead of rebuilding it from every running sequence. ``tests/test_skip_ahead.py`` compares every
-carried batch with the one built from the scheduler's state. Without recording decisions, a
-skip's allocations and lazily keyed registrations are made in one pool call each
-(``apply_in_bulk``, for ``lru``, whose order lets the two commute).
+instead of rebuilding it from every running sequence. A sequence's computed tokens are kept as an
+offset from the step number, which carrying leaves alone. ``tests/test_skip_ahead.py`` compares
+every carried batch with the one built from the scheduler's state.
+
+**Implicit decoders.** Without recording decisions, with one KV group and an ``lru``-like pool
+(``bulk_ok``), the batch keeps its sequences in buckets by the step at which they next reach a
+block boundary, and a stretch of steps touches only those (``engine.policy.bulk_decode``): its
+allocations and lazily keyed registrations are made in one pool call each, and the sequences'
+own counters and outputs lag until something reads them (``Scheduler.settle``). A step of such a
+batch then costs O(blocks it allocates and fills), not O(running).
 
 Entry points, in the order an executor uses them (the simulator's one caller is
 ``sim/replica.py`` with ``sim/skip_ahead.py``; the engine never takes the fast path, it names
@@ -81,6 +87,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from engine.policy import bulk_decode
+from engine.policy.bulk_decode import apply_in_bulk, make_buckets, settle, settle_one
 from engine.policy.output import ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import finish_reason
@@ -102,16 +110,23 @@ STABLE_WAITING_STOPS = frozenset({"seq_limit", "no_plan", "blocks", "budget", "s
 class DecodeRun:
     """A steady decoding state and how far it lasts.
 
-    ``seqs`` are the running sequences in scheduling order, ``computed[i]`` their computed tokens
-    (each decode step computes position ``computed[i] + j - 1`` at step ``j = 1, 2, ...``), and
-    ``finish_at[i]`` the scheduler's step in which each samples its last token: a number that stays
-    the same while the batch is carried from step to step (so carrying it copies no list).
+    ``seqs`` are the running sequences in scheduling order; ``offsets[i]`` is such that
+    ``seqs[i]`` has computed ``offsets[i] + t`` tokens before the scheduler's step ``t`` (so
+    ``computed``, their computed tokens before the run's first step, is ``offsets[i] + step``, and
+    the run's step ``j = 1, 2, ...`` computes position ``computed[i] + j - 1``), and
+    ``finish_at[i]`` the scheduler's step in which each samples its last token. Both stay the same
+    while the batch is carried from step to step, so carrying it copies no list.
+
+    With ``buckets`` (``engine.policy.bulk_decode``: an ``lru`` pool, decisions not recorded, one
+    KV group) the decoders are implicit: the steps touch only the sequences whose block boundary
+    they reach, and the sequences' own counters and outputs lag until settled (the scheduler's
+    ``_lazy_run``).
     """
 
     scheduler: Scheduler
     requests: list[Request]  # running order
     seqs: list[Sequence]  # scheduling order (request by request, live sequences in order)
-    computed: list[int]
+    offsets: list[int]  # computed tokens before scheduler step t: offsets[i] + t
     finish_at: list[int]  # the step (the scheduler's numbers) in which each sequence samples its last token
     first_finish: int  # min(finish_at) - step + 1: the first step (1-based) in which some sequence finishes
     max_steps: int  # steps that can be skipped: no preemption, finishes only in the last
@@ -125,6 +140,13 @@ class DecodeRun:
     rows: object = None  # the executor's own per-batch data (kept while the batch has the same requests)
     dropped_entries: int = 0  # table entries sliding windows dropped (hybrid caches: table_blocks counts the rest)
     released_entries: int = 0  # table entries the sequences it finished held when freed (set by _finish_seqs)
+    buckets: list | None = None  # bulk_decode's buckets (None: every step writes every sequence's counters)
+
+    @property
+    def computed(self) -> list[int]:
+        """Each sequence's computed tokens before the run's first step (O(sequences))."""
+        step = self.step
+        return [offset + step for offset in self.offsets]
 
 
 @dataclass(slots=True)
@@ -198,8 +220,22 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
         return None
     if s.offload is not None and not s.offload.prompt_only:
         return None  # decodes would offer their blocks to the offload store
+    s.settle()  # (the sequences a lazy batch left behind, before they are read)
     members = _decoders(s, s.running)
-    return None if members is None else _run_of(s, list(s.running), *members)
+    if members is None:
+        return None
+    seqs, computed, finish_at, table_blocks, dropped_entries, context = members
+    step = s.next_step
+    offsets = [c - step for c in computed]
+    buckets = make_buckets(seqs, offsets, s.block_size) if bulk_ok(s) else None
+    return _run_of(s, list(s.running), seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets)
+
+
+def bulk_ok(s: Scheduler) -> bool:
+    """Whether decode steps may be applied in bulk, with implicit decoders (``bulk_decode``): one
+    KV group, decisions not recorded, an eviction order that batches and reads no block stats."""
+    eviction = s.pool.eviction
+    return not (s.config.record_decisions or s.kv.hybrid) and eviction.batches and not eviction.reads_block_stats
 
 
 def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[int], int, int, int] | None:
@@ -263,8 +299,8 @@ def _hybrid_decoders(s: Scheduler, requests) -> bool:
     return True
 
 
-def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], computed: list[int], finish_at: list[int],
-            table_blocks: int, dropped_entries: int, context: int) -> DecodeRun | None:
+def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets: list[int], finish_at: list[int],
+            table_blocks: int, dropped_entries: int, context: int, buckets: list | None) -> DecodeRun | None:
     """The ``DecodeRun`` of these decoders (the running requests, in order), or ``None`` when it
     cannot take one step: some would wait for the token budget, or no step fits in the free blocks."""
     if not seqs or len(seqs) > s.config.max_num_batched_tokens:  # some would wait for budget: not the same batch
@@ -282,79 +318,98 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], compute
         room = free // s.kv.num_groups  # (a hybrid cache: a new block in every group; drops only add room)
         if type(s.step_order) is VllmV0StepOrder:
             room -= max([len(request.live_seqs) for request in requests])
-        horizon = _steps_within_blocks(computed, s.block_size, room, horizon) if room >= 0 else 0
+        horizon = _steps_within_blocks(offsets, s.next_step, s.block_size, room, horizon) if room >= 0 else 0
     if horizon < 1:
         return None
-    return DecodeRun(s, requests, seqs, computed, finish_at, first_finish, horizon, free, plain,
-                     pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, None, dropped_entries)
+    return DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
+                     pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, None, dropped_entries,
+                     buckets=buckets)
 
 
 def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | None = None,
            dropped: int = 0) -> DecodeRun | None:
     """The batch after ``run``'s first ``k`` steps were applied and their finishes retired (and
     ``admitted`` joined it, for a ``DecodeStep``): what ``decode_batch`` would find, built from
-    what the run knows (the survivors are still steady decoders: their counters moved together,
-    a block they filled was replaced by a fresh one of their own) plus the checks of the newcomers;
-    ``None`` when it is not a batch. ``allocated``: the blocks the steps gave the batch,
-    ``dropped``: the table entries windows dropped from it (hybrid caches). Left for the next
-    ``decode_batch`` (``Scheduler._decode_run``)."""
+    what the run knows (the survivors are still steady decoders: their offsets stay, a block they
+    filled was replaced by a fresh one of their own) plus the checks of the newcomers; ``None``
+    when it is not a batch (a lazy batch's survivors are then settled). ``allocated``: the blocks
+    the steps gave the batch, ``dropped``: the table entries windows dropped from it (hybrid
+    caches). Left for the next ``decode_batch`` (``Scheduler._decode_run``), and, with implicit
+    decoders, as the scheduler's lazy batch (``Scheduler._lazy_run``)."""
     s = run.scheduler
+    bs = s.block_size
+    buckets = run.buckets  # (changed in place: the run is stale once carried)
     if run.first_finish == k:  # some finished: keep the others, in order
         last = run.step + k - 1  # (the step that finished them)
         if run.finish_at.count(last) == 1:  # (the usual: one sequence left, and perhaps its request)
             gone = run.finish_at.index(last)
-            seqs, computed, finish_at = run.seqs.copy(), [c + k for c in run.computed], run.finish_at.copy()
-            del seqs[gone], computed[gone], finish_at[gone]
-            request = run.seqs[gone].request
+            seqs, offsets, finish_at = run.seqs.copy(), run.offsets.copy(), run.finish_at.copy()
+            del seqs[gone], offsets[gone], finish_at[gone]
+            seq = run.seqs[gone]
+            request = seq.request
             requests = run.requests
             if not request.live_seqs:
                 requests = requests.copy()
                 requests.remove(request)  # (requests compare by identity)
-            context = run.context_tokens + k * len(run.seqs) - (run.computed[gone] + k)
+            context = run.context_tokens + k * len(run.seqs) - (run.offsets[gone] + run.step + k)
+            if buckets is not None:
+                bulk_decode.leave(buckets, seq, run.offsets[gone], bs)
         else:
             keep = [i for i, f in enumerate(run.finish_at) if f != last]
             seqs = [run.seqs[i] for i in keep]
-            computed = [run.computed[i] + k for i in keep]
+            offsets = [run.offsets[i] for i in keep]
             finish_at = [run.finish_at[i] for i in keep]
             requests = [r for r in run.requests if r.live_seqs]
-            context = sum(computed)
+            context = sum(offsets) + (run.step + k) * len(offsets)
+            if buckets is not None:
+                for seq, offset, f in zip(run.seqs, run.offsets, run.finish_at):
+                    if f == last:
+                        bulk_decode.leave(buckets, seq, offset, bs)
         # (the tables after the steps, less those the finished sequences held when freed)
         table_blocks, dropped_entries = (table_counts(seqs) if s.kv.hybrid
                                          else (run.table_blocks + allocated - run.released_entries, 0))
         rows = None
     else:
-        seqs = run.seqs
-        computed = [c + k for c in run.computed]
-        finish_at = run.finish_at  # (never changed in place: a batch that grows gets a new list)
-        requests = run.requests
+        seqs, offsets, finish_at, requests = run.seqs, run.offsets, run.finish_at, run.requests
         table_blocks, dropped_entries = run.table_blocks + allocated - dropped, run.dropped_entries + dropped
         context = run.context_tokens + k * len(seqs)
         rows = run.rows
+    carried = None
     if admitted:
         members = _decoders(s, admitted)
-        if members is None:
-            return None
-        seqs = seqs + members[0]
-        computed = computed + members[1]
-        finish_at = finish_at + members[2]
-        table_blocks += members[3]
-        dropped_entries += members[4]
-        context += members[5]
-        requests = requests + admitted
-        rows = None
-    carried = _run_of(s, requests, seqs, computed, finish_at, table_blocks, dropped_entries, context)
+        if members is not None:
+            step = s.next_step
+            joined = [c - step for c in members[1]]
+            if buckets is not None:
+                bulk_decode.join(buckets, members[0], joined, bs)
+            seqs = seqs + members[0]
+            offsets = offsets + joined
+            finish_at = finish_at + members[2]
+            table_blocks += members[3]
+            dropped_entries += members[4]
+            context += members[5]
+            requests = requests + admitted
+            rows = None
+            carried = _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets)
+    else:
+        carried = _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets)
     if carried is not None:
         carried.rows = rows
+        if buckets is not None:
+            s._lazy_run = carried
+    elif buckets is not None:  # nothing carries the survivors: they are brought up to date now
+        settle(seqs, offsets, s.next_step, bs, s.kv.enable_prefix_caching)
+        s._lazy_run = None
     return carried
 
 
-def _steps_within_blocks(computed: list[int], bs: int, free: int, horizon: int) -> int:
-    """The most decode steps, up to ``horizon``, whose new blocks fit in ``free`` (a sequence at
-    computed ``c`` takes a new block in step ``j`` when ``(c + j - 1) % bs == 0``, i.e. from step
-    ``(-c) % bs + 1`` on, every ``bs`` steps)."""
-    if len(computed) * (horizon // bs + 1) <= free:  # (each sequence takes at most this many)
+def _steps_within_blocks(offsets: list[int], step: int, bs: int, free: int, horizon: int) -> int:
+    """The most decode steps from scheduler step ``step``, up to ``horizon``, whose new blocks
+    fit in ``free`` (a sequence at computed ``c = offset + step`` takes a new block in step ``j``
+    when ``(c + j - 1) % bs == 0``, i.e. from step ``(-c) % bs + 1`` on, every ``bs`` steps)."""
+    if len(offsets) * (horizon // bs + 1) <= free:  # (each sequence takes at most this many)
         return horizon
-    firsts = [(-c) % bs + 1 for c in computed]
+    firsts = [(-offset - step) % bs + 1 for offset in offsets]
 
     def blocks(k: int) -> int:
         return sum((k - f) // bs + 1 for f in firsts if f <= k)
@@ -375,16 +430,19 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     """Apply ``k`` (``1 <= k <= run.max_steps``) pure decode steps, exactly as ``k`` rounds of
     ``schedule()`` and ``update()`` with unnamed tokens would; the run is stale afterwards. A
     hybrid cache's steps are ``window_decode``'s events, applied one at a time by the KV
-    manager's own calls."""
+    manager's own calls. With implicit decoders (``run.buckets``), a stretch of at most
+    ``bulk_decode.LAZY_BLOCKS`` blocks' steps touches only the sequences whose block boundary
+    it reaches."""
     s = run.scheduler
     if not 1 <= k <= run.max_steps:
         raise ValueError(f"can advance 1 to {run.max_steps} steps, not {k}")
     kv = s.kv
     pool = s.pool
     first_step = s.next_step
-    seqs, computed = run.seqs, run.computed
+    seqs = run.seqs
     recording = s.config.record_decisions
-    bulk = not (recording or kv.hybrid) and pool.eviction.batches and not pool.eviction.reads_block_stats
+    bulk = run.buckets is not None
+    computed = None if bulk and k <= bulk_decode.LAZY_BLOCKS * s.block_size else run.computed
     if not bulk:  # (apply_in_bulk appends them itself)
         unnamed = [None] * k
         for seq in seqs:  # the tokens exist before their blocks are registered (contents are by position)
@@ -403,8 +461,12 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     else:
         allocations = [0] * k
         evictions = [0] * k
-        if bulk:  # (the tokens, the pool calls and set_computed, in one pass over the sequences)
-            apply_in_bulk(seqs, computed, k, kv, pool, allocations, evictions)
+        if bulk:
+            if computed is None:  # implicit decoders: the pool calls of the sequences reaching a boundary
+                bulk_decode.apply_lazily(run, k, kv, pool, allocations, evictions)
+            else:  # (the tokens, the pool calls and set_computed, in one pass over the sequences)
+                apply_in_bulk(seqs, computed, k, kv, pool, allocations, evictions)
+            s._lazy_run = run
             events = None
         else:
             events = decode_events(computed, s.block_size, k, kv.enable_prefix_caching)
@@ -501,9 +563,13 @@ def _finish(run: DecodeRun, k: int) -> list[Request]:
 def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
     """Retire the sequences whose last token is step ``k``'s, in scheduling order (the run's
     sequences are request by request, each request's live sequences in order); returns the
-    requests left with none, in that order. O(finishing) Python work (``list.index`` scans)."""
-    finish_at, seqs = run.finish_at, run.seqs
+    requests left with none, in that order. O(finishing) Python work (``list.index`` scans).
+    A lazy batch's sequence is settled first: finishing reads its outputs."""
+    finish_at, seqs, offsets = run.finish_at, run.seqs, run.offsets
     last = run.step + k - 1
+    end = run.step + k  # (the scheduler's next step)
+    bs = run.scheduler.block_size
+    caching = run.scheduler.kv.enable_prefix_caching
     max_model_len = processor.max_model_len
     finished: list[Request] = []
     released = 0
@@ -511,6 +577,7 @@ def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
     for _ in range(finish_at.count(last)):
         i = finish_at.index(last, i + 1)
         seq = seqs[i]
+        settle_one(seq, offsets[i] + end, bs, caching)
         released += len(seq.block_table)
         processor._finish(seq, finish_reason(seq, max_model_len))
         request = seq.request
@@ -572,76 +639,6 @@ def _decode_once(seqs, computed, kv, pool) -> tuple[int, int]:
             if end // bs > seq.num_registered_blocks:
                 seq.num_registered_blocks = end // bs
     return allocated, pool.num_evictions - evicted
-
-
-def apply_in_bulk(seqs, computed, k: int, kv, pool, allocations, evictions) -> None:
-    """``k`` decode steps of ``seqs`` for an eviction policy that batches and reads no block stats
-    (``lru``), without recording: each sequence's ``k`` unnamed tokens and its counters
-    (``set_computed``'s), in the one pass that finds its new and filled blocks, then the pool calls
-    (``decode_events``' allocations and registrations) in bulk. The counters may be set before the
-    registrations: these read a sequence's table, tokens and lazy start, never its counters. Every
-    allocation in one ``allocate_many``, the blocks handed out in the order of the step-by-step
-    path (by step, then scheduling position), then the registrations in that same order, the
-    lazily keyed ones in one ``cache_lazy``. For such a policy the two kinds of call commute:
-    which block an allocation takes depends only on the free list and the eviction order, and a
-    registration touches neither (it keys a block in use, which is in neither); the index ends
-    the same whichever comes first when a victim carries the key a block is given (each key's
-    blocks keep their order). A sequence at computed ``c`` allocates at steps ``(-c) % bs + 1``,
-    then every ``bs``; it fills a block the step before each (the first at step ``bs`` when it
-    allocates at step 1)."""
-    bs = kv.block_size
-    n = len(seqs)
-    caching = kv.enable_prefix_caching
-    allocating: list[int] = []  # step * n + position: sorting orders them by step, then position
-    filling: list[int] = []
-    unnamed = [None] * k
-    short = k <= bs  # (the usual skip: at most one of each per sequence)
-    stop, stride = (k + 1) * n, bs * n  # (a longer one: every bs steps from the first)
-    for i, (seq, c) in enumerate(zip(seqs, computed)):
-        seq.output_token_ids.extend(unnamed)  # (set_computed's counters, and the tokens)
-        end = c + k
-        seq.num_computed_tokens = end
-        seq.num_filled_tokens = end
-        first = (-c) % bs + 1  # the step that allocates
-        fills = first - 1 if first > 1 else bs  # the step that fills a block
-        if short:
-            if first <= k:
-                allocating.append(first * n + i)
-            if caching and fills <= k:
-                filling.append(fills * n + i)
-        else:
-            allocating.extend(range(first * n + i, stop, stride))
-            if caching:
-                filling.extend(range(fills * n + i, stop, stride))
-        if caching and end // bs > seq.num_registered_blocks:
-            seq.num_registered_blocks = end // bs
-    if allocating:
-        allocating.sort()
-        plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
-        blocks = pool.allocate_many(len(allocating))
-        for taken, code in enumerate(allocating):
-            j, i = divmod(code, n)
-            seq = seqs[i]
-            seq.block_table.append(blocks[taken])
-            seq.table_snapshot = None
-            allocations[j - 1] += 1
-            if taken >= plain:
-                evictions[j - 1] += 1
-    if filling:
-        filling.sort()
-        keys = pool.keys
-        lazy = []
-        for code in filling:
-            j, i = divmod(code, n)
-            seq = seqs[i]
-            index = (computed[i] + j) // bs - 1  # the block its step-j token completes
-            block_id = seq.block_table[index]
-            if index >= kv._lazy_start(seq) and keys[block_id] is None:
-                lazy.append(block_id)
-            else:
-                kv.register_block(seq, index)
-        if lazy:
-            pool.cache_lazy(lazy)
 
 
 def _decode_record(step: int, requests: list[Request], num_free: int, num_free_cpu: int,
@@ -710,6 +707,10 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
         apply_hybrid_events(hybrid_events(s.kv, run.computed, run.seqs, 1), 0, 1, run.seqs, run.computed, s.kv, counts)
         allocations, evictions, dropped = counts.allocations, counts.evictions, counts.dropped[0]
         set_computed(run, 1)
+    elif run.buckets is not None:  # implicit decoders: those reaching a block boundary
+        allocations[0], evictions[0] = bulk_decode.decode_once(run, s.kv, s.pool)
+        s._lazy_run = run
+        s._lazy_mid_step = True  # (until update_decode_step: a reader finds the step's tokens unsampled)
     else:
         allocations[0], evictions[0] = _decode_once(run.seqs, run.computed, s.kv, s.pool)
     st.tokens_per_request = {request.request_id: len(request.live_seqs) for request in run.requests}
@@ -771,8 +772,10 @@ def update_decode_step(step: DecodeStep) -> list[Request]:
     processor = s.output_processor
     retired = processor.num_seqs_finished
     finished: list[Request] = []
-    for seq in run.seqs:
-        seq.output_token_ids.append(None)
+    if run.buckets is None:  # (implicit decoders get theirs when settled)
+        for seq in run.seqs:
+            seq.output_token_ids.append(None)
+    s._lazy_mid_step = False
     if run.first_finish == 1:  # (some sequence samples its last token in this step)
         finished = _finish_seqs(run, 1, processor)
     finished += processor.process(step.output, s.requests)

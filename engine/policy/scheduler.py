@@ -30,6 +30,7 @@ from collections import deque
 from engine.policy.admission import rejection_reason
 from engine.policy.block_key import HashFn, default_hash
 from engine.policy.block_pool import BlockPool
+from engine.policy.bulk_decode import settle
 from engine.policy.config import SchedulerConfig
 from engine.policy.hybrid_kv import HybridKVCacheManager
 from engine.policy.kv_manager import KVCacheManager
@@ -100,6 +101,11 @@ class Scheduler:
         self._finished_in_last_update = False
         # The decode batch the fast path left after its last step (fast_forward.decode_batch takes it).
         self._decode_run = None
+        # The fast path's batch whose sequences' counters and outputs lag (bulk_decode: implicit
+        # decoders), until ``settle()``; and whether its last step is scheduled but not yet
+        # updated (fast_forward's DecodeStep: its token not yet sampled).
+        self._lazy_run = None
+        self._lazy_mid_step = False
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> bool:
@@ -127,6 +133,7 @@ class Scheduler:
 
     def abort_request(self, request_id: str) -> None:
         """Drop an unfinished request wherever it is, releasing its GPU and CPU blocks."""
+        self.settle()
         request = self.requests.pop(request_id)
         self._decode_run = None
         self._pure_decode_step = None  # (its blocks and batch room free up: no queue head stays refused)
@@ -147,8 +154,20 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
+    def settle(self) -> None:
+        """Bring the running sequences the fast path left behind (``engine.policy.bulk_decode``:
+        implicit decoders) up to date: their counters and outputs as the step-by-step path leaves
+        them. Every method here that reads running sequences calls it first; code that reads them
+        directly from outside (a router) calls it too. O(1) when nothing lags."""
+        run = self._lazy_run
+        if run is not None:
+            self._lazy_run = None
+            settle(run.seqs, run.offsets, self.next_step, self.block_size, self.kv.enable_prefix_caching,
+                   0 if self._lazy_mid_step else 1)
+
     # ------------------------------------------------------------ schedule
     def schedule(self) -> SchedulerOutput:
+        self.settle()
         cfg = self.config
         st = Step(step=self.next_step, token_budget=cfg.max_num_batched_tokens)
         self.next_step += 1
@@ -334,6 +353,7 @@ class Scheduler:
     ) -> list[Request]:
         """Apply one executed step (see ``OutputProcessor``). Returns the requests that finished,
         in scheduling order; their blocks are released."""
+        self.settle()
         processor = self.output_processor
         retired = processor.num_seqs_finished
         finished = processor.process(output, self.requests, sampled, beam_choices)
@@ -345,6 +365,7 @@ class Scheduler:
     def kv_usage(self) -> KvUsage:
         """The GPU cache's slots right now (O(running sequences)). A block shared by several
         sequences counts once; only a table's last block can be partly filled."""
+        self.settle()
         return self.usage_with(*self.table_slots(self.running))
 
     def usage_with(self, unshared: int, idle: int) -> KvUsage:
@@ -393,6 +414,7 @@ class Scheduler:
     # ------------------------------------------------------------ checking
     def check(self) -> None:
         """Assert the policy's invariants (O(blocks + requests); for tests)."""
+        self.settle()
         self.kv.check(self.requests.values())
         if self.offload is not None:
             self.offload.store.check()
