@@ -141,12 +141,17 @@ class DecodeRun:
     dropped_entries: int = 0  # table entries sliding windows dropped (hybrid caches: table_blocks counts the rest)
     released_entries: int = 0  # table entries the sequences it finished held when freed (set by _finish_seqs)
     buckets: list | None = None  # bulk_decode's buckets (None: every step writes every sequence's counters)
+    _computed: list[int] | None = None  # (computed, once asked for)
 
     @property
     def computed(self) -> list[int]:
-        """Each sequence's computed tokens before the run's first step (O(sequences))."""
-        step = self.step
-        return [offset + step for offset in self.offsets]
+        """Each sequence's computed tokens before the run's first step (made once, O(sequences);
+        a run's offsets and step never change)."""
+        computed = self._computed
+        if computed is None:
+            step = self.step
+            computed = self._computed = [offset + step for offset in self.offsets]
+        return computed
 
 
 @dataclass(slots=True)
