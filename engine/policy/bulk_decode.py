@@ -12,8 +12,8 @@ step ``t`` exactly when ``(offset + t) % block_size == 0`` and fills one when
 batch keeps its sequences in ``block_size`` **buckets** by ``(-offset) % block_size``, each in
 scheduling order (a sequence joins at the back of the running order, and leaving keeps the order
 of the rest): in step ``t`` bucket ``t % block_size`` allocates and bucket ``(t + 1) % block_size``
-fills a block. A skip of ``k`` steps (``apply_lazily``) or one step that admits beside the decodes
-(``decode_once``) makes its pool calls from a bucket per step, O(steps + blocks), and writes no
+fills a block. A skip of ``k`` steps, or the one step that admits beside the decodes
+(``apply_lazily``), makes its pool calls from a bucket per step, O(steps + blocks), and writes no
 sequence's counters or tokens. A skip longer than ``LAZY_BLOCKS`` blocks' steps, in which every
 sequence crosses several boundaries anyway, goes through ``apply_in_bulk``, one pass over the
 sequences that settles them too.
@@ -59,8 +59,7 @@ def make_buckets(seqs: list[Sequence], offsets: list[int], bs: int) -> list[Buck
     """The batch's sequences by ``(-offset) % bs`` (the steps ``t`` with ``t % bs`` equal to it
     allocate a block), each bucket in scheduling order."""
     buckets: list[Bucket] = [[] for _ in range(bs)]
-    for seq, offset in zip(seqs, offsets):
-        buckets[-offset % bs].append((seq, offset))
+    join(buckets, seqs, offsets, bs)
     return buckets
 
 
@@ -116,12 +115,15 @@ def settle_one(seq: Sequence, computed: int, bs: int, caching: bool, sampled: in
         outputs.extend([None] * missing)
 
 
-def apply_lazily(run: DecodeRun, k: int, kv, pool, allocations: list[int], evictions: list[int]) -> None:
+def apply_lazily(run: DecodeRun, k: int, kv, pool, allocations: list[int], evictions: list[int],
+                 sampled: int = 1) -> None:
     """The pool calls of the run's first ``k`` steps, from the buckets (step ``t``'s bucket
     ``t % bs`` allocates; a sequence may do so in several steps when ``k > bs``): every step's
     allocations, then every step's registrations (lazily keyed ones in one ``cache_lazy``), in
     step order, each step's in scheduling order. ``allocations`` and ``evictions`` get the
-    per-step counts. No sequence's counters are written: the caller marks the run lazy."""
+    per-step counts. No sequence's counters are written: the caller marks the run lazy.
+    ``sampled=0`` for the one step of a ``DecodeStep``, whose tokens are sampled only by its
+    update (its admissions come after these calls)."""
     bs = kv.block_size
     first = run.step
     buckets = run.buckets
@@ -146,28 +148,7 @@ def apply_lazily(run: DecodeRun, k: int, kv, pool, allocations: list[int], evict
                     if taken > plain:
                         evictions[j] = min(count, taken - plain)
     if kv.enable_prefix_caching:
-        _register(run, first, k, kv, pool, first + k)
-
-
-def decode_once(run: DecodeRun, kv, pool) -> tuple[int, int]:
-    """``apply_lazily`` for the one step of a ``DecodeStep`` (its admissions come after): the
-    blocks allocated and the cached blocks those evicted."""
-    bs = kv.block_size
-    step = run.step
-    takers = run.buckets[step % bs]
-    if not takers:
-        allocated = evicted = 0
-    else:
-        allocated = len(takers)
-        before = pool.num_evictions
-        blocks = pool.allocate_many(allocated)
-        for (seq, _), block in zip(takers, blocks):
-            seq.block_table.append(block)
-            seq.table_snapshot = None
-        evicted = pool.num_evictions - before
-    if kv.enable_prefix_caching:
-        _register(run, step, 1, kv, pool, step + 1, sampled=0)
-    return allocated, evicted
+        _register(run, first, k, kv, pool, first + k, sampled)
 
 
 def _register(run: DecodeRun, first: int, k: int, kv, pool, end: int, sampled: int = 1) -> None:

@@ -379,25 +379,22 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         table_blocks, dropped_entries = run.table_blocks + allocated - dropped, run.dropped_entries + dropped
         context = run.context_tokens + k * len(seqs)
         rows = run.rows
-    carried = None
-    if admitted:
-        members = _decoders(s, admitted)
-        if members is not None:
-            step = s.next_step
-            joined = [c - step for c in members[1]]
-            if buckets is not None:
-                bulk_decode.join(buckets, members[0], joined, bs)
-            seqs = seqs + members[0]
-            offsets = offsets + joined
-            finish_at = finish_at + members[2]
-            table_blocks += members[3]
-            dropped_entries += members[4]
-            context += members[5]
-            requests = requests + admitted
-            rows = None
-            carried = _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets)
-    else:
-        carried = _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets)
+    members = _decoders(s, admitted) if admitted else None
+    if admitted and members is not None:
+        step = s.next_step
+        joined = [c - step for c in members[1]]
+        if buckets is not None:
+            bulk_decode.join(buckets, members[0], joined, bs)
+        seqs = seqs + members[0]
+        offsets = offsets + joined
+        finish_at = finish_at + members[2]
+        table_blocks += members[3]
+        dropped_entries += members[4]
+        context += members[5]
+        requests = requests + admitted
+        rows = None
+    carried = (None if admitted and members is None  # (a newcomer is not a steady decoder)
+               else _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets))
     if carried is not None:
         carried.rows = rows
         if buckets is not None:
@@ -713,7 +710,7 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
         allocations, evictions, dropped = counts.allocations, counts.evictions, counts.dropped[0]
         set_computed(run, 1)
     elif run.buckets is not None:  # implicit decoders: those reaching a block boundary
-        allocations[0], evictions[0] = bulk_decode.decode_once(run, s.kv, s.pool)
+        bulk_decode.apply_lazily(run, 1, s.kv, s.pool, allocations, evictions, sampled=0)
         s._lazy_run = run
         s._lazy_mid_step = True  # (until update_decode_step: a reader finds the step's tokens unsampled)
     else:
