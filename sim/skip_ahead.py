@@ -344,46 +344,49 @@ class DecodeSpan:
 
     @staticmethod
     def fill(spans: list[DecodeSpan], offsets: list[int], block: np.ndarray) -> None:
-        """Write every span's rows into ``block`` at its row offset (vectorized over the spans)."""
-        ks = np.fromiter((span.rows for span in spans), np.int64, len(spans))
+        """Write every span's rows into ``block`` (``[NUM_COLUMNS, rows]``, column-major: the
+        protocol of ``StepMetrics.record_deferred``) at its row offset, vectorized over the spans."""
+        # every span's integers in one pass: rows, first step, the five counts, the block counts, block size
+        ints = np.array([(span.rows, span.first_step, *span.counts, span.used_blocks, span.cached_blocks,
+                          span.table_blocks, span.block_size) for span in spans], dtype=np.int64).T
+        ks = ints[0]
         total = int(ks.sum())
         first = np.cumsum(ks) - ks  # each span's first row among the spans' rows
         sid = np.repeat(np.arange(len(spans)), ks)
         j = np.arange(total) - first[sid]  # step within its span, from 0
-        out = np.zeros((total, NUM_COLUMNS))
-        out[:, _STEP] = np.fromiter((span.first_step for span in spans), np.int64, len(spans))[sid] + j
+        out = np.zeros((NUM_COLUMNS, total))  # (column-major: each column written contiguously)
+        out[_STEP] = ints[1][sid] + j
         ends = np.concatenate([span.ends for span in spans])
-        starts = out[:, _START]
+        starts = out[_START]
         starts[1:] = ends[:-1]
         starts[first] = [span.start_s for span in spans]
-        np.subtract(ends, starts, out=out[:, _DURATION])
-        counts = np.array([span.counts for span in spans], dtype=np.float64)[sid]
-        out[:, _NUM_REQUESTS] = counts[:, 0]
-        out[:, _NUM_RUNNING] = counts[:, 1]
-        out[:, _NUM_WAITING] = counts[:, 2]
-        out[:, _NUM_SEQS] = out[:, _NUM_TOKENS] = out[:, _DECODE_SEQS] = counts[:, 3]
-        out[:, _TOTAL_SLOTS] = counts[:, 4]
+        np.subtract(ends, starts, out=out[_DURATION])
+        counts = ints[2:7][:, sid]
+        out[_NUM_REQUESTS] = counts[0]
+        out[_NUM_RUNNING] = counts[1]
+        out[_NUM_WAITING] = counts[2]
+        out[_NUM_SEQS] = out[_NUM_TOKENS] = out[_DECODE_SEQS] = counts[3]
+        out[_TOTAL_SLOTS] = counts[4]
         by_term = zip(*[span.terms for span in spans])  # per term: its value in each span
         for values, (_, column) in zip(by_term, _TERM_COLUMNS):
             kinds = set(map(type, values))
             if np.ndarray not in kinds:
-                out[:, column] = np.array(values, dtype=np.float64)[sid]
+                out[column] = np.array(values, dtype=np.float64)[sid]
             elif len(kinds) == 1:
-                out[:, column] = np.concatenate(values)
+                out[column] = np.concatenate(values)
             else:
-                out[:, column] = np.concatenate([v if isinstance(v, np.ndarray) else np.full(k, v)
+                out[column] = np.concatenate([v if isinstance(v, np.ndarray) else np.full(k, v)
                                                  for v, k in zip(values, ks.tolist())])
         # Blocks allocated and evicted through each step: cumulative sums within each span.
         allocs = np.fromiter(itertools.chain.from_iterable([span.allocations for span in spans]), np.int64, total)
         evicts = np.fromiter(itertools.chain.from_iterable([span.evictions for span in spans]), np.int64, total)
         allocs = _segment_cumsum(allocs, first, sid)
         evicts = _segment_cumsum(evicts, first, sid)
-        per_span = np.array([(span.used_blocks, span.cached_blocks, span.table_blocks, span.block_size)
-                             for span in spans], dtype=np.int64)[sid]
-        bs = per_span[:, 3]
-        used_blocks = per_span[:, 0] + allocs
-        cached_blocks = per_span[:, 1] - evicts
-        table_blocks = per_span[:, 2] + allocs
+        per_span = ints[7:][:, sid]
+        bs = per_span[3]
+        used_blocks = per_span[0] + allocs
+        cached_blocks = per_span[1] - evicts
+        table_blocks = per_span[2] + allocs
         groups = None
         if any(map(_HYBRID, spans)):  # drops: entries out of tables, blocks out of use
             dropped, freed, cached = (_segment_cumsum(np.fromiter(itertools.chain.from_iterable(
@@ -394,7 +397,7 @@ class DecodeSpan:
             table_blocks -= dropped
             groups = np.array([1 if span.hybrid is None else span.hybrid.groups for span in spans], dtype=np.int64)[sid]
         allocated = used_blocks * bs
-        out[:, _ALLOCATED] = allocated
+        out[_ALLOCATED] = allocated
         # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after
         # its step-j write, (-(c + j)) mod bs, summed over sequences; periodic in j with period
         # bs, so one period per span from its count of sequences per residue of c.
@@ -414,10 +417,10 @@ class DecodeSpan:
                 idle[mine] = periods[np.searchsorted(members, sid[mine]), j[mine] % size]
         if groups is not None:  # (each group's table has the same length and the same last-block tail)
             idle = idle * groups
-        out[:, _USED] = allocated - idle
-        out[:, _CACHED] = cached_blocks * bs
-        out[:, _UNSHARED] = table_blocks * bs
-        block[np.repeat(np.asarray(offsets, dtype=np.int64) - first, ks) + np.arange(total)] = out
+        out[_USED] = allocated - idle
+        out[_CACHED] = cached_blocks * bs
+        out[_UNSHARED] = table_blocks * bs
+        block[:, np.repeat(np.asarray(offsets, dtype=np.int64) - first, ks) + np.arange(total)] = out
 
 
 @functools.lru_cache(maxsize=64)

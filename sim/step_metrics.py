@@ -1,18 +1,21 @@
 """Per-step metrics whose memory does not grow with the run: a live chunk in memory, the rest on disk.
 
 A run records one row per scheduler step (``STEP_COLUMNS``: start and duration, batch, tokens,
-KV slots, swaps, preemptions, each cost term), millions of rows for a long trace. Rows go into
-a row-major ``array('d')`` (the *live chunk*; one ``extend`` per step, the cheapest append
-Python has); when it holds ``chunk_rows`` rows it is transposed and appended to one binary
-file per column (native float64) in a private temporary directory, made at the first spill
-(``tempfile.mkdtemp`` under ``spill_dir``) and removed by ``close()``, by leaving a ``with``
-block, or when the store is garbage collected.
+KV slots, swaps, preemptions, each cost term), millions of rows for a long trace. A recorded row
+first waits in a row-major ``array('d')`` (one ``extend`` per step, the cheapest append Python
+has); a few thousand at a time they are written, transposed, into the *live chunk*: column-major
+blocks (``[columns, rows]`` float64), so each column of a block is contiguous. When the live
+chunk holds ``chunk_rows`` rows it is appended to one binary file per column (native float64)
+in a private temporary directory, made at the first spill (``tempfile.mkdtemp`` under
+``spill_dir``) and removed by ``close()``, by leaving a ``with`` block, or when the store is
+garbage collected.
 
 **Deferred spans.** A run of steps whose rows follow from a few numbers (skip-ahead's decode
 spans: ``sim.skip_ahead.DecodeSpan``) can be recorded as one object (``record_deferred``): its
 rows are written later, many spans at once, by its class's ``fill(spans, offsets, block)``,
-vectorized over all of them. Rows recorded meanwhile wait behind the spans, so the order is
-kept; every read (and a few thousand waiting rows) writes them out first. ``len()`` counts them.
+vectorized over all of them, into the columns of a column-major block. Rows recorded around
+them wait in order with them; every read (and a few thousand waiting rows) writes them out
+first. ``len()`` counts them.
 
 ``array(name)`` reads one whole column back (disk, then the live chunk): O(steps) memory only
 when a caller asks, one column at a time. ``iter_chunks()`` streams the rows in chunks for
@@ -27,7 +30,8 @@ spill files become 128 MB). Every figure of the summary is the same float as a f
 the same chunks, the same sums of the same values. Reading any other column is refused by name.
 
 Invariants:
-- after every call, ``0 <= num_buffered_rows < chunk_rows``: memory is one chunk at most;
+- after every call, ``0 <= num_buffered_rows < chunk_rows`` and fewer than
+  ``min(DEFERRED_ROWS, chunk_rows)`` rows wait to be written: memory is two chunks at most;
 - ``array(name)`` holds every recorded row in recording order, each value exactly the float64
   the row was given (``array('d')`` and numpy convert ints the same way);
 - ``term_totals_s[t]`` is the left-to-right float64 sum ``((0.0 + v0) + v1) + ...`` of the
@@ -70,7 +74,7 @@ _COLUMN_SET = frozenset(STEP_COLUMNS)
 _TERM_INDEX = [_INDEX[f"{t}_s"] for t in TERMS]
 DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 28 columns x 8 bytes = 7 MiB in memory at most
 #: Deferred rows (spans' and those waiting behind them) written out at once beyond this.
-DEFERRED_ROWS = 8_192
+DEFERRED_ROWS = 8_192  # (rows recorded one by one wait as many)
 #: The columns a summary store (``keep_rows=False``) keeps per step: what the ITL sample reads.
 KEPT_COLUMNS = ("start_s", "duration_s")
 
@@ -88,15 +92,20 @@ class StepMetrics:
         self._columns = STEP_COLUMNS if keep_rows else KEPT_COLUMNS  # the columns that can be read back
         self._spilled_sums: list[tuple[float, ...]] = []  # chunk_sums of each spilled chunk, in order
         self._spill_parent = spill_dir
-        self._live = array("d")  # row-major, the rows not yet spilled
-        self._live_limit = chunk_rows * NUM_COLUMNS
+        self._live: list[np.ndarray] = []  # column-major blocks ([columns, rows]): the rows not yet spilled
+        self._num_live = 0  # rows in them
         self._num_spilled = 0
         self._spilled_term_totals = np.zeros(len(TERMS))  # sequential sums over the spilled rows
         self._path: Path | None = None
         self._finalizer: weakref.finalize | None = None
         self._closed = False
-        self._deferred: list = []  # spans (record_deferred) and the row tuples recorded behind them
+        # Rows waiting to be written, in order: spans (record_deferred), and ints, each a number of
+        # consecutive rows recorded one by one (their values in ``_rows``, row-major)
+        self._deferred: list = []
+        self._rows = array("d")
         self._num_deferred_rows = 0
+        # rows waiting beyond which they are written (0 once closed: the next record() finds it closed)
+        self._deferred_limit = min(DEFERRED_ROWS, chunk_rows)
 
     # ----------------------------------------------------------------- writing
     def record(self, step: int, start_s: float, duration_s: float, num_requests: int, num_running: int,
@@ -108,55 +117,64 @@ class StepMetrics:
             usage.cached_slots, usage.total_slots, usage.unshared_slots, work.num_swap_out_blocks,
             work.num_swap_in_blocks, work.num_cow_blocks, num_preempted, *map(terms.__getitem__, TERMS),
         )
-        if self._deferred:  # behind the spans waiting to be written
-            self._deferred.append(row)
-            self._num_deferred_rows += 1
-            if self._num_deferred_rows >= DEFERRED_ROWS:
-                self._write_deferred()
-            return
         # NOTE: one extend of a tuple (one C call) rather than an append per column: this is
         # the simulator's per-step hot path.
-        live = self._live
-        live.extend(row)
-        if len(live) >= self._live_limit:
-            self._spill()
+        self._rows.extend(row)
+        pieces = self._deferred
+        if pieces and pieces[-1].__class__ is int:
+            pieces[-1] += 1
+        else:
+            pieces.append(1)
+        self._num_deferred_rows = waiting = self._num_deferred_rows + 1
+        if waiting >= self._deferred_limit:
+            self._write_deferred()
 
     def record_deferred(self, span) -> None:
         """Record ``span.rows`` steps whose rows ``type(span).fill`` writes later (module docstring)."""
-        self._check_open()
         self._deferred.append(span)
-        self._num_deferred_rows += span.rows
-        if self._num_deferred_rows >= DEFERRED_ROWS:
+        self._num_deferred_rows = waiting = self._num_deferred_rows + span.rows
+        if waiting >= self._deferred_limit:
             self._write_deferred()
 
     def _write_deferred(self) -> None:
-        """Write the deferred rows, in recording order: each span class fills its spans' rows at once."""
+        """Write the waiting rows, in recording order, as one column-major block: the rows recorded
+        one by one in one transposing copy, and each span class fills its spans' rows at once."""
+        self._check_open()
         pieces = self._deferred
         if not pieces:
             return
-        block = np.empty((self._num_deferred_rows, NUM_COLUMNS))
+        block = np.empty((NUM_COLUMNS, self._num_deferred_rows))
+        if len(pieces) == 1 and pieces[0].__class__ is int:  # (only rows: no skip-ahead)
+            rows = np.frombuffer(self._rows).reshape(-1, NUM_COLUMNS)
+            block[:] = rows.T
+        else:
+            run_at: list[int] = []  # where each run of rows recorded one by one starts among all rows
+            run_rows: list[int] = []
+            spans: dict[type, tuple[list, list[int]]] = {}
+            offset = 0
+            for piece in pieces:
+                if piece.__class__ is int:
+                    run_at.append(offset)
+                    run_rows.append(piece)
+                    offset += piece
+                else:
+                    group = spans.get(type(piece))
+                    if group is None:
+                        group = spans[type(piece)] = ([], [])
+                    group[0].append(piece)
+                    group[1].append(offset)
+                    offset += piece.rows
+            if run_at:
+                rows = np.frombuffer(self._rows).reshape(-1, NUM_COLUMNS)
+                counts = np.array(run_rows, dtype=np.int64)
+                block[:, np.repeat(np.array(run_at, dtype=np.int64) - (np.cumsum(counts) - counts), counts)
+                      + np.arange(len(rows))] = rows.T
+            for cls, (group, offsets) in spans.items():
+                cls.fill(group, offsets, block)
+        rows = None  # (no view of the row buffer may outlive this: the buffer is resized next)
+        del self._rows[:]
         self._deferred = []
         self._num_deferred_rows = 0
-        row_at: list[int] = []
-        rows: list[tuple] = []
-        spans: dict[type, tuple[list, list[int]]] = {}
-        offset = 0
-        for piece in pieces:
-            if type(piece) is tuple:
-                row_at.append(offset)
-                rows.append(piece)
-                offset += 1
-            else:
-                group = spans.get(type(piece))
-                if group is None:
-                    group = spans[type(piece)] = ([], [])
-                group[0].append(piece)
-                group[1].append(offset)
-                offset += piece.rows
-        if rows:
-            block[row_at] = rows
-        for cls, (group, offsets) in spans.items():
-            cls.fill(group, offsets, block)
         self._append_block(block)
 
     def record_many(self, columns: Mapping[str, np.ndarray | float | int], count: int) -> None:
@@ -174,27 +192,28 @@ class StepMetrics:
             if value.ndim != 0 and value.shape != (count,):
                 raise ValueError(f"column {name!r} has shape {value.shape}, expected a scalar or ({count},)")
         self._check_open()
-        block = np.empty((count, NUM_COLUMNS))  # row-major, as the live chunk
+        block = np.empty((NUM_COLUMNS, count))  # column-major, as the live chunk
         for j, value in enumerate(values):
-            block[:, j] = value
+            block[j] = value
         self._write_deferred()
         self._append_block(block)
 
     def _append_block(self, block: np.ndarray) -> None:
-        """Append the rows of ``block`` (``[rows, NUM_COLUMNS]`` float64, C order) to the live
+        """Append the rows of ``block`` (``[NUM_COLUMNS, rows]`` float64, C order) to the live
         chunk, spilling at each chunk boundary."""
-        count = len(block)
+        count = block.shape[1]
         done = 0
         while done < count:  # fill the live chunk, spill, repeat: memory stays one chunk
-            rows = min(count - done, self.chunk_rows - len(self._live) // NUM_COLUMNS)
-            self._live.frombytes(memoryview(block[done:done + rows]).cast("B"))
+            rows = min(count - done, self.chunk_rows - self._num_live)
+            self._live.append(block if rows == count else block[:, done:done + rows])
+            self._num_live += rows
             done += rows
-            if len(self._live) >= self._live_limit:
+            if self._num_live >= self.chunk_rows:
                 self._spill()
 
     def _spill(self) -> None:
         self._check_open()
-        block = _transposed(self._live)
+        block = self._live_block()
         path = self._directory()
         for name in self._columns:
             with open(path / f"{name}.f64", "ab") as f:
@@ -202,7 +221,8 @@ class StepMetrics:
         self._spilled_sums.append(chunk_sums({name: block[_INDEX[name]] for name in SUM_COLUMNS}))
         self._spilled_term_totals = _fold_terms(self._spilled_term_totals, block)
         self._num_spilled += block.shape[1]
-        del self._live[:]
+        self._live = []
+        self._num_live = 0
 
     def _directory(self) -> Path:
         if self._path is None:
@@ -212,13 +232,13 @@ class StepMetrics:
 
     # ----------------------------------------------------------------- reading
     def __len__(self) -> int:
-        return self._num_spilled + len(self._live) // NUM_COLUMNS + self._num_deferred_rows
+        return self._num_spilled + self._num_live + self._num_deferred_rows
 
     @property
     def num_buffered_rows(self) -> int:
         """Rows held in memory (the live chunk); always fewer than ``chunk_rows``."""
         self._write_deferred()
-        return len(self._live) // NUM_COLUMNS
+        return self._num_live
 
     @property
     def spill_path(self) -> Path | None:
@@ -244,7 +264,10 @@ class StepMetrics:
             with open(self._path / f"{name}.f64", "rb") as f:
                 num_bytes = f.readinto(memoryview(out[:spilled]).cast("B"))
             assert num_bytes == 8 * spilled, f"{name}: read {num_bytes} bytes of {8 * spilled}"
-        out[spilled:] = np.frombuffer(self._live).reshape(-1, NUM_COLUMNS)[:, j]  # the view dies here
+        live = spilled
+        for part in self._live:
+            out[live:live + part.shape[1]] = part[j]
+            live += part.shape[1]
         return out
 
     def iter_chunks(self, columns: Sequence[str] = STEP_COLUMNS) -> Iterator[dict[str, np.ndarray]]:
@@ -263,7 +286,7 @@ class StepMetrics:
             finally:
                 for f in files:
                     f.close()
-        if self._live:
+        if self._num_live:
             yield self._live_columns(columns)
 
     def chunk_sums(self) -> Iterator[tuple[float, ...]]:
@@ -272,14 +295,16 @@ class StepMetrics:
         self._check_open()
         self._write_deferred()
         yield from list(self._spilled_sums)
-        if self._live:
+        if self._num_live:
             yield chunk_sums(self._live_columns(SUM_COLUMNS))
 
     def _live_columns(self, columns: Sequence[str]) -> dict[str, np.ndarray]:
-        """The live chunk's ``columns``, each a copy: no numpy view of the buffer outlives the
-        call (a caller suspended in a generator must leave the array resizable)."""
-        live = np.frombuffer(self._live).reshape(-1, NUM_COLUMNS)
-        return {name: live[:, _INDEX[name]].copy() for name in columns}
+        """The live chunk's ``columns``, each a new contiguous array (a caller may keep it while
+        more rows are recorded)."""
+        live = self._live
+        if len(live) == 1:
+            return {name: live[0][_INDEX[name]].copy() for name in columns}
+        return {name: np.concatenate([part[_INDEX[name]] for part in live]) for name in columns}
 
     def _check_readable(self, columns: Sequence[str]) -> None:
         self._check_open()
@@ -293,20 +318,27 @@ class StepMetrics:
                              f"(pagesim simulate --out) for every column")
 
     def _live_block(self) -> np.ndarray:
-        """The live chunk as (columns, rows), a copy."""
-        return _transposed(self._live)
+        """The live chunk as one (columns, rows) array (its one block, or the blocks joined)."""
+        live = self._live
+        if len(live) == 1:
+            return live[0]
+        if not live:
+            return np.empty((NUM_COLUMNS, 0))
+        return np.concatenate(live, axis=1)
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
         """Remove the spilled files and free the live chunk; the store can no longer be used."""
         if self._finalizer is not None:
             self._finalizer()
-        del self._live[:]
+        self._live = []
+        self._num_live = 0
+        del self._rows[:]
         self._deferred = []
         self._num_deferred_rows = 0
         self._spilled_sums = []
         self._closed = True
-        self._live_limit = 0  # so the next record() spills, and _spill raises: no check on the hot path
+        self._deferred_limit = 0  # so the next record() writes, and _write_deferred raises: no check on the hot path
 
     def __enter__(self) -> StepMetrics:
         return self
@@ -317,17 +349,6 @@ class StepMetrics:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("StepMetrics is closed")
-
-
-def _transposed(live: array, block_rows: int = 1024) -> np.ndarray:
-    """Row-major ``live`` as a new (columns, rows) array. NOTE: a copy, so no numpy view keeps
-    exporting the array's buffer (resizing it would fail); copied in blocks of rows that fit in
-    cache, three times faster than one strided ``.T.copy()`` of a whole chunk."""
-    rows = np.frombuffer(live).reshape(-1, NUM_COLUMNS)
-    out = np.empty((NUM_COLUMNS, len(rows)))
-    for i in range(0, len(rows), block_rows):
-        out[:, i:i + block_rows] = rows[i:i + block_rows].T
-    return out
 
 
 def _fold_terms(totals: np.ndarray, block: np.ndarray) -> np.ndarray:

@@ -34,22 +34,33 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
     used = c["used_slots"]
     total = np.maximum(c["total_slots"], 1)
     held = allocated > 0
-    held_dur = dur[held]
+    if held.all():  # (the usual: every step holds blocks; the same values without the copies)
+        held_dur, held_allocated, held_used, held_unshared = dur, allocated, used, c["unshared_slots"]
+    else:
+        held_dur, held_allocated, held_used, held_unshared = dur[held], allocated[held], used[held], c["unshared_slots"][held]
     with np.errstate(invalid="ignore", divide="ignore"):
         parts = (
             dur,  # busy_s
             held_dur,  # held_s
-            (used[held] / allocated[held]) * held_dur,  # utilization_x_s
+            (held_used / held_allocated) * held_dur,  # utilization_x_s
             (allocated / total) * dur,  # allocated_fraction_x_s
             (used / total) * dur,  # used_fraction_x_s
-            (1.0 - allocated[held] / c["unshared_slots"][held]) * held_dur,  # sharing_saved_x_s
+            (1.0 - held_allocated / held_unshared) * held_dur,  # sharing_saved_x_s
             c["num_requests"] * dur,  # batched_x_s
             c["num_running"] * dur,  # running_x_s
             c["swap_out_blocks"],
             c["swap_in_blocks"],
             c["cow_blocks"],
         )
-    return tuple(math.fsum(memoryview(values)) for values in parts)  # (the same floats as tolist(), without the list)
+    sums = []
+    for values in parts:
+        if values is held_dur and sums:  # (every step held blocks: held_s is busy_s, the same values)
+            sums.append(sums[0])
+        elif values.any() or np.signbit(values).all():  # (the same floats as tolist(), without the list)
+            sums.append(math.fsum(memoryview(values)))
+        else:  # (zeros of both signs, or only +0.0, e.g. no swaps: what fsum gives them, without the pass)
+            sums.append(0.0)
+    return tuple(sums)
 
 
 def total_sums(per_chunk: Iterable[tuple[float, ...]]) -> dict[str, float]:

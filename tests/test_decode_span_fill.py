@@ -41,13 +41,13 @@ def spans(draw) -> tuple[list[DecodeSpan], list[int]]:
 def test_fill_of_many_spans_is_each_span_filled_alone(drawn):
     group, offsets = drawn
     total = offsets[-1] + group[-1].rows
-    together = np.full((total, NUM_COLUMNS), np.nan)  # (rows between the spans stay NaN)
+    together = np.full((NUM_COLUMNS, total), np.nan)  # (column-major; rows between the spans stay NaN)
     DecodeSpan.fill(group, offsets, together)
     written = np.zeros(total, dtype=bool)
     for span, offset in zip(group, offsets):
-        alone = np.full((span.rows, NUM_COLUMNS), np.nan)
+        alone = np.full((NUM_COLUMNS, span.rows), np.nan)
         DecodeSpan.fill([span], [0], alone)
         assert not np.isnan(alone).any()  # (every row of the span is written: none keeps its NaN)
-        assert np.array_equal(together[offset:offset + span.rows].view(np.int64), alone.view(np.int64))
+        assert np.array_equal(together[:, offset:offset + span.rows].view(np.int64), alone.view(np.int64))
         written[offset:offset + span.rows] = True
-    assert np.isnan(together[~written]).all()  # (and nothing else)
+    assert np.isnan(together[:, ~written]).all()  # (and nothing else)

@@ -283,8 +283,8 @@ class RowsSpan:
 
     @staticmethod
     def fill(spans, offsets, block):
-        for span, offset in zip(spans, offsets):
-            block[offset:offset + span.rows] = span.values
+        for span, offset in zip(spans, offsets):  # (block: [columns, rows])
+            block[:, offset:offset + span.rows] = span.values.T
 
 
 class StoreAgainstModel(RuleBasedStateMachine):
@@ -326,9 +326,10 @@ class StoreAgainstModel(RuleBasedStateMachine):
     def record_deferred(self, pieces: list[int], limit: int):
         """A mix of deferred spans (k > 0 rows each) and rows recorded behind them, with nothing
         read in between, written out whenever ``limit`` deferred rows wait."""
-        import sim.step_metrics as module
-
-        saved, module.DEFERRED_ROWS = module.DEFERRED_ROWS, limit
+        stores = (self.store, self.summary_store)
+        saved = [store._deferred_limit for store in stores]
+        for store in stores:
+            store._deferred_limit = limit
         try:
             for k in pieces:
                 rows = [random_row(self.rng) for _ in range(max(k, 1))]
@@ -340,7 +341,8 @@ class StoreAgainstModel(RuleBasedStateMachine):
                 self.rows += rows
                 assert len(self.store) == len(self.summary_store) == len(self.rows)
         finally:
-            module.DEFERRED_ROWS = saved
+            for store, limit in zip(stores, saved):
+                store._deferred_limit = limit
 
     @invariant()
     def bounded_and_equal(self):
