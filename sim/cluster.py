@@ -43,6 +43,7 @@ import simpy
 from engine.policy import Request
 from sim.cluster_metrics import ClusterSteps, cluster_summary
 from sim.cost.base import CostModel
+from sim.gc_policy import collecting_less
 from sim.metrics import RequestMetrics, StepMetrics
 from sim.replica import Replica, arrival_process, iter_chunked
 from sim.client import ClosedLoopClient
@@ -203,7 +204,8 @@ class Cluster:
     def run(self) -> ClusterResult:
         started = time.perf_counter()
         try:
-            self.env.run()
+            with collecting_less():
+                self.env.run()
         except MemoryError:
             raise MemoryError(f"out of memory simulating {len(self.trace):,} requests on {len(self.replicas)} "
                               f"replica(s), at simulated time {self.env.now:.1f} s") from None

@@ -22,6 +22,7 @@ import simpy
 from sim.bench_metrics import DEFAULT_PERCENTILES, Slo
 from sim.client import ClosedLoopClient
 from sim.cost.base import CostModel
+from sim.gc_policy import collecting_less
 from sim.metrics import COMPLETED, RequestMetrics, StepMetrics, summarize
 from sim.replica import Replica, arrival_process
 from sim.token_runs import ItlSample, itl_sample
@@ -98,7 +99,8 @@ class Simulation:
 
     def run(self) -> SimResult:
         started = time.perf_counter()
-        self.env.run()
+        with collecting_less():
+            self.env.run()
         wall_s = time.perf_counter() - started
         sched = self.scheduler
         if sched.has_unfinished_requests:  # the event queue ran dry with work left: a policy bug
