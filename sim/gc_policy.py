@@ -16,6 +16,10 @@ frozen objects of its own (``gc.get_freeze_count()``), it leaves freezing to the
 cycles wait for fewer, larger collections: a young generation of 10,000 objects holds well under
 10 MB.
 
+Runs in one process may nest (each puts back what it found) but not overlap in threads: the
+first to end would put the defaults back while the other still runs (pagesim runs simulations in
+processes, one per case or worker).
+
 Invariant: nothing observable by the simulation depends on when objects are collected (no
 finalizer decides anything; ``StepMetrics``' finalizer only removes its spill directory), so the
 settings change the run's wall time, never its results.

@@ -131,6 +131,7 @@ class StepMetrics:
 
     def record_deferred(self, span) -> None:
         """Record ``span.rows`` steps whose rows ``type(span).fill`` writes later (module docstring)."""
+        self._check_open()
         self._deferred.append(span)
         self._num_deferred_rows = waiting = self._num_deferred_rows + span.rows
         if waiting >= self._deferred_limit:
@@ -138,15 +139,15 @@ class StepMetrics:
 
     def _write_deferred(self) -> None:
         """Write the waiting rows, in recording order, as one column-major block: the rows recorded
-        one by one in one transposing copy, and each span class fills its spans' rows at once."""
-        self._check_open()
+        one by one in one transposing copy, and each span class fills its spans' rows at once.
+        If a ``fill`` fails, nothing has been taken: the rows still wait, in order."""
         pieces = self._deferred
         if not pieces:
             return
+        self._check_open()
         block = np.empty((NUM_COLUMNS, self._num_deferred_rows))
         if len(pieces) == 1 and pieces[0].__class__ is int:  # (only rows: no skip-ahead)
-            rows = np.frombuffer(self._rows).reshape(-1, NUM_COLUMNS)
-            block[:] = rows.T
+            self._write_rows(block, None)
         else:
             run_at: list[int] = []  # where each run of rows recorded one by one starts among all rows
             run_rows: list[int] = []
@@ -165,17 +166,25 @@ class StepMetrics:
                     group[1].append(offset)
                     offset += piece.rows
             if run_at:
-                rows = np.frombuffer(self._rows).reshape(-1, NUM_COLUMNS)
                 counts = np.array(run_rows, dtype=np.int64)
-                block[:, np.repeat(np.array(run_at, dtype=np.int64) - (np.cumsum(counts) - counts), counts)
-                      + np.arange(len(rows))] = rows.T
+                self._write_rows(block, np.repeat(np.array(run_at, dtype=np.int64) - (np.cumsum(counts) - counts),
+                                                  counts) + np.arange(int(counts.sum())))
             for cls, (group, offsets) in spans.items():
                 cls.fill(group, offsets, block)
-        rows = None  # (no view of the row buffer may outlive this: the buffer is resized next)
         del self._rows[:]
         self._deferred = []
         self._num_deferred_rows = 0
         self._append_block(block)
+
+    def _write_rows(self, block: np.ndarray, at: np.ndarray | None) -> None:
+        """The rows recorded one by one, transposed into ``block``'s columns ``at`` (``None``: all).
+        NOTE: the view of the row buffer lives only in this call, so no traceback or caller keeps
+        it (the buffer is resized next, which a live view would refuse with ``BufferError``)."""
+        rows = np.frombuffer(self._rows).reshape(-1, NUM_COLUMNS)
+        if at is None:
+            block[:] = rows.T
+        else:
+            block[:, at] = rows.T
 
     def record_many(self, columns: Mapping[str, np.ndarray | float | int], count: int) -> None:
         """Append ``count`` rows at once: ``columns`` maps every name of ``STEP_COLUMNS`` to an
@@ -210,6 +219,8 @@ class StepMetrics:
             done += rows
             if self._num_live >= self.chunk_rows:
                 self._spill()
+        if self._live and self._live[-1].base is block:  # a part left live: its own copy, so the
+            self._live[-1] = self._live[-1].copy()  # rest of the block (spilled) can be freed
 
     def _spill(self) -> None:
         self._check_open()

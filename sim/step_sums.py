@@ -34,7 +34,8 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
     used = c["used_slots"]
     total = np.maximum(c["total_slots"], 1)
     held = allocated > 0
-    if held.all():  # (the usual: every step holds blocks; the same values without the copies)
+    all_held = bool(held.all())
+    if all_held:  # (the usual: every step holds blocks; the same values without the copies)
         held_dur, held_allocated, held_used, held_unshared = dur, allocated, used, c["unshared_slots"]
     else:
         held_dur, held_allocated, held_used, held_unshared = dur[held], allocated[held], used[held], c["unshared_slots"][held]
@@ -52,9 +53,9 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
             c["swap_in_blocks"],
             c["cow_blocks"],
         )
-    sums = []
-    for values in parts:
-        if values is held_dur and sums:  # (every step held blocks: held_s is busy_s, the same values)
+    sums: list[float] = []
+    for i, values in enumerate(parts):
+        if i == 1 and all_held:  # (every step held blocks: held_s sums busy_s's values)
             sums.append(sums[0])
         elif values.any() or np.signbit(values).all():  # (the same floats as tolist(), without the list)
             sums.append(math.fsum(memoryview(values)))

@@ -360,3 +360,57 @@ class StoreAgainstModel(RuleBasedStateMachine):
 
 TestStoreAgainstModel = StoreAgainstModel.TestCase
 TestStoreAgainstModel.settings = settings(max_examples=50, stateful_step_count=20)
+
+
+# ----------------------------------------------------------------- found in review
+class FailingOnceSpan(RowsSpan):
+    """A span whose class's ``fill`` fails the first time it is asked (a bug in a span class)."""
+
+    failures_left = 0
+
+    @staticmethod
+    def fill(spans, offsets, block):
+        if FailingOnceSpan.failures_left:
+            FailingOnceSpan.failures_left -= 1
+            raise RuntimeError("fill failed")
+        RowsSpan.fill(spans, offsets, block)
+
+
+def test_a_failing_fill_loses_nothing_and_leaves_the_store_usable():
+    """The rows recorded one by one before the span still wait, in order, and the row buffer
+    is not held by a view the traceback keeps (the next record would raise BufferError)."""
+    rng = random.Random(3)
+    rows = [random_row(rng) for _ in range(6)]
+    with StepMetrics(chunk_rows=8) as store:
+        record_row(store, rows[0])
+        record_row(store, rows[1])
+        store.record_deferred(FailingOnceSpan(rows[2:4]))
+        FailingOnceSpan.failures_left = 1
+        with pytest.raises(RuntimeError, match="fill failed") as caught:
+            store.array("step")  # (a read writes the waiting rows out)
+        assert caught.value.__traceback__ is not None  # (the traceback, with its frames, is still alive here)
+        assert len(store) == 4
+        record_row(store, rows[4])  # (resizes the row buffer)
+        record_row(store, rows[5])
+        assert_holds(store, rows)
+
+
+def test_a_block_larger_than_a_chunk_leaves_only_its_own_rows_live():
+    """After a spill splits a block, the live part is a copy: the spilled rows' block is freed."""
+    rng = random.Random(4)
+    rows = [random_row(rng) for _ in range(23)]
+    with StepMetrics(chunk_rows=5) as store:
+        store.record_many(as_columns(rows), len(rows))
+        assert store.num_buffered_rows == 3
+        assert sum(part.shape[1] if part.base is None else part.base.shape[1] for part in store._live) == 3
+        assert_holds(store, rows)
+
+
+def test_after_close_nothing_is_recorded_and_nothing_is_buffered(tmp_path):
+    store = StepMetrics(chunk_rows=2, spill_dir=tmp_path)
+    record_row(store, random_row(random.Random(0)))
+    store.close()
+    assert store.num_buffered_rows == 0
+    with pytest.raises(ValueError, match="closed"):
+        store.record_deferred(RowsSpan([random_row(random.Random(1))]))
+    assert len(store) == 0
