@@ -229,9 +229,7 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
     members = _decoders(s, s.running)
     if members is None:
         return None
-    seqs, computed, finish_at, table_blocks, dropped_entries, context = members
-    step = s.next_step
-    offsets = [c - step for c in computed]
+    seqs, offsets, finish_at, table_blocks, dropped_entries, context = members
     buckets = make_buckets(seqs, offsets, s.block_size) if bulk_ok(s) else None
     return _run_of(s, list(s.running), seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets)
 
@@ -245,15 +243,17 @@ def bulk_ok(s: Scheduler) -> bool:
 
 def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[int], int, int, int] | None:
     """The live sequences of ``requests`` if every one is a steady decoder (module docstring):
-    ``(seqs, computed, finish_at, table blocks, dropped entries, sum(computed))``; else ``None``."""
+    ``(seqs, offsets, finish_at, table blocks, dropped entries, sum(computed))``, each offset its
+    sequence's computed tokens less the scheduler's next step (``DecodeRun.offsets``); else ``None``."""
     if s.kv.hybrid and not _hybrid_decoders(s, requests):
         return None
     bs = s.block_size
     ref_counts = s.pool.ref_counts
     max_model_len = s.config.max_model_len
-    last_step = s.next_step - 1  # (a sequence with one token left samples it in step last_step + 1)
+    step = s.next_step
+    last_step = step - 1  # (a sequence with one token left samples it in step last_step + 1)
     seqs: list[Sequence] = []
-    computed: list[int] = []
+    offsets: list[int] = []
     finish_steps: list[int] = []
     table_blocks = context = 0
     for request in requests:
@@ -273,14 +273,14 @@ def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[i
             # It finishes at the step whose sample reaches its length (or max_model_len).
             limit = request.max_tokens if lens is None else lens[seq.index]  # request.max_tokens_of(seq)
             seqs.append(seq)
-            computed.append(c)
+            offsets.append(c - step)
             context += c
             finish_steps.append(last_step + (limit - outputs if limit - outputs < max_model_len - n
                                              else max_model_len - n))
             table_blocks += len(table)
     if s.kv.hybrid:  # (blocks held, each table's count, and entries the windows dropped)
-        return seqs, computed, finish_steps, *table_counts(seqs), context
-    return seqs, computed, finish_steps, table_blocks, 0, context
+        return seqs, offsets, finish_steps, *table_counts(seqs), context
+    return seqs, offsets, finish_steps, table_blocks, 0, context
 
 
 def _hybrid_decoders(s: Scheduler, requests) -> bool:
@@ -381,12 +381,10 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         rows = run.rows
     members = _decoders(s, admitted) if admitted else None
     if admitted and members is not None:
-        step = s.next_step
-        joined = [c - step for c in members[1]]
         if buckets is not None:
-            bulk_decode.join(buckets, members[0], joined, bs)
+            bulk_decode.join(buckets, members[0], members[1], bs)
         seqs = seqs + members[0]
-        offsets = offsets + joined
+        offsets = offsets + members[1]
         finish_at = finish_at + members[2]
         table_blocks += members[3]
         dropped_entries += members[4]
