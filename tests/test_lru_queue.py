@@ -1,6 +1,7 @@
-"""The LRU policy's queue (a deque with stale entries left by cache hits) gives exactly the order
+"""The LRU policy's queue (a list read from a head index, with stale entries left by cache hits) gives exactly the order
 of the obvious model, an ``OrderedDict`` of the blocks by release: any sequence of releases (one
-or many at once), hits (removal from the middle), evictions (one or many) and compactions."""
+or many at once), hits (removal from the middle), evictions (one or many), compactions and
+cuts of the consumed front."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ ops = st.lists(st.tuples(st.sampled_from(["add", "add_many", "remove", "pop", "p
 
 
 @settings(max_examples=scaled_examples(200), deadline=None)
-@given(ops=ops, slack=st.sampled_from([0, 1, 3, 1024]))
-def test_lru_queue_matches_an_ordered_dict(ops, slack):
+@given(ops=ops, slack=st.sampled_from([0, 1, 3, 1024]), trim_at=st.sampled_from([0, 1, 5, 4096]))
+def test_lru_queue_matches_an_ordered_dict(ops, slack, trim_at):
     lru = LRUPolicy(stats=None)
     lru.compact_slack = slack
+    lru.trim_at = trim_at
     model: OrderedDict[int, None] = OrderedDict()
     for op, blocks, count in ops:
         if op in ("add", "add_many"):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -118,18 +118,20 @@ class LRUPolicy(EvictionPolicy):
     Blocks join at the back when their count reaches 0 and leave from the front. Because a finished
     request's table is released tail first, a chain's tail is evicted before its prefix.
 
-    The order is a ``deque`` of block ids (C, contiguous: joining and leaving in bulk cost one
-    call each). A cache hit takes a block out of the middle in O(1) by leaving its entry behind
-    as *stale*: ``_stale[b]`` counts the stale entries of ``b`` still queued. They are always
-    older than ``b``'s live entry (a block has at most one, the one added last), so the front's
-    entry of ``b`` is stale exactly when that count is positive, and is skipped. Stale entries are
-    dropped in one pass when they outnumber the live ones. (The same order as vLLM's intrusive
-    free-block queue, without per-node Python objects.)
+    The order is a list of block ids read from ``_head`` on (entries before it have left):
+    joining in bulk is one ``extend``, leaving in bulk one slice, both C calls with no Python per
+    block. The consumed front is cut off once it is half the list (amortized O(1) a block). A
+    cache hit takes a block out of the middle in O(1) by leaving its entry behind as *stale*:
+    ``_stale[b]`` counts the stale entries of ``b`` still queued. They are always older than
+    ``b``'s live entry (a block has at most one, the one added last), so the front's entry of
+    ``b`` is stale exactly when that count is positive, and is skipped. Stale entries are dropped
+    in one pass when they outnumber the live ones. (The same order as vLLM's intrusive free-block
+    queue, without per-node Python objects.)
 
     No set of members is kept: the pool knows which blocks are cached (count 0 with a key), and a
     set of tens of thousands of ids costs a hashed write per block joining and leaving, the
-    simulator's commonest operations. So ``len`` is ``len(queue) - stale entries``, and ``in`` /
-    ``members`` scan the queue (O(blocks): for checks and tests, never the hot path).
+    simulator's commonest operations. So ``len`` is the queued entries less the stale ones, and
+    ``in`` / ``members`` scan the queue (O(blocks): for checks and tests, never the hot path).
     """
 
     name = "lru"
@@ -137,10 +139,12 @@ class LRUPolicy(EvictionPolicy):
     reads_block_stats = False  # the queue is the order
     batches = True  # the order is release order alone
     compact_slack = 1024  # stale entries allowed beyond the live ones
+    trim_at = 4096  # the queue's consumed front is cut off once it is this long and half the list
 
     def __init__(self, stats: BlockStats):
         super().__init__(stats)
-        self._queue: deque[int] = deque()
+        self._queue: list[int] = []
+        self._head = 0  # the queue's first entry still queued
         self._stale: dict[int, int] = {}
         self._num_stale = 0
 
@@ -155,29 +159,56 @@ class LRUPolicy(EvictionPolicy):
         stale = self._stale
         stale[block_id] = stale.get(block_id, 0) + 1
         self._num_stale = num_stale = self._num_stale + 1
-        if num_stale > len(self._queue) - num_stale + self.compact_slack:
+        if num_stale > len(self._queue) - self._head - num_stale + self.compact_slack:
             self._compact()
 
     def pop(self) -> int | None:
         queue = self._queue
-        if len(queue) == self._num_stale:
+        head = self._head
+        if len(queue) - head == self._num_stale:
             return None
         stale = self._stale
         while True:
-            block_id = queue.popleft()
+            block_id = queue[head]
+            head += 1
             if stale and block_id in stale:
                 self._drop_stale(block_id)
                 continue
+            self._head = head
+            self._trim()
             return block_id
 
     def pop_many(self, count: int) -> list[int]:
-        live = len(self._queue) - self._num_stale
+        queue = self._queue
+        head = self._head
+        live = len(queue) - head - self._num_stale
         if count > live:
             count = live
-        if self._stale:
-            return [self.pop() for _ in range(count)]  # type: ignore[misc]
-        popleft = self._queue.popleft
-        return [popleft() for _ in range(count)]
+        stale = self._stale
+        if stale:  # (walk the queue, skipping the stale entries it meets)
+            victims: list[int] = []
+            take = victims.append
+            while count:
+                block_id = queue[head]
+                head += 1
+                if block_id in stale:
+                    self._drop_stale(block_id)
+                else:
+                    take(block_id)
+                    count -= 1
+        else:
+            victims = queue[head:head + count]
+            head += count
+        self._head = head
+        self._trim()
+        return victims
+
+    def _trim(self) -> None:
+        """Cut off the consumed front once it is at least half the list (and ``trim_at`` long)."""
+        head = self._head
+        if head >= self.trim_at and head + head >= len(self._queue):
+            del self._queue[:head]
+            self._head = 0
 
     def _drop_stale(self, block_id: int) -> None:
         left = self._stale[block_id] - 1
@@ -189,19 +220,24 @@ class LRUPolicy(EvictionPolicy):
 
     def _compact(self) -> None:
         stale = self._stale
-        kept = deque()
-        for block_id in self._queue:  # oldest first: a block's first entries are its stale ones
+        kept = []
+        for block_id in self._queued():  # oldest first: a block's first entries are its stale ones
             left = stale.get(block_id, 0)
             if left:
                 stale[block_id] = left - 1
             else:
                 kept.append(block_id)
         self._queue = kept
+        self._head = 0
         self._stale = {}
         self._num_stale = 0
 
+    def _queued(self) -> list[int]:
+        """The entries still queued, oldest first (stale ones included)."""
+        return self._queue[self._head:]
+
     def __len__(self) -> int:
-        return len(self._queue) - self._num_stale
+        return len(self._queue) - self._head - self._num_stale
 
     def __contains__(self, block_id: object) -> bool:
         """O(queued entries): for checks and tests."""
@@ -212,7 +248,7 @@ class LRUPolicy(EvictionPolicy):
 
     def _live_entries(self) -> Counter[int]:
         """Each queued block with its live entries (one; stale ones counted off)."""
-        live = Counter(self._queue)
+        live = Counter(self._queued())
         live.subtract(self._stale)
         return +live  # (drops the blocks left with none)
 
