@@ -160,12 +160,16 @@ def _register(run: DecodeRun, first: int, k: int, kv, pool, end: int, sampled: i
     buckets = run.buckets
     keys = pool.keys
     lazy_start = kv._lazy_start
+    lazy_keys = kv.lazy_keys
     lazy: list[int] = []
     for step in range(first, first + k):
         for seq, offset in buckets[(step + 1) % bs]:
             index = (offset + step + 1) // bs - 1  # the block this step's token completes
             block_id = seq.block_table[index]
-            if index >= lazy_start(seq) and keys[block_id] is None:
+            start = seq.lazy_from  # (kv._lazy_start(seq), its common case inlined)
+            if start < 0 or not lazy_keys:
+                start = lazy_start(seq)
+            if index >= start and keys[block_id] is None:
                 lazy.append(block_id)
             else:
                 settle_one(seq, offset + end, bs, True, sampled)

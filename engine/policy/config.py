@@ -185,7 +185,8 @@ class SchedulerConfig:
     @property
     def is_hybrid(self) -> bool:
         """Whether the cache has sliding-window groups (a table per group; engine/policy/hybrid_kv.py)."""
-        return any(w is not None for w in self.kv_group_windows)
+        windows = self.kv_group_windows  # (each None or an int: _check_kv_groups)
+        return windows.count(None) != len(windows)  # (any window, in C calls: read at every arrival)
 
     @property
     def sliding_window(self) -> int | None:
