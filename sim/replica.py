@@ -40,6 +40,7 @@ from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
 from sim.cost.base import CostModel, StepWork
+from sim.decode_spans import DecodeSpanLog
 from sim.metrics import COMPLETED, REJECTED, OffloadTotals, RequestMetrics, StepMetrics
 from sim.skip_ahead import decode_step_work, plan_skip, skip, timeout_until
 from sim.token_runs import TokenRuns
@@ -114,6 +115,8 @@ class Replica:
         # cache drops the blocks behind the window or not
         self._work_window = cost_model.attention_window
         self._decode_terms: dict = {}  # plan_skip's, for this replica's cost model
+        # the skipped steps' rows, until self.steps writes them (sim/decode_spans.py)
+        self.span_log = DecodeSpanLog(scheduler.block_size) if self.skip_ahead else None
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------- arrivals

@@ -29,28 +29,25 @@ request's place. Everything is bit for bit what the step-by-step loop produces:
 - KV usage per step is counted from the allocations and evictions ``advance`` reports (and, for
   a hybrid cache, the entries and blocks its windows dropped, every group's table counted), in
   the definitions of ``Scheduler.kv_usage``;
-- a skipped stretch is recorded as one ``DecodeSpan`` (its first step, its end times and cost
-  terms, how many sequences have each residue of their computed tokens modulo the block size,
-  the blocks allocated and evicted per step), whose rows ``StepMetrics`` writes later, many spans
-  at once (``DecodeSpan.fill``).
+- a skipped stretch is recorded as one span of the replica's ``sim.decode_spans.DecodeSpanLog``
+  (its first step, its end times and cost terms, how many sequences have each residue of their
+  computed tokens modulo the block size, the blocks allocated and evicted per step), whose rows
+  ``StepMetrics`` writes later, many spans at once (``DecodeSpan.fill``).
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 import math
-import operator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import simpy
 
 from engine.policy.bulk_decode import bucket_sizes
 from engine.policy.fast_forward import DecodeRun, DecodeStep, advance
-from sim.cost.base import TERMS, CostModel, StepWork
-from sim.step_metrics import COLUMN_INDEX, NUM_COLUMNS
+from sim.cost.base import CostModel, StepWork
 
 #: At most this many steps are costed at once (bounds the arrays; a longer run continues next time).
 MAX_CHUNK = 1 << 15
@@ -167,10 +164,10 @@ def _with_context(work: StepWork, context: int, window_context: int | None) -> S
 
 def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now: float,
               next_arrival_s: float, *, end_before_arrival: bool,
-              decode_terms: dict | None = None) -> tuple[int, dict, np.ndarray]:
+              decode_terms: dict | None = None) -> tuple[int, dict, np.ndarray | list[float]]:
     """How many of the run's steps start (or end, with ``end_before_arrival``) strictly before
     ``next_arrival_s`` (the caller's ``now`` is before it), with their terms (a value for all,
-    or an array of exactly those ``k`` steps') and end times (at least ``k``).
+    or an array or list of exactly those ``k`` steps') and end times (at least ``k``).
     With a cost model that has an ``attention_window``, each step's windowed decode context
     (which stops growing at the window) is counted too (``window_contexts``).
 
@@ -188,12 +185,14 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     work = None
     if known is None:
         work = decode_work(run, block_size, window)
-        first_terms = cost_model.step_cost(work).terms
+        model_terms = cost_model.step_cost(work).terms
+        first_terms = dict(model_terms)  # (ours: _plan_short hands it back as the span's terms)
         decode = cost_model.decode_attention_fn(work) if usage is None else None
+        around = None if decode is None else _around_decode(first_terms)
         if decode is not None and decode_terms is not None:
-            decode_terms[n] = (first_terms, decode)
+            decode_terms[n] = (model_terms, decode, around)
     else:
-        first_terms, decode = known
+        first_terms, decode, around = known
         first_terms = dict(first_terms)
         first_terms["decode_attention"] = decode(context, window_context)
     first = sum(first_terms.values())  # StepCost.total_s
@@ -203,8 +202,8 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
     else:
         guess = limit
     if guess <= SHORT_SKIP and decode is not None:
-        return _plan_short(n, context, first_terms, decode, now, next_arrival_s, limit, end_before_arrival, windowed,
-                           window_context)
+        return _plan_short(n, context, first_terms, decode, around, now, next_arrival_s, limit, end_before_arrival,
+                           windowed, window_context)
     if work is None:
         work = decode_work(run, block_size, window)
     contexts = None if windowed is None else [window_context]  # each step's windowed context, as needed
@@ -237,18 +236,13 @@ _NO_TERMS = (0.0, 0.0, 0.0, 0.0)  # (_plan_short's unrolled sum: at most four te
 SHORT_SKIP = 48
 
 
-def _plan_short(n: int, context: int, first: dict[str, float], decode, now: float, next_arrival_s: float,
-                limit: int, end_before_arrival: bool, windowed=None,
-                window_context: int = 0) -> tuple[int, dict, np.ndarray]:
-    """``plan_skip`` step by step in Python floats, for a model with ``decode_attention_fn``:
-    the same operations in the same order as ``step_terms`` and ``np.add.accumulate``, one step
-    at a time, stopping at the first step that does not qualify (at most ``limit``).
-    ``window_context`` is the first step's windowed decode context, ``windowed`` (an iterator)
-    gives the next steps' (``iter_window_contexts``; ``None``: the model has no window)."""
+def _around_decode(terms: dict[str, float]) -> tuple[float, list[float]]:
+    """A decode step's terms other than ``decode_attention``, as ``StepCost.total_s`` adds them:
+    the sum of those before it, and the nonzero ones after it, in order."""
     before = 0  # the terms before decode_attention, summed as StepCost.total_s sums them
     after = []  # the nonzero terms after it, in order
     seen = False
-    for name, value in first.items():
+    for name, value in terms.items():
         if name == "decode_attention":
             seen = True
         elif not (value.__class__ is float and value == 0.0):
@@ -256,6 +250,21 @@ def _plan_short(n: int, context: int, first: dict[str, float], decode, now: floa
                 after.append(value)
             else:
                 before = before + value
+    return before, after
+
+
+def _plan_short(n: int, context: int, first: dict[str, float], decode, around: tuple[float, list[float]], now: float,
+                next_arrival_s: float, limit: int, end_before_arrival: bool, windowed=None,
+                window_context: int = 0) -> tuple[int, dict, list[float]]:
+    """``plan_skip`` step by step in Python floats, for a model with ``decode_attention_fn``:
+    the same operations in the same order as ``step_terms`` and ``np.add.accumulate``, one step
+    at a time, stopping at the first step that does not qualify (at most ``limit``).
+    ``first`` (the caller's own: it becomes the result's terms) are the first step's terms and
+    ``around`` their ``_around_decode``; ``window_context`` is the first step's windowed decode
+    context, ``windowed`` (an iterator) gives the next steps' (``iter_window_contexts``;
+    ``None``: the model has no window). The per-step values are lists (``DecodeSpanLog`` takes
+    them as they are)."""
+    before, after = around
     attention: list[float] = []  # (n sequences; the first step's decode context is ``context``)
     ends: list[float] = []
     end = now
@@ -288,161 +297,25 @@ def _plan_short(n: int, context: int, first: dict[str, float], decode, now: floa
             context += n
             if windowed is not None:
                 window_context = next(windowed)
-    terms: dict[str, np.ndarray | float] = dict(first)
-    terms["decode_attention"] = np.array(attention, dtype=np.float64)
-    return len(ends), terms, np.array(ends, dtype=np.float64)
+    first["decode_attention"] = attention
+    return len(ends), first, ends
 
 
-def skip(replica, run: DecodeRun, k: int, terms: dict, ends: np.ndarray, start_s: float) -> tuple[float, list]:
+def skip(replica, run: DecodeRun, k: int, terms: dict, ends, start_s: float) -> tuple[float, list]:
     """Apply ``k`` steps of ``run``, the first starting at ``start_s``, to the scheduler and
-    record their metrics (one ``DecodeSpan``); returns the end time and the requests the last
-    step finished."""
+    record their metrics (one span of the replica's ``DecodeSpanLog``); returns the end time and
+    the requests the last step finished."""
     sched = replica.scheduler
     pool = sched.pool
     bs = sched.block_size
     sizes = bucket_sizes(run, bs)  # (before advance: the run's buckets change as it is carried)
     done = advance(run, k)
     num_requests = len(run.requests)
-    replica.steps.record_deferred(DecodeSpan(
-        k, done.first_step, start_s, ends[:k], tuple(map(terms.get, TERMS, _ZEROS)),
-        (num_requests, num_requests, len(sched.waiting), len(run.seqs), pool.num_usable_blocks * bs),
-        run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations, done.evictions, bs, sizes,
-        done.hybrid))
+    replica.span_log.record(
+        replica.steps, k, done.first_step, start_s, ends, terms, num_requests, len(sched.waiting), len(run.seqs),
+        pool.num_usable_blocks * bs, run.used_blocks, run.cached_blocks, run.table_blocks, done.allocations,
+        done.evictions, sizes, done.hybrid)
     return float(ends[k - 1]), done.finished
-
-
-_ZEROS = (0.0,) * len(TERMS)  # (a term the step has not: 0.0)
-_HYBRID = operator.attrgetter("hybrid")
-
-
-@dataclass(slots=True)
-class DecodeSpan:
-    """The step rows of ``rows`` skipped decode steps, from what ``skip`` knew (``StepMetrics``
-    writes them with ``fill``, many spans at once). Each row is what the step-by-step loop
-    records for that step: cost terms (an array of ``rows`` values, or one value for all), start
-    and duration from the running end times, and KV usage in ``Scheduler.kv_usage``'s terms from
-    the blocks allocated and evicted in each step."""
-
-    rows: int
-    first_step: int
-    start_s: float
-    ends: np.ndarray  # [rows] end times
-    terms: tuple  # per TERMS: float, or [rows] array
-    counts: tuple  # num_requests, num_running, num_waiting, num_seqs (= tokens = decodes), total_slots
-    used_blocks: int  # before the first step
-    cached_blocks: int
-    table_blocks: int
-    allocations: list[int]  # per step
-    evictions: list[int]
-    block_size: int
-    # [r]: the sequences whose computed tokens before scheduler step t are (t - r) % block_size
-    # modulo block_size (bulk_decode.bucket_sizes)
-    sizes: list[int]
-    # A hybrid cache's window_decode.HybridCounts: every group's table counts (``groups``), and
-    # the windows' drops take entries from the tables and blocks out of use (None: one group)
-    hybrid: object = None
-
-    @staticmethod
-    def fill(spans: list[DecodeSpan], offsets: list[int], block: np.ndarray) -> None:
-        """Write every span's rows into ``block`` (``[NUM_COLUMNS, rows]``, column-major: the
-        protocol of ``StepMetrics.record_deferred``) at its row offset, vectorized over the spans."""
-        # every span's integers in one pass: rows, first step, the five counts, the block counts, block size
-        ints = np.array([(span.rows, span.first_step, *span.counts, span.used_blocks, span.cached_blocks,
-                          span.table_blocks, span.block_size) for span in spans], dtype=np.int64).T
-        ks = ints[0]
-        total = int(ks.sum())
-        first = np.cumsum(ks) - ks  # each span's first row among the spans' rows
-        sid = np.repeat(np.arange(len(spans)), ks)
-        j = np.arange(total) - first[sid]  # step within its span, from 0
-        out = np.zeros((NUM_COLUMNS, total))  # (column-major: each column written contiguously)
-        out[_STEP] = ints[1][sid] + j
-        ends = np.concatenate([span.ends for span in spans])
-        starts = out[_START]
-        starts[1:] = ends[:-1]
-        starts[first] = [span.start_s for span in spans]
-        np.subtract(ends, starts, out=out[_DURATION])
-        counts = ints[2:7][:, sid]
-        out[_NUM_REQUESTS] = counts[0]
-        out[_NUM_RUNNING] = counts[1]
-        out[_NUM_WAITING] = counts[2]
-        out[_NUM_SEQS] = out[_NUM_TOKENS] = out[_DECODE_SEQS] = counts[3]
-        out[_TOTAL_SLOTS] = counts[4]
-        by_term = zip(*[span.terms for span in spans])  # per term: its value in each span
-        for values, (_, column) in zip(by_term, _TERM_COLUMNS):
-            kinds = set(map(type, values))
-            if np.ndarray not in kinds:
-                out[column] = np.array(values, dtype=np.float64)[sid]
-            elif len(kinds) == 1:
-                out[column] = np.concatenate(values)
-            else:
-                out[column] = np.concatenate([v if isinstance(v, np.ndarray) else np.full(k, v)
-                                                 for v, k in zip(values, ks.tolist())])
-        # Blocks allocated and evicted through each step: cumulative sums within each span.
-        allocs = np.fromiter(itertools.chain.from_iterable([span.allocations for span in spans]), np.int64, total)
-        evicts = np.fromiter(itertools.chain.from_iterable([span.evictions for span in spans]), np.int64, total)
-        allocs = _segment_cumsum(allocs, first, sid)
-        evicts = _segment_cumsum(evicts, first, sid)
-        per_span = ints[7:][:, sid]
-        bs = per_span[3]
-        used_blocks = per_span[0] + allocs
-        cached_blocks = per_span[1] - evicts
-        table_blocks = per_span[2] + allocs
-        groups = None
-        if any(map(_HYBRID, spans)):  # drops: entries out of tables, blocks out of use
-            dropped, freed, cached = (_segment_cumsum(np.fromiter(itertools.chain.from_iterable(
-                [span.rows * (0,) if span.hybrid is None else getattr(span.hybrid, name) for span in spans]),
-                np.int64, total), first, sid) for name in ("dropped", "freed", "cached"))
-            used_blocks -= freed
-            cached_blocks += cached
-            table_blocks -= dropped
-            groups = np.array([1 if span.hybrid is None else span.hybrid.groups for span in spans], dtype=np.int64)[sid]
-        allocated = used_blocks * bs
-        out[_ALLOCATED] = allocated
-        # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after
-        # its step-j write, (-(c + j)) mod bs, summed over sequences; periodic in j with period
-        # bs, so one period per span from its count of sequences per residue of c.
-        idle = np.empty(total, dtype=np.int64)
-        for size in set(span.block_size for span in spans):
-            members = [i for i, span in enumerate(spans) if span.block_size == size]
-            sizes = np.array([spans[i].sizes for i in members], dtype=np.int64)  # [spans, size]
-            # sequences per residue c % size at each span's first step: [m] = sizes[(first - m) % size]
-            firsts = np.array([spans[i].first_step for i in members], dtype=np.int64)
-            by_residue = (firsts[:, None] - np.arange(size)[None, :]) % size
-            residues = np.take_along_axis(sizes, by_residue, axis=1)
-            periods = residues @ _idle_pattern(size)  # [spans, size]
-            if len(members) == len(spans):  # (one block size, as in every run: span i is row i)
-                idle = periods.ravel()[sid * size + j % size]
-            else:
-                mine = np.flatnonzero(bs == size)
-                idle[mine] = periods[np.searchsorted(members, sid[mine]), j[mine] % size]
-        if groups is not None:  # (each group's table has the same length and the same last-block tail)
-            idle = idle * groups
-        out[_USED] = allocated - idle
-        out[_CACHED] = cached_blocks * bs
-        out[_UNSHARED] = table_blocks * bs
-        block[:, np.repeat(np.asarray(offsets, dtype=np.int64) - first, ks) + np.arange(total)] = out
-
-
-@functools.lru_cache(maxsize=64)
-def _idle_pattern(bs: int) -> np.ndarray:
-    """``[r, j] = (-(r + j + 1)) mod bs`` for residues ``r`` and steps ``j + 1 = 1..bs``."""
-    r = np.arange(bs, dtype=np.int64)[:, None]
-    j = np.arange(1, bs + 1, dtype=np.int64)[None, :]
-    return (-(r + j)) % bs
-
-
-# The row layout of a span (sim.step_metrics.STEP_COLUMNS); zero where a pure decode step has none.
-(_STEP, _START, _DURATION, _NUM_REQUESTS, _NUM_RUNNING, _NUM_WAITING, _NUM_SEQS, _NUM_TOKENS, _DECODE_SEQS,
- _ALLOCATED, _USED, _CACHED, _TOTAL_SLOTS, _UNSHARED) = (COLUMN_INDEX[c] for c in (
-    "step", "start_s", "duration_s", "num_requests", "num_running", "num_waiting", "num_seqs", "num_tokens",
-    "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots"))
-_TERM_COLUMNS = tuple((t, COLUMN_INDEX[f"{t}_s"]) for t in TERMS)
-
-
-def _segment_cumsum(values: np.ndarray, first: np.ndarray, sid: np.ndarray) -> np.ndarray:
-    """Cumulative sums of ``values`` restarting at each segment's first index (integers: exact)."""
-    cum = np.cumsum(values)
-    return cum - (cum[first] - values[first])[sid]
 
 
 def timeout_until(env, when: float):
