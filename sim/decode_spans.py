@@ -22,7 +22,8 @@ Invariants:
 - a log's spans reach ``fill`` in the order they were recorded, each once per write of the store,
   and a handle's entry stays in the log until a later ``fill`` starts past it: a ``fill`` that
   fails (or a store write that fails after it) leaves everything to be written again;
-- ``record`` leaves the log as it was when the store refuses the span (a closed store);
+- ``record`` leaves the log as it was when it fails, whether a field is refused halfway or the
+  store refuses the span (a closed store);
 - ``fill`` of many spans writes exactly the rows it writes for each span alone
   (``tests/test_decode_span_fill.py``).
 """
@@ -74,12 +75,12 @@ class DecodeSpanLog:
         ``ends``: at least ``rows`` end times (array or list); ``terms``: per TERMS name (absent:
         0.0), one float for every step or exactly ``rows`` values; ``sizes``: ``block_size``
         counts (``bulk_decode.bucket_sizes``); ``allocations`` and ``evictions``: ``rows`` each."""
-        marks = self._marks()
+        held = len(self._start)  # (the per-span start goes in last: it marks the entry complete)
         try:
             values = list(map(terms.get, TERMS, _ZEROS))
             per_step = 0
             for t, value in enumerate(values):
-                if isinstance(value, (np.ndarray, list)):
+                if value.__class__ is not float and isinstance(value, (np.ndarray, list)):
                     _extend(self._term_rows[t], value, rows)
                     per_step |= 1 << t
                     values[t] = 0.0
@@ -87,28 +88,28 @@ class DecodeSpanLog:
             self._per_step.append(per_step)
             self._ints.fromlist([rows, first_step, num_requests, num_waiting, num_seqs, total_slots, used_blocks,
                                  cached_blocks, table_blocks])
-            self._start.append(start_s)
             self._sizes.fromlist(sizes)
             self._hybrid.append(hybrid)
             _extend(self._ends, ends, rows)
             self._allocations.fromlist(allocations)
             self._evictions.fromlist(evictions)
-            steps.record_deferred(DecodeSpan(rows, self, self.first_index + len(self._start) - 1))
+            self._start.append(start_s)
+            steps.record_deferred(DecodeSpan(rows, self, self.first_index + held))
         except BaseException:
-            self._undo(marks)
+            self._truncate(held)
             raise
 
-    def _marks(self) -> tuple:
-        return (len(self._ints), len(self._start), len(self._terms), len(self._per_step), len(self._sizes),
-                len(self._hybrid), len(self._ends), len(self._allocations), len(self._evictions),
-                *map(len, self._term_rows))
-
-    def _undo(self, marks: tuple) -> None:
-        """Cut every array back to ``marks`` (``_marks()`` taken before a ``record``)."""
-        fields = (self._ints, self._start, self._terms, self._per_step, self._sizes, self._hybrid, self._ends,
-                  self._allocations, self._evictions, *self._term_rows)
-        for values, mark in zip(fields, marks):
-            del values[mark:]
+    def _truncate(self, held: int) -> None:
+        """Cut every array back to its first ``held`` (complete) entries: what ``record`` had
+        appended of a span it could not log is taken out again."""
+        ks = _read(self._ints, np.int64)[:held * _INTS:_INTS]
+        per_step = _read(self._per_step, np.int64)[:held]
+        for t, values in enumerate(self._term_rows):
+            del values[int(ks[(per_step >> t & 1).astype(bool)].sum()):]
+        rows = int(ks.sum())
+        del self._ends[rows:], self._allocations[rows:], self._evictions[rows:]
+        del self._ints[held * _INTS:], self._terms[held * len(TERMS):], self._per_step[held:]
+        del self._sizes[held * self.block_size:], self._hybrid[held:], self._start[held:]
 
     def _drop_before(self, index: int) -> None:
         """Forget the entries before log index ``index`` (written: a later fill has started past them)."""

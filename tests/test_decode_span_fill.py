@@ -140,7 +140,31 @@ def test_a_closed_store_leaves_the_log_as_it_was():
     store.close()
     with pytest.raises(ValueError, match="closed"):
         log.record(store, **args)
-    assert len(log) == 0 and log._marks() == DecodeSpanLog(bs)._marks()
+    assert len(log) == 0 and arrays_of(log) == arrays_of(DecodeSpanLog(bs))
+
+
+def test_a_span_that_fails_halfway_is_taken_out_again():
+    """Whatever ``record`` appended of a span it could not log (here: ``evictions`` is not a
+    list, after every other field went in) is taken out, and the log goes on as before."""
+    bs = 4
+    log, handles = DecodeSpanLog(bs), Handles()
+    first, second = fixed_args(bs, seed=6), fixed_args(bs, seed=7)
+    log.record(handles, **first)
+    before = arrays_of(log)
+    with pytest.raises(TypeError):
+        log.record(handles, **{**second, "evictions": tuple(second["evictions"])})
+    assert arrays_of(log) == before and len(handles.spans) == 1
+    log.record(handles, **second)
+    block = np.full((NUM_COLUMNS, first["rows"] + second["rows"]), np.nan)
+    DecodeSpan.fill(handles.spans, [0, first["rows"]], block)
+    assert np.array_equal(block.view(np.int64),
+                          np.concatenate([fill_alone(bs, first), fill_alone(bs, second)], axis=1).view(np.int64))
+
+
+def arrays_of(log: DecodeSpanLog) -> list:
+    """Everything a log holds, as lists."""
+    return [list(values) for name, values in sorted(vars(log).items()) if name.startswith("_")
+            and name != "_term_rows"] + [list(values) for values in log._term_rows]
 
 
 def test_a_failing_fill_loses_nothing():
