@@ -163,20 +163,8 @@ class LRUPolicy(EvictionPolicy):
             self._compact()
 
     def pop(self) -> int | None:
-        queue = self._queue
-        head = self._head
-        if len(queue) - head == self._num_stale:
-            return None
-        stale = self._stale
-        while True:
-            block_id = queue[head]
-            head += 1
-            if stale and block_id in stale:
-                self._drop_stale(block_id)
-                continue
-            self._head = head
-            self._trim()
-            return block_id
+        victims = self.pop_many(1)
+        return victims[0] if victims else None
 
     def pop_many(self, count: int) -> list[int]:
         queue = self._queue
