@@ -102,31 +102,30 @@ class DecodeSpanLog:
     def _truncate(self, held: int) -> None:
         """Cut every array back to its first ``held`` (complete) entries: what ``record`` had
         appended of a span it could not log is taken out again."""
-        ks = _read(self._ints, np.int64)[:held * _INTS:_INTS]
-        per_step = _read(self._per_step, np.int64)[:held]
-        for t, values in enumerate(self._term_rows):
-            del values[int(ks[(per_step >> t & 1).astype(bool)].sum()):]
-        rows = int(ks.sum())
-        del self._ends[rows:], self._allocations[rows:], self._evictions[rows:]
-        del self._ints[held * _INTS:], self._terms[held * len(TERMS):], self._per_step[held:]
-        del self._sizes[held * self.block_size:], self._hybrid[held:], self._start[held:]
+        for values, length in zip(self._fields(), self._lengths(held)):
+            del values[length:]
 
     def _drop_before(self, index: int) -> None:
         """Forget the entries before log index ``index`` (written: a later fill has started past them)."""
         drop = index - self.first_index
         if drop <= 0:
             return
-        ks = _read(self._ints, np.int64)[:drop * _INTS:_INTS]
-        rows = int(ks.sum())
-        per_step = _read(self._per_step, np.int64)[:drop]
-        bs = self.block_size
-        for t, values in enumerate(self._term_rows):
-            if values:
-                del values[:int(ks[(per_step >> t & 1).astype(bool)].sum())]
-        del self._ints[:drop * _INTS], self._start[:drop], self._terms[:drop * len(TERMS)], self._per_step[:drop]
-        del self._sizes[:drop * bs], self._hybrid[:drop]
-        del self._ends[:rows], self._allocations[:rows], self._evictions[:rows]
+        for values, length in zip(self._fields(), self._lengths(drop)):
+            del values[:length]
         self.first_index = index
+
+    def _fields(self) -> tuple:
+        """Every array of the log, in the order of ``_lengths``."""
+        return (self._ints, self._start, self._terms, self._per_step, self._sizes, self._hybrid, self._ends,
+                self._allocations, self._evictions, *self._term_rows)
+
+    def _lengths(self, count: int) -> list[int]:
+        """How much of each of ``_fields()`` the log's first ``count`` (complete) entries hold."""
+        ks = _read(self._ints, np.int64)[:count * _INTS:_INTS]  # (each entry's rows)
+        per_step = _read(self._per_step, np.int64)[:count]
+        rows = int(ks.sum())
+        return [count * _INTS, count, count * len(TERMS), count, count * self.block_size, count, rows, rows, rows,
+                *(int(ks[(per_step >> t & 1).astype(bool)].sum()) for t in range(len(TERMS)))]
 
 
 def _read(values: array, dtype=np.float64) -> np.ndarray:
@@ -167,7 +166,7 @@ class DecodeSpan:
             entry[2].append(offset)
         for log, indices, log_offsets in by_log.values():
             first = indices[0]
-            if indices[-1] - first != len(indices) - 1 or indices != list(range(first, first + len(indices))):
+            if indices != list(range(first, first + len(indices))):
                 raise ValueError(f"decode spans {indices[:3]}... are not a run of their log's entries in order")
             log._drop_before(first)
             _fill_log(log, len(indices), log_offsets, block)

@@ -11,7 +11,7 @@ in a private temporary directory, made at the first spill (``tempfile.mkdtemp`` 
 garbage collected.
 
 **Deferred spans.** A run of steps whose rows follow from a few numbers (skip-ahead's decode
-spans: ``sim.skip_ahead.DecodeSpan``) can be recorded as one object (``record_deferred``): its
+spans: ``sim.decode_spans.DecodeSpan``) can be recorded as one object (``record_deferred``): its
 rows are written later, many spans at once, by its class's ``fill(spans, offsets, block)``,
 vectorized over all of them, into the columns of a column-major block. Rows recorded around
 them wait in order with them; every read (and a few thousand waiting rows) writes them out

@@ -80,7 +80,7 @@ def _behind_window(kv, seq: Sequence, c: int) -> bool:
 
 
 class HybridCounts:
-    """Per-step counts of what the events did, for the step rows (``sim.skip_ahead.DecodeSpan``)
+    """Per-step counts of what the events did, for the step rows (``sim.decode_spans.DecodeSpanLog``)
     and the carried batch: blocks allocated (every group's) and evicted, table entries dropped,
     dropped blocks that left use (their count reached 0) and, of those, the ones that became
     cached (they carry a key); ``groups``: the cache's layer groups (each has a table)."""
