@@ -47,10 +47,6 @@ from sim.token_runs import TokenRuns
 from sim.workload import BeamModel
 
 
-#: A decode batch of at most this many requests hands ``TokenRuns`` a list of rows, more an array.
-FEW_ROWS = 64
-
-
 class SimulationStalled(RuntimeError):
     """The scheduler stopped making progress with requests unfinished."""
 
@@ -232,6 +228,7 @@ class Replica:
                     self.on_request_done(row)
 
     def _completed(self, finished: list[Request], end: float) -> None:
+        self._leave_batch(finished)
         m = self.requests
         done_rows = []
         for request in finished:
@@ -270,6 +267,8 @@ class Replica:
             end, finished = skip(self, run, k, terms, ends, now)
             if not math.isfinite(end):
                 raise ValueError(f"simulated time overflowed skipping {k} steps from t={now}")
+            if finished:  # (now: _completed comes once the clock is there, after later spans)
+                self._leave_batch(finished)
             self.steps_skipped += k
             ran = True
             now = end
@@ -288,15 +287,28 @@ class Replica:
         return ran
 
     def _decoded(self, run: DecodeRun, first_row: int, last_row: int) -> None:
-        """Every request of a decode batch received a token in each of steps ``first_row..last_row``."""
-        batch_rows = run.rows
-        if batch_rows is None:  # (kept on the run while its requests stay the same)
-            rows = self._rows
-            batch_rows = [rows[r.request_id] for r in run.requests]
-            if len(batch_rows) > FEW_ROWS:  # (a few are done in Python: numpy's cost per call is more)
-                batch_rows = np.array(batch_rows, dtype=np.int64)
-            run.rows = batch_rows
-        self.token_runs.tokens(self.index, batch_rows, first_row, last_row)
+        """Every request of a decode batch received a token in each of steps ``first_row..last_row``.
+        The token runs follow the batch (``TokenRuns.follow``): when it is the batch they follow,
+        or the one carried from it (its completed requests have left, ``_leave_batch``), this is
+        O(requests that joined); otherwise O(running), once."""
+        runs = self.token_runs
+        followed = runs.followed(self.index)
+        if followed is not None:
+            if run.requests is followed:
+                if runs.go_on(self.index, followed, first_row, last_row):
+                    return
+            elif run.carried_from is followed:
+                rows = self._rows
+                if runs.go_on(self.index, run.requests, first_row, last_row,
+                              [rows[r.request_id] for r in run.joined]):
+                    return
+        rows = self._rows
+        runs.follow(self.index, run.requests, [rows[r.request_id] for r in run.requests], first_row, last_row)
+
+    def _leave_batch(self, completed: list[Request]) -> None:
+        """Completed requests leave the batch the token runs follow (before its next ``_decoded``)."""
+        rows = self._rows
+        self.token_runs.leave(self.index, [rows[r.request_id] for r in completed])
 
     def _flush_decisions(self) -> None:
         log = self.scheduler.decision_log.records

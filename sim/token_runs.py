@@ -12,8 +12,15 @@ the earlier run's last step.
 
 So per request two integers (the open run's first and latest row, shared by all replicas: a row
 is served by one replica) and per interruption one closed run ``(request row, first, last)``
-kept by its replica. A skipped stretch of ``k`` decode steps extends every running request's run
-by ``k`` rows at once (vectorized), never O(steps x running).
+kept by its replica.
+
+**A followed batch.** A replica's decode batch gets a token in every step while it runs, and
+changes only when a request completes or joins. So the replica *follows* it (``follow``): its
+members' runs go on implicitly through the batch's latest row, and a later stretch of ``k`` steps
+(``go_on``) costs O(1) plus O(requests that joined), never O(steps x running) nor O(running); a
+request that completes ``leave``s with its last row written. Anything else that touches a
+member (a ``token`` of its own, ``tokens``, ``runs``, a copy) first writes every member's last
+row and stops following (``release``).
 
 From the runs and the step table, after the run (``itl_sample``):
 - the ITL distribution as weighted values: step ``t``'s duration weighted by how many requests'
@@ -23,14 +30,19 @@ From the runs and the step table, after the run (``itl_sample``):
   ``max_output_tokens_per_s``;
 - a request's own gaps, in order (``request_itls``), for the result file's ``itls``.
 
-Invariant: every completed request with ``g`` tokens-receiving steps has ``g - 1`` gaps, and
-their sum is its last token time minus its first (so its mean ITL is its TPOT when one token
-arrives per step, as for ``n = 1``).
+Invariants:
+- every completed request with ``g`` tokens-receiving steps has ``g - 1`` gaps, and their sum is
+  its last token time minus its first (so its mean ITL is its TPOT when one token arrives per
+  step, as for ``n = 1``);
+- a member of a replica's followed batch has its ``first`` written and received a token in every
+  row from the start of its open run through the batch's latest row; its ``last`` may lag
+  behind that until it leaves or the batch is released.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,17 +58,26 @@ class TokenRuns:
     """
 
     def __init__(self, num_requests: int, num_replicas: int = 1):
-        # int64 arrays that numpy reads as views (``first``/``last``, for the vectorized paths) and
-        # Python indexes without numpy's per-scalar cost (``_first``/``_last``, for batches of a few
-        # requests, which are most of them); never resized, so the views stay valid.
+        # int64 arrays that numpy reads as views (``first``/``last``, for ``runs``) and Python
+        # indexes without numpy's per-scalar cost (``_first``/``_last``); never resized, so the
+        # views stay valid.
         self._first = array("q", [NO_ROW]) * num_requests
         self._last = array("q", [NO_ROW]) * num_requests
         self.first = np.frombuffer(self._first, np.int64) if num_requests else np.empty(0, np.int64)
         self.last = np.frombuffer(self._last, np.int64) if num_requests else np.empty(0, np.int64)
         self._closed = [array("q") for _ in range(num_replicas)]  # flat (row, first, last) triples
-        # (rows, last_row, replica) of the latest tokens() call, if nothing has changed ``last`` since:
-        # a caller that passes the same rows array again (the same batch) skips the continuity check.
-        self._latest: tuple[np.ndarray, int, int] | None = None
+        # Per replica, its followed batch (module docstring): the caller's key for it (None: none
+        # followed), its members' rows and the latest row in which they all got a token.
+        self._keys: list[object] = [None] * num_replicas
+        self._members: list[set[int]] = [set() for _ in range(num_replicas)]
+        self._through: list[int] = [NO_ROW] * num_replicas
+
+    def __getstate__(self) -> dict:
+        # A copy holds no followed batch (its key is the caller's object, not ours to copy): every
+        # member's last row is written first, which changes no run.
+        for replica in range(len(self._keys)):
+            self.release(replica)
+        return self.__dict__.copy()
 
     def __setstate__(self, state: dict) -> None:
         # A copy's numpy views must be views of its own arrays, not separate copies of the values.
@@ -67,7 +88,8 @@ class TokenRuns:
 
     def token(self, replica: int, row: int, step_row: int) -> None:
         """Request ``row`` received a token at the end of ``step_row`` (repeats in one step count once)."""
-        self._latest = None
+        if row in self._members[replica]:
+            self.release(replica)
         last = self._last[row]
         if last == step_row:
             return
@@ -79,38 +101,14 @@ class TokenRuns:
         self._first[row] = step_row
         self._last[row] = step_row
 
-    def tokens(self, replica: int, rows: np.ndarray | list[int], first_row: int, last_row: int) -> None:
-        """Each request in ``rows`` (distinct: an int64 array, or a list for a batch of a few, which
-        is done in Python) received a token at the end of every step ``first_row..last_row``."""
-        if rows.__class__ is list:
-            self._tokens_few(replica, rows, first_row, last_row)
-            return
-        if rows.size == 0:
-            return
-        latest = self._latest
-        if latest is not None and latest[0] is rows and latest[1] == first_row - 1 and latest[2] == replica:
-            # the same rows object as the last call, which ended the step before: every run goes on
-            self.last[rows] = last_row
-            self._latest = (rows, last_row, replica)
-            return
-        self._latest = (rows, last_row, replica)
-        last = self.last[rows]
-        if first_row >= 1 and last.min() >= first_row - 1:  # every run goes on (the common case)
-            self.last[rows] = last_row
-            return
-        continues = (last >= first_row - 1) & (last != NO_ROW)  # (a token already counted this step: too)
-        broken = ~continues
-        close = broken & (last != NO_ROW)
-        if close.any():
-            closed_rows = rows[close]
-            triples = np.column_stack((closed_rows, self.first[closed_rows], last[close])).ravel()
-            self._closed[replica].extend(triples.tolist())
-        self.first[rows[broken]] = first_row
-        self.last[rows] = last_row
+    def tokens(self, replica: int, rows: Iterable[int], first_row: int, last_row: int) -> None:
+        """Each request in ``rows`` (distinct) received a token at the end of every step
+        ``first_row..last_row``."""
+        self.release(replica)
+        self._extend(replica, rows.tolist() if isinstance(rows, np.ndarray) else rows, first_row, last_row)
 
-    def _tokens_few(self, replica: int, rows: list[int], first_row: int, last_row: int) -> None:
-        """``tokens`` for a list of rows, one request at a time (the same cases as the arrays')."""
-        self._latest = None
+    def _extend(self, replica: int, rows: Iterable[int], first_row: int, last_row: int) -> None:
+        """``tokens`` for rows none of which is in a followed batch."""
         first, last, closed = self._first, self._last, self._closed[replica]
         before = first_row - 1
         for row in rows:
@@ -121,9 +119,63 @@ class TokenRuns:
                 first[row] = first_row
             last[row] = last_row
 
+    # ---------------------------------------------------------- a followed batch
+    def followed(self, replica: int) -> object:
+        """The key of the replica's followed batch (``follow``), or ``None``."""
+        return self._keys[replica]
+
+    def follow(self, replica: int, key: object, rows: list[int], first_row: int, last_row: int) -> None:
+        """``tokens(replica, rows, first_row, last_row)``, then follow ``rows`` as the replica's
+        batch, known by ``key`` (the caller's object, compared by identity)."""
+        self.release(replica)
+        self._extend(replica, rows, first_row, last_row)
+        self._members[replica].update(rows)
+        self._keys[replica] = key
+        self._through[replica] = last_row
+
+    def go_on(self, replica: int, key: object, first_row: int, last_row: int, joined: Iterable[int] = ()) -> bool:
+        """The followed batch, with ``joined`` rows added to it, received a token in every step
+        ``first_row..last_row`` (O(1) plus O(joined)); it is known by ``key`` from now on.
+        Returns ``False``, having done nothing, when no batch is followed or ``first_row`` does
+        not come right after its latest row (its runs would break: ``follow`` it afresh)."""
+        if self._keys[replica] is None or first_row != self._through[replica] + 1:
+            return False
+        members = self._members[replica]
+        fresh = [row for row in joined if row not in members]
+        if fresh:
+            self._extend(replica, fresh, first_row, last_row)
+            members.update(fresh)
+        self._keys[replica] = key
+        self._through[replica] = last_row
+        return True
+
+    def leave(self, replica: int, rows: Iterable[int]) -> None:
+        """These rows' requests completed: those in the followed batch leave it, their last row
+        the batch's latest (rows not in it are left as they are)."""
+        members = self._members[replica]
+        if members:
+            last, through = self._last, self._through[replica]
+            for row in rows:
+                if row in members:
+                    members.remove(row)
+                    last[row] = through
+
+    def release(self, replica: int) -> None:
+        """Stop following the replica's batch, its members' last rows written."""
+        members = self._members[replica]
+        if members:
+            last, through = self._last, self._through[replica]
+            for row in members:
+                last[row] = through
+            members.clear()
+        self._keys[replica] = None
+        self._through[replica] = NO_ROW
+
     def runs(self, replica: int, request_rows: np.ndarray) -> np.ndarray:
         """All runs of the requests in ``request_rows`` served by ``replica``, as an ``[R, 3]`` array of
-        ``(request row, first step row, last step row)`` sorted by request and time."""
+        ``(request row, first step row, last step row)`` sorted by request and time (the
+        replica's followed batch is released first)."""
+        self.release(replica)
         closed = np.frombuffer(self._closed[replica], dtype=np.int64).reshape(-1, 3) if self._closed[replica] \
             else np.empty((0, 3), np.int64)
         keep = np.zeros(len(self.first), bool)

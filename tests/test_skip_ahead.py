@@ -8,7 +8,8 @@ preempted by swap or recompute, small batch limits and token budgets, chunked pr
 prefix caching on and off, every eviction policy) and two cost models: the roofline (vectorized
 decode costs) and one with no vectorized form (skip-ahead asks it step by step). Each pair of runs
 must agree on the decision log record for record, on every per-step metric column and every
-per-request column, on the summary and on the per-term cost totals.
+per-request column, on every request's token runs (the steps it got tokens in: its ITLs), on the
+summary and on the per-term cost totals.
 
 Companion tests show that the generated runs do skip (most steps, on decode-heavy workloads) and
 that the comparison has teeth: letting skip-ahead pass over a waiting request it has not seen
@@ -141,10 +142,11 @@ def run(trace: Trace, preset: str, settings_: dict, cost_model: CostModel, *, sk
         result = exc
     RUN_STATS["past_finish"] = sim.replica.skips_past_finish
     RUN_STATS["pool"] = sim.replica.scheduler.pool
+    RUN_STATS["token_runs"] = sim.replica.token_runs.runs(sim.replica.index, np.arange(len(trace))).tolist()
     return result, lines, sim.replica.steps_skipped
 
 
-RUN_STATS: dict = {}  # of the last run(): how often a skip went on past a finish, its block pool
+RUN_STATS: dict = {}  # of the last run(): how often a skip went on past a finish, its block pool, its token runs
 
 
 def pool_state(pool) -> tuple:
@@ -158,14 +160,17 @@ def assert_same(trace: Trace, preset: str, settings_: dict, cost_model_factory) 
     simulation runs by default, not recording them (its skips take the bulk paths, e.g.
     ``apply_in_bulk``), compared on everything else."""
     plain, plain_log, none_skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=False)
+    plain_runs = RUN_STATS["token_runs"]
     fast, fast_log, skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=True)
     assert none_skipped == 0
     for i, (a, b) in enumerate(zip(plain_log, fast_log)):
         assert a == b, f"decision record {i} differs:\n{a}\n{b}"
     assert len(plain_log) == len(fast_log)
+    assert RUN_STATS["token_runs"] == plain_runs, "the requests got their tokens in other steps"
     fast_pool = pool_state(RUN_STATS["pool"])
     quiet, _, quiet_skipped = run(trace, preset, settings_, cost_model_factory(), skip_ahead=True, record=False)
     assert quiet_skipped == skipped
+    assert RUN_STATS["token_runs"] == plain_runs, "the requests got their tokens in other steps (bulk paths)"
     assert pool_state(RUN_STATS["pool"]) == fast_pool, "the pool ends in another state when decisions are not recorded"
     assert_same_results(plain, fast)
     assert_same_results(plain, quiet)

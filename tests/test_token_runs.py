@@ -89,3 +89,97 @@ def test_a_copy_keeps_its_views_of_its_own_arrays():
         clone.tokens(0, [1, 2], 7, 7)  # after a gap for 1, new for 2
         assert clone.runs(0, np.arange(3)).tolist() == [[0, 0, 4], [1, 0, 4], [1, 7, 7], [2, 7, 7]]
     assert runs.runs(0, np.arange(3)).tolist() == [[0, 0, 2], [1, 0, 2]]  # the original is untouched
+
+
+follow_calls = st.lists(st.tuples(st.sampled_from(["follow", "go_on", "go_on", "late", "leave", "leave", "one", "list"]),
+                                  st.lists(st.integers(0, NUM_REQUESTS - 1), max_size=NUM_REQUESTS, unique=True),
+                                  st.integers(0, 2), st.integers(1, 3)), max_size=30)
+
+
+@settings(max_examples=scaled_examples(200), deadline=None)
+@given(calls=follow_calls, replicas=st.integers(1, 2))
+def test_a_followed_batch_has_the_runs_of_every_row_it_got(calls, replicas):
+    """A followed batch (``follow``, then ``go_on`` with requests joining and ``leave`` as they
+    complete), mixed with ``token`` calls (which may touch a member) and ``tokens`` calls, gives
+    the runs of a model that writes every row each request got. ``go_on`` refuses (and changes
+    nothing) exactly when no batch is followed or its rows do not come right after the batch's."""
+    runs = TokenRuns(NUM_REQUESTS, replicas)
+    replica = replicas - 1
+    got: dict[int, list[int]] = {}
+    members: set[int] | None = None  # the model's followed batch (None: none)
+    through = None
+    row = 0
+    for kind, chosen, gap, length in calls:
+        if kind == "go_on":  # right after the latest rows ("late": perhaps after a gap)
+            gap = 0
+        row += gap
+        last_row = row + length - 1
+        if kind == "one" and chosen:
+            runs.token(replica, chosen[0], row)
+            got.setdefault(chosen[0], []).append(row)
+            if members is not None and chosen[0] in members:
+                members = None  # (a member's own token releases the batch)
+            row += 1
+            continue
+        if kind == "leave":
+            if members is not None:  # (at least one member, when there is one)
+                leaving = [r for r in chosen if r in members] or sorted(members)[:1]
+                runs.leave(replica, leaving)
+                members -= set(leaving)
+            else:
+                runs.leave(replica, chosen)  # (nothing followed: nothing to do)
+            continue
+        if kind in ("go_on", "late"):
+            accepted = runs.go_on(replica, object(), row, last_row, chosen)
+            assert accepted == (members is not None and row == through + 1)
+            if not accepted:
+                continue  # (nothing happened: rows are not taken)
+            members |= set(chosen)
+            batch = members
+        elif kind == "follow":
+            runs.follow(replica, object(), list(chosen), row, last_row)
+            members = batch = set(chosen)
+        else:  # "list": rows of their own (releases the followed batch)
+            runs.tokens(replica, list(chosen), row, last_row)
+            members, batch = None, set(chosen)
+        through = last_row
+        for request in batch:
+            got.setdefault(request, []).extend(range(row, last_row + 1))
+        row = last_row + 1
+    assert runs.followed(replica) is None or members is not None
+    held = runs.runs(replica, np.arange(NUM_REQUESTS))
+    assert runs.followed(replica) is None  # (reading the runs released it)
+    assert sorted(map(tuple, held.tolist())) == (runs_of(got) if got else [])
+
+
+def test_a_copy_of_a_followed_batch_has_its_runs_written():
+    """Copying writes the followed batch's last rows first (the copy follows nothing; its key was
+    the caller's object) and the original goes on from there as from any released batch."""
+    import copy
+
+    runs = TokenRuns(3)
+    key = object()
+    runs.follow(0, key, [0, 1], 0, 0)
+    assert runs.go_on(0, key, 1, 4)
+    clone = copy.deepcopy(runs)
+    assert clone.followed(0) is None and runs.followed(0) is None
+    assert not runs.go_on(0, key, 5, 5)  # released: the caller follows it afresh
+    runs.follow(0, key, [0, 1], 5, 5)
+    for r in (clone, runs):
+        assert r.runs(0, np.arange(3)).tolist()[:1] == [[0, 0, 4 if r is clone else 5]]
+
+
+def test_a_request_that_joins_a_followed_batch_goes_on_with_it():
+    """A request joins the batch right after its own first token (an admission step), goes on with
+    the batch's later stretches, and leaves when it completes; one that joins after a gap starts
+    a new run."""
+    runs = TokenRuns(4)
+    key = object()
+    runs.follow(0, key, [0], 0, 2)
+    runs.token(0, 1, 2)  # request 1's first token, in the batch's step 2
+    runs.token(0, 2, 0)  # request 2 got one token long before
+    assert runs.go_on(0, key, 3, 5, [1, 2])
+    assert runs.go_on(0, key, 6, 9)
+    runs.leave(0, [1])  # completed at row 9
+    assert runs.go_on(0, key, 10, 10)
+    assert runs.runs(0, np.arange(4)).tolist() == [[0, 0, 10], [1, 2, 9], [2, 0, 0], [2, 3, 10]]

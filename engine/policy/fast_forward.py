@@ -137,10 +137,15 @@ class DecodeRun:
     table_blocks: int  # blocks in the running tables, a shared block once per table
     context_tokens: int  # sum(computed): the batch's cached tokens before the first step
     step: int  # the scheduler's next step when this state was taken (it is stale after any other)
-    rows: object = None  # the executor's own per-batch data (kept while the batch has the same requests)
     dropped_entries: int = 0  # table entries sliding windows dropped (hybrid caches: table_blocks counts the rest)
     released_entries: int = 0  # table entries the sequences it finished held when freed (set by _finish_seqs)
     buckets: list | None = None  # bulk_decode's buckets (None: every step writes every sequence's counters)
+    # Where the requests came from, for an executor that follows the batch as it changes (the
+    # simulator's token runs): ``carried_from`` is the ``requests`` list of the run this one was
+    # carried from when the list changed (``None``: built afresh, or the same list), and this
+    # run's requests are those less the ones that completed since, plus ``joined`` at the back.
+    carried_from: list[Request] | None = None
+    joined: list[Request] | tuple = ()
     _computed: list[int] | None = None  # (computed, once asked for)
 
     @property
@@ -327,7 +332,7 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
     if horizon < 1:
         return None
     return DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
-                     pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, None, dropped_entries,
+                     pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, dropped_entries,
                      buckets=buckets)
 
 
@@ -373,12 +378,10 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         # (the tables after the steps, less those the finished sequences held when freed)
         table_blocks, dropped_entries = (table_counts(seqs) if s.kv.hybrid
                                          else (run.table_blocks + allocated - run.released_entries, 0))
-        rows = None
     else:
         seqs, offsets, finish_at, requests = run.seqs, run.offsets, run.finish_at, run.requests
         table_blocks, dropped_entries = run.table_blocks + allocated - dropped, run.dropped_entries + dropped
         context = run.context_tokens + k * len(seqs)
-        rows = run.rows
     members = _decoders(s, admitted) if admitted else None
     if admitted and members is not None:
         if buckets is not None:
@@ -390,11 +393,13 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         dropped_entries += members[4]
         context += members[5]
         requests = requests + admitted
-        rows = None
     carried = (None if admitted and members is None  # (a newcomer is not a steady decoder)
                else _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets))
     if carried is not None:
-        carried.rows = rows
+        if requests is not run.requests:
+            carried.carried_from = run.requests
+            if admitted:
+                carried.joined = admitted
         if buckets is not None:
             s._lazy_run = carried
     elif buckets is not None:  # nothing carries the survivors: they are brought up to date now
