@@ -238,6 +238,10 @@ def check_carried_batches(trace: Trace, preset: str, settings_: dict, cost_model
             assert fresh is not None
             for name in CARRIED_FIELDS:
                 assert getattr(got, name) == getattr(fresh, name), f"carried {name} differs"
+            if got.tokens is not None:  # (derived from the batch it was carried from)
+                assert list(got.tokens.items()) == [(r.request_id, len(r.live_seqs)) for r in got.requests]
+            if got.carried_from is not None:  # its requests: those less the completed ones, plus the joined
+                assert [r for r in got.carried_from if r.live_seqs] + list(got.joined) == got.requests
             carried_calls.append(1)
         return got
 

@@ -146,6 +146,9 @@ class DecodeRun:
     # run's requests are those less the ones that completed since, plus ``joined`` at the back.
     carried_from: list[Request] | None = None
     joined: list[Request] | tuple = ()
+    # {request id: live sequences} in running order, once a step asked for it (schedule_decode_step);
+    # a carried run derives its own from it. Never written in place (carried runs share it).
+    tokens: dict[str, int] | None = None
     _computed: list[int] | None = None  # (computed, once asked for)
 
     @property
@@ -349,32 +352,39 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     s = run.scheduler
     bs = s.block_size
     buckets = run.buckets  # (changed in place: the run is stale once carried)
+    tokens = run.tokens  # (shared while nothing changes: never written in place)
     if run.first_finish == k:  # some finished: keep the others, in order
         last = run.step + k - 1  # (the step that finished them)
-        if run.finish_at.count(last) == 1:  # (the usual: one sequence left, and perhaps its request)
-            gone = run.finish_at.index(last)
-            seqs, offsets, finish_at = run.seqs.copy(), run.offsets.copy(), run.finish_at.copy()
-            del seqs[gone], offsets[gone], finish_at[gone]
-            seq = run.seqs[gone]
+        gone = []  # their places, in order: O(finishing) Python work (list.index scans)
+        i = -1
+        for _ in range(run.finish_at.count(last)):
+            i = run.finish_at.index(last, i + 1)
+            gone.append(i)
+        seqs, offsets, finish_at = run.seqs.copy(), run.offsets.copy(), run.finish_at.copy()
+        for i in reversed(gone):
+            del seqs[i], offsets[i], finish_at[i]
+        requests = run.requests
+        if tokens is not None:
+            tokens = tokens.copy()
+        end = run.step + k
+        context = run.context_tokens + k * len(run.seqs)
+        left = None  # the latest request that left (its samples are consecutive in ``gone``)
+        for i in gone:
+            seq = run.seqs[i]
+            context -= run.offsets[i] + end
+            if buckets is not None:
+                bulk_decode.leave(buckets, seq, run.offsets[i], bs)
             request = seq.request
-            requests = run.requests
-            if not request.live_seqs:
-                requests = requests.copy()
+            if request.live_seqs:  # (a request with other samples still running stays)
+                if tokens is not None:
+                    tokens[request.request_id] = len(request.live_seqs)
+            elif request is not left:
+                left = request
+                if tokens is not None:
+                    del tokens[request.request_id]
+                if requests is run.requests:
+                    requests = requests.copy()
                 requests.remove(request)  # (requests compare by identity)
-            context = run.context_tokens + k * len(run.seqs) - (run.offsets[gone] + run.step + k)
-            if buckets is not None:
-                bulk_decode.leave(buckets, seq, run.offsets[gone], bs)
-        else:
-            keep = [i for i, f in enumerate(run.finish_at) if f != last]
-            seqs = [run.seqs[i] for i in keep]
-            offsets = [run.offsets[i] for i in keep]
-            finish_at = [run.finish_at[i] for i in keep]
-            requests = [r for r in run.requests if r.live_seqs]
-            context = sum(offsets) + (run.step + k) * len(offsets)
-            if buckets is not None:
-                for seq, offset, f in zip(run.seqs, run.offsets, run.finish_at):
-                    if f == last:
-                        bulk_decode.leave(buckets, seq, offset, bs)
         # (the tables after the steps, less those the finished sequences held when freed)
         table_blocks, dropped_entries = (table_counts(seqs) if s.kv.hybrid
                                          else (run.table_blocks + allocated - run.released_entries, 0))
@@ -393,9 +403,12 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         dropped_entries += members[4]
         context += members[5]
         requests = requests + admitted
+        if tokens is not None:
+            tokens = tokens | {request.request_id: len(request.live_seqs) for request in admitted}
     carried = (None if admitted and members is None  # (a newcomer is not a steady decoder)
                else _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets))
     if carried is not None:
+        carried.tokens = tokens
         if requests is not run.requests:
             carried.carried_from = run.requests
             if admitted:
@@ -718,7 +731,10 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
         s._lazy_mid_step = True  # (until update_decode_step: a reader finds the step's tokens unsampled)
     else:
         allocations[0], evictions[0] = _decode_once(run.seqs, run.computed, s.kv, s.pool)
-    st.tokens_per_request = {request.request_id: len(request.live_seqs) for request in run.requests}
+    tokens = run.tokens
+    if tokens is None:
+        tokens = run.tokens = {request.request_id: len(request.live_seqs) for request in run.requests}
+    st.tokens_per_request = tokens.copy()  # (the waiting pass adds its admissions)
     order = s.step_order
     order._schedule_swapped(st)
     order._schedule_waiting(st)

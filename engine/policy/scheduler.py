@@ -436,14 +436,11 @@ def retire_finished(scheduler, step: int, finished: list[Request]) -> None:
     """What any scheduler does with the requests step ``step`` finished: off ``running`` and out
     of the unfinished map, counted, and listed in the step's decision record."""
     if finished:
-        running = scheduler.running
-        if len(finished) == 1 and finished[0] in running:  # (the usual; requests compare by identity)
-            running = running.copy()  # (a new list, as below: a caller may still hold the old one)
-            running.remove(finished[0])
-            scheduler.running = running
-        else:
-            done = {id(r) for r in finished}
-            scheduler.running = [r for r in running if id(r) not in done]
+        running = scheduler.running.copy()  # (a new list: a caller may still hold the old one)
+        for request in finished:  # (requests compare by identity; O(finished x running) in C)
+            if request in running:
+                running.remove(request)
+        scheduler.running = running
         for request in finished:
             del scheduler.requests[request.request_id]
         scheduler.num_finished_requests += len(finished)
