@@ -214,6 +214,8 @@ class Replica:
                 self._decoded(decode_step.run, step_row, step_row)
             if decode_step is not None:
                 finished = update_decode_step(decode_step)
+                if finished:  # (a full step's finishers got their tokens one by one: no batch is followed)
+                    self._leave_batch(finished)
             else:
                 choices = self.beam_model.choices(out, sched.requests) if self._has_beams else None
                 finished = sched.update(out, None, choices)
@@ -228,7 +230,6 @@ class Replica:
                     self.on_request_done(row)
 
     def _completed(self, finished: list[Request], end: float) -> None:
-        self._leave_batch(finished)
         m = self.requests
         done_rows = []
         for request in finished:
@@ -267,7 +268,7 @@ class Replica:
             end, finished = skip(self, run, k, terms, ends, now)
             if not math.isfinite(end):
                 raise ValueError(f"simulated time overflowed skipping {k} steps from t={now}")
-            if finished:  # (now: _completed comes once the clock is there, after later spans)
+            if finished:  # (now, before a later span goes on with the batch: _completed comes at the end)
                 self._leave_batch(finished)
             self.steps_skipped += k
             ran = True
@@ -298,17 +299,21 @@ class Replica:
                 if runs.go_on(self.index, followed, first_row, last_row):
                     return
             elif run.carried_from is followed:
-                rows = self._rows
-                if runs.go_on(self.index, run.requests, first_row, last_row,
-                              [rows[r.request_id] for r in run.joined]):
+                joined = run.joined
+                if joined:
+                    rows = self._rows
+                    joined = [rows[r.request_id] for r in joined]
+                if runs.go_on(self.index, run.requests, first_row, last_row, joined):
                     return
         rows = self._rows
         runs.follow(self.index, run.requests, [rows[r.request_id] for r in run.requests], first_row, last_row)
 
     def _leave_batch(self, completed: list[Request]) -> None:
-        """Completed requests leave the batch the token runs follow (before its next ``_decoded``)."""
-        rows = self._rows
-        self.token_runs.leave(self.index, [rows[r.request_id] for r in completed])
+        """Requests the followed batch's last step completed leave it (before its next ``_decoded``)."""
+        runs = self.token_runs
+        if runs.followed(self.index) is not None:
+            rows = self._rows
+            runs.leave(self.index, [rows[r.request_id] for r in completed])
 
     def _flush_decisions(self) -> None:
         log = self.scheduler.decision_log.records

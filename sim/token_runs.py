@@ -140,9 +140,9 @@ class TokenRuns:
         not come right after its latest row (its runs would break: ``follow`` it afresh)."""
         if self._keys[replica] is None or first_row != self._through[replica] + 1:
             return False
-        members = self._members[replica]
-        fresh = [row for row in joined if row not in members]
-        if fresh:
+        if joined:
+            members = self._members[replica]
+            fresh = [row for row in joined if row not in members]
             self._extend(replica, fresh, first_row, last_row)
             members.update(fresh)
         self._keys[replica] = key
