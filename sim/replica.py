@@ -299,21 +299,21 @@ class Replica:
                 if runs.go_on(self.index, followed, first_row, last_row):
                     return
             elif run.carried_from is followed:
-                joined = run.joined
-                if joined:
-                    rows = self._rows
-                    joined = [rows[r.request_id] for r in joined]
+                joined = self._rows_of(run.joined) if run.joined else ()
                 if runs.go_on(self.index, run.requests, first_row, last_row, joined):
                     return
-        rows = self._rows
-        runs.follow(self.index, run.requests, [rows[r.request_id] for r in run.requests], first_row, last_row)
+        runs.follow(self.index, run.requests, self._rows_of(run.requests), first_row, last_row)
 
     def _leave_batch(self, completed: list[Request]) -> None:
         """Requests the followed batch's last step completed leave it (before its next ``_decoded``)."""
         runs = self.token_runs
         if runs.followed(self.index) is not None:
-            rows = self._rows
-            runs.leave(self.index, [rows[r.request_id] for r in completed])
+            runs.leave(self.index, self._rows_of(completed))
+
+    def _rows_of(self, requests: list[Request]) -> list[int]:
+        """The request-table rows of these (unfinished) requests, in order."""
+        rows = self._rows
+        return [rows[r.request_id] for r in requests]
 
     def _flush_decisions(self) -> None:
         log = self.scheduler.decision_log.records

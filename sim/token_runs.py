@@ -18,9 +18,9 @@ kept by its replica.
 changes only when a request completes or joins. So the replica *follows* it (``follow``): its
 members' runs go on implicitly through the batch's latest row, and a later stretch of ``k`` steps
 (``go_on``) costs O(1) plus O(requests that joined), never O(steps x running) nor O(running); a
-request that completes ``leave``s with its last row written. Anything else that touches a
-member (a ``token`` of its own, ``tokens``, ``runs``, a copy) first writes every member's last
-row and stops following (``release``).
+request that completes ``leave``s with its last row written. A member's own ``token``, any
+``tokens`` call, ``runs`` and a copy first write every member's last row and stop following
+(``release``).
 
 From the runs and the step table, after the run (``itl_sample``):
 - the ITL distribution as weighted values: step ``t``'s duration weighted by how many requests'

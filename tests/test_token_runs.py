@@ -1,8 +1,8 @@
 """``TokenRuns`` keeps, per request, the runs of consecutive step rows in which it got tokens:
 checked against a plain model (every row each request got a token in) on generated call
-sequences, including calls that pass the same rows array again (the fast path for a batch that
-goes on, which must still notice a gap or a ``token`` call in between) and calls with a list of
-rows (a small batch, done in Python), mixed with the others."""
+sequences: ``tokens`` with arrays (the same one again, too) and lists, mixed with ``token``
+calls; and a followed batch (``follow``, ``go_on``, ``leave``) mixed with both, which must
+notice a gap or a member's own token in between."""
 
 from __future__ import annotations
 
