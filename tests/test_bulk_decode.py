@@ -54,3 +54,33 @@ def test_buckets_are_the_sequences_reaching_a_boundary(data):
     for t in (step, step + 1, step + bs - 1):  # the residues of computed tokens at step t, as fill reads them
         assert [sizes[(t - m) % bs] for m in range(bs)] == [sum(1 for o in member_offsets if (o + t) % bs == m)
                                                             for m in range(bs)]
+
+
+def _steps_within_blocks_by_brute_force(offsets: list[int], step: int, bs: int, free: int, horizon: int) -> int:
+    """Step by step: the steps whose allocations, counted sequence by sequence, stay within ``free``."""
+    taken = 0
+    for j in range(1, horizon + 1):
+        taken += sum(1 for o in offsets if (o + step + j - 1) % bs == 0)
+        if taken > free:
+            return j - 1
+    return horizon
+
+
+@settings(max_examples=scaled_examples(200), deadline=None)
+@given(data=st.data())
+def test_steps_within_blocks_counts_each_steps_allocations(data):
+    """``fast_forward._steps_within_blocks`` (whole periods at once, then a bucket per step) is
+    the most steps, up to the horizon, whose new blocks fit in the free ones: as counting every
+    sequence in every step finds, read from the buckets or from the offsets."""
+    from engine.policy.fast_forward import _steps_within_blocks
+
+    bs = data.draw(st.sampled_from([1, 2, 3, 4, 16]))
+    step = data.draw(st.integers(0, 5_000))
+    n = data.draw(st.integers(1, 12))
+    offsets = [c - step for c in data.draw(st.lists(st.integers(1, 2_000), min_size=n, max_size=n))]
+    free = data.draw(st.integers(0, 4 * n * 5))
+    horizon = data.draw(st.integers(1, 5 * bs + 3))
+    expected = _steps_within_blocks_by_brute_force(offsets, step, bs, free, horizon)
+    buckets = make_buckets(_seqs(n), offsets, bs)
+    assert _steps_within_blocks(offsets, step, bs, free, horizon, buckets) == expected
+    assert _steps_within_blocks(offsets, step, bs, free, horizon) == expected

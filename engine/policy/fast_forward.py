@@ -331,7 +331,8 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
         room = free // s.kv.num_groups  # (a hybrid cache: a new block in every group; drops only add room)
         if type(s.step_order) is VllmV0StepOrder:
             room -= max([len(request.live_seqs) for request in requests])
-        horizon = _steps_within_blocks(offsets, s.next_step, s.block_size, room, horizon) if room >= 0 else 0
+        horizon = (_steps_within_blocks(offsets, s.next_step, s.block_size, room, horizon, buckets) if room >= 0
+                   else 0)
     if horizon < 1:
         return None
     return DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
@@ -421,27 +422,34 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     return carried
 
 
-def _steps_within_blocks(offsets: list[int], step: int, bs: int, free: int, horizon: int) -> int:
+def _steps_within_blocks(offsets: list[int], step: int, bs: int, free: int, horizon: int,
+                         buckets: list | None = None) -> int:
     """The most decode steps from scheduler step ``step``, up to ``horizon``, whose new blocks
-    fit in ``free`` (a sequence at computed ``c = offset + step`` takes a new block in step ``j``
-    when ``(c + j - 1) % bs == 0``, i.e. from step ``(-c) % bs + 1`` on, every ``bs`` steps)."""
-    if len(offsets) * (horizon // bs + 1) <= free:  # (each sequence takes at most this many)
+    fit in ``free`` (``free >= 0``). A sequence at computed ``c = offset + step`` takes a new
+    block in step ``j`` when ``(c + j - 1) % bs == 0``, i.e. in the scheduler steps ``t`` with
+    ``t % bs == (-offset) % bs``: step ``j`` allocates as many blocks as there are sequences with
+    that residue (``buckets``' sizes, when the batch has them), and every ``bs`` steps each
+    sequence one. So whole periods are counted at once and the rest step by step: O(bs), not
+    O(sequences) per probe of a search."""
+    n = len(offsets)
+    if n * (horizon // bs + 1) <= free:  # (each sequence takes at most this many)
         return horizon
-    firsts = [(-offset - step) % bs + 1 for offset in offsets]
-
-    def blocks(k: int) -> int:
-        return sum((k - f) // bs + 1 for f in firsts if f <= k)
-
-    if blocks(horizon) <= free:
+    periods = free // n  # whole periods of bs steps that fit: n blocks each
+    k = periods * bs
+    if k >= horizon:
         return horizon
-    lo, hi = 0, horizon  # blocks(lo) <= free < blocks(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if blocks(mid) <= free:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    if buckets is not None:
+        sizes = list(map(len, buckets))
+    else:
+        sizes = [0] * bs
+        for offset in offsets:
+            sizes[-offset % bs] += 1
+    left = free - periods * n  # (< n: the next period does not fit whole)
+    for j in range(k + 1, min(horizon, k + bs) + 1):
+        left -= sizes[(step + j - 1) % bs]
+        if left < 0:
+            return j - 1
+    return horizon  # (reached only when horizon < k + bs)
 
 
 def advance(run: DecodeRun, k: int) -> Advanced:
