@@ -35,7 +35,8 @@ import simpy
 
 from engine.policy import Request
 from engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usage, decodes_beside_admissions,
-                                        schedule_decode_step, update_decode_step, queues_stay_refused)
+                                        preempting_batch, queues_stay_refused, schedule_decode_step,
+                                        update_decode_step)
 from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
@@ -160,7 +161,9 @@ class Replica:
                 refused = queues_stay_refused(sched)
                 if refused or self._decode_steps:  # (without DecodeSteps, only a batch that could skip)
                     batch = decode_batch(sched)
-                if batch is not None and refused and (yield from self._skip(batch)):
+                    if batch is None and self._decode_steps and not self._has_beams:
+                        batch = preempting_batch(sched)  # (a batch whose next step must preempt, if any)
+                if batch is not None and refused and batch.max_steps and (yield from self._skip(batch)):
                     continue
             if batch is not None and self._decode_steps and not self._has_beams:  # decodes at once, the rest as usual
                 decode_step = schedule_decode_step(batch)
@@ -179,7 +182,8 @@ class Replica:
                     awaiting.discard(rid)
                     self.on_done(1)
                     rejected_rows.append(row)
-            if progress.stalled(out, decoded=decode_step is not None) and sched.has_unfinished_requests:
+            if progress.stalled(out, decoded=decode_step is not None and bool(decode_step.run.seqs)) \
+                    and sched.has_unfinished_requests:
                 raise SimulationStalled(  # (rejecting the last one is no stall)
                     f"step {out.step} at t={env.now:.6f}s scheduled nothing with {len(sched.waiting)} waiting, "
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped requests"
@@ -211,6 +215,8 @@ class Replica:
                         awaiting.discard(s.request_id)
                         m.first_token_s[rows[s.request_id]] = end
             if decode_step is not None:  # the batch's decodes are not listed in out.scheduled
+                if decode_step.preempted:  # (its victims got no token: they leave the followed batch first)
+                    self._leave_batch(decode_step.preempted)
                 self._decoded(decode_step.run, step_row, step_row)
             if decode_step is not None:
                 finished = update_decode_step(decode_step)

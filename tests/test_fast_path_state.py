@@ -6,7 +6,8 @@ show there until some later decision reads it (``num_registered_blocks``, for in
 only when a sequence is preempted or freed). So here two schedulers take the same requests at the
 same steps, one step by step, the other through ``engine.policy.fast_forward`` wherever the
 simulator would (``advance`` over steady stretches up to the next arrival, ``schedule_decode_step``
-+ ``update_decode_step`` for a step that admits beside the decodes), and after every step both
++ ``update_decode_step`` for a step that admits beside the decodes or must preempt for them,
+``engine.policy.preempting_decode``), and after every step both
 have taken, every sequence's fields and the pool's blocks are compared.
 
 Both schedulers make every block key when due (``kv.lazy_keys`` off, as the simulator's reference
@@ -76,11 +77,15 @@ def drive(config, spec, fast: bool, max_steps: int = 600, mid: dict | None = Non
             s.add_request(arrivals[a][1])
             a += 1
         if not s.has_unfinished_requests:  # (idle until the next arrival: the step numbers wait)
+            if a == len(arrivals):  # (the last ones were rejected on arrival: nothing is left to run)
+                break
             s.next_step = arrivals[a][0]
             continue
         run = ff.decode_batch(s) if fast else None
+        if fast and run is None and ff.decodes_beside_admissions(s):
+            run = ff.preempting_batch(s)  # (a batch whose next step must preempt: engine.policy.preempting_decode)
         next_arrival = arrivals[a][0] if a < len(arrivals) else max_steps
-        if run is not None and ff.queues_stay_refused(s) and next_arrival > s.next_step:
+        if run is not None and run.max_steps and ff.queues_stay_refused(s) and next_arrival > s.next_step:
             ff.advance(run, min(run.max_steps, next_arrival - s.next_step))
         elif run is not None and ff.decodes_beside_admissions(s):
             step = ff.schedule_decode_step(run)
@@ -108,6 +113,8 @@ def cases(draw):
     settings_ = dict(block_size=block_size, num_gpu_blocks=-(-slots // block_size) + 1, max_model_len=256,
                      enable_prefix_caching=draw(st.booleans()), max_num_seqs=draw(st.sampled_from([2, 256])),
                      preemption_mode=draw(st.sampled_from(["recompute", "swap"])), num_cpu_blocks=64,
+                     victim_policy=draw(st.sampled_from(["running-tail", "running-tail", "fewest-blocks",
+                                                         "most-blocks", "latest-arrival"])),
                      record_decisions=draw(st.booleans()))  # (not recording: advance's bulk path)
     return preset, settings_, spec
 

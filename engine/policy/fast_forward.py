@@ -74,12 +74,20 @@ Entry points, in the order an executor uses them (the simulator's one caller is
 real tokens):
 
 1. ``decode_batch(s)``: the running requests as a steady decode batch, or ``None`` (then
-   ``schedule()`` / ``update()`` as usual);
+   ``preempting_batch(s)``, a batch of implicit decoders whose next step must preempt under
+   ``vllm-v1`` (``engine.policy.preempting_decode``), or else ``schedule()`` / ``update()`` as
+   usual);
 2. ``queues_stay_refused(s)``: whether its steps may be advanced at once; if so,
    ``advance(run, k)`` applies any ``k <= run.max_steps`` of them (the executor picks ``k``: the
    simulator stops before the next arrival);
 3. otherwise ``schedule_decode_step(run)`` + ``update_decode_step(step)`` stand for one
-   ``schedule()`` + ``update()``.
+   ``schedule()`` + ``update()`` (for a batch from ``preempting_batch``, a step that preempts).
+
+**A step that must preempt.** Under memory pressure a batch soon reaches a step whose new blocks
+do not fit. With implicit decoders under ``vllm-v1`` the batch is kept (``max_steps == 0``) and
+its step's running pass preempts as vLLM's does, visiting only the sequences that allocate
+(``engine.policy.preempting_decode``); the survivors carry on, instead of a whole ``schedule()``
+and a batch built afresh after it.
 """
 
 from __future__ import annotations
@@ -90,6 +98,7 @@ from typing import TYPE_CHECKING
 from engine.policy import bulk_decode
 from engine.policy.bulk_decode import apply_in_bulk, make_buckets, settle, settle_one
 from engine.policy.output import ScheduledSequence, SchedulerOutput, frozen_map
+from engine.policy.preempting_decode import decodes_with_preemptions, preempts_in_step
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import finish_reason
 from engine.policy.steps.base import Step
@@ -226,6 +235,9 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
     if not s.running or s._pending_rejections:
         return None
     if carried is not None and carried.step == s.next_step and len(carried.requests) == len(s.running):
+        if not carried.max_steps:  # (its next step must preempt: kept for preempting_batch)
+            s._decode_run = carried
+            return None
         return carried  # (what advance or update_decode_step left: nothing has happened since)
     if _Scheduler is None:
         from engine.policy.scheduler import Scheduler as _Scheduler  # (a cycle at import time otherwise)
@@ -239,7 +251,23 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
         return None
     seqs, offsets, finish_at, table_blocks, dropped_entries, context = members
     buckets = make_buckets(seqs, offsets, s.block_size) if bulk_ok(s) else None
-    return _run_of(s, list(s.running), seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets)
+    run = _run_of(s, list(s.running), seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets)
+    if run is not None and not run.max_steps:
+        s._decode_run = run  # (its next step must preempt: kept for preempting_batch)
+        return None
+    return run
+
+
+def preempting_batch(s: Scheduler) -> DecodeRun | None:
+    """The running requests as a batch of implicit decoders whose next step cannot take its new
+    blocks without preempting (``engine.policy.preempting_decode``), as the last ``decode_batch``
+    left it, or ``None``. Its one step is ``schedule_decode_step`` + ``update_decode_step``."""
+    run = s._decode_run
+    if (run is None or run.max_steps or run.step != s.next_step or len(run.requests) != len(s.running)
+            or s._pending_rejections):
+        return None
+    s._decode_run = None
+    return run
 
 
 def bulk_ok(s: Scheduler) -> bool:
@@ -334,7 +362,9 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
         horizon = (_steps_within_blocks(offsets, s.next_step, s.block_size, room, horizon, buckets) if room >= 0
                    else 0)
     if horizon < 1:
-        return None
+        if first_finish < 1 or buckets is None or not preempts_in_step(s):
+            return None
+        horizon = 0  # (its next step must preempt: preempting_batch, then schedule_decode_step)
     return DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
                      pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, dropped_entries,
                      buckets=buckets)
@@ -712,13 +742,16 @@ class DecodeStep:
     evictions: int
     admitted: list[Request]  # the requests the swapped and waiting passes added to running, in order
     dropped: int = 0  # table entries the decodes' windows dropped (hybrid caches)
+    preempted: list[Request] | tuple = ()  # the running pass's victims, in order (``run`` is the survivors')
 
 
 def schedule_decode_step(run: DecodeRun) -> DecodeStep:
-    """``schedule()`` for a step whose running pass is ``run``'s decodes (``run.max_steps >= 1``:
-    they need no preemption): the decodes' pool calls as ``advance`` makes them, then the
-    ``vllm-v1`` order's swapped and waiting passes themselves (swap-ins, admissions, rejections),
-    so a step that admits a request costs O(admitted + blocks), not O(running)."""
+    """``schedule()`` for a step whose running pass is ``run``'s decodes: the decodes' pool calls
+    as ``advance`` makes them, then the ``vllm-v1`` order's swapped and waiting passes themselves
+    (swap-ins, admissions, rejections), so a step that admits a request costs O(admitted +
+    blocks), not O(running). A batch whose step must preempt (``max_steps == 0``, from
+    ``preempting_batch``) makes its running pass with ``preempting_decode``: the step's ``run``
+    is then the survivors' and its ``preempted`` the victims; no queue is served after it."""
     s = run.scheduler
     cfg = s.config
     st = Step(step=s.next_step, token_budget=cfg.max_num_batched_tokens - len(run.seqs))
@@ -728,13 +761,17 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
         offload.begin_step()
     allocations, evictions = [0], [0]
     dropped = 0
+    victims: list[Request] | tuple = ()
     if s.kv.hybrid:
         counts = HybridCounts(1, s.kv.num_groups)
         apply_hybrid_events(hybrid_events(s.kv, run.computed, run.seqs, 1), 0, 1, run.seqs, run.computed, s.kv, counts)
         allocations, evictions, dropped = counts.allocations, counts.evictions, counts.dropped[0]
         set_computed(run, 1)
     elif run.buckets is not None:  # implicit decoders: those reaching a block boundary
-        bulk_decode.apply_lazily(run, 1, s.kv, s.pool, allocations, evictions, sampled=0)
+        if run.max_steps:
+            bulk_decode.apply_lazily(run, 1, s.kv, s.pool, allocations, evictions, sampled=0)
+        else:  # (the step's blocks do not fit: the running pass preempts; run becomes the survivors')
+            run, allocations[0], evictions[0], victims = decodes_with_preemptions(run, st)
         s._lazy_run = run
         s._lazy_mid_step = True  # (until update_decode_step: a reader finds the step's tokens unsampled)
     else:
@@ -744,15 +781,17 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
         tokens = run.tokens = {request.request_id: len(request.live_seqs) for request in run.requests}
     st.tokens_per_request = tokens.copy()  # (the waiting pass adds its admissions)
     order = s.step_order
-    order._schedule_swapped(st)
-    order._schedule_waiting(st)
+    if not st.preempted:  # (VllmV1StepOrder.schedule: a step that preempted admits nothing)
+        order._schedule_swapped(st)
+        order._schedule_waiting(st)
     stores = offload.end_step() if offload is not None else []
     pure = st.only_computes() and not (s._pending_rejections or stores)
     s._pure_decode_step = (st.step, st.waiting_stop, st.swapped_stop) if pure else None
     output = SchedulerOutput(
         step=st.step, scheduled=tuple(st.scheduled), num_scheduled_tokens=frozen_map(st.tokens_per_request),
-        new=frozen_map(st.new), resumed=frozen_map(st.resumed), swapped_in=tuple(st.swapped_in), preempted=(),
-        rejected=frozen_map(s._pending_rejections), blocks_to_copy=tuple(st.copies), blocks_to_swap_out=(),
+        new=frozen_map(st.new), resumed=frozen_map(st.resumed), swapped_in=tuple(st.swapped_in),
+        preempted=tuple(st.preempted), rejected=frozen_map(s._pending_rejections), blocks_to_copy=tuple(st.copies),
+        blocks_to_swap_out=tuple(st.swap_out),
         blocks_to_swap_in=tuple(st.swap_in), num_free_blocks=s.pool.num_free_blocks,
         num_free_cpu_blocks=s.swap_pool.num_free_blocks, num_cached_free_blocks=s.pool.num_cached_free_blocks,
         **({} if offload is None else offload.output_fields(st.loads, st.offload_hits, stores)),
@@ -765,7 +804,7 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
                         for seq, c in zip(run.seqs, run.computed))
         s._last_record = replace(output, scheduled=decodes + output.scheduled).to_record()
         s.decision_log.append(s._last_record)
-    return DecodeStep(run, output, allocations[0], evictions[0], s.running[len(run.requests):], dropped)
+    return DecodeStep(run, output, allocations[0], evictions[0], s.running[len(run.requests):], dropped, victims)
 
 
 def decode_step_usage(step: DecodeStep) -> KvUsage:
