@@ -26,6 +26,10 @@ case says otherwise.
    skip).
 6. ``azure-oss``: case 1 on gpt-oss-120b (half its layers attend through a 128-token sliding
    window: vLLM v1's hybrid KV cache, whose decodes drop the blocks that leave the window).
+7. ``pressure``: memory pressure, what a swap-or-recompute study runs: 20,000 ShareGPT-like
+   requests at 20 requests/s on one replica whose KV cache is held to ``PRESSURE_KV_GB`` (2 GB,
+   about 16,000 token slots: the batch keeps outgrowing it), once with ``--preemption recompute``
+   and once with ``--preemption swap``; the preemptions are printed beside the speed.
 
 Baseline: skip-ahead off (``--no-skip-ahead``) on the whole trace where it has at most
 ``NOSKIP_SAMPLE`` (20,000) requests (azure, mooncake), else on its first 20,000 requests, where
@@ -61,6 +65,7 @@ NOSKIP_SAMPLE = 20_000  # skip-ahead off on at most this many requests (quick: 2
 TARGET_RPS = 10_000  # issue 23: simulated requests per wall second on azure and ShareGPT-like
 TARGET_1M_S = 120.0  # issue 23: 1M requests on one replica in under 2 minutes ...
 TARGET_1M_BYTES = 10**9  # ... and under 1 GB
+PRESSURE_KV_GB = 2.0  # the pressure case's KV cache (Llama 3 8B: 128 KiB a token, about 16,000 slots)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
@@ -117,8 +122,10 @@ def _run_case(case: dict, queue) -> None:
         return
     replicas = case.get("replicas", 1)
     overrides = {"enable_prefix_caching": True} if case.get("prefix_caching") else {}
+    if case.get("preemption"):
+        overrides["preemption_mode"] = case["preemption"]
     builts = build_replicas(RunSpec(model=case.get("model", "llama3-8b"), gpu="h200", policy=case.get("policy", "pagesim"),
-                                    overrides=overrides), replicas)
+                                    kv_cache_gb=case.get("kv_cache_gb"), overrides=overrides), replicas)
     cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router("round-robin"),
                       SimOptions(skip_ahead=case["mode"] != "noskip", step_rows=False))  # (as simulate without --out)
     t0 = time.perf_counter()
@@ -130,6 +137,7 @@ def _run_case(case: dict, queue) -> None:
                "skipped": sum(r.steps_skipped for r in result.replicas), "peak_rss_bytes": _peak_rss_bytes(),
                "completed": result.summary["requests_completed"],
                "prefix_hit_rate": result.summary.get("prefix_hit_rate"), "cpus": cpus,
+               "preemptions": sum(result.summary["preemptions"].values()),
                "summary": json.dumps(summary, sort_keys=True)})
 
 
@@ -171,6 +179,8 @@ def _rps(r: dict) -> float:
 def _line(label: str, r: dict, trace_only: dict | None) -> str:
     hit = "" if r.get("prefix_hit_rate") is None or not r.get("show_hit") else \
         f"; prefix hit rate {r['prefix_hit_rate']:.1%}"
+    if r.get("show_preemptions"):
+        hit += f"; {r['preemptions']:,} preemptions"
     only = f" (trace only {_mib(trace_only['peak_rss_bytes'])})" if trace_only else ""
     return (f"  {label}: {r['requests']:,} requests in {r['wall_s']:.2f} s wall: {_rps(r):,.0f} "
             f"requests/s, {r['steps'] / r['wall_s']:,.0f} steps/s ({r['steps']:,} steps, {r['skipped'] / r['steps']:.0%} "
@@ -291,6 +301,21 @@ def bench_cluster(requests: int, replicas: int, sample: int, report: dict, table
     table.append(_row(f"cluster {replicas} replicas", r, base, "-"))
 
 
+def bench_pressure(requests: int, sample: int, report: dict, table: list) -> None:
+    print(f"kwon2023-sharegpt at {SHAREGPT_RATE:g} requests/s, one replica, {PRESSURE_KV_GB:g} GB of KV cache "
+          "(memory pressure)", flush=True)
+    report["pressure"] = {}
+    for mode in ("recompute", "swap"):
+        case = {"kind": "synthetic", "rate": SHAREGPT_RATE, "requests": requests, "generate": requests,
+                "kv_cache_gb": PRESSURE_KV_GB, "preemption": mode}
+        r = run_in_process({**case, "mode": "skip"})
+        r["show_preemptions"] = True
+        print(_line(f"--preemption {mode}", r, None), flush=True)
+        base = _baseline(case, r, sample, None)
+        report["pressure"][mode] = {"skip": r, **base}
+        table.append(_row(f"pressure, {mode}", r, base, f"- ({r['preemptions']:,} preemptions)"))
+
+
 def print_table(table: list) -> None:
     head = ("case", "requests", "skip req/s", "noskip req/s (sample)", "ratio", "peak RSS skip",
             "peak RSS noskip", "identical", "target")
@@ -329,11 +354,11 @@ def _sizes(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="azure,scaling,mooncake,cluster,azure-v0,azure-oss",
-                        help="comma-separated: azure, scaling, mooncake, cluster, azure-v0, azure-oss")
+    parser.add_argument("--cases", default="azure,scaling,mooncake,cluster,azure-v0,azure-oss,pressure",
+                        help="comma-separated: azure, scaling, mooncake, cluster, azure-v0, azure-oss, pressure")
     parser.add_argument("--quick", action="store_true",
-                        help="CI: 2,000 Azure (both policies, and gpt-oss-120b) and Mooncake requests, sizes 2k and 5k, "
-                             "a 5k-request cluster of 4, baselines on 2,000 requests")
+                        help="CI: 2,000 Azure (both policies, and gpt-oss-120b), Mooncake and memory-pressure requests, "
+                             "sizes 2k and 5k, a 5k-request cluster of 4, baselines on 2,000 requests")
     parser.add_argument("--sizes", type=_sizes, default="10000,100000,1000000",
                         help="comma-separated scaling sizes, e.g. 10000,100k,1M (default 10k,100k,1M)")
     parser.add_argument("--replicas", type=int, help="cluster replicas (default 16; quick: 4)")
@@ -342,7 +367,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
-    known = {"azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss"}
+    known = {"azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure"}
     unknown = cases - known
     if unknown:
         parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
@@ -358,7 +383,7 @@ def main() -> None:
           if core is not None else "each case in its own process (CPU affinity unsupported here)", flush=True)
     report: dict = {"core": core, "noskip_sample": sample, "quick": args.quick}
     table: list = []
-    for name in ("azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss"):  # the issue's (a) to (d), then more
+    for name in ("azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure"):  # the issue's (a) to (d), then more
         if name not in cases:
             continue
         if name == "azure":
@@ -371,6 +396,8 @@ def main() -> None:
             bench_scaling(sizes, sample, report, table)
         elif name == "mooncake":
             bench_mooncake(cap(2_000 if args.quick else 12_031), sample, report, table)
+        elif name == "pressure":
+            bench_pressure(cap(2_000 if args.quick else 20_000), sample, report, table)
         else:
             bench_cluster(cap(5_000 if args.quick else max(sizes)), replicas, sample, report, table)
     print_table(table)
