@@ -83,11 +83,15 @@ def bucket_sizes(run: DecodeRun, bs: int) -> list[int]:
     """How many of the run's sequences have ``(-offset) % bs == r``, for ``r = 0 .. bs - 1`` (its
     buckets' sizes, also counted for a run without buckets). Before step ``t`` such a sequence
     has ``computed % bs == (t - r) % bs``: what a span's idle slots follow from."""
-    buckets = run.buckets
+    return residue_counts(run.buckets, run.offsets, bs)
+
+
+def residue_counts(buckets: list[Bucket] | None, offsets: list[int], bs: int) -> list[int]:
+    """``bucket_sizes`` of a batch's ``buckets`` (when it has them) or ``offsets``."""
     if buckets is not None:
         return list(map(len, buckets))
     sizes = [0] * bs
-    for offset in run.offsets:
+    for offset in offsets:
         sizes[-offset % bs] += 1
     return sizes
 

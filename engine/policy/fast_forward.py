@@ -234,11 +234,8 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
     carried, s._decode_run = s._decode_run, None
     if not s.running or s._pending_rejections:
         return None
-    if carried is not None and carried.step == s.next_step and len(carried.requests) == len(s.running):
-        if not carried.max_steps:  # (its next step must preempt: kept for preempting_batch)
-            s._decode_run = carried
-            return None
-        return carried  # (what advance or update_decode_step left: nothing has happened since)
+    if carried is not None and _still_current(s, carried):
+        return _steady(s, carried)  # (what advance or update_decode_step left: nothing has happened since)
     if _Scheduler is None:
         from engine.policy.scheduler import Scheduler as _Scheduler  # (a cycle at import time otherwise)
     if type(s) is not _Scheduler or type(s.step_order) not in _STEADY_ORDERS:
@@ -251,9 +248,21 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
         return None
     seqs, offsets, finish_at, table_blocks, dropped_entries, context = members
     buckets = make_buckets(seqs, offsets, s.block_size) if bulk_ok(s) else None
-    run = _run_of(s, list(s.running), seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets)
+    return _steady(s, _run_of(s, list(s.running), seqs, offsets, finish_at, table_blocks, dropped_entries, context,
+                              buckets))
+
+
+def _still_current(s: Scheduler, run: DecodeRun) -> bool:
+    """Whether a batch the fast path left is still the scheduler's: no other step since, the same
+    number of running requests (``abort_request`` drops it)."""
+    return run.step == s.next_step and len(run.requests) == len(s.running)
+
+
+def _steady(s: Scheduler, run: DecodeRun | None) -> DecodeRun | None:
+    """``run`` if it can take a step; a batch whose next step must preempt is kept for
+    ``preempting_batch`` instead, and ``None`` returned."""
     if run is not None and not run.max_steps:
-        s._decode_run = run  # (its next step must preempt: kept for preempting_batch)
+        s._decode_run = run
         return None
     return run
 
@@ -263,8 +272,7 @@ def preempting_batch(s: Scheduler) -> DecodeRun | None:
     blocks without preempting (``engine.policy.preempting_decode``), as the last ``decode_batch``
     left it, or ``None``. Its one step is ``schedule_decode_step`` + ``update_decode_step``."""
     run = s._decode_run
-    if (run is None or run.max_steps or run.step != s.next_step or len(run.requests) != len(s.running)
-            or s._pending_rejections):
+    if run is None or run.max_steps or not _still_current(s, run) or s._pending_rejections:
         return None
     s._decode_run = None
     return run
@@ -468,12 +476,7 @@ def _steps_within_blocks(offsets: list[int], step: int, bs: int, free: int, hori
     k = periods * bs
     if k >= horizon:
         return horizon
-    if buckets is not None:
-        sizes = list(map(len, buckets))
-    else:
-        sizes = [0] * bs
-        for offset in offsets:
-            sizes[-offset % bs] += 1
+    sizes = bulk_decode.residue_counts(buckets, offsets, bs)
     left = free - periods * n  # (< n: the next period does not fit whole)
     for j in range(k + 1, min(horizon, k + bs) + 1):
         left -= sizes[(step + j - 1) % bs]

@@ -96,12 +96,7 @@ def decodes_with_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, int, 
                 places.append(place)
                 left_context += offset + step
                 left_blocks += len(seq.block_table)
-            mode = s.preempt(victim, st)
-            if running[-1] is victim:
-                running.pop()
-            else:
-                running.remove(victim)
-            s.requeue(victim, mode)
+            s.step_order.preempt_running(victim, st)
             victims.append(victim)
             gone.add(id(victim))
         if id(request) not in gone:

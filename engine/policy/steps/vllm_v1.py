@@ -69,12 +69,7 @@ class VllmV1StepOrder(StepOrder):
             preempted_itself = False
             while need and need > pool.num_free_blocks:  # (need 0 always fits: skip the count)
                 victim = s.victim_policy.choose(running[i:])
-                mode = s.preempt(victim, st)
-                if running[-1] is victim:
-                    running.pop()
-                else:
-                    running.remove(victim)
-                s.requeue(victim, mode)
+                self.preempt_running(victim, st)
                 if victim is request:
                     preempted_itself = True
                     break
@@ -82,6 +77,18 @@ class VllmV1StepOrder(StepOrder):
                 continue
             s.run(request, plan, st)
             i += 1
+
+    def preempt_running(self, victim: Request, st: Step) -> None:
+        """Preempt a running request (the victim policy's choice) and take it off ``running`` to
+        its queue, as the running pass does (``engine.policy.preempting_decode`` too)."""
+        s = self.scheduler
+        running = s.running
+        mode = s.preempt(victim, st)
+        if running[-1] is victim:
+            running.pop()
+        else:
+            running.remove(victim)
+        s.requeue(victim, mode)
 
     # ---------------------------------------------------------- swapped
     def _schedule_swapped(self, st: Step) -> None:
