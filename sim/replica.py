@@ -34,8 +34,8 @@ import numpy as np
 import simpy
 
 from engine.policy import Request
-from engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usage, decodes_beside_admissions,
-                                        preempting_batch, queues_stay_refused, schedule_decode_step,
+from engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usage, preempting_batch,
+                                        queues_stay_refused, schedule_decode_step, takes_decode_steps,
                                         update_decode_step)
 from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
@@ -73,9 +73,10 @@ class Replica:
         offload = getattr(scheduler, "offload", None)
         self.skip_ahead = (skip_ahead and isinstance(scheduler, Scheduler)
                            and (offload is None or offload.prompt_only))
-        # a step that admits is a DecodeStep when it also runs the batch's decodes (vllm-v1), else a
-        # schedule() (vllm-v0: it then runs the prefills alone); pure decode steps are skipped either way
-        self._decode_steps = self.skip_ahead and decodes_beside_admissions(scheduler)
+        # a decode batch's step that cannot be skipped is a DecodeStep when it runs the batch's
+        # decodes (vllm-v1: always; vllm-v0: unless it admits, when it runs the prefills alone), else
+        # a schedule(); pure decode steps are skipped either way
+        self._decode_steps = self.skip_ahead and takes_decode_steps(scheduler)
         if not skip_ahead and getattr(getattr(scheduler, "kv", None), "lazy_keys", False):
             scheduler.kv.lazy_keys = False  # the reference path: every block key made when due
         self.steps_skipped = 0
@@ -165,12 +166,13 @@ class Replica:
                         batch = preempting_batch(sched)  # (a batch whose next step must preempt, if any)
                 if batch is not None and refused and batch.max_steps and (yield from self._skip(batch)):
                     continue
+            decode_step = None
             if batch is not None and self._decode_steps and not self._has_beams:  # decodes at once, the rest as usual
-                decode_step = schedule_decode_step(batch)
+                decode_step = schedule_decode_step(batch)  # (None: a vllm-v0 step that admits)
+            if decode_step is not None:
                 out = decode_step.output
                 work = decode_step_work(decode_step, block_size, self._work_window)
             else:
-                decode_step = None
                 out = sched.schedule()
                 work = StepWork.from_output(out, block_size, self._work_window)
             rejected_rows = []

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from engine.policy import Request, Scheduler, bulk_decode, make_config
 from engine.policy import fast_forward as ff
+from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
 from tests.conftest import scaled_examples
 
 SEQUENCE_FIELDS = ("index", "num_computed_tokens", "num_filled_tokens", "block_table", "cpu_block_table",
@@ -82,18 +83,25 @@ def drive(config, spec, fast: bool, max_steps: int = 600, mid: dict | None = Non
             s.next_step = arrivals[a][0]
             continue
         run = ff.decode_batch(s) if fast else None
-        if fast and run is None and ff.decodes_beside_admissions(s):
+        if fast and run is None and ff.takes_decode_steps(s):
             run = ff.preempting_batch(s)  # (a batch whose next step must preempt: engine.policy.preempting_decode)
         next_arrival = arrivals[a][0] if a < len(arrivals) else max_steps
         if run is not None and run.max_steps and ff.queues_stay_refused(s) and next_arrival > s.next_step:
             ff.advance(run, min(run.max_steps, next_arrival - s.next_step))
-        elif run is not None and ff.decodes_beside_admissions(s):
-            step = ff.schedule_decode_step(run)
+            states[s.next_step - 1] = state(s)
+            continue
+        try:  # (None: a vllm-v0 step that admits, which runs the prefills alone through schedule())
+            step = ff.schedule_decode_step(run) if run is not None and ff.takes_decode_steps(s) else None
+            output = s.schedule() if step is None else None
+        except VLLM_V0_ABORTS as exc:  # (where vLLM 0.6.3 stops: the same error, the queues left alike)
+            states[s.next_step - 1] = ("aborted", str(exc), [r.request_id for r in s.running],
+                                       [r.request_id for r in s.waiting], [r.request_id for r in s.swapped])
+            break
+        if step is not None:
             if mid is not None:
                 mid[s.next_step - 1] = state(s)
             ff.update_decode_step(step)
         else:
-            output = s.schedule()
             if mid is not None and not fast:
                 mid[s.next_step - 1] = state(s)
             s.update(output, None)
@@ -109,9 +117,10 @@ def cases(draw):
     block_size = draw(st.sampled_from([1, 2, 4, 16]))
     need = max((p + o) * n for _, p, o, n in spec)
     slots = draw(st.sampled_from([need + 2 * block_size, 2 * need, sum((p + o) * n for _, p, o, n in spec) + 64]))
-    preset = draw(st.sampled_from(["pagesim", "vllm-v1"]))
+    preset = draw(st.sampled_from(["pagesim", "vllm-v1", "vllm-v0"]))
     settings_ = dict(block_size=block_size, num_gpu_blocks=-(-slots // block_size) + 1, max_model_len=256,
-                     enable_prefix_caching=draw(st.booleans()), max_num_seqs=draw(st.sampled_from([2, 256])),
+                     enable_prefix_caching=draw(st.booleans()) and preset != "vllm-v0",  # (vLLM 0.6.3: off)
+                     max_num_seqs=draw(st.sampled_from([2, 256])),
                      preemption_mode=draw(st.sampled_from(["recompute", "swap"])), num_cpu_blocks=64,
                      victim_policy=draw(st.sampled_from(["running-tail", "running-tail", "fewest-blocks",
                                                          "most-blocks", "latest-arrival"])),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine.policy import fast_forward as ff
-from engine.policy import make_config, preempting_decode
+from engine.policy import Scheduler, make_config, preempting_decode
 from engine.policy.preemption import VICTIM_POLICIES
 from tests.test_fast_path_state import drive
 
@@ -22,16 +22,17 @@ SPEC = [(step, prompt, output, n) for step, (prompt, output, n) in
         enumerate([(9, 50, 1), (21, 40, 2), (5, 60, 1), (30, 35, 1), (13, 55, 2), (7, 45, 1), (25, 50, 1), (11, 40, 1)])]
 
 
-def _preempting_steps(monkeypatch) -> list[int]:
-    """Count the fast path's preempting steps (each call's step number)."""
+def _preempting_steps(monkeypatch, name: str = "decodes_with_preemptions") -> list[int]:
+    """Count the fast path's preempting steps (each call's step number; ``name``: the ``vllm-v1``
+    or the ``vllm-v0`` running pass)."""
     steps: list[int] = []
-    real = preempting_decode.decodes_with_preemptions
+    real = getattr(preempting_decode, name)
 
     def counted(run, st):
         steps.append(st.step)
         return real(run, st)
 
-    monkeypatch.setattr(ff, "decodes_with_preemptions", counted)
+    monkeypatch.setattr(ff, name, counted)
     return steps
 
 
@@ -52,3 +53,72 @@ def test_preempting_steps_leave_the_state_of_step_by_step(monkeypatch, victim, m
         assert fast[step] == plain[step], f"state after step {step} differs"
     for step in preempting:  # (between the preempting step's schedule and its update)
         assert fast_mid[step] == plain_mid[step], f"state in the middle of step {step} differs"
+
+
+#: ``SPEC``'s lengths with one sequence each: ``vllm-v0``'s decode steps preempt on the fast path
+#: only for such batches (vLLM 0.6.3 cannot recompute a request with several running sequences).
+SINGLE = [(step, prompt, output, 1) for step, prompt, output, _ in SPEC]
+
+
+def _v0_config(mode: str, victim: str = "running-tail", num_cpu_blocks: int = 200, max_num_seqs: int = 256):
+    return make_config("vllm-v0", block_size=4, num_gpu_blocks=40, max_model_len=256, num_cpu_blocks=num_cpu_blocks,
+                       preemption_mode=mode, victim_policy=victim, max_num_seqs=max_num_seqs, record_decisions=False)
+
+
+@pytest.mark.parametrize("max_num_seqs", [256, 4])
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("victim", sorted(VICTIM_POLICIES))
+def test_vllm_v0_preempting_steps_leave_the_state_of_step_by_step(monkeypatch, victim, mode, max_num_seqs):
+    """vLLM 0.6.3's running pass (a block free per request, needed or not; victims from the
+    requests after it) and its swapped pass after a step that preempted nothing; with
+    ``max_num_seqs=4`` the prefill and swapped passes' heads are refused by the sequence budget
+    too. With requests running, only a step that admits goes through ``schedule()``."""
+    config = _v0_config(mode, victim, max_num_seqs=max_num_seqs)
+    plain_mid, fast_mid = {}, {}
+    plain = drive(config, SINGLE, fast=False, max_steps=2_000, mid=plain_mid)
+    preempting = _preempting_steps(monkeypatch, "decodes_with_v0_preemptions")
+    swapped_in, whole = [], []
+    real_step, real_schedule = ff.schedule_decode_step, Scheduler.schedule
+
+    def step_counted(run):
+        step = real_step(run)
+        if step is not None and step.output.swapped_in:
+            swapped_in.append(step.output.step)
+        return step
+
+    def schedule_counted(s):
+        running = bool(s.running)
+        output = real_schedule(s)
+        if running:  # (with nothing running there is no batch: schedule() swaps in or admits)
+            whole.append(output)
+        return output
+
+    monkeypatch.setattr(ff, "schedule_decode_step", step_counted)
+    monkeypatch.setattr(Scheduler, "schedule", schedule_counted)
+    fast = drive(config, SINGLE, fast=True, max_steps=2_000, mid=fast_mid)
+    assert preempting, "the fast path took no vllm-v0 step that preempts: the case tests nothing"
+    if mode == "swap":
+        assert swapped_in, "no decode step swapped a request in: its swapped pass is untested"
+    assert all(out.new or out.resumed for out in whole), "a step that admits nothing went through schedule()"
+    assert set(fast) <= set(plain)
+    for step in sorted(fast):
+        assert fast[step] == plain[step], f"state after step {step} differs"
+    for step in preempting + swapped_in:  # (between the step's schedule and its update)
+        assert fast_mid[step] == plain_mid[step], f"state in the middle of step {step} differs"
+
+
+@pytest.mark.parametrize(("victim", "num_cpu_blocks"), [("running-tail", 12), ("fewest-blocks", 4)])
+def test_vllm_v0_swap_space_running_out_stops_both_paths_alike(monkeypatch, victim, num_cpu_blocks):
+    """Where vLLM 0.6.3 stops (a swap-out needs more CPU blocks than are free), the fast path's
+    preempting step stops too, with the same error, the same step and the queues left alike
+    (with ``fewest-blocks`` and 4 CPU blocks a victim of that step was swapped out before)."""
+    config = _v0_config("swap", victim, num_cpu_blocks=num_cpu_blocks)
+    plain = drive(config, SINGLE, fast=False, max_steps=2_000)
+    preempting = _preempting_steps(monkeypatch, "decodes_with_v0_preemptions")
+    fast = drive(config, SINGLE, fast=True, max_steps=2_000)
+    last = max(plain)
+    assert plain[last][0] == "aborted" and "CPU blocks" in plain[last][1]
+    assert max(fast) == last and preempting[-1] == last, "the fast path did not stop in its preempting step"
+    assert fast[last] == plain[last]
+    for step in sorted(fast):
+        assert fast[step] == plain[step], f"state after step {step} differs"

@@ -45,9 +45,11 @@ next arrival). Generated tokens are left unnamed (``None``), as a simulator repo
 executor that samples real tokens cannot skip.
 
 **A step that admits requests while the batch decodes** (``vllm-v1``: a queue may admit or
-swap in, so the steps cannot be skipped; ``decodes_beside_admissions``) is still mostly decodes:
+swap in, so the steps cannot be skipped; ``takes_decode_steps``) is still mostly decodes:
 ``schedule_decode_step`` makes the decodes' pool calls as ``advance`` makes them, then runs the
-``vllm-v1`` order's own swapped and waiting passes on what is left of the budget;
+``vllm-v1`` order's own swapped and waiting passes on what is left of the budget (``vllm-v0``,
+chunked prefill off: its prefill pass first, which must admit nothing, a step that admits
+running the prefills alone through ``schedule()``; then the decodes, then its swapped pass);
 ``update_decode_step`` appends the decodes' tokens and finishes them in scheduling order before
 the added sequences' samples are processed (``OutputProcessor.process``), the order ``update()``
 uses. So a step with an arrival costs O(admitted + blocks), not O(running). The decision record,
@@ -74,20 +76,23 @@ Entry points, in the order an executor uses them (the simulator's one caller is
 real tokens):
 
 1. ``decode_batch(s)``: the running requests as a steady decode batch, or ``None`` (then
-   ``preempting_batch(s)``, a batch of implicit decoders whose next step must preempt under
-   ``vllm-v1`` (``engine.policy.preempting_decode``), or else ``schedule()`` / ``update()`` as
-   usual);
+   ``preempting_batch(s)``, a batch of implicit decoders whose next step must preempt
+   (``engine.policy.preempting_decode``), or else ``schedule()`` / ``update()`` as usual);
 2. ``queues_stay_refused(s)``: whether its steps may be advanced at once; if so,
    ``advance(run, k)`` applies any ``k <= run.max_steps`` of them (the executor picks ``k``: the
    simulator stops before the next arrival);
-3. otherwise ``schedule_decode_step(run)`` + ``update_decode_step(step)`` stand for one
-   ``schedule()`` + ``update()`` (for a batch from ``preempting_batch``, a step that preempts).
+3. otherwise, where ``takes_decode_steps(s)``, ``schedule_decode_step(run)`` +
+   ``update_decode_step(step)`` stand for one ``schedule()`` + ``update()`` (for a batch from
+   ``preempting_batch``, a step that preempts; ``None`` for a ``vllm-v0`` step that admits, which
+   then goes through ``schedule()``).
 
 **A step that must preempt.** Under memory pressure a batch soon reaches a step whose new blocks
-do not fit. With implicit decoders under ``vllm-v1`` the batch is kept (``max_steps == 0``) and
-its step's running pass preempts as vLLM's does, visiting only the sequences that allocate
-(``engine.policy.preempting_decode``); the survivors carry on, instead of a whole ``schedule()``
-and a batch built afresh after it.
+do not fit (under ``vllm-v0``: a step that may leave fewer blocks free than a request's
+sequences, whether it preempts or not). With implicit decoders the batch is kept
+(``max_steps == 0``) and its step's running pass preempts as vLLM's does, visiting only the
+sequences that allocate and the requests where the free blocks run out
+(``engine.policy.preempting_decode``: ``vllm-v1``, and ``vllm-v0`` with one sequence per request);
+the survivors carry on, instead of a whole ``schedule()`` and a batch built afresh after it.
 """
 
 from __future__ import annotations
@@ -98,11 +103,11 @@ from typing import TYPE_CHECKING
 from engine.policy import bulk_decode
 from engine.policy.bulk_decode import apply_in_bulk, make_buckets, settle, settle_one
 from engine.policy.output import ScheduledSequence, SchedulerOutput, frozen_map
-from engine.policy.preempting_decode import decodes_with_preemptions, preempts_in_step
+from engine.policy.preempting_decode import decodes_with_preemptions, decodes_with_v0_preemptions, preempts_in_step
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import finish_reason
 from engine.policy.steps.base import Step
-from engine.policy.steps.vllm_v0 import VllmV0StepOrder
+from engine.policy.steps.vllm_v0 import SchedulingBudget, VllmV0StepOrder
 from engine.policy.steps.vllm_v1 import VllmV1StepOrder
 from engine.policy.usage import KvUsage
 from engine.policy.window_decode import (HybridCounts, apply_hybrid_events, decode_record_tables, hybrid_events,
@@ -208,12 +213,15 @@ _Scheduler: type | None = None  # engine.policy.scheduler.Scheduler, once decode
 _STEADY_ORDERS = (VllmV1StepOrder, VllmV0StepOrder)
 
 
-def decodes_beside_admissions(s: Scheduler) -> bool:
-    """Whether a step that admits requests also runs the running batch's decodes (``vllm-v1``):
-    only then does ``schedule_decode_step`` stand for such a step. Under ``vllm-v0`` (chunked
-    prefill off) a step that admits runs the prefills alone, and with it on the running pass
-    comes first; either way such a step goes through ``schedule()``."""
-    return type(s.step_order) is VllmV1StepOrder
+def takes_decode_steps(s: Scheduler) -> bool:
+    """Whether ``schedule_decode_step`` may stand for a step of a decode batch that cannot be
+    skipped: under ``vllm-v1`` always (a step that admits or swaps in also runs the decodes);
+    under ``vllm-v0`` with chunked prefill off, for a step whose prefill pass admits nothing
+    (then the step is the decodes and perhaps swap-ins; ``schedule_decode_step`` answers ``None``
+    for one that admits, which runs the prefills alone, through ``schedule()``). With chunked
+    prefill ``vllm-v0``'s running pass comes first and its prefills always run: no such step."""
+    order = type(s.step_order)
+    return order is VllmV1StepOrder or order is VllmV0StepOrder and not s.config.enable_chunked_prefill
 
 
 def _retire_finished():
@@ -359,6 +367,7 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
     plain = pool.num_plain_free_blocks
     free = plain + cached  # (pool.num_free_blocks)
     first_finish = horizon = min(finish_at) - s.next_step + 1
+    widest = 1  # (vllm-v0: the most sequences a request runs)
     if horizon >= 1:
         # vLLM 0.6.3 lets a group append only while the free blocks cover a block per running
         # sequence of it (``VllmV0StepOrder._can_append``: a decode touches one block, new or not),
@@ -366,11 +375,13 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
         # the order pass every check. vLLM v1 needs only the blocks it allocates.
         room = free // s.kv.num_groups  # (a hybrid cache: a new block in every group; drops only add room)
         if type(s.step_order) is VllmV0StepOrder:
-            room -= max([len(request.live_seqs) for request in requests])
+            # (as many sequences as requests: one each, since a running request has one at least)
+            widest = 1 if len(seqs) == len(requests) else max([len(request.live_seqs) for request in requests])
+            room -= widest
         horizon = (_steps_within_blocks(offsets, s.next_step, s.block_size, room, horizon, buckets) if room >= 0
                    else 0)
     if horizon < 1:
-        if first_finish < 1 or buckets is None or not preempts_in_step(s):
+        if first_finish < 1 or buckets is None or not preempts_in_step(s, widest):
             return None
         horizon = 0  # (its next step must preempt: preempting_batch, then schedule_decode_step)
     return DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
@@ -748,16 +759,26 @@ class DecodeStep:
     preempted: list[Request] | tuple = ()  # the running pass's victims, in order (``run`` is the survivors')
 
 
-def schedule_decode_step(run: DecodeRun) -> DecodeStep:
+def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
     """``schedule()`` for a step whose running pass is ``run``'s decodes: the decodes' pool calls
     as ``advance`` makes them, then the ``vllm-v1`` order's swapped and waiting passes themselves
     (swap-ins, admissions, rejections), so a step that admits a request costs O(admitted +
     blocks), not O(running). A batch whose step must preempt (``max_steps == 0``, from
     ``preempting_batch``) makes its running pass with ``preempting_decode``: the step's ``run``
-    is then the survivors' and its ``preempted`` the victims; no queue is served after it."""
+    is then the survivors' and its ``preempted`` the victims; no queue is served after it.
+
+    Under ``vllm-v0`` (chunked prefill off; ``takes_decode_steps``) the step's passes are that
+    order's: its prefill pass first, which must admit and reject nothing (else this answers
+    ``None`` having changed nothing, and the step goes through ``schedule()``), then the decodes
+    (``preempting_decode.decodes_with_v0_preemptions`` when they must preempt), then, if nothing
+    was preempted, its swapped pass; the requests swapped in join ``running`` at the back."""
     s = run.scheduler
     cfg = s.config
     st = Step(step=s.next_step, token_budget=cfg.max_num_batched_tokens - len(run.seqs))
+    order = s.step_order
+    v0 = type(order) is VllmV0StepOrder
+    if v0 and not order.prefill_pass_refuses(st, len(run.seqs)):
+        return None
     s.next_step += 1
     offload = s.offload
     if offload is not None:
@@ -774,7 +795,8 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
         if run.max_steps:
             bulk_decode.apply_lazily(run, 1, s.kv, s.pool, allocations, evictions, sampled=0)
         else:  # (the step's blocks do not fit: the running pass preempts; run becomes the survivors')
-            run, allocations[0], evictions[0], victims = decodes_with_preemptions(run, st)
+            preempting = decodes_with_v0_preemptions if v0 else decodes_with_preemptions
+            run, allocations[0], evictions[0], victims = preempting(run, st)
         s._lazy_run = run
         s._lazy_mid_step = True  # (until update_decode_step: a reader finds the step's tokens unsampled)
     else:
@@ -783,10 +805,14 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep:
     if tokens is None:
         tokens = run.tokens = {request.request_id: len(request.live_seqs) for request in run.requests}
     st.tokens_per_request = tokens.copy()  # (the waiting pass adds its admissions)
-    order = s.step_order
-    if not st.preempted:  # (VllmV1StepOrder.schedule: a step that preempted admits nothing)
-        order._schedule_swapped(st)
-        order._schedule_waiting(st)
+    if not st.preempted:  # (a step that preempted serves no queue, under either order)
+        if v0:  # (VllmV0StepOrder.schedule: the swapped pass, on what the decodes left of the budget)
+            n = len(run.seqs)
+            budget = SchedulingBudget.already_used(cfg.max_num_batched_tokens, cfg.max_num_seqs, n, n)
+            s.running.extend([request for request, _ in order._schedule_swapped(st, budget)])
+        else:  # (VllmV1StepOrder.schedule)
+            order._schedule_swapped(st)
+            order._schedule_waiting(st)
     stores = offload.end_step() if offload is not None else []
     pure = st.only_computes() and not (s._pending_rejections or stores)
     s._pure_decode_step = (st.step, st.waiting_stop, st.swapped_stop) if pure else None

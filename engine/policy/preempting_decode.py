@@ -1,5 +1,5 @@
-"""A decode step that must preempt: vLLM v1's running pass over a batch of implicit decoders whose
-next step needs more blocks than are free, in O(sequences that allocate + victims).
+"""A decode step that must preempt: vLLM's running pass (v1's, or 0.6.3's) over a batch of implicit
+decoders whose next step needs more blocks than are free, in O(sequences that allocate + victims).
 
 Under memory pressure a steady decode batch (``engine.policy.fast_forward``) soon reaches a step
 whose new blocks do not all fit: ``fast_forward._run_of`` finds no step it can take without
@@ -24,9 +24,20 @@ and reads no block stats, a registration commutes with allocations (``bulk_decod
 and with frees, which touch only the victims' own blocks. A step that preempted runs no swapped
 or waiting pass (``VllmV1StepOrder.schedule``).
 
-When it applies (``preempts_in_step``): the ``vllm-v1`` step order, one KV group, no offload
-store, and a built-in victim policy (they read only block tables, arrival order and priority,
-which never lag); the batch itself has implicit decoders (``fast_forward.bulk_ok``).
+vLLM 0.6.3's running pass (``decodes_with_v0_preemptions``, the ``vllm-v0`` order with chunked
+prefill off) differs in what it checks: a request may append only while the free blocks cover
+one block per sequence, needed or not, so a request that allocates nothing may preempt too, and
+victims are chosen among the requests after it and rejoin their queues after the pass. With one
+sequence per request that check fails only where no block is free: the pass visits the
+sequences that allocate and, where the free blocks run out, the request after the last one
+scheduled. The step's prefill pass (which comes first and must admit nothing) and its swapped
+pass are ``fast_forward.schedule_decode_step``'s.
+
+When it applies (``preempts_in_step``): the ``vllm-v1`` step order, or ``vllm-v0`` with chunked
+prefill off and one sequence per running request (vLLM 0.6.3 cannot recompute a request with
+several); one KV group, no offload store, and a built-in victim policy (they read only block
+tables, arrival order and priority, which never lag); the batch itself has implicit decoders
+(``fast_forward.bulk_ok``).
 
 Invariant: the pool calls (allocations, frees, swaps, registrations) are those of ``schedule()``
 in the same order, so block ids, eviction order and every later decision are the same; the
@@ -44,6 +55,7 @@ from engine.policy.bulk_decode import settle_one
 from engine.policy.preemption import VICTIM_POLICIES
 from engine.policy.request import Request
 from engine.policy.steps.base import Step
+from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS, VllmV0StepOrder
 from engine.policy.steps.vllm_v1 import VllmV1StepOrder
 
 if TYPE_CHECKING:
@@ -54,11 +66,68 @@ if TYPE_CHECKING:
 _BUILT_IN_VICTIMS = frozenset(VICTIM_POLICIES.values())
 
 
-def preempts_in_step(s: Scheduler) -> bool:
+def preempts_in_step(s: Scheduler, widest: int) -> bool:
     """Whether a batch of implicit decoders that cannot take its next step without preempting may
-    take it here (module docstring), rather than through ``schedule()``."""
-    return (type(s.step_order) is VllmV1StepOrder and not s.kv.hybrid and s.offload is None
-            and type(s.victim_policy) in _BUILT_IN_VICTIMS)
+    take it here (module docstring), rather than through ``schedule()``; ``widest``: the most
+    sequences a request of it runs (``vllm-v0``: one)."""
+    order = type(s.step_order)
+    return ((order is VllmV1StepOrder or order is VllmV0StepOrder and widest == 1
+             and not s.config.enable_chunked_prefill)
+            and not s.kv.hybrid and s.offload is None and type(s.victim_policy) in _BUILT_IN_VICTIMS)
+
+
+class _Pass:
+    """What a preempting running pass over ``run``'s step has done so far: the blocks its
+    sequences allocated, the victims and what their sequences computed and held."""
+
+    __slots__ = ("run", "step", "takers", "victims", "gone", "places", "left_context", "left_blocks", "allocated",
+                 "evictions_before")
+
+    def __init__(self, run: DecodeRun):
+        self.run = run
+        self.step = run.step
+        self.takers = run.buckets[run.step % run.scheduler.block_size].copy()  # (victims leave the buckets)
+        self.victims: list[Request] = []  # in the order they were chosen
+        self.gone: set[int] = set()  # id() of the victims
+        self.places: list[int] = []  # the victims' sequences' places in run.seqs
+        self.left_context = self.left_blocks = 0  # what the victims' sequences computed and held
+        self.allocated = 0
+        self.evictions_before = run.scheduler.pool.num_evictions
+
+    def allocate(self, seqs) -> None:
+        """A new block for each of ``seqs`` (sequences of one request, in order)."""
+        pool = self.run.scheduler.pool
+        for seq in seqs:
+            seq.block_table.append(pool.allocate())
+            seq.table_snapshot = None
+        self.allocated += len(seqs)
+
+    def take_out(self, victim: Request) -> None:
+        """Bring the victim's sequences up to the step's start, as ``schedule()`` finds them (its
+        mode and swap need read them), and take them out of the batch, before it is preempted."""
+        run = self.run
+        s = run.scheduler
+        bs = s.block_size
+        for seq in victim.live_seqs:
+            place = run.seqs.index(seq)
+            offset = run.offsets[place]
+            settle_one(seq, offset + self.step, bs, s.kv.enable_prefix_caching)
+            bulk_decode.leave(run.buckets, seq, offset, bs)
+            self.places.append(place)
+            self.left_context += offset + self.step
+            self.left_blocks += len(seq.block_table)
+        self.victims.append(victim)
+        self.gone.add(id(victim))
+
+    def result(self) -> tuple[DecodeRun, int, int, list[Request]]:
+        """The survivors' batch (their filled blocks registered), the blocks they allocated, how
+        many of those evicted a cached block, and the victims."""
+        run = self.run
+        s = run.scheduler
+        survivors = _survivors(run, self.victims, self.gone, self.places, self.left_context, self.left_blocks)
+        if s.kv.enable_prefix_caching:
+            bulk_decode._register(survivors, self.step, 1, s.kv, s.pool, self.step + 1, sampled=0)
+        return survivors, self.allocated, s.pool.num_evictions - self.evictions_before, self.victims
 
 
 def decodes_with_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, int, int, list[Request]]:
@@ -68,17 +137,10 @@ def decodes_with_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, int, 
     many of those evicted a cached block, and the victims, in the order they were preempted."""
     s = run.scheduler
     pool = s.pool
-    bs = s.block_size
-    step = run.step
     running = s.running
     choose = s.victim_policy.choose
-    takers = run.buckets[step % bs].copy()  # (victims leave the buckets as the pass goes)
-    victims: list[Request] = []
-    gone: set[int] = set()  # id() of the victims
-    places: list[int] = []  # the victims' sequences' places in run.seqs
-    left_context = left_blocks = 0  # what the victims' sequences computed and held
-    evictions_before = pool.num_evictions
-    allocated = 0
+    done = _Pass(run)
+    takers, gone = done.takers, done.gone
     i, end = 0, len(takers)
     while i < end:
         request = takers[i][0].request
@@ -88,27 +150,74 @@ def decodes_with_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, int, 
         need = j - i
         while id(request) not in gone and need > pool.num_free_blocks:
             victim = choose(running[running.index(request):])
-            for seq in victim.live_seqs:
-                place = run.seqs.index(seq)
-                offset = run.offsets[place]
-                settle_one(seq, offset + step, bs, s.kv.enable_prefix_caching)
-                bulk_decode.leave(run.buckets, seq, offset, bs)
-                places.append(place)
-                left_context += offset + step
-                left_blocks += len(seq.block_table)
+            done.take_out(victim)
             s.step_order.preempt_running(victim, st)
-            victims.append(victim)
-            gone.add(id(victim))
         if id(request) not in gone:
-            for seq, _ in takers[i:j]:
-                seq.block_table.append(pool.allocate())
-                seq.table_snapshot = None
-            allocated += need
+            done.allocate([seq for seq, _ in takers[i:j]])
         i = j
-    survivors = _survivors(run, victims, gone, places, left_context, left_blocks)
-    if s.kv.enable_prefix_caching:
-        bulk_decode._register(survivors, step, 1, s.kv, pool, step + 1, sampled=0)
-    return survivors, allocated, pool.num_evictions - evictions_before, victims
+    return done.result()
+
+
+def decodes_with_v0_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, int, int, list[Request]]:
+    """``decodes_with_preemptions`` under ``vllm-v0`` (chunked prefill off, every request one
+    sequence): the running pass of ``VllmV0StepOrder._schedule_running``. In running order, a
+    request may append only while the free blocks cover one block per sequence, whether it needs
+    a new one or not (vLLM 0.6.3's touched blocks); while they do not, the victim policy picks
+    among the requests after it (itself when none is left). So with a block free, every request
+    up to the next one that allocates (bucket ``step % block_size``) appends; with none free, the
+    request after the last one scheduled preempts, even one that allocates nothing. The victims
+    leave ``running`` at once and rejoin their queues after the pass, as vLLM 0.6.3 requeues them
+    (recompute victims at the front of ``waiting``, the last preempted first; swap victims at the
+    back of ``swapped``). Where vLLM 0.6.3 stops (swap space running out), the queues are left as
+    ``schedule()`` leaves them and the error raised; the sequences are then left settled as of
+    the step's start."""
+    s = run.scheduler
+    pool = s.pool
+    running = s.running
+    order = s.step_order
+    choose = s.victim_policy.choose
+    done = _Pass(run)
+    takers, gone = done.takers, done.gone
+    modes: list[str] = []  # each victim's, once preempted
+    last = None  # the last request the pass scheduled
+    i, end = 0, len(takers)
+    try:
+        while True:
+            if pool.num_free_blocks:  # (one block covers a request: the next to allocate takes one)
+                while i < end and id(takers[i][0].request) in gone:
+                    i += 1
+                if i == end:
+                    break
+                last = takers[i][0].request
+                done.allocate((takers[i][0],))
+                i += 1
+                continue
+            p = running.index(last) + 1 if last is not None else 0
+            if p == len(running):
+                break
+            request = running[p]  # (it cannot append: no block is free)
+            while not pool.num_free_blocks:
+                victim = choose(running[p + 1:]) if p + 1 < len(running) else request
+                done.take_out(victim)
+                mode = s.choose_mode(victim)
+                s.preempt(victim, st, mode=mode, swap_need=order.swap_need(victim))
+                running.remove(victim)
+                modes.append(mode)
+                if victim is request:
+                    break
+            if id(request) not in gone:  # (it appends: if it allocates, it is the next taker, served next)
+                last = request
+    except VLLM_V0_ABORTS:  # (as VllmV0StepOrder._schedule_running leaves the queues; an abort is final)
+        for victim, mode in zip(done.victims, modes):  # (the last one taken out was not preempted)
+            s.requeue(victim, mode)
+        for seq, offset in zip(run.seqs, run.offsets):
+            if id(seq.request) not in gone:
+                settle_one(seq, offset + run.step, s.block_size, s.kv.enable_prefix_caching)
+        s._lazy_run = None
+        raise
+    s.waiting.extendleft([v for v, mode in zip(done.victims, modes) if mode == "recompute"])
+    s.swapped.extend([v for v, mode in zip(done.victims, modes) if mode == "swap"])
+    return done.result()
 
 
 def _survivors(run: DecodeRun, victims: list[Request], gone: set[int], places: list[int], left_context: int,

@@ -131,6 +131,15 @@ class SchedulingBudget:
         self.num_tokens -= self._tokens.pop(request_id, 0)
         self.num_seqs -= self._seqs.pop(request_id, 0)
 
+    @classmethod
+    def already_used(cls, token_budget: int, max_num_seqs: int, tokens: int, seqs: int) -> SchedulingBudget:
+        """A budget of which ``tokens`` and ``seqs`` are taken by requests it does not key (the
+        fast path's decode batch: none of them is added or dropped again in the step)."""
+        budget = cls(token_budget, max_num_seqs)
+        budget.num_tokens = tokens
+        budget.num_seqs = seqs
+        return budget
+
 
 class VllmV0StepOrder(StepOrder):
     name = "vllm-v0"
@@ -337,38 +346,65 @@ class VllmV0StepOrder(StepOrder):
 
     def _schedule_prefills(self, st: Step, budget: SchedulingBudget, chunking: bool) -> list[Request]:
         s = self.scheduler
-        cfg = self.config
-        watermark = cfg.watermark_blocks
-        limit = cfg.max_model_len if chunking else min(cfg.max_model_len, cfg.max_num_batched_tokens)
         admitted: list[Request] = []
         while s.waiting:
             request = s.waiting[0]
+            verdict, detail = self._prefill_verdict(request, budget, chunking)
+            if verdict == "reject":
+                s.reject_queued(s.waiting.popleft(), detail)
+                continue
+            if verdict != "admit":
+                st.waiting_stop = verdict
+                break
             leader = request.live_seqs[0]  # the only sequence of a waiting request
-            tokens = leader.num_tokens - leader.num_computed_tokens
-            if chunking:
-                tokens = min(tokens, budget.remaining_tokens)
-            if tokens > limit:
-                s.reject_queued(s.waiting.popleft(), f"its {tokens} tokens exceed the prompt limit {limit}")
-                continue
-            need = cdiv(leader.num_tokens, cfg.block_size)
-            if cfg.num_gpu_blocks - need < watermark:
-                s.reject_queued(
-                    s.waiting.popleft(), f"it needs {need} blocks; the pool above the watermark has {cfg.num_gpu_blocks - watermark}"
-                )
-                continue
-            # (why the head waits, for skip-ahead: both hold while only decodes run and none
-            # finishes, as the free blocks only fall and the running groups and their tokens stay)
-            if s.pool.num_free_blocks - need < watermark:
-                st.waiting_stop = "blocks"
-                break
-            slots = request.max_running_seqs
-            if tokens <= 0 or not budget.can_schedule(tokens, slots):
-                st.waiting_stop = "budget"
-                break
             s.waiting.popleft()
             s.admit(request, 0, st)
-            s.run(request, [(leader, tokens)], st)
-            budget.add_tokens(request.request_id, tokens)
-            budget.add_seqs(request.request_id, slots)
+            s.run(request, [(leader, detail)], st)
+            budget.add_tokens(request.request_id, detail)
+            budget.add_seqs(request.request_id, request.max_running_seqs)
             admitted.append(request)
         return admitted
+
+    def _prefill_verdict(self, request: Request, budget: SchedulingBudget, chunking: bool) -> tuple[str, object]:
+        """What the prefill pass does with the waiting head ``request``, changing nothing:
+        ``("reject", why)``, ``("admit", its tokens)``, or a stop, ``("blocks", None)`` or
+        ``("budget", None)``."""
+        cfg = self.config
+        watermark = cfg.watermark_blocks
+        limit = cfg.max_model_len if chunking else min(cfg.max_model_len, cfg.max_num_batched_tokens)
+        leader = request.live_seqs[0]  # the only sequence of a waiting request
+        tokens = leader.num_tokens - leader.num_computed_tokens
+        if chunking:
+            tokens = min(tokens, budget.remaining_tokens)
+        if tokens > limit:
+            return "reject", f"its {tokens} tokens exceed the prompt limit {limit}"
+        need = cdiv(leader.num_tokens, cfg.block_size)
+        if cfg.num_gpu_blocks - need < watermark:
+            return "reject", f"it needs {need} blocks; the pool above the watermark has {cfg.num_gpu_blocks - watermark}"
+        # (why the head waits, for skip-ahead: both hold while only decodes run and none
+        # finishes, as the free blocks only fall and the running groups and their tokens stay)
+        if self.scheduler.pool.num_free_blocks - need < watermark:
+            return "blocks", None
+        if tokens <= 0 or not budget.can_schedule(tokens, request.max_running_seqs):
+            return "budget", None
+        return "admit", tokens
+
+    def prefill_pass_refuses(self, st: Step, num_seqs: int) -> bool:
+        """For a step whose running groups are a steady decode batch of ``num_seqs`` sequences
+        (``engine.policy.fast_forward.schedule_decode_step``; every group forked, so its running
+        slots are its unfinished sequences), chunked prefill off: whether the step's prefill pass (its first) admits and rejects nothing, so
+        the step is the batch's decodes; if so, ``st`` gets the stop the pass records. Changes
+        nothing else."""
+        s = self.scheduler
+        if s.swapped:
+            st.waiting_stop = "swapped"
+            return True
+        if not s.waiting:
+            return True
+        cfg = self.config
+        budget = SchedulingBudget.already_used(cfg.max_num_batched_tokens, cfg.max_num_seqs, 0, num_seqs)
+        verdict, _ = self._prefill_verdict(s.waiting[0], budget, chunking=False)
+        if verdict in ("blocks", "budget"):
+            st.waiting_stop = verdict
+            return True
+        return False
