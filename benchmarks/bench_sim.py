@@ -29,7 +29,9 @@ case says otherwise.
 7. ``pressure``: memory pressure, what a swap-or-recompute study runs: 20,000 ShareGPT-like
    requests at 20 requests/s on one replica whose KV cache is held to ``PRESSURE_KV_GB`` (2 GB,
    about 16,000 token slots: the batch keeps outgrowing it), once with ``--preemption recompute``
-   and once with ``--preemption swap``; the preemptions are printed beside the speed.
+   and once with ``--preemption swap``, then with swap under the ``vllm-v0`` policy (vLLM 0.6.3,
+   where swapping is the default for a group of several sequences); the preemptions are printed
+   beside the speed.
 
 Baseline: skip-ahead off (``--no-skip-ahead``) on the whole trace where it has at most
 ``NOSKIP_SAMPLE`` (20,000) requests (azure, mooncake), else on its first 20,000 requests, where
@@ -305,15 +307,17 @@ def bench_pressure(requests: int, sample: int, report: dict, table: list) -> Non
     print(f"kwon2023-sharegpt at {SHAREGPT_RATE:g} requests/s, one replica, {PRESSURE_KV_GB:g} GB of KV cache "
           "(memory pressure)", flush=True)
     report["pressure"] = {}
-    for mode in ("recompute", "swap"):
+    for policy, mode in (("pagesim", "recompute"), ("pagesim", "swap"), ("vllm-v0", "swap")):
         case = {"kind": "synthetic", "rate": SHAREGPT_RATE, "requests": requests, "generate": requests,
-                "kv_cache_gb": PRESSURE_KV_GB, "preemption": mode}
+                "kv_cache_gb": PRESSURE_KV_GB, "preemption": mode, "policy": policy}
         r = run_in_process({**case, "mode": "skip"})
         r["show_preemptions"] = True
-        print(_line(f"--preemption {mode}", r, None), flush=True)
+        name = mode if policy == "pagesim" else f"{policy} {mode}"
+        print(_line(f"--preemption {mode}" + ("" if policy == "pagesim" else f" --policy {policy}"), r, None),
+              flush=True)
         base = _baseline(case, r, sample, None)
-        report["pressure"][mode] = {"skip": r, **base}
-        table.append(_row(f"pressure, {mode}", r, base, f"- ({r['preemptions']:,} preemptions)"))
+        report["pressure"][name] = {"skip": r, **base}
+        table.append(_row(f"pressure, {name}", r, base, f"- ({r['preemptions']:,} preemptions)"))
 
 
 def print_table(table: list) -> None:
