@@ -35,8 +35,8 @@ import simpy
 
 from engine.policy import Request
 from engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usage, preempting_batch,
-                                        queues_stay_refused, schedule_decode_step, takes_decode_steps,
-                                        update_decode_step)
+                                        queues_stay_refused, runs_prefills_alone, schedule_decode_step,
+                                        takes_decode_steps, update_decode_step)
 from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
@@ -160,7 +160,8 @@ class Replica:
             batch = None
             if self.skip_ahead:
                 refused = queues_stay_refused(sched)
-                if refused or self._decode_steps:  # (without DecodeSteps, only a batch that could skip)
+                # (without DecodeSteps, only a batch that could skip; none for a vllm-v0 step that admits)
+                if refused or self._decode_steps and not runs_prefills_alone(sched):
                     batch = decode_batch(sched)
                     if batch is None and self._decode_steps and not self._has_beams:
                         batch = preempting_batch(sched)  # (a batch whose next step must preempt, if any)

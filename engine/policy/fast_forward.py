@@ -107,7 +107,7 @@ from engine.policy.preempting_decode import decodes_with_preemptions, decodes_wi
 from engine.policy.request import Request, RequestStatus, Sequence
 from engine.policy.sampling import finish_reason
 from engine.policy.steps.base import Step
-from engine.policy.steps.vllm_v0 import SchedulingBudget, VllmV0StepOrder
+from engine.policy.steps.vllm_v0 import ADMITS, SchedulingBudget, VllmV0StepOrder
 from engine.policy.steps.vllm_v1 import VllmV1StepOrder
 from engine.policy.usage import KvUsage
 from engine.policy.window_decode import (HybridCounts, apply_hybrid_events, decode_record_tables, hybrid_events,
@@ -222,6 +222,17 @@ def takes_decode_steps(s: Scheduler) -> bool:
     prefill ``vllm-v0``'s running pass comes first and its prefills always run: no such step."""
     order = type(s.step_order)
     return order is VllmV1StepOrder or order is VllmV0StepOrder and not s.config.enable_chunked_prefill
+
+
+def runs_prefills_alone(s: Scheduler) -> bool:
+    """Whether the next step is a ``vllm-v0`` step (chunked prefill off) whose prefill pass admits
+    or rejects, so that it goes through ``schedule()``: asked before a decode batch is built for
+    it. Counted with one sequence per running request, at most what the pass counts, so a head
+    that the pass refuses for the sequence budget may be taken as admitted (the step then goes
+    through ``schedule()``, as it may); ``schedule_decode_step`` counts exactly."""
+    order = s.step_order
+    return (type(order) is VllmV0StepOrder and not s.config.enable_chunked_prefill
+            and order.prefill_pass_stop(len(s.running)) == ADMITS)
 
 
 def _retire_finished():
@@ -777,8 +788,10 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
     st = Step(step=s.next_step, token_budget=cfg.max_num_batched_tokens - len(run.seqs))
     order = s.step_order
     v0 = type(order) is VllmV0StepOrder
-    if v0 and not order.prefill_pass_refuses(st, len(run.seqs)):
-        return None
+    if v0:
+        st.waiting_stop = order.prefill_pass_stop(len(run.seqs))
+        if st.waiting_stop == ADMITS:
+            return None
     s.next_step += 1
     offload = s.offload
     if offload is not None:

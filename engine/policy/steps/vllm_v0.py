@@ -94,6 +94,9 @@ class VllmV0Abort(RuntimeError):
     """Where vLLM 0.6.3 itself stops (an assertion); the scheduler is left consistent."""
 
 
+#: ``VllmV0StepOrder.prefill_pass_stop`` for a prefill pass that admits or rejects its head.
+ADMITS = "admits"
+
 #: What this order raises where vLLM 0.6.3 itself stops.
 VLLM_V0_ABORTS = (SwapSpaceExhausted, VllmV0Abort)
 
@@ -389,22 +392,18 @@ class VllmV0StepOrder(StepOrder):
             return "budget", None
         return "admit", tokens
 
-    def prefill_pass_refuses(self, st: Step, num_seqs: int) -> bool:
+    def prefill_pass_stop(self, num_seqs: int) -> str | None:
         """For a step whose running groups are a steady decode batch of ``num_seqs`` sequences
-        (``engine.policy.fast_forward.schedule_decode_step``; every group forked, so its running
-        slots are its unfinished sequences), chunked prefill off: whether the step's prefill pass (its first) admits and rejects nothing, so
-        the step is the batch's decodes; if so, ``st`` gets the stop the pass records. Changes
-        nothing else."""
+        (``engine.policy.fast_forward``; every group forked, so its running slots are its
+        unfinished sequences), chunked prefill off: the stop its prefill pass (the step's first)
+        records when it admits and rejects nothing (``"swapped"``, ``"blocks"``, ``"budget"``, or
+        ``None`` with nothing waiting), else ``ADMITS``. Changes nothing."""
         s = self.scheduler
         if s.swapped:
-            st.waiting_stop = "swapped"
-            return True
+            return "swapped"
         if not s.waiting:
-            return True
+            return None
         cfg = self.config
         budget = SchedulingBudget.already_used(cfg.max_num_batched_tokens, cfg.max_num_seqs, 0, num_seqs)
         verdict, _ = self._prefill_verdict(s.waiting[0], budget, chunking=False)
-        if verdict in ("blocks", "budget"):
-            st.waiting_stop = verdict
-            return True
-        return False
+        return verdict if verdict in ("blocks", "budget") else ADMITS
