@@ -91,7 +91,7 @@ do not fit (under ``vllm-v0``: a step that may leave fewer blocks free than a re
 sequences, whether it preempts or not). With implicit decoders the batch is kept
 (``max_steps == 0``) and its step's running pass preempts as vLLM's does, visiting only the
 sequences that allocate and the requests where the free blocks run out
-(``engine.policy.preempting_decode``: ``vllm-v1``, and ``vllm-v0`` with one sequence per request);
+(``engine.policy.preempting_decode``: ``vllm-v1``, and ``vllm-v0`` with chunked prefill off);
 the survivors carry on, instead of a whole ``schedule()`` and a batch built afresh after it.
 """
 
@@ -154,6 +154,7 @@ class DecodeRun:
     dropped_entries: int = 0  # table entries sliding windows dropped (hybrid caches: table_blocks counts the rest)
     released_entries: int = 0  # table entries the sequences it finished held when freed (set by _finish_seqs)
     buckets: list | None = None  # bulk_decode's buckets (None: every step writes every sequence's counters)
+    widest: int = 1  # (vllm-v0) at least as many as the most sequences a request of it runs
     # Where the requests came from, for an executor that follows the batch as it changes (the
     # simulator's token runs): ``carried_from`` is the ``requests`` list of the run this one was
     # carried from when the list changed (``None``: built afresh, or the same list), and this
@@ -392,12 +393,12 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
         horizon = (_steps_within_blocks(offsets, s.next_step, s.block_size, room, horizon, buckets) if room >= 0
                    else 0)
     if horizon < 1:
-        if first_finish < 1 or buckets is None or not preempts_in_step(s, widest):
+        if first_finish < 1 or buckets is None or not preempts_in_step(s):
             return None
         horizon = 0  # (its next step must preempt: preempting_batch, then schedule_decode_step)
     return DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
                      pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, dropped_entries,
-                     buckets=buckets)
+                     buckets=buckets, widest=widest)
 
 
 def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | None = None,

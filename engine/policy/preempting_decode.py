@@ -26,16 +26,15 @@ or waiting pass (``VllmV1StepOrder.schedule``).
 
 vLLM 0.6.3's running pass (``decodes_with_v0_preemptions``, the ``vllm-v0`` order with chunked
 prefill off) differs in what it checks: a request may append only while the free blocks cover
-one block per sequence, needed or not, so a request that allocates nothing may preempt too, and
-victims are chosen among the requests after it and rejoin their queues after the pass. With one
-sequence per request that check fails only where no block is free: the pass visits the
-sequences that allocate and, where the free blocks run out, the request after the last one
-scheduled. The step's prefill pass (which comes first and must admit nothing) and its swapped
-pass are ``fast_forward.schedule_decode_step``'s.
+one block per sequence of it, needed or not, so a request that allocates nothing may preempt
+too, and victims are chosen among the requests after it and rejoin their queues after the pass.
+That check fails only where fewer blocks are free than the most sequences a request runs (one,
+without parallel samples): the pass visits the sequences that allocate while the blocks cover
+any request, and the requests one by one only where they do not. The step's prefill pass (which
+comes first and must admit nothing) and its swapped pass are ``fast_forward.schedule_decode_step``'s.
 
 When it applies (``preempts_in_step``): the ``vllm-v1`` step order, or ``vllm-v0`` with chunked
-prefill off and one sequence per running request (vLLM 0.6.3 cannot recompute a request with
-several); one KV group, no offload store, and a built-in victim policy (they read only block
+prefill off; one KV group, no offload store, and a built-in victim policy (they read only block
 tables, arrival order and priority, which never lag); the batch itself has implicit decoders
 (``fast_forward.bulk_ok``).
 
@@ -66,13 +65,11 @@ if TYPE_CHECKING:
 _BUILT_IN_VICTIMS = frozenset(VICTIM_POLICIES.values())
 
 
-def preempts_in_step(s: Scheduler, widest: int) -> bool:
+def preempts_in_step(s: Scheduler) -> bool:
     """Whether a batch of implicit decoders that cannot take its next step without preempting may
-    take it here (module docstring), rather than through ``schedule()``; ``widest``: the most
-    sequences a request of it runs (``vllm-v0``: one)."""
+    take it here (module docstring), rather than through ``schedule()``."""
     order = type(s.step_order)
-    return ((order is VllmV1StepOrder or order is VllmV0StepOrder and widest == 1
-             and not s.config.enable_chunked_prefill)
+    return ((order is VllmV1StepOrder or order is VllmV0StepOrder and not s.config.enable_chunked_prefill)
             and not s.kv.hybrid and s.offload is None and type(s.victim_policy) in _BUILT_IN_VICTIMS)
 
 
@@ -94,13 +91,13 @@ class _Pass:
         self.allocated = 0
         self.evictions_before = run.scheduler.pool.num_evictions
 
-    def allocate(self, seqs) -> None:
-        """A new block for each of ``seqs`` (sequences of one request, in order)."""
+    def allocate(self, i: int, j: int) -> None:
+        """A new block for each of ``takers[i:j]`` (sequences of one request, in order)."""
         pool = self.run.scheduler.pool
-        for seq in seqs:
+        for seq, _ in self.takers[i:j]:
             seq.block_table.append(pool.allocate())
             seq.table_snapshot = None
-        self.allocated += len(seqs)
+        self.allocated += j - i
 
     def take_out(self, victim: Request) -> None:
         """Bring the victim's sequences up to the step's start, as ``schedule()`` finds them (its
@@ -144,69 +141,83 @@ def decodes_with_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, int, 
     i, end = 0, len(takers)
     while i < end:
         request = takers[i][0].request
-        j = i + 1
-        while j < end and takers[j][0].request is request:  # (a request's sequences are consecutive)
-            j += 1
+        j = _request_end(takers, i)
         need = j - i
         while id(request) not in gone and need > pool.num_free_blocks:
             victim = choose(running[running.index(request):])
             done.take_out(victim)
             s.step_order.preempt_running(victim, st)
         if id(request) not in gone:
-            done.allocate([seq for seq, _ in takers[i:j]])
+            done.allocate(i, j)
         i = j
     return done.result()
 
 
+def _request_end(takers: list, i: int) -> int:
+    """The place in ``takers`` after the sequences of the request whose first is at ``i`` (a
+    request's sequences are consecutive in a bucket)."""
+    request = takers[i][0].request
+    j = i + 1
+    while j < len(takers) and takers[j][0].request is request:
+        j += 1
+    return j
+
+
 def decodes_with_v0_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, int, int, list[Request]]:
-    """``decodes_with_preemptions`` under ``vllm-v0`` (chunked prefill off, every request one
-    sequence): the running pass of ``VllmV0StepOrder._schedule_running``. In running order, a
-    request may append only while the free blocks cover one block per sequence, whether it needs
-    a new one or not (vLLM 0.6.3's touched blocks); while they do not, the victim policy picks
-    among the requests after it (itself when none is left). So with a block free, every request
-    up to the next one that allocates (bucket ``step % block_size``) appends; with none free, the
-    request after the last one scheduled preempts, even one that allocates nothing. The victims
-    leave ``running`` at once and rejoin their queues after the pass, as vLLM 0.6.3 requeues them
-    (recompute victims at the front of ``waiting``, the last preempted first; swap victims at the
-    back of ``swapped``). Where vLLM 0.6.3 stops (swap space running out), the queues are left as
-    ``schedule()`` leaves them and the error raised; the sequences are then left settled as of
+    """``decodes_with_preemptions`` under ``vllm-v0`` (chunked prefill off): the running pass of
+    ``VllmV0StepOrder._schedule_running``. In running order, a request may append only while the
+    free blocks cover one block per sequence of it, whether it needs a new one or not (vLLM
+    0.6.3's touched blocks); while they do not, the victim policy picks among the requests after
+    it (itself when none is left). So while as many blocks are free as the most sequences a
+    request runs (``run.widest``), every request up to the next one that allocates (bucket
+    ``step % block_size``) appends; with fewer, the requests are visited one by one, and one may
+    preempt even if it allocates nothing. The victims leave ``running`` at once and rejoin their
+    queues after the pass, as vLLM 0.6.3 requeues them (recompute victims at the front of
+    ``waiting``, the last preempted first; swap victims at the back of ``swapped``). Where vLLM
+    0.6.3 stops (swap space running out, a recompute of several sequences), the queues are left
+    as ``schedule()`` leaves them and the error raised; the sequences are then left settled as of
     the step's start."""
     s = run.scheduler
     pool = s.pool
     running = s.running
-    order = s.step_order
     choose = s.victim_policy.choose
     done = _Pass(run)
     takers, gone = done.takers, done.gone
     modes: list[str] = []  # each victim's, once preempted
+    widest = run.widest
     last = None  # the last request the pass scheduled
     i, end = 0, len(takers)
     try:
         while True:
-            if pool.num_free_blocks:  # (one block covers a request: the next to allocate takes one)
-                while i < end and id(takers[i][0].request) in gone:
-                    i += 1
+            while i < end and id(takers[i][0].request) in gone:
+                i += 1
+            if pool.num_free_blocks >= widest:  # (every request appends: the next to allocate does)
                 if i == end:
                     break
                 last = takers[i][0].request
-                done.allocate((takers[i][0],))
-                i += 1
+                j = _request_end(takers, i)
+                done.allocate(i, j)
+                i = j
                 continue
             p = running.index(last) + 1 if last is not None else 0
             if p == len(running):
                 break
-            request = running[p]  # (it cannot append: no block is free)
-            while not pool.num_free_blocks:
+            request = running[p]  # (the requests are visited one by one while blocks are short)
+            while len(request.live_seqs) > pool.num_free_blocks:
                 victim = choose(running[p + 1:]) if p + 1 < len(running) else request
                 done.take_out(victim)
-                mode = s.choose_mode(victim)
-                s.preempt(victim, st, mode=mode, swap_need=order.swap_need(victim))
+                modes.append(s.step_order.preempt_victim(victim, st))
                 running.remove(victim)
-                modes.append(mode)
                 if victim is request:
                     break
-            if id(request) not in gone:  # (it appends: if it allocates, it is the next taker, served next)
-                last = request
+            if id(request) in gone:
+                continue
+            # (this step's victims come after it: no victim's place in takers is before its own)
+            if i < end and takers[i][0].request is request:  # (it allocates: the blocks are free now)
+                j = _request_end(takers, i)
+                done.allocate(i, j)
+                i = j
+            last = request
     except VLLM_V0_ABORTS:  # (as VllmV0StepOrder._schedule_running leaves the queues; an abort is final)
         for victim, mode in zip(done.victims, modes):  # (the last one taken out was not preempted)
             s.requeue(victim, mode)

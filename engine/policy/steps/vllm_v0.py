@@ -298,17 +298,25 @@ class VllmV0StepOrder(StepOrder):
             victim = s.victim_policy.choose(list(queue)) if queue else request
             if victim is not request:
                 queue.remove(victim)
-            mode = s.choose_mode(victim)
-            if mode == "recompute" and len(victim.live_seqs) > 1:
-                raise VllmV0Abort(
-                    f"vLLM 0.6.3 cannot preempt {victim.request_id!r} by recompute: it has "
-                    f"{len(victim.live_seqs)} running sequences (vLLM asserts one); use "
-                    f"preemption_mode 'vllm-v0' or 'swap'"
-                )
-            victims.append((victim, s.preempt(victim, st, mode=mode, swap_need=self.swap_need(victim))))
+            victims.append((victim, self.preempt_victim(victim, st)))
             if victim is request:
                 return False
         return True
+
+    def preempt_victim(self, victim: Request, st: Step) -> Mode:
+        """Preempt a victim of the running pass as vLLM 0.6.3 does (the caller takes it out of
+        the pass and requeues it after the step): in the preemption mode plug-in's mode, swap need
+        counted as vLLM counts it; a recompute of several running sequences stops the run
+        (``engine.policy.preempting_decode`` too)."""
+        s = self.scheduler
+        mode = s.choose_mode(victim)
+        if mode == "recompute" and len(victim.live_seqs) > 1:
+            raise VllmV0Abort(
+                f"vLLM 0.6.3 cannot preempt {victim.request_id!r} by recompute: it has "
+                f"{len(victim.live_seqs)} running sequences (vLLM asserts one); use "
+                f"preemption_mode 'vllm-v0' or 'swap'"
+            )
+        return s.preempt(victim, st, mode=mode, swap_need=self.swap_need(victim))
 
     def _schedule_swapped(self, st: Step, budget: SchedulingBudget) -> list[Ran]:
         s = self.scheduler
