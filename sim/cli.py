@@ -207,7 +207,7 @@ def _check_profile(args: argparse.Namespace, tolerance: float) -> None:
 def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     """Build and run the deployment, writing ``--out``'s files into ``out`` (the partial folder);
     returns the cluster, its result, the run's description and the wall seconds it took."""
-    from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+    from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
     from sim.bench_args import summary_slo
     from sim.cluster import Cluster, build_replicas
     from sim.output import write_json, write_tables, write_timeline
@@ -239,8 +239,7 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
         try:
             result = cluster.run()
         except VLLM_V0_ABORTS as exc:  # the vllm-v0 preset stops where vLLM 0.6.3 aborts
-            raise ValueError(f"the run stopped where vLLM 0.6.3 aborts: {exc} (more --swap-space, or "
-                             f"--preemption recompute, lets it go on)") from None
+            raise ValueError(abort_words(exc)) from None
         except SimulationStalled as exc:
             raise ValueError(f"the scheduler stopped making progress: {exc}") from None
         wall_s = time.perf_counter() - started

@@ -254,7 +254,22 @@ def test_swap_space_exhausted_is_an_error_line(capsys):
         simulate(capsys, *SMALL, "--policy", "vllm-v0", "--swap-space", "0", "--preemption", "swap",
                  "--num-gpu-blocks", "20")
     assert exc.value.code == 2
-    assert capsys.readouterr().err.startswith("pagesim simulate: error: ")
+    err = capsys.readouterr().err
+    assert err.startswith("pagesim simulate: error: the run stopped where vLLM 0.6.3 aborts: swapping out ")
+    assert "(more --swap-space, or --preemption recompute, lets it go on)" in err
+
+
+def test_recomputing_parallel_samples_under_vllm_v0_is_an_error_line_that_says_what_goes_on(capsys):
+    """vLLM 0.6.3 cannot recompute a group of several sequences: the hint names the modes that
+    swap such a group, not recompute."""
+    with pytest.raises(SystemExit) as exc:
+        simulate(capsys, "--workload", "kwon2023-alpaca-parallel", "--rate", "20", "--num-requests", "300",
+                 "--num-gpu-blocks", "60", "--policy", "vllm-v0", "--preemption", "recompute")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagesim simulate: error: the run stopped where vLLM 0.6.3 aborts: vLLM 0.6.3 cannot "
+                          "preempt ")
+    assert err.strip().endswith("(--preemption vllm-v0 or swap lets it go on)") and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

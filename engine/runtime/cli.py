@@ -114,8 +114,7 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
     """Serve ``requests``, report, and write ``--out`` into ``folder`` (an ``OutputFolder``, or None)."""
     import copy
 
-    from engine.policy import SwapSpaceExhausted
-    from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+    from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
     from engine.policy.user_plugins import scheduler_class
     from engine.runtime import Engine
     from engine.runtime.engine import EngineStalled
@@ -142,9 +141,7 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
     except EngineStalled as exc:
         raise ValueError(f"the scheduler stopped making progress: {exc}") from None
     except VLLM_V0_ABORTS as exc:  # the vllm-v0 preset stops where vLLM 0.6.3 aborts (as simulate does)
-        hint = ("more --swap-space, or --preemption recompute, lets it go on" if isinstance(exc, SwapSpaceExhausted)
-                else "the error says which preemption mode lets it go on")
-        raise ValueError(f"the run stopped where vLLM 0.6.3 aborts: {exc} ({hint})") from None
+        raise ValueError(abort_words(exc)) from None
     except KeyboardInterrupt as exc:  # (SIGTERM too) keep what finished: summary and --out so far
         from engine.cli import interruption
 

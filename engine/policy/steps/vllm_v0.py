@@ -101,6 +101,13 @@ ADMITS = "admits"
 VLLM_V0_ABORTS = (SwapSpaceExhausted, VllmV0Abort)
 
 
+def abort_words(exc: Exception) -> str:
+    """A command's error for a run stopped by one of ``VLLM_V0_ABORTS``, with what lets it go on."""
+    hint = ("more --swap-space, or --preemption recompute, lets it go on" if isinstance(exc, SwapSpaceExhausted)
+            else "--preemption vllm-v0 or swap lets it go on")
+    return f"the run stopped where vLLM 0.6.3 aborts: {exc} ({hint})"
+
+
 class SchedulingBudget:
     """vLLM 0.6.3's ``SchedulingBudget``: tokens and sequences keyed by request id, so adding a
     request twice counts once and dropping it removes what it added."""
