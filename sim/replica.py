@@ -221,7 +221,6 @@ class Replica:
                 if decode_step.preempted:  # (its victims got no token: they leave the followed batch first)
                     self._leave_batch(decode_step.preempted)
                 self._decoded(decode_step.run, step_row, step_row)
-            if decode_step is not None:
                 finished = update_decode_step(decode_step)
                 if finished:  # (a full step's finishers got their tokens one by one: no batch is followed)
                     self._leave_batch(finished)

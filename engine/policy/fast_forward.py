@@ -226,14 +226,13 @@ def takes_decode_steps(s: Scheduler) -> bool:
 
 
 def runs_prefills_alone(s: Scheduler) -> bool:
-    """Whether the next step is a ``vllm-v0`` step (chunked prefill off) whose prefill pass admits
-    or rejects, so that it goes through ``schedule()``: asked before a decode batch is built for
-    it. Counted with one sequence per running request, at most what the pass counts, so a head
-    that the pass refuses for the sequence budget may be taken as admitted (the step then goes
-    through ``schedule()``, as it may); ``schedule_decode_step`` counts exactly."""
+    """For a scheduler that ``takes_decode_steps``: whether the next step is a ``vllm-v0`` step
+    whose prefill pass admits or rejects, so that it goes through ``schedule()``: asked before a
+    decode batch is built for it. Counted with one sequence per running request, at most what the
+    pass counts, so a head that the pass refuses for the sequence budget may be taken as admitted
+    (the step then goes through ``schedule()``, as it may); ``schedule_decode_step`` counts exactly."""
     order = s.step_order
-    return (type(order) is VllmV0StepOrder and not s.config.enable_chunked_prefill
-            and order.prefill_pass_stop(len(s.running)) == ADMITS)
+    return type(order) is VllmV0StepOrder and order.prefill_pass_stop(len(s.running)) == ADMITS
 
 
 def _retire_finished():
