@@ -70,7 +70,7 @@ def decode_step_work(step: DecodeStep, block_size: int | None, window: int | Non
     (every field is a sum over sequences, so the two parts add up to ``StepWork.from_output`` of
     the whole step)."""
     added = StepWork.from_output(step.output, block_size, window)
-    if not added.num_seqs and not added.num_swap_out_blocks:  # (nothing added, no victim swapped: the decodes alone)
+    if not (added.num_seqs or added.num_swap_out_blocks or added.num_cow_blocks):  # (the decodes alone)
         return decode_work(step.run, block_size, window)
     n = len(step.run.seqs)  # the fields decode_work sets (its others are 0)
     # (``added`` is this call's own, not yet seen by anyone: completed in place, cheaper than replace())

@@ -161,3 +161,96 @@ def test_vllm_v0_swap_space_running_out_stops_both_paths_alike(monkeypatch, vict
     assert fast[last] == plain[last]
     for step in sorted(fast):
         assert fast[step] == plain[step], f"state after step {step} differs"
+
+
+# ------------------------------------------------------------ a fork's first decode: copy on write
+def _copying_steps(monkeypatch, v0: bool) -> list[int]:
+    """The steps in which the fast path's running pass made copies on write (its batch had
+    ``DecodeRun.copies``): the first decode after a parallel-sampling fork."""
+    return _preempting_steps(monkeypatch, "decodes_with_v0_preemptions" if v0 else "decodes_with_preemptions",
+                             lambda run, st: st.step if run.copies else None)
+
+
+def _whole_steps(monkeypatch) -> list:
+    """The outputs of the ``schedule()`` calls made with requests running."""
+    whole: list = []
+    real = Scheduler.schedule
+
+    def counted(s):
+        running = bool(s.running)
+        output = real(s)
+        if running:
+            whole.append(output)
+        return output
+
+    monkeypatch.setattr(Scheduler, "schedule", counted)
+    return whole
+
+
+#: Parallel samples (n = 2 and 3) among single ones, in a roomy pool: every fork's first decode
+#: writes into the prompt's partly filled last block, which its siblings share.
+FORKS = [(0, 9, 30, 2), (0, 13, 25, 1), (2, 6, 40, 3), (3, 21, 20, 1), (5, 10, 35, 2), (9, 5, 30, 1)]
+
+
+@pytest.mark.parametrize(("preset", "caching"), [("pagesim", False), ("pagesim", True), ("vllm-v1", True),
+                                                 ("vllm-v0", False)])
+def test_a_forks_first_decode_copies_on_the_fast_path(monkeypatch, preset, caching):
+    """The step after a fork copies the shared block for all but the last sibling, as
+    ``schedule()`` does, without a whole ``schedule()``: with requests running, only a
+    ``vllm-v0`` step that admits (its prefills run alone) goes through it."""
+    config = make_config(preset, block_size=4, num_gpu_blocks=200, max_model_len=256, enable_prefix_caching=caching,
+                         record_decisions=False)
+    plain_mid, fast_mid = {}, {}
+    plain = drive(config, FORKS, fast=False, mid=plain_mid)
+    copying = _copying_steps(monkeypatch, preset == "vllm-v0")
+    whole = _whole_steps(monkeypatch)
+    fast = drive(config, FORKS, fast=True, mid=fast_mid)
+    copied = [step for step in copying if step is not None]
+    assert len(copied) >= 3, f"the fast path copied on write in {copied} only: the case tests too little"
+    assert all(out.new or out.resumed for out in whole), "a step that admits nothing went through schedule()"
+    assert set(fast) <= set(plain)
+    for step in sorted(fast):
+        assert fast[step] == plain[step], f"state after step {step} differs"
+    for step in copied:  # (between the step's schedule and its update)
+        assert fast_mid[step] == plain_mid[step], f"state in the middle of step {step} differs"
+
+
+@pytest.mark.parametrize("preset", ["pagesim", "vllm-v0"])
+def test_copies_and_new_blocks_are_taken_in_scheduling_order(monkeypatch, preset):
+    """A fork's copies come in its place in the running order: here before the new block of a
+    request admitted after it, which reaches a block boundary in the same step."""
+    config = make_config(preset, block_size=4, num_gpu_blocks=200, max_model_len=256, record_decisions=False)
+    spec = [(0, 5, 20, 2), (0, 8, 20, 1)]  # (step 1: the fork's parent copies, then the other allocates)
+    plain = drive(config, spec, fast=False)
+    copying = _copying_steps(monkeypatch, preset == "vllm-v0")
+    fast = drive(config, spec, fast=True)
+    assert 1 in copying
+    for step in sorted(fast):
+        assert fast[step] == plain[step], f"state after step {step} differs"
+
+
+#: Forks in small pools (found by a random search): their first decodes' copies take the last free
+#: blocks or run out of them, so the pass counts the blocks the fork takes and preempts.
+TIGHT_FORKS = [(11, "recompute", [(0, 10, 12, 3), (1, 19, 22, 1), (2, 2, 18, 1), (3, 5, 9, 2)]),
+               (24, "swap", [(3, 18, 12, 2), (1, 22, 12, 3), (2, 1, 18, 1), (1, 21, 28, 2), (0, 24, 15, 3)])]
+
+
+@pytest.mark.parametrize(("num_gpu_blocks", "mode", "spec"), TIGHT_FORKS)
+def test_a_forks_copies_under_memory_pressure(monkeypatch, num_gpu_blocks, mode, spec):
+    """``vllm-v1``'s running pass asks for the blocks a fork's first decode takes (of ``n``
+    siblings writing into their shared block, ``n - 1`` copy: the last writes in place), preempts
+    while they are more than are free, then copies; both paths alike, in pools where those steps
+    run out of blocks."""
+    config = make_config("vllm-v1", block_size=4, num_gpu_blocks=num_gpu_blocks, max_model_len=256,
+                         num_cpu_blocks=64, preemption_mode=mode, record_decisions=False)
+    plain_mid, fast_mid = {}, {}
+    plain = drive(config, spec, fast=False, mid=plain_mid)
+    copying = _copying_steps(monkeypatch, False)
+    fast = drive(config, spec, fast=True, mid=fast_mid)
+    copied = [step for step in copying if step is not None]
+    assert copied, "no fork's first decode went through the fast path"
+    assert set(fast) <= set(plain)
+    for step in sorted(fast):
+        assert fast[step] == plain[step], f"state after step {step} differs"
+    for step in copied:
+        assert fast_mid[step] == plain_mid[step], f"state in the middle of step {step} differs"

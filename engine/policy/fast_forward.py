@@ -29,7 +29,8 @@ When a run is steady (checked by ``decode_run``; any doubt answers "not steady")
   groups (a hybrid cache) the decodes also drop the blocks that leave each window, which raises
   the free count: there a head refused for blocks does not stay refused;
 - every running sequence is decoding (one token left to compute, nothing parked, no beam search,
-  parallel samples already forked) and writes into a block only it holds, so no copy-on-write.
+  parallel samples already forked) and writes into a block only it holds, so no copy-on-write
+  (a fork's first decode, which copies its siblings' shared block, is a step of its own: below).
   A hybrid cache's decodes (``engine.policy.window_decode``) also need one live sequence per
   request, every group's last block its own and the full blocks registered; their drops,
   allocations and registrations are applied event by event with the KV manager's own calls.
@@ -93,6 +94,13 @@ sequences, whether it preempts or not). With implicit decoders the batch is kept
 sequences that allocate and the requests where the free blocks run out
 (``engine.policy.preempting_decode``: ``vllm-v1``, and ``vllm-v0`` with chunked prefill off);
 the survivors carry on, instead of a whole ``schedule()`` and a batch built afresh after it.
+
+**A fork's first decode.** After a parallel-sampling fork the siblings share the prompt's partly
+filled last block, and their next write copies it on write (``kv_manager.grow_table``: of k
+holders, k - 1 copy and the last writes in place). With implicit decoders such sequences join the
+batch all the same (``DecodeRun.copies``); its next step is then not skipped but made by the same
+running pass (``max_steps == 0``), which takes the copies in scheduling order beside the new
+blocks, counting them as the step's need, and preempts only if they do not fit.
 """
 
 from __future__ import annotations
@@ -155,6 +163,11 @@ class DecodeRun:
     released_entries: int = 0  # table entries the sequences it finished held when freed (set by _finish_seqs)
     buckets: list | None = None  # bulk_decode's buckets (None: every step writes every sequence's counters)
     widest: int = 1  # (vllm-v0) at least as many as the most sequences a request of it runs
+    # (sequence, offset) pairs, in scheduling order, whose next write goes into a partly filled
+    # block that another table holds too: a parallel-sampling fork's first decode, a copy on
+    # write. Only with implicit decoders; such a run's first step is never skipped (``max_steps``
+    # 0): the running pass of ``preempting_decode`` makes the copies, preempting or not.
+    copies: list[tuple[Sequence, int]] | tuple = ()
     # Where the requests came from, for an executor that follows the batch as it changes (the
     # simulator's token runs): ``carried_from`` is the ``requests`` list of the run this one was
     # carried from when the list changed (``None``: built afresh, or the same list), and this
@@ -262,13 +275,15 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
     if s.offload is not None and not s.offload.prompt_only:
         return None  # decodes would offer their blocks to the offload store
     s.settle()  # (the sequences a lazy batch left behind, before they are read)
-    members = _decoders(s, s.running)
+    bulk = bulk_ok(s)
+    copies = [] if bulk else None  # (_run_of makes such a run only where preempting_decode may take its step)
+    members = _decoders(s, s.running, copies)
     if members is None:
         return None
     seqs, offsets, finish_at, table_blocks, dropped_entries, context = members
-    buckets = make_buckets(seqs, offsets, s.block_size) if bulk_ok(s) else None
+    buckets = make_buckets(seqs, offsets, s.block_size) if bulk else None
     return _steady(s, _run_of(s, list(s.running), seqs, offsets, finish_at, table_blocks, dropped_entries, context,
-                              buckets))
+                              buckets, copies))
 
 
 def _still_current(s: Scheduler, run: DecodeRun) -> bool:
@@ -278,8 +293,8 @@ def _still_current(s: Scheduler, run: DecodeRun) -> bool:
 
 
 def _steady(s: Scheduler, run: DecodeRun | None) -> DecodeRun | None:
-    """``run`` if it can take a step; a batch whose next step must preempt is kept for
-    ``preempting_batch`` instead, and ``None`` returned."""
+    """``run`` if it can take a step; a batch whose next step must preempt (or copy on write) is
+    kept for ``preempting_batch`` instead, and ``None`` returned."""
     if run is not None and not run.max_steps:
         s._decode_run = run
         return None
@@ -288,8 +303,9 @@ def _steady(s: Scheduler, run: DecodeRun | None) -> DecodeRun | None:
 
 def preempting_batch(s: Scheduler) -> DecodeRun | None:
     """The running requests as a batch of implicit decoders whose next step cannot take its new
-    blocks without preempting (``engine.policy.preempting_decode``), as the last ``decode_batch``
-    left it, or ``None``. Its one step is ``schedule_decode_step`` + ``update_decode_step``."""
+    blocks without preempting, or makes copies on write (``engine.policy.preempting_decode``), as
+    the last ``decode_batch`` left it, or ``None``. Its one step is ``schedule_decode_step`` +
+    ``update_decode_step``."""
     run = s._decode_run
     if run is None or run.max_steps or not _still_current(s, run) or s._pending_rejections:
         return None
@@ -304,10 +320,13 @@ def bulk_ok(s: Scheduler) -> bool:
     return not (s.config.record_decisions or s.kv.hybrid) and eviction.batches and not eviction.reads_block_stats
 
 
-def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[int], int, int, int] | None:
+def _decoders(s: Scheduler, requests, copies: list | None = None
+              ) -> tuple[list[Sequence], list[int], list[int], int, int, int] | None:
     """The live sequences of ``requests`` if every one is a steady decoder (module docstring):
     ``(seqs, offsets, finish_at, table blocks, dropped entries, sum(computed))``, each offset its
-    sequence's computed tokens less the scheduler's next step (``DecodeRun.offsets``); else ``None``."""
+    sequence's computed tokens less the scheduler's next step (``DecodeRun.offsets``); else ``None``.
+    A sequence whose next write would copy on write is not one, unless ``copies`` is a list: it
+    is then taken, and its ``(sequence, offset)`` appended there (``DecodeRun.copies``)."""
     if s.kv.hybrid and not _hybrid_decoders(s, requests):
         return None
     bs = s.block_size
@@ -332,7 +351,9 @@ def _decoders(s: Scheduler, requests) -> tuple[list[Sequence], list[int], list[i
                 return None
             table = seq.block_table
             if c % bs and ref_counts[table[-1]] != 1:  # the next write would copy on write
-                return None
+                if copies is None:
+                    return None
+                copies.append((seq, c - step))
             # It finishes at the step whose sample reaches its length (or max_model_len).
             limit = request.max_tokens if lens is None else lens[seq.index]  # request.max_tokens_of(seq)
             seqs.append(seq)
@@ -368,9 +389,11 @@ def _hybrid_decoders(s: Scheduler, requests) -> bool:
 
 
 def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets: list[int], finish_at: list[int],
-            table_blocks: int, dropped_entries: int, context: int, buckets: list | None) -> DecodeRun | None:
+            table_blocks: int, dropped_entries: int, context: int, buckets: list | None,
+            copies: list | None = None) -> DecodeRun | None:
     """The ``DecodeRun`` of these decoders (the running requests, in order), or ``None`` when it
-    cannot take one step: some would wait for the token budget, or no step fits in the free blocks."""
+    cannot take one step: some would wait for the token budget, or no step fits in the free blocks.
+    With ``copies`` (``DecodeRun.copies``) its first step is the preempting pass's, never skipped."""
     if not seqs or len(seqs) > s.config.max_num_batched_tokens:  # some would wait for budget: not the same batch
         return None
     pool = s.pool
@@ -391,13 +414,15 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
             room -= widest
         horizon = (_steps_within_blocks(offsets, s.next_step, s.block_size, room, horizon, buckets) if room >= 0
                    else 0)
+    if copies:
+        horizon = 0  # (a step that copies on write is not a pure decode step: preempting_decode makes it)
     if horizon < 1:
         if first_finish < 1 or buckets is None or not preempts_in_step(s):
             return None
         horizon = 0  # (its next step must preempt: preempting_batch, then schedule_decode_step)
     return DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
                      pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, dropped_entries,
-                     buckets=buckets, widest=widest)
+                     buckets=buckets, widest=widest, copies=copies or ())
 
 
 def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | None = None,
@@ -453,7 +478,8 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         seqs, offsets, finish_at, requests = run.seqs, run.offsets, run.finish_at, run.requests
         table_blocks, dropped_entries = run.table_blocks + allocated - dropped, run.dropped_entries + dropped
         context = run.context_tokens + k * len(seqs)
-    members = _decoders(s, admitted) if admitted else None
+    copies = [] if buckets is not None else None  # (the newcomers' copies on write)
+    members = _decoders(s, admitted, copies) if admitted else None
     if admitted and members is not None:
         if buckets is not None:
             bulk_decode.join(buckets, members[0], members[1], bs)
@@ -467,7 +493,8 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         if tokens is not None:
             tokens = tokens | {request.request_id: len(request.live_seqs) for request in admitted}
     carried = (None if admitted and members is None  # (a newcomer is not a steady decoder)
-               else _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets))
+               else _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets,
+                            copies))
     if carried is not None:
         carried.tokens = tokens
         if requests is not run.requests:
@@ -768,6 +795,7 @@ class DecodeStep:
     admitted: list[Request]  # the requests the swapped and waiting passes added to running, in order
     dropped: int = 0  # table entries the decodes' windows dropped (hybrid caches)
     preempted: list[Request] | tuple = ()  # the running pass's victims, in order (``run`` is the survivors')
+    copies: int = 0  # of ``allocations``, the decodes' copies on write (they replace a table entry, add none)
 
 
 def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
@@ -799,6 +827,7 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
     allocations, evictions = [0], [0]
     dropped = 0
     victims: list[Request] | tuple = ()
+    copied = 0
     if s.kv.hybrid:
         counts = HybridCounts(1, s.kv.num_groups)
         apply_hybrid_events(hybrid_events(s.kv, run.computed, run.seqs, 1), 0, 1, run.seqs, run.computed, s.kv, counts)
@@ -807,9 +836,10 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
     elif run.buckets is not None:  # implicit decoders: those reaching a block boundary
         if run.max_steps:
             bulk_decode.apply_lazily(run, 1, s.kv, s.pool, allocations, evictions, sampled=0)
-        else:  # (the step's blocks do not fit: the running pass preempts; run becomes the survivors')
+        else:  # (the step's blocks do not fit, or it copies on write: the running pass; run becomes the survivors')
             preempting = decodes_with_v0_preemptions if v0 else decodes_with_preemptions
             run, allocations[0], evictions[0], victims = preempting(run, st)
+            copied = len(st.copies)  # (before the queues' passes add theirs)
         s._lazy_run = run
         s._lazy_mid_step = True  # (until update_decode_step: a reader finds the step's tokens unsampled)
     else:
@@ -846,20 +876,21 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
                         for seq, c in zip(run.seqs, run.computed))
         s._last_record = replace(output, scheduled=decodes + output.scheduled).to_record()
         s.decision_log.append(s._last_record)
-    return DecodeStep(run, output, allocations[0], evictions[0], s.running[len(run.requests):], dropped, victims)
+    return DecodeStep(run, output, allocations[0], evictions[0], s.running[len(run.requests):], dropped, victims,
+                      copied)
 
 
 def decode_step_usage(step: DecodeStep) -> KvUsage:
     """``Scheduler.kv_usage()`` right after ``schedule_decode_step``, in O(admitted): the batch's
-    tables hold ``table_blocks`` plus the step's new blocks, and each of its sequences holds
-    ``computed + 1`` tokens with a last block of its own (``decode_batch`` requires a partly filled
-    one to be unshared; a full one got a fresh block), so their idle slots are the blocks' slots
-    less those tokens. The requests the swapped and waiting passes added follow the batch's in the
-    running list; a partly filled block is never shared across requests (a hit takes full blocks
-    only; a swap-in takes fresh ones)."""
+    tables hold ``table_blocks`` plus the step's new blocks (a copy on write replaces an entry), and
+    each of its sequences holds ``computed + 1`` tokens with a last block of its own (``decode_batch``
+    requires a partly filled one to be unshared, or copied in this step; a full one got a fresh
+    block), so their idle slots are the blocks' slots less those tokens. The requests the swapped
+    and waiting passes added follow the batch's in the running list; a partly filled block is never
+    shared across requests (a hit takes full blocks only; a swap-in takes fresh ones)."""
     run = step.run
     s = run.scheduler
-    blocks = run.table_blocks + step.allocations
+    blocks = run.table_blocks + step.allocations - step.copies
     if s.kv.hybrid:  # every group's table: held entries, and idle slots in each group's last block
         idle = ((blocks + run.dropped_entries) * s.block_size
                 - s.kv.num_groups * (run.context_tokens + len(run.seqs)))
@@ -891,5 +922,6 @@ def update_decode_step(step: DecodeStep) -> list[Request]:
     finished += processor.process(step.output, s.requests)
     retire_finished(s, step.output.step, finished)
     s._finished_in_last_update = processor.num_seqs_finished != retired
-    s._decode_run = _carry(run, 1, step.allocations, [r for r in step.admitted if r.live_seqs], step.dropped)
+    s._decode_run = _carry(run, 1, step.allocations - step.copies, [r for r in step.admitted if r.live_seqs],
+                           step.dropped)
     return finished

@@ -1,5 +1,7 @@
-"""A decode step that must preempt: vLLM's running pass (v1's, or 0.6.3's) over a batch of implicit
-decoders whose next step needs more blocks than are free, in O(sequences that allocate + victims).
+"""A decode step that must preempt, or copy on write: vLLM's running pass (v1's, or 0.6.3's) over a
+batch of implicit decoders whose next step needs more blocks than are free, or follows a
+parallel-sampling fork, in O(sequences that allocate + victims) (with copies, plus one dict of
+the running requests, to put them in scheduling order).
 
 Under memory pressure a steady decode batch (``engine.policy.fast_forward``) soon reaches a step
 whose new blocks do not all fit: ``fast_forward._run_of`` finds no step it can take without
@@ -32,6 +34,14 @@ That check fails only where fewer blocks are free than the most sequences a requ
 without parallel samples): the pass visits the sequences that allocate while the blocks cover
 any request, and the requests one by one only where they do not. The step's prefill pass (which
 comes first and must admit nothing) and its swapped pass are ``fast_forward.schedule_decode_step``'s.
+
+The same pass makes the first decode after a parallel-sampling fork, whose siblings share the
+prompt's partly filled last block (``DecodeRun.copies``): the step's takers are then the bucket's
+sequences and those, in scheduling order; a request asks for a new block per sequence at a
+boundary and a copy per sibling that still shares its block (``Planner.blocks_needed``: the last
+holder writes in place), and its copies are made as ``kv_manager.grow_table`` makes them (the copy
+allocated, the shared block released) and listed in the step's ``blocks_to_copy``. The batch
+never goes through ``schedule()`` for it, preempting or not.
 
 When it applies (``preempts_in_step``): the ``vllm-v1`` step order, or ``vllm-v0`` with chunked
 prefill off; one KV group, no offload store, and a built-in victim policy (they read only block
@@ -75,29 +85,77 @@ def preempts_in_step(s: Scheduler) -> bool:
 
 class _Pass:
     """What a preempting running pass over ``run``'s step has done so far: the blocks its
-    sequences allocated, the victims and what their sequences computed and held."""
+    sequences allocated, the victims and what their sequences computed and held.
+
+    ``takers`` are the sequences that take a block in the step, in scheduling order: those that
+    reach a block boundary (bucket ``step % block_size``) and those whose write goes into a
+    partly filled block another table holds too (``DecodeRun.copies``: a parallel-sampling
+    fork's first decode), which copy it as ``kv_manager.grow_table`` does, while another holder
+    is left (of k holders writing, k - 1 copy and the last writes in place)."""
 
     __slots__ = ("run", "step", "takers", "victims", "gone", "places", "left_context", "left_blocks", "allocated",
-                 "evictions_before")
+                 "evictions_before", "copies")
 
-    def __init__(self, run: DecodeRun):
+    def __init__(self, run: DecodeRun, st: Step):
         self.run = run
         self.step = run.step
         self.takers = run.buckets[run.step % run.scheduler.block_size].copy()  # (victims leave the buckets)
+        if run.copies:
+            self.takers = _in_scheduling_order(run, self.takers + run.copies)
         self.victims: list[Request] = []  # in the order they were chosen
         self.gone: set[int] = set()  # id() of the victims
         self.places: list[int] = []  # the victims' sequences' places in run.seqs
         self.left_context = self.left_blocks = 0  # what the victims' sequences computed and held
         self.allocated = 0
         self.evictions_before = run.scheduler.pool.num_evictions
+        self.copies = st.copies  # (the step's (src, dst) copy-on-write pairs, in order)
+
+    def need(self, i: int, j: int) -> int:
+        """The blocks ``takers[i:j]`` (sequences of one request, in order) take: a new one each at
+        a block boundary, a copy each where another holder is left (``Planner.blocks_needed``)."""
+        if not self.run.copies:
+            return j - i
+        bs = self.run.scheduler.block_size
+        ref_counts = self.run.scheduler.pool.ref_counts
+        holders: dict[int, int] = {}  # (a shared block's holders not yet written, as they write in turn)
+        need = 0
+        for seq, offset in self.takers[i:j]:
+            if (offset + self.step) % bs:  # (its write goes into its partly filled last block)
+                src = seq.block_table[-1]
+                left = holders.get(src, ref_counts[src])
+                if left > 1:
+                    need += 1
+                    holders[src] = left - 1
+            else:
+                need += 1
+        return need
 
     def allocate(self, i: int, j: int) -> None:
-        """A new block for each of ``takers[i:j]`` (sequences of one request, in order)."""
+        """A new block for each of ``takers[i:j]`` (sequences of one request, in order) at a block
+        boundary; a private copy of its last block for each other one whose block another table
+        still holds (``grow_table``'s order: the copy allocated, then the shared block released)."""
         pool = self.run.scheduler.pool
-        for seq, _ in self.takers[i:j]:
-            seq.block_table.append(pool.allocate())
+        if not self.run.copies:
+            for seq, _ in self.takers[i:j]:
+                seq.block_table.append(pool.allocate())
+                seq.table_snapshot = None
+            self.allocated += j - i
+            return
+        bs = self.run.scheduler.block_size
+        ref_counts = pool.ref_counts
+        for seq, offset in self.takers[i:j]:
+            table = seq.block_table
+            if not (offset + self.step) % bs:
+                table.append(pool.allocate())
+            elif ref_counts[table[-1]] > 1:
+                src = table[-1]
+                table[-1] = dst = pool.allocate()
+                pool.free(src)
+                self.copies.append((src, dst))
+            else:  # (the last holder writes in place)
+                continue
             seq.table_snapshot = None
-        self.allocated += j - i
+            self.allocated += 1
 
     def take_out(self, victim: Request) -> None:
         """Bring the victim's sequences up to the step's start, as ``schedule()`` finds them (its
@@ -136,21 +194,29 @@ def decodes_with_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, int, 
     pool = s.pool
     running = s.running
     choose = s.victim_policy.choose
-    done = _Pass(run)
+    done = _Pass(run, st)
     takers, gone = done.takers, done.gone
     i, end = 0, len(takers)
     while i < end:
         request = takers[i][0].request
         j = _request_end(takers, i)
-        need = j - i
-        while id(request) not in gone and need > pool.num_free_blocks:
-            victim = choose(running[running.index(request):])
-            done.take_out(victim)
-            s.step_order.preempt_running(victim, st)
-        if id(request) not in gone:
-            done.allocate(i, j)
+        if id(request) not in gone:  # (a victim of this step's pass is left behind)
+            need = done.need(i, j)
+            while id(request) not in gone and need > pool.num_free_blocks:
+                victim = choose(running[running.index(request):])
+                done.take_out(victim)
+                s.step_order.preempt_running(victim, st)
+            if id(request) not in gone:
+                done.allocate(i, j)
         i = j
     return done.result()
+
+
+def _in_scheduling_order(run: DecodeRun, takers: list) -> list:
+    """``takers`` (``(sequence, offset)`` pairs of ``run``'s) sorted into scheduling order: by
+    their requests' places in ``run.requests``, then by their places among its live sequences."""
+    place = {id(request): p for p, request in enumerate(run.requests)}
+    return sorted(takers, key=lambda taker: (place[id(taker[0].request)], taker[0].index))
 
 
 def _request_end(takers: list, i: int) -> int:
@@ -181,7 +247,7 @@ def decodes_with_v0_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, in
     pool = s.pool
     running = s.running
     choose = s.victim_policy.choose
-    done = _Pass(run)
+    done = _Pass(run, st)
     takers, gone = done.takers, done.gone
     modes: list[str] = []  # each victim's, once preempted
     widest = run.widest
@@ -237,7 +303,7 @@ def _survivors(run: DecodeRun, victims: list[Request], gone: set[int], places: l
     follow it as carried from the batch ``run`` was carried from (or ``run`` itself): the victims
     leave the followed batch, as completed requests do, and none of them joins it."""
     if not victims:  # (the step's blocks fitted after all: the batch as it is, for its one step)
-        return replace(run, max_steps=1)
+        return replace(run, max_steps=1, copies=())
     seqs, offsets, finish_at = run.seqs.copy(), run.offsets.copy(), run.finish_at.copy()
     for place in sorted(places, reverse=True):
         del seqs[place], offsets[place], finish_at[place]
@@ -256,7 +322,7 @@ def _survivors(run: DecodeRun, victims: list[Request], gone: set[int], places: l
         run, requests=requests, seqs=seqs, offsets=offsets, finish_at=finish_at,
         first_finish=min(finish_at) - run.step + 1 if finish_at else 2, max_steps=1, free_blocks=free,
         plain_free_blocks=pool.num_plain_free_blocks, used_blocks=pool.num_usable_blocks - free,
-        cached_blocks=pool.num_cached_free_blocks, table_blocks=run.table_blocks - left_blocks,
+        cached_blocks=pool.num_cached_free_blocks, table_blocks=run.table_blocks - left_blocks, copies=(),
         context_tokens=run.context_tokens - left_context, tokens=tokens,
         carried_from=run.requests if run.carried_from is None else run.carried_from,
         joined=[r for r in run.joined if id(r) not in gone] if run.joined else (), _computed=None)
