@@ -32,6 +32,10 @@ case says otherwise.
    and once with ``--preemption swap``, then with swap under the ``vllm-v0`` policy (vLLM 0.6.3,
    where swapping is the default for a group of several sequences); the preemptions are printed
    beside the speed.
+8. ``parallel``: parallel sampling, PagedAttention's ``n = 4`` workload (``kwon2023-alpaca-parallel``,
+   20,000 requests at 20 requests/s, one replica): every request forks after its prompt, and its
+   first decode copies the prompt's shared last block on write; under the ``pagesim`` policy and
+   under ``vllm-v0`` (vLLM 0.6.3, whose parallel sampling this is).
 
 Baseline: skip-ahead off (``--no-skip-ahead``) on the whole trace where it has at most
 ``NOSKIP_SAMPLE`` (20,000) requests (azure, mooncake), else on its first 20,000 requests, where
@@ -94,7 +98,8 @@ def _trace(case: dict):
         spec = workload_spec("kwon2023-sharegpt", rate_rps=5.53, num_requests=case["requests"], seed=0)
         spec = replace(spec, prompt=LogNormal(1155.0, 1.0, high=8000), output=LogNormal(211.0, 0.9, high=1000))
         return generate(spec)
-    trace = generate(workload_spec("kwon2023-sharegpt", rate_rps=case["rate"], num_requests=case["generate"], seed=0))
+    trace = generate(workload_spec(case.get("workload", "kwon2023-sharegpt"), rate_rps=case["rate"],
+                                   num_requests=case["generate"], seed=0))
     return trace.head(case["requests"]) if case["requests"] < case["generate"] else trace
 
 
@@ -320,6 +325,20 @@ def bench_pressure(requests: int, sample: int, report: dict, table: list) -> Non
         table.append(_row(f"pressure, {name}", r, base, f"- ({r['preemptions']:,} preemptions)"))
 
 
+def bench_parallel(requests: int, sample: int, report: dict, table: list) -> None:
+    print(f"kwon2023-alpaca-parallel (n = 4) at {SHAREGPT_RATE:g} requests/s, one replica: parallel sampling",
+          flush=True)
+    report["parallel"] = {}
+    for policy in ("pagesim", "vllm-v0"):
+        case = {"kind": "synthetic", "workload": "kwon2023-alpaca-parallel", "rate": SHAREGPT_RATE,
+                "requests": requests, "generate": requests, "policy": policy}
+        r = run_in_process({**case, "mode": "skip"})
+        print(_line(f"--policy {policy}", r, None), flush=True)
+        base = _baseline(case, r, sample, None)
+        report["parallel"][policy] = {"skip": r, **base}
+        table.append(_row(f"parallel n=4, {policy}", r, base, "-"))
+
+
 def print_table(table: list) -> None:
     head = ("case", "requests", "skip req/s", "noskip req/s (sample)", "ratio", "peak RSS skip",
             "peak RSS noskip", "identical", "target")
@@ -358,10 +377,12 @@ def _sizes(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="azure,scaling,mooncake,cluster,azure-v0,azure-oss,pressure",
-                        help="comma-separated: azure, scaling, mooncake, cluster, azure-v0, azure-oss, pressure")
+    parser.add_argument("--cases", default="azure,scaling,mooncake,cluster,azure-v0,azure-oss,pressure,parallel",
+                        help="comma-separated: azure, scaling, mooncake, cluster, azure-v0, azure-oss, pressure, "
+                             "parallel")
     parser.add_argument("--quick", action="store_true",
-                        help="CI: 2,000 Azure (both policies, and gpt-oss-120b), Mooncake and memory-pressure requests, "
+                        help="CI: 2,000 Azure (both policies, and gpt-oss-120b), Mooncake, memory-pressure and "
+                             "parallel-sampling requests, "
                              "sizes 2k and 5k, a 5k-request cluster of 4, baselines on 2,000 requests")
     parser.add_argument("--sizes", type=_sizes, default="10000,100000,1000000",
                         help="comma-separated scaling sizes, e.g. 10000,100k,1M (default 10k,100k,1M)")
@@ -371,7 +392,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
-    known = {"azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure"}
+    known = {"azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure", "parallel"}
     unknown = cases - known
     if unknown:
         parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
@@ -387,7 +408,8 @@ def main() -> None:
           if core is not None else "each case in its own process (CPU affinity unsupported here)", flush=True)
     report: dict = {"core": core, "noskip_sample": sample, "quick": args.quick}
     table: list = []
-    for name in ("azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure"):  # the (a) to (d), then more
+    for name in ("azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure",
+                 "parallel"):  # the (a) to (d), then more
         if name not in cases:
             continue
         if name == "azure":
@@ -402,6 +424,8 @@ def main() -> None:
             bench_mooncake(cap(2_000 if args.quick else 12_031), sample, report, table)
         elif name == "pressure":
             bench_pressure(cap(2_000 if args.quick else 20_000), sample, report, table)
+        elif name == "parallel":
+            bench_parallel(cap(2_000 if args.quick else 20_000), sample, report, table)
         else:
             bench_cluster(cap(5_000 if args.quick else max(sizes)), replicas, sample, report, table)
     print_table(table)

@@ -29,6 +29,7 @@ def test_bench_sim_quick_tiny(tmp_path):
     assert any(c.startswith("mooncake") for c in cases)
     assert any(c.startswith("azure-v0") for c in cases)  # the vllm-v0 policy is skipped too
     assert "pressure, recompute" in cases and "pressure, swap" in cases and "pressure, vllm-v0 swap" in cases
+    assert "parallel n=4, pagesim" in cases and "parallel n=4, vllm-v0" in cases
     assert "noskip req/s (sample)" in proc.stdout and "target" in proc.stdout
     for row in report["table"]:
         if "skipped" in row:  # the Mooncake trace is absent: said so, not measured
