@@ -276,11 +276,10 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
         return None  # decodes would offer their blocks to the offload store
     s.settle()  # (the sequences a lazy batch left behind, before they are read)
     bulk = bulk_ok(s)
-    copies = [] if bulk else None  # (_run_of makes such a run only where preempting_decode may take its step)
-    members = _decoders(s, s.running, copies)
+    members = _decoders(s, s.running, copies_ok=bulk)  # (_run_of keeps copies only where preempting_decode may)
     if members is None:
         return None
-    seqs, offsets, finish_at, table_blocks, dropped_entries, context = members
+    seqs, offsets, finish_at, table_blocks, dropped_entries, context, copies = members
     buckets = make_buckets(seqs, offsets, s.block_size) if bulk else None
     return _steady(s, _run_of(s, list(s.running), seqs, offsets, finish_at, table_blocks, dropped_entries, context,
                               buckets, copies))
@@ -320,13 +319,14 @@ def bulk_ok(s: Scheduler) -> bool:
     return not (s.config.record_decisions or s.kv.hybrid) and eviction.batches and not eviction.reads_block_stats
 
 
-def _decoders(s: Scheduler, requests, copies: list | None = None
-              ) -> tuple[list[Sequence], list[int], list[int], int, int, int] | None:
+def _decoders(s: Scheduler, requests, copies_ok: bool = False
+              ) -> tuple[list[Sequence], list[int], list[int], int, int, int, list | None] | None:
     """The live sequences of ``requests`` if every one is a steady decoder (module docstring):
-    ``(seqs, offsets, finish_at, table blocks, dropped entries, sum(computed))``, each offset its
-    sequence's computed tokens less the scheduler's next step (``DecodeRun.offsets``); else ``None``.
-    A sequence whose next write would copy on write is not one, unless ``copies`` is a list: it
-    is then taken, and its ``(sequence, offset)`` appended there (``DecodeRun.copies``)."""
+    ``(seqs, offsets, finish_at, table blocks, dropped entries, sum(computed), copies)``, each
+    offset its sequence's computed tokens less the scheduler's next step (``DecodeRun.offsets``);
+    else ``None``. A sequence whose next write would copy on write is not one, unless
+    ``copies_ok``: it is then taken, and listed in ``copies`` (``DecodeRun.copies``; ``None``
+    when there is none)."""
     if s.kv.hybrid and not _hybrid_decoders(s, requests):
         return None
     bs = s.block_size
@@ -338,6 +338,7 @@ def _decoders(s: Scheduler, requests, copies: list | None = None
     offsets: list[int] = []
     finish_steps: list[int] = []
     table_blocks = context = 0
+    copies = None
     for request in requests:
         if request.beam_width > 1 or (request.n > 1 and not request.forked):
             return None
@@ -351,8 +352,10 @@ def _decoders(s: Scheduler, requests, copies: list | None = None
                 return None
             table = seq.block_table
             if c % bs and ref_counts[table[-1]] != 1:  # the next write would copy on write
-                if copies is None:
+                if not copies_ok:
                     return None
+                if copies is None:
+                    copies = []
                 copies.append((seq, c - step))
             # It finishes at the step whose sample reaches its length (or max_model_len).
             limit = request.max_tokens if lens is None else lens[seq.index]  # request.max_tokens_of(seq)
@@ -363,8 +366,8 @@ def _decoders(s: Scheduler, requests, copies: list | None = None
                                              else max_model_len - n))
             table_blocks += len(table)
     if s.kv.hybrid:  # (blocks held, each table's count, and entries the windows dropped)
-        return seqs, offsets, finish_steps, *table_counts(seqs), context
-    return seqs, offsets, finish_steps, table_blocks, 0, context
+        return seqs, offsets, finish_steps, *table_counts(seqs), context, copies
+    return seqs, offsets, finish_steps, table_blocks, 0, context, copies
 
 
 def _hybrid_decoders(s: Scheduler, requests) -> bool:
@@ -420,9 +423,12 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
         if first_finish < 1 or buckets is None or not preempts_in_step(s):
             return None
         horizon = 0  # (its next step must preempt: preempting_batch, then schedule_decode_step)
-    return DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
-                     pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, dropped_entries,
-                     buckets=buckets, widest=widest, copies=copies or ())
+    run = DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
+                    pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, dropped_entries,
+                    buckets=buckets, widest=widest)
+    if copies:
+        run.copies = copies
+    return run
 
 
 def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | None = None,
@@ -478,8 +484,8 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         seqs, offsets, finish_at, requests = run.seqs, run.offsets, run.finish_at, run.requests
         table_blocks, dropped_entries = run.table_blocks + allocated - dropped, run.dropped_entries + dropped
         context = run.context_tokens + k * len(seqs)
-    copies = [] if buckets is not None else None  # (the newcomers' copies on write)
-    members = _decoders(s, admitted, copies) if admitted else None
+    copies = None  # (the newcomers' copies on write)
+    members = _decoders(s, admitted, copies_ok=buckets is not None) if admitted else None
     if admitted and members is not None:
         if buckets is not None:
             bulk_decode.join(buckets, members[0], members[1], bs)
@@ -489,6 +495,7 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         table_blocks += members[3]
         dropped_entries += members[4]
         context += members[5]
+        copies = members[6]
         requests = requests + admitted
         if tokens is not None:
             tokens = tokens | {request.request_id: len(request.live_seqs) for request in admitted}
