@@ -1,6 +1,7 @@
-"""``engine.policy.preempting_decode``: a decode step that must preempt leaves the policy's state
-exactly as ``schedule()`` + ``update()`` leave it, under every built-in victim policy, both
-preemption modes, with and without prefix caching, and the simulator reports the same run.
+"""``engine.policy.preempting_decode``: a decode step that must preempt, or that copies on write
+after a parallel-sampling fork, leaves the policy's state exactly as ``schedule()`` + ``update()``
+leave it, under every built-in victim policy, both preemption modes, with and without prefix
+caching, and the simulator reports the same run.
 
 The two schedulers of ``tests/test_fast_path_state.py`` (one step by step, one through the fast
 path as the simulator takes it) take requests that outgrow a small pool; each case checks that
