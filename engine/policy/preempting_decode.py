@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING
 
 from engine.policy import bulk_decode
 from engine.policy.bulk_decode import settle_one
+from engine.policy.kv_manager import grow_table
 from engine.policy.preemption import VICTIM_POLICIES
 from engine.policy.request import Request
 from engine.policy.steps.base import Step
@@ -111,51 +112,37 @@ class _Pass:
         self.copies = st.copies  # (the step's (src, dst) copy-on-write pairs, in order)
 
     def need(self, i: int, j: int) -> int:
-        """The blocks ``takers[i:j]`` (sequences of one request, in order) take: a new one each at
-        a block boundary, a copy each where another holder is left (``Planner.blocks_needed``)."""
-        if not self.run.copies:
+        """The blocks ``takers[i:j]`` (sequences of one request, in order) take for their one
+        token, counted as ``Planner.blocks_needed`` counts them (``reserve_need``: a new block at a
+        boundary, a copy where another holder is left)."""
+        if not self.run.copies:  # (every taker is at a block boundary: a new block each)
             return j - i
-        bs = self.run.scheduler.block_size
-        ref_counts = self.run.scheduler.pool.ref_counts
-        holders: dict[int, int] = {}  # (a shared block's holders not yet written, as they write in turn)
-        need = 0
-        for seq, offset in self.takers[i:j]:
-            if (offset + self.step) % bs:  # (its write goes into its partly filled last block)
-                src = seq.block_table[-1]
-                left = holders.get(src, ref_counts[src])
-                if left > 1:
-                    need += 1
-                    holders[src] = left - 1
-            else:
-                need += 1
-        return need
+        s = self.run.scheduler
+        step, ref_counts, reserve_need = self.step, s.pool.ref_counts, s.kv.reserve_need
+        pending: dict[int, int] = {}  # (a shared block's holders not yet written, as they write in turn)
+        return sum(reserve_need(seq.block_table, ref_counts, offset + step, offset + step + 1, pending)
+                   for seq, offset in self.takers[i:j])
 
     def allocate(self, i: int, j: int) -> None:
-        """A new block for each of ``takers[i:j]`` (sequences of one request, in order) at a block
-        boundary; a private copy of its last block for each other one whose block another table
-        still holds (``grow_table``'s order: the copy allocated, then the shared block released)."""
+        """Make ``takers[i:j]`` (sequences of one request, in order) writable for their one token:
+        a new block at a boundary, a private copy of a block another table still holds
+        (``grow_table``, as ``KVCacheManager.reserve`` makes them)."""
         pool = self.run.scheduler.pool
-        if not self.run.copies:
+        if not self.run.copies:  # (every taker is at a block boundary: a new block each)
             for seq, _ in self.takers[i:j]:
                 seq.block_table.append(pool.allocate())
                 seq.table_snapshot = None
             self.allocated += j - i
             return
-        bs = self.run.scheduler.block_size
-        ref_counts = pool.ref_counts
+        bs, step = self.run.scheduler.block_size, self.step
         for seq, offset in self.takers[i:j]:
             table = seq.block_table
-            if not (offset + self.step) % bs:
-                table.append(pool.allocate())
-            elif ref_counts[table[-1]] > 1:
-                src = table[-1]
-                table[-1] = dst = pool.allocate()
-                pool.free(src)
-                self.copies.append((src, dst))
-            else:  # (the last holder writes in place)
-                continue
-            seq.table_snapshot = None
-            self.allocated += 1
+            old_len = len(table)
+            copies = grow_table(pool, table, bs, offset + step, offset + step + 1)
+            if copies or len(table) != old_len:  # (the last holder of a shared block writes in place)
+                seq.table_snapshot = None
+                self.copies += copies
+                self.allocated += len(table) - old_len + len(copies)
 
     def take_out(self, victim: Request) -> None:
         """Bring the victim's sequences up to the step's start, as ``schedule()`` finds them (its
