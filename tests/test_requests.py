@@ -73,3 +73,25 @@ def test_a_preempted_request_finds_its_own_generated_blocks_again():
         scheduler.update(out)
         scheduler.check()
     assert resumed == {"b": 12}  # its 8 prompt tokens and 4 of its generated tokens
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 4, 16])
+@pytest.mark.parametrize("kind", ["plain", "identities", "ragged identities", "token ids"])
+def test_block_contents_are_block_content_block_by_block(kind, block_size):
+    """``Request.block_contents`` (one call for a run of blocks, as ``KVCacheManager.block_key``
+    makes keys) gives exactly ``block_content`` of each block, whichever of its fast paths
+    applies: prompts with no token ids (by no identity, or by identities of whole blocks, or of
+    segments a block straddles), prompts of token ids, unnamed outputs, and outputs with a named
+    token or not yet generated; every start and stop, so runs that cross the prompt's end too."""
+    from engine.policy.request import Sequence
+
+    prompt = {"plain": {}, "identities": dict(prefix_block_ids=[7, 8, 9], prefix_block_tokens=16),
+              "ragged identities": dict(prefix_block_ids=[7, 8], prefix_block_tokens=6),
+              "token ids": dict(prompt_token_ids=list(range(100, 140)))}[kind]
+    request = Request("r", prompt_len=40, max_tokens=30, **prompt)
+    for index, outputs in enumerate(([None] * 20, [None] * 5 + [3] + [None] * 14, [])):
+        seq = Sequence(request, index, output_token_ids=list(outputs))
+        for start in range(0, 64, block_size):
+            for stop in range(start, 64 + 1, block_size):
+                expected = [request.block_content(seq, s, s + block_size) for s in range(start, stop, block_size)]
+                assert request.block_contents(seq, start, stop, block_size) == expected, (outputs, start, stop)

@@ -181,15 +181,14 @@ class BlockPool:
         blocks = eviction.pop_many(count)
         if len(blocks) < count:
             raise NoFreeBlocksError("no free or cached block left")
-        keys, remove, hook = self.keys, self.cache.remove, self.on_release
+        keys, hook = self.keys, self.on_release
         victim_keys = list(map(keys.__getitem__, blocks))
         for block_id in blocks:
             keys[block_id] = None
             ref_counts[block_id] = 1
-        if victim_keys.count(LAZY_KEY) != count:  # some are in the index (lazy keys never are)
-            for block_id, key in zip(blocks, victim_keys):
-                if key is not LAZY_KEY:
-                    remove(key, block_id)
+        if len(self.cache):  # (lazy keys are never in the index: with none there, nothing to remove)
+            self.cache.remove_many([(block_id, key) for block_id, key in zip(blocks, victim_keys)
+                                    if key is not LAZY_KEY])
         if hook is not None:
             for block_id in blocks:
                 hook(block_id)
@@ -296,6 +295,24 @@ class BlockPool:
             self.cached_tick[block_id] = tick
             self.hit_count[block_id] = 0
         self.cache.insert(key, block_id)
+
+    def cache_unkeyed(self, block_ids: Sequence[int], block_keys: Sequence[BlockKey]) -> None:
+        """``cache_block(block_id, key)`` for each pair of ``block_ids`` and ``block_keys`` (in
+        step) whose block carries no key yet, in order (one pass)."""
+        keys = self.keys
+        if self._stats:
+            for block_id, key in zip(block_ids, block_keys):
+                if keys[block_id] is None:
+                    self.cache_block(block_id, key)
+            return
+        ref_counts = self.ref_counts
+        pairs = []
+        for block_id, key in zip(block_ids, block_keys):
+            if keys[block_id] is None:
+                assert ref_counts[block_id] > 0, f"only an in-use block can be cached ({block_id})"
+                keys[block_id] = key
+                pairs.append((block_id, key))
+        self.cache.insert_many(pairs)
 
     def cache_lazy_unkeyed(self, block_ids: Sequence[int]) -> None:
         """``cache_lazy`` of those of ``block_ids`` that carry no key yet, in order (one pass)."""

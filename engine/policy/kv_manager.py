@@ -118,9 +118,11 @@ class KVCacheManager:
             seq.num_filled_tokens = end
         return copies
 
-    def remove_skipped_blocks(self, seq: Sequence) -> None:
+    def remove_skipped_blocks(self, seq: Sequence) -> int:
         """Release blocks that left every attention window (only sliding-window groups have any:
-        ``HybridKVCacheManager``); called before a running sequence's step is counted."""
+        ``HybridKVCacheManager``); called before a running sequence's step is counted. Returns
+        the table entries dropped."""
+        return 0
 
     def admission_blocks(self, seqs: list[Sequence], hits: list, plan: list[tuple[Sequence, int]],
                          prompt_len: int) -> tuple[int, int, int]:
@@ -142,11 +144,11 @@ class KVCacheManager:
             return keys[index]
         bs = self.block_size
         parent = keys[-1] if num_keys else None
-        content = seq.request.block_content
         hash_fn = self.hash_fn
-        for start in range(num_keys * bs, (index + 1) * bs, bs):
-            parent = BlockKey(parent, content(seq, start, start + bs), hash_fn)
-            keys.append(parent)
+        append = keys.append
+        for content in seq.request.block_contents(seq, num_keys * bs, (index + 1) * bs, bs):
+            parent = BlockKey(parent, content, hash_fn)
+            append(parent)
         return parent
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
@@ -157,14 +159,21 @@ class KVCacheManager:
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits: list[int] = []
         pool = self.pool
+        lookup, stored = pool.cache.lookup, pool.keys  # (pool.lookup)
         keys = seq.block_keys
+        bs = self.block_size
+        content, hash_fn = seq.request.block_content, self.hash_fn
         for j in range(max_blocks):
-            key = self.block_key(seq, j)
-            block_id = pool.lookup(key)
+            if j < len(keys):
+                key = keys[j]
+            else:  # block_key(seq, j): one more link (one call per block walked is a hot path)
+                key = BlockKey(keys[-1] if j else None, content(seq, j * bs, j * bs + bs), hash_fn)
+                keys.append(key)
+            block_id = lookup(key)
             if block_id is None:
                 break
             hits.append(block_id)
-            canonical = pool.keys[block_id]
+            canonical = stored[block_id]
             if canonical is not key:
                 self.adopt_key(seq, j, canonical)
         return hits
@@ -226,12 +235,11 @@ class KVCacheManager:
         lazy = self._lazy_start(seq)
         eager_end = num_full if num_full < lazy else lazy
         chain = seq.block_keys
-        for i in range(first, eager_end):
-            block_id = table[i]
-            if keys[block_id] is None:
-                if i >= len(chain):  # (the keys through the range's end, in one go)
-                    self.block_key(seq, eager_end - 1)
-                pool.cache_block(block_id, chain[i])
+        if first < eager_end:
+            made = len(chain)
+            if eager_end > made and any(keys[b] is None for b in table[max(first, made):eager_end]):
+                self.block_key(seq, eager_end - 1)  # (the keys through the range's end, in one go)
+            pool.cache_unkeyed(table[first:eager_end], chain[first:eager_end])
         if num_full > lazy:
             pool.cache_lazy_unkeyed(table[max(first, lazy):num_full])
         seq.num_registered_blocks = num_full

@@ -50,6 +50,16 @@ class PrefixCacheIndex:
                 children = self._children
                 children[parent] = children.get(parent, 0) + 1
 
+    def insert_many(self, pairs: list[tuple[int, BlockKey]]) -> None:
+        """``insert(key, block_id)`` for each ``(block_id, key)``, in order."""
+        if self.track_children:
+            for block_id, key in pairs:
+                self.insert(key, block_id)
+            return
+        setdefault = self._blocks.setdefault
+        for block_id, key in pairs:
+            setdefault(key, []).append(block_id)
+
     def remove(self, key: BlockKey, block_id: int) -> BlockKey | None:
         """Forget that ``block_id`` carries ``key``. Returns the parent key if it thereby became a
         leaf (the last block carrying ``key`` went and ``key`` was its parent's last child);
@@ -73,6 +83,21 @@ class PrefixCacheIndex:
             return None
         del children[parent]
         return parent
+
+    def remove_many(self, pairs: list[tuple[int, BlockKey]]) -> None:
+        """``remove(key, block_id)`` for each ``(block_id, key)``, in order, for a caller that
+        does not ask which parents became leaves."""
+        if self.track_children:
+            for block_id, key in pairs:
+                self.remove(key, block_id)
+            return
+        blocks_by_key = self._blocks
+        pop = blocks_by_key.pop
+        for block_id, key in pairs:
+            blocks = pop(key)
+            if len(blocks) > 1 or blocks[0] != block_id:  # (remove's rare cases, and its error)
+                blocks_by_key[key] = blocks
+                self.remove(key, block_id)
 
     def has_children(self, key: BlockKey) -> bool:
         assert self.track_children, "this index does not track children (track_children=False)"

@@ -212,6 +212,31 @@ class Request:
                     parts.append(("out", self.request_id, seq.index, run_start, end))
         return tuple(parts)
 
+    def block_contents(self, seq: Sequence, start: int, stop: int, bs: int) -> list[Hashable]:
+        """``block_content`` of the consecutive ``bs``-token blocks starting at ``start``,
+        ``start + bs``, ... below ``stop`` (``stop - start`` a multiple of ``bs``): the same
+        values, in one call. Where ``block_content`` takes a fast path for every block (a prompt
+        with no token ids, given by no identities or by identities whose segments are whole
+        blocks, as Mooncake's 512-token hash ids; unnamed outputs), one tuple per block is made
+        here without a call each."""
+        prompt_len = self.prompt_len
+        rid = self.request_id
+        if stop <= prompt_len and self.prompt_token_ids is None:  # (block_content's first fast paths)
+            ids = self.prefix_block_ids
+            if ids is None:
+                return [(("prompt", rid, s, s + bs),) for s in range(start, stop, bs)]
+            size = self.prefix_block_tokens
+            if size % bs == 0 and start % bs == 0 and (stop - 1) // size < len(ids):
+                # (each block lies within the identity k = s // size)
+                return [((ids[s // size], s % size, s % size + bs),) for s in range(start, stop, bs)]
+        elif start >= prompt_len:  # (its third: a block of unnamed outputs)
+            outputs = seq.output_token_ids[start - prompt_len:stop - prompt_len]
+            if outputs.count(None) == len(outputs):
+                index = seq.index
+                return [(("out", rid, index, s, s + bs),) for s in range(start, stop, bs)]
+        content = self.block_content
+        return [content(seq, s, s + bs) for s in range(start, stop, bs)]
+
     def _identity_segments(self, start: int, end: int) -> list[Hashable]:
         size = self.prefix_block_tokens
         ids = self.prefix_block_ids or ()
