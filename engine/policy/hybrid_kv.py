@@ -163,10 +163,12 @@ class HybridKVCacheManager(KVCacheManager):
         seq.extra_snapshot = None
 
     # -------------------------------------------------------------- the window
-    def remove_skipped_blocks(self, seq: Sequence) -> None:
-        """Release the blocks of sliding groups that left the window of ``seq``'s next token."""
+    def remove_skipped_blocks(self, seq: Sequence) -> int:
+        """Release the blocks of sliding groups that left the window of ``seq``'s next token;
+        returns the table entries dropped."""
         bs = self.block_size
         computed = seq.num_computed_tokens
+        dropped = 0
         for window, table in zip(self.windows, self.tables(seq)):
             num = min(skipped_blocks(window, computed, bs), len(table))
             freed = []
@@ -179,6 +181,8 @@ class HybridKVCacheManager(KVCacheManager):
             if freed:
                 self.pool.free_table(freed[::-1])  # free_table walks backwards: vLLM's order
                 self._changed(seq)
+                dropped += len(freed)
+        return dropped
 
     # --------------------------------------------------------------- counting
     def plan_need(self, plan: list[tuple[Sequence, int]]) -> int:

@@ -101,6 +101,7 @@ def apply_hybrid_events(events: list[int], e: int, through_step: int, seqs: list
     """Carry out the events of steps up to ``through_step`` from index ``e`` with the KV manager's
     own calls; returns the next index."""
     pool = kv.pool
+    groups = counts.groups
     n3 = 3 * len(seqs)
     stop = (through_step + 1) * n3
     num = len(events)
@@ -114,27 +115,20 @@ def apply_hybrid_events(events: list[int], e: int, through_step: int, seqs: list
         position = computed[i] + j - 1  # the token step j computes
         if kind == 0:
             seq.num_computed_tokens = position  # (what remove_skipped_blocks reads)
-            dropped = _dropped(kv, seq)
             free, cached = pool.num_free_blocks, pool.num_cached_free_blocks
-            kv.remove_skipped_blocks(seq)
-            counts.dropped[j - 1] += _dropped(kv, seq) - dropped
+            counts.dropped[j - 1] += kv.remove_skipped_blocks(seq)
             counts.freed[j - 1] += pool.num_free_blocks - free
             counts.cached[j - 1] += pool.num_cached_free_blocks - cached
-        elif kind == 1:
-            evicted, free = pool.num_evictions, pool.num_free_blocks
+        elif kind == 1:  # (every group's table, one length, grows by a block: counts.groups blocks)
+            evicted = pool.num_evictions
             copies = kv.reserve(seq, position, position + 1)
             assert not copies, "a steady decoder never copies on write"
-            counts.allocations[j - 1] += free - pool.num_free_blocks
+            counts.allocations[j - 1] += groups
             counts.evictions[j - 1] += pool.num_evictions - evicted
         else:
             kv.register(seq, position + 1)
         e += 1
     return e
-
-
-def _dropped(kv, seq: Sequence) -> int:
-    """Entries the windows dropped from ``seq``'s sliding tables (full ones drop none)."""
-    return sum([num_dropped(table) for window, table in zip(kv.windows, kv.tables(seq)) if window is not None])
 
 
 def table_counts(seqs: list[Sequence]) -> tuple[int, int]:
