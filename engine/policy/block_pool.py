@@ -134,11 +134,13 @@ class BlockPool:
     def allocate_many(self, num_blocks: int) -> list[int]:
         """``num_blocks`` calls of ``allocate``, in one pass: the plain free blocks first, then
         evictions, in the order (and with the hooks) that one-by-one allocation makes them."""
-        if num_blocks > self.num_free_blocks:
+        free = self._free
+        if num_blocks > len(free) and num_blocks > self.num_free_blocks:  # (plain free blocks suffice)
             raise NoFreeBlocksError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
         if num_blocks <= 2:  # (one call each costs less than the bulk path's set-up)
+            if num_blocks == 1:  # (a decode's new block: the commonest call)
+                return [self.allocate()]
             return [self.allocate() for _ in range(num_blocks)]
-        free = self._free
         plain = num_blocks if num_blocks <= len(free) else len(free)
         if not plain:
             return self._evict_many(num_blocks)
