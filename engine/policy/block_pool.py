@@ -220,6 +220,9 @@ class BlockPool:
 
     def free_table(self, block_ids: Sequence[int]) -> None:
         """Release a whole block table, last block first (see the module docstring for the order)."""
+        if len(block_ids) == 1:  # (a sliding window's drop: what free does for one block)
+            self.free(block_ids[0])
+            return
         ref_counts, keys, release_tick = self.ref_counts, self.keys, self.release_tick
         eviction = self.eviction
         if not self._stats and eviction.batches and set(map(ref_counts.__getitem__, block_ids)) == {1}:
