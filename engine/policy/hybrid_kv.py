@@ -170,7 +170,11 @@ class HybridKVCacheManager(KVCacheManager):
         computed = seq.num_computed_tokens
         dropped = 0
         for window, table in zip(self.windows, self.tables(seq)):
+            if window is None or computed < window:  # (skipped_blocks is 0: nothing left the window)
+                continue
             num = min(skipped_blocks(window, computed, bs), len(table))
+            if not num or table[num - 1] is None:  # (what an earlier call dropped: nothing new)
+                continue
             freed = []
             for i in range(num - 1, -1, -1):  # backwards, stopping at what an earlier call dropped
                 block_id = table[i]

@@ -45,6 +45,17 @@ def hybrid_events(kv, computed: list[int], seqs: list[Sequence], k: int) -> list
     windows = [w for w, _ in kv.sliding_types]  # (each distinct window once)
     caching = kv.enable_prefix_caching
     events: list[int] = []
+    if k == 1:  # (an admitting step's decodes: step 1's events alone, already in order)
+        n3 = 3 * n
+        for i, (seq, c) in enumerate(zip(seqs, computed)):
+            code = n3 + 3 * i
+            if _behind_window(kv, seq, c):  # (a drop at step 1; the periodic ones start at step 2)
+                events.append(code)
+            if c % bs == 0:  # (c + j - 1) % bs == 0 at j = 1
+                events.append(code + 1)
+            if caching and (c + 1) % bs == 0:  # (c + j) % bs == 0 at j = 1
+                events.append(code + 2)
+        return events
     for i, (seq, c) in enumerate(zip(seqs, computed)):
         base = 3 * i
         # Drops: at step 1 where a sliding table still holds a block behind the window; from
