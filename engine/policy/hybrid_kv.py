@@ -170,22 +170,19 @@ class HybridKVCacheManager(KVCacheManager):
         computed = seq.num_computed_tokens
         dropped = 0
         for window, table in zip(self.windows, self.tables(seq)):
-            if window is None or computed < window:  # (skipped_blocks is 0: nothing left the window)
-                continue
             num = min(skipped_blocks(window, computed, bs), len(table))
-            if not num or table[num - 1] is None:  # (what an earlier call dropped: nothing new)
+            if not num or table[num - 1] is None:  # (none left the window, or an earlier call dropped them)
                 continue
-            freed = []
+            freed = []  # (at least table[num - 1])
             for i in range(num - 1, -1, -1):  # backwards, stopping at what an earlier call dropped
                 block_id = table[i]
                 if block_id is None:
                     break
                 freed.append(block_id)
                 table[i] = None
-            if freed:
-                self.pool.free_table(freed[::-1])  # free_table walks backwards: vLLM's order
-                self._changed(seq)
-                dropped += len(freed)
+            self.pool.free_table(freed[::-1])  # free_table walks backwards: vLLM's order
+            self._changed(seq)
+            dropped += len(freed)
         return dropped
 
     # --------------------------------------------------------------- counting
