@@ -23,15 +23,21 @@ SPEC = [(step, prompt, output, n) for step, (prompt, output, n) in
         enumerate([(9, 50, 1), (21, 40, 2), (5, 60, 1), (30, 35, 1), (13, 55, 2), (7, 45, 1), (25, 50, 1), (11, 40, 1)])]
 
 
-def _preempting_steps(monkeypatch, name: str = "decodes_with_preemptions", what=lambda run, st: st.step) -> list:
+def _preempting_steps(monkeypatch, name: str = "decodes_with_preemptions", what=lambda run, st: st.step,
+                      after=None) -> list:
     """Count the fast path's preempting steps (``what`` of each call: its step number; ``name``:
-    the ``vllm-v1`` or the ``vllm-v0`` running pass)."""
+    the ``vllm-v1`` or the ``vllm-v0`` running pass). With ``after``, each entry is
+    ``after(run, st, result)`` instead, taken once the pass has run."""
     steps: list = []
     real = getattr(preempting_decode, name)
 
     def counted(run, st):
-        steps.append(what(run, st))
-        return real(run, st)
+        if after is None:
+            steps.append(what(run, st))
+            return real(run, st)
+        result = real(run, st)
+        steps.append(after(run, st, result))
+        return result
 
     monkeypatch.setattr(ff, name, counted)
     return steps
@@ -246,18 +252,12 @@ def test_a_forks_copies_under_memory_pressure(monkeypatch, num_gpu_blocks, mode,
                          num_cpu_blocks=64, preemption_mode=mode, record_decisions=False)
     plain_mid, fast_mid = {}, {}
     plain = drive(config, spec, fast=False, mid=plain_mid)
-    copying = []  # (step, victims, blocks left free) of each step whose batch copied on write
-    real = preempting_decode.decodes_with_preemptions
-
-    def recorded(run, st):
-        copies = bool(run.copies)
-        result = real(run, st)
-        if copies:
-            copying.append((st.step, len(result[3]), run.scheduler.pool.num_free_blocks))
-        return result
-
-    monkeypatch.setattr(ff, "decodes_with_preemptions", recorded)
+    # (step, victims, blocks left free) of each step whose batch copied on write (the pass makes
+    # new runs: the one it was given keeps its copies)
+    calls = _preempting_steps(monkeypatch, after=lambda run, st, result: (
+        (st.step, len(result[3]), run.scheduler.pool.num_free_blocks) if run.copies else None))
     fast = drive(config, spec, fast=True, mid=fast_mid)
+    copying = [call for call in calls if call is not None]
     copied = [step for step, _, _ in copying]
     assert any(victims or not free for _, victims, free in copying), \
         f"no copying step preempted or took the last free block ({copying}): the pool is not tight"
