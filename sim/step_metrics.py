@@ -3,9 +3,10 @@
 A run records one row per scheduler step (``STEP_COLUMNS``: start and duration, batch, tokens,
 KV slots, swaps, preemptions, each cost term), millions of rows for a long trace. A recorded row
 first waits in a row-major ``array('d')`` (one ``extend`` per step, the cheapest append Python
-has); a few thousand at a time they are written, transposed, into the *live chunk*: column-major
-blocks (``[columns, rows]`` float64), so each column of a block is contiguous. When the live
-chunk holds ``chunk_rows`` rows it is appended to one binary file per column (native float64)
+has); a few thousand at a time they are written, transposed, into the *live chunk*: one
+column-major array (``[columns, chunk_rows]`` float64, made at the first write), so each column
+is contiguous; rows that fit are written there in place, without an intermediate copy. When the
+live chunk holds ``chunk_rows`` rows it is appended to one binary file per column (native float64)
 in a private temporary directory, made at the first spill (``tempfile.mkdtemp`` under
 ``spill_dir``) and removed by ``close()``, by leaving a ``with`` block, or when the store is
 garbage collected.
@@ -92,8 +93,10 @@ class StepMetrics:
         self._columns = STEP_COLUMNS if keep_rows else KEPT_COLUMNS  # the columns that can be read back
         self._spilled_sums: list[tuple[float, ...]] = []  # chunk_sums of each spilled chunk, in order
         self._spill_parent = spill_dir
-        self._live: list[np.ndarray] = []  # column-major blocks ([columns, rows]): the rows not yet spilled
-        self._num_live = 0  # rows in them
+        # the live chunk: column-major ([columns, chunk_rows]), made at the first write; its first
+        # ``_num_live`` rows are the rows not yet spilled
+        self._chunk: np.ndarray | None = None
+        self._num_live = 0
         self._num_spilled = 0
         self._spilled_term_totals = np.zeros(len(TERMS))  # sequential sums over the spilled rows
         self._path: Path | None = None
@@ -145,7 +148,10 @@ class StepMetrics:
         if not pieces:
             return
         self._check_open()
-        block = np.empty((NUM_COLUMNS, self._num_deferred_rows))
+        count, live = self._num_deferred_rows, self._num_live
+        # (the usual: they fit in the live chunk, and are written there in place; else copied in)
+        in_place = live + count <= self.chunk_rows
+        block = self._live_chunk()[:, live:live + count] if in_place else np.empty((NUM_COLUMNS, count))
         if len(pieces) == 1 and pieces[0].__class__ is int:  # (only rows: no skip-ahead)
             self._write_rows(block, None)
         else:
@@ -174,7 +180,12 @@ class StepMetrics:
         del self._rows[:]
         self._deferred = []
         self._num_deferred_rows = 0
-        self._append_block(block)
+        if not in_place:
+            self._append_block(block)
+        else:
+            self._num_live = live + count
+            if self._num_live >= self.chunk_rows:
+                self._spill()
 
     def _write_rows(self, block: np.ndarray, at: np.ndarray | None) -> None:
         """The rows recorded one by one, transposed into ``block``'s columns ``at`` (``None``: all).
@@ -208,19 +219,25 @@ class StepMetrics:
         self._append_block(block)
 
     def _append_block(self, block: np.ndarray) -> None:
-        """Append the rows of ``block`` (``[NUM_COLUMNS, rows]`` float64, C order) to the live
-        chunk, spilling at each chunk boundary."""
+        """Copy the rows of ``block`` (``[NUM_COLUMNS, rows]`` float64) into the live chunk,
+        spilling at each chunk boundary."""
         count = block.shape[1]
         done = 0
         while done < count:  # fill the live chunk, spill, repeat: memory stays one chunk
-            rows = min(count - done, self.chunk_rows - self._num_live)
-            self._live.append(block if rows == count else block[:, done:done + rows])
-            self._num_live += rows
+            live = self._num_live
+            rows = min(count - done, self.chunk_rows - live)
+            self._live_chunk()[:, live:live + rows] = block[:, done:done + rows]
+            self._num_live = live + rows
             done += rows
             if self._num_live >= self.chunk_rows:
                 self._spill()
-        if self._live and self._live[-1].base is block:  # a part left live: its own copy, so the
-            self._live[-1] = self._live[-1].copy()  # rest of the block (spilled) can be freed
+
+    def _live_chunk(self) -> np.ndarray:
+        """The live chunk's array (``[NUM_COLUMNS, chunk_rows]``), made on first use."""
+        chunk = self._chunk
+        if chunk is None:
+            chunk = self._chunk = np.empty((NUM_COLUMNS, self.chunk_rows))
+        return chunk
 
     def _spill(self) -> None:
         self._check_open()
@@ -232,7 +249,6 @@ class StepMetrics:
         self._spilled_sums.append(chunk_sums({name: block[_INDEX[name]] for name in SUM_COLUMNS}))
         self._spilled_term_totals = _fold_terms(self._spilled_term_totals, block)
         self._num_spilled += block.shape[1]
-        self._live = []
         self._num_live = 0
 
     def _directory(self) -> Path:
@@ -275,10 +291,8 @@ class StepMetrics:
             with open(self._path / f"{name}.f64", "rb") as f:
                 num_bytes = f.readinto(memoryview(out[:spilled]).cast("B"))
             assert num_bytes == 8 * spilled, f"{name}: read {num_bytes} bytes of {8 * spilled}"
-        live = spilled
-        for part in self._live:
-            out[live:live + part.shape[1]] = part[j]
-            live += part.shape[1]
+        if self._num_live:
+            out[spilled:] = self._chunk[j, :self._num_live]
         return out
 
     def iter_chunks(self, columns: Sequence[str] = STEP_COLUMNS) -> Iterator[dict[str, np.ndarray]]:
@@ -312,10 +326,8 @@ class StepMetrics:
     def _live_columns(self, columns: Sequence[str]) -> dict[str, np.ndarray]:
         """The live chunk's ``columns``, each a new contiguous array (a caller may keep it while
         more rows are recorded)."""
-        live = self._live
-        if len(live) == 1:
-            return {name: live[0][_INDEX[name]].copy() for name in columns}
-        return {name: np.concatenate([part[_INDEX[name]] for part in live]) for name in columns}
+        block = self._live_block()
+        return {name: block[_INDEX[name]].copy() for name in columns}
 
     def _check_readable(self, columns: Sequence[str]) -> None:
         self._check_open()
@@ -329,20 +341,17 @@ class StepMetrics:
                              f"(pagesim simulate --out) for every column")
 
     def _live_block(self) -> np.ndarray:
-        """The live chunk as one (columns, rows) array (its one block, or the blocks joined)."""
-        live = self._live
-        if len(live) == 1:
-            return live[0]
-        if not live:
-            return np.empty((NUM_COLUMNS, 0))
-        return np.concatenate(live, axis=1)
+        """The live chunk's rows (``[columns, rows]``): a view of the live chunk, valid until
+        the next write."""
+        chunk = self._chunk
+        return np.empty((NUM_COLUMNS, 0)) if chunk is None else chunk[:, :self._num_live]
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
         """Remove the spilled files and free the live chunk; the store can no longer be used."""
         if self._finalizer is not None:
             self._finalizer()
-        self._live = []
+        self._chunk = None
         self._num_live = 0
         del self._rows[:]
         self._deferred = []
@@ -366,9 +375,17 @@ def _fold_terms(totals: np.ndarray, block: np.ndarray) -> np.ndarray:
     """Extend the running term sums over ``block`` (columns, rows), left to right."""
     if block.shape[1] == 0:
         return totals
-    terms = block[_TERM_INDEX]  # (terms, rows), a copy
-    terms[:, 0] += totals  # the running sum's next addition, then the rest in order
-    return np.add.accumulate(terms, axis=1, out=terms)[:, -1].copy()
+    # A term that is zero on every row (most are, for decode steps) leaves its sum as it is:
+    # x + 0.0 and x + -0.0 are x for every x but -0.0, and a sum that starts at +0.0 never is
+    # -0.0 (+0.0 + -0.0 is +0.0). NaN counts as nonzero.
+    nonzero = [t for t, j in enumerate(_TERM_INDEX) if block[j].any()]
+    if not nonzero:
+        return totals
+    terms = block[[_TERM_INDEX[t] for t in nonzero]]  # (terms, rows), a copy
+    terms[:, 0] += totals[nonzero]  # the running sum's next addition, then the rest in order
+    folded = totals.copy()
+    folded[nonzero] = np.add.accumulate(terms, axis=1, out=terms)[:, -1]
+    return folded
 
 
 def _remove_tree(path: Path, owner_pid: int) -> None:

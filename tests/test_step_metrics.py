@@ -22,7 +22,7 @@ from engine.policy.usage import KvUsage
 from sim.cost.base import TERMS, StepCost, StepWork
 from sim.bench_metrics import Slo
 from sim.metrics import COMPLETED, RequestMetrics, summarize
-from sim.step_metrics import KEPT_COLUMNS, STEP_COLUMNS, StepMetrics
+from sim.step_metrics import KEPT_COLUMNS, NUM_COLUMNS, STEP_COLUMNS, StepMetrics
 from sim.step_sums import SUM_COLUMNS, SUM_KEYS, chunk_sums
 
 MAGNITUDES = (1e-12, 1e-6, 1e-3, 1.0, 7.0, 1e4, 1e8, 1e16)
@@ -93,6 +93,28 @@ def test_record_many_equals_record_row_by_row(chunk_rows: int, seed: int):
         for name in STEP_COLUMNS:
             assert bits(batched.array(name)) == bits(one_by_one.array(name))
         assert batched.term_totals_s == one_by_one.term_totals_s
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, 64])
+def test_term_totals_with_terms_zero_in_whole_chunks(chunk_rows: int):
+    """A term that is zero (of either sign) on every row of a chunk leaves its running sum as the
+    row-by-row sum leaves it, whether the chunk comes first, between nonzero ones or last."""
+    rng = random.Random(11)
+    rows = [random_row(rng) for _ in range(40)]
+    for i, row in enumerate(rows):
+        row["moe_s"] = 0.0  # zero throughout
+        row["swap_s"] = -0.0  # negative zero throughout
+        row["tp_comm_s"] = (0.0, -0.0)[i % 2] if i < 20 else row["tp_comm_s"]  # zeros, then not
+        row["cow_copy_s"] = row["cow_copy_s"] if 8 <= i < 12 else -0.0  # nonzero only between
+    for record in ("rows", "many"):
+        with StepMetrics(chunk_rows=chunk_rows) as store:
+            if record == "rows":
+                for row in rows:
+                    record_row(store, row)
+            else:
+                store.record_many(as_columns(rows), len(rows))
+            assert_holds(store, rows)
+            assert bits([store.term_totals_s["moe"], store.term_totals_s["swap"]]) == bits([0.0, 0.0])
 
 
 def test_record_many_broadcasts_scalars():
@@ -396,13 +418,14 @@ def test_a_failing_fill_loses_nothing_and_leaves_the_store_usable():
 
 
 def test_a_block_larger_than_a_chunk_leaves_only_its_own_rows_live():
-    """After a spill splits a block, the live part is a copy: the spilled rows' block is freed."""
+    """After a spill splits a block, the live part is a copy in the live chunk (an array of its
+    own, one chunk long): nothing keeps the block, whose spilled rows are freed."""
     rng = random.Random(4)
     rows = [random_row(rng) for _ in range(23)]
     with StepMetrics(chunk_rows=5) as store:
         store.record_many(as_columns(rows), len(rows))
         assert store.num_buffered_rows == 3
-        assert sum(part.shape[1] if part.base is None else part.base.shape[1] for part in store._live) == 3
+        assert store._chunk.base is None and store._chunk.shape == (NUM_COLUMNS, 5)
         assert_holds(store, rows)
 
 
