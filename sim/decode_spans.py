@@ -42,6 +42,7 @@ from sim.step_metrics import COLUMN_INDEX, NUM_COLUMNS
 #: Per span, the integers ``fill`` reads: its rows, first step, the batch's counts and its block counts.
 _INTS = 9
 _ZEROS = (0.0,) * len(TERMS)  # (a term the step has not: 0.0)
+_DECODE_TERM = TERMS.index("decode_attention")
 
 
 class DecodeSpanLog:
@@ -79,11 +80,18 @@ class DecodeSpanLog:
         try:
             values = list(map(terms.get, TERMS, _ZEROS))
             per_step = 0
-            for t, value in enumerate(values):
-                if value.__class__ is not float and isinstance(value, (np.ndarray, list)):
-                    _extend(self._term_rows[t], value, rows)
-                    per_step |= 1 << t
-                    values[t] = 0.0
+            attention = values[_DECODE_TERM]
+            if attention.__class__ is list and list(map(type, values)).count(float) == len(TERMS) - 1:
+                # (the common span, _plan_short's: decode attention per step, every other term one float)
+                _extend(self._term_rows[_DECODE_TERM], attention, rows)
+                per_step = 1 << _DECODE_TERM
+                values[_DECODE_TERM] = 0.0
+            else:
+                for t, value in enumerate(values):
+                    if value.__class__ is not float and isinstance(value, (np.ndarray, list)):
+                        _extend(self._term_rows[t], value, rows)
+                        per_step |= 1 << t
+                        values[t] = 0.0
             self._terms.fromlist(values)
             self._per_step.append(per_step)
             self._ints.fromlist([rows, first_step, num_requests, num_waiting, num_seqs, total_slots, used_blocks,
@@ -195,9 +203,11 @@ def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndar
     terms = _read(log._terms).reshape(-1, len(TERMS))[:count]
     per_step = _read(log._per_step, np.int64)[:count]
     given = int(np.bitwise_or.reduce(per_step)) if count else 0  # the terms some span gives per step
+    written = (terms != 0.0).any(axis=0) | np.signbit(terms).any(axis=0)  # (+0.0 everywhere: out has it)
     for t, column in enumerate(_TERM_COLUMNS):
         values = out[column]
-        values[:] = terms[:, t][sid]
+        if written[t]:
+            values[:] = terms[:, t][sid]
         if given >> t & 1:
             mine = (per_step >> t & 1).astype(bool)
             values[mine[sid]] = _read(log._term_rows[t])[:int(ks[mine].sum())]

@@ -40,9 +40,11 @@ def span_args(draw, bs: int, hybrid: bool = False) -> dict:
     ends = start + np.cumsum(draw(st.lists(st.floats(1e-4, 1.0), min_size=k, max_size=k)))
     terms = {}
     for i, t in enumerate(TERMS):
-        kind = draw(st.sampled_from(["absent", "value", "array", "list"]))
+        kind = draw(st.sampled_from(["absent", "value", "zero", "array", "list"]))
         if kind == "value":
             terms[t] = float(i) + 0.5
+        elif kind == "zero":
+            terms[t] = draw(st.sampled_from([0.0, -0.0]))
         elif kind != "absent":
             per_step = np.linspace(0.001, 0.002, k) + i
             terms[t] = per_step if kind == "array" else per_step.tolist()
@@ -98,6 +100,11 @@ def test_fill_of_many_spans_is_each_span_filled_alone(drawn):
         alone = fill_alone(bs, args)
         assert not np.isnan(alone).any()  # (every row of the span is written: none keeps its NaN)
         k = args["rows"]
+        for name in TERMS:  # a term given as one value (absent: +0.0) is that value on every row, else its steps'
+            value = args["terms"].get(name, 0.0)
+            want = np.full(k, value) if isinstance(value, float) else np.asarray(value, dtype=np.float64)[:k]
+            column = alone[STEP_COLUMNS.index(f"{name}_s")]
+            assert np.array_equal(column.view(np.int64), want.view(np.int64)), name
         assert np.array_equal(together[:, offset:offset + k].view(np.int64), alone.view(np.int64))
         written[offset:offset + k] = True
     assert np.isnan(together[:, ~written]).all()  # (and nothing else)
