@@ -184,11 +184,12 @@ class BlockPool:
         if len(blocks) < count:
             raise NoFreeBlocksError("no free or cached block left")
         keys, hook = self.keys, self.on_release
-        victim_keys = list(map(keys.__getitem__, blocks))
+        # (lazy keys are never in the index: with none there, nothing to remove)
+        victim_keys = list(map(keys.__getitem__, blocks)) if len(self.cache) else None
         for block_id in blocks:
             keys[block_id] = None
             ref_counts[block_id] = 1
-        if len(self.cache):  # (lazy keys are never in the index: with none there, nothing to remove)
+        if victim_keys is not None:
             self.cache.remove_many([(block_id, key) for block_id, key in zip(blocks, victim_keys)
                                     if key is not LAZY_KEY])
         if hook is not None:

@@ -132,25 +132,21 @@ def apply_lazily(run: DecodeRun, k: int, kv, pool, allocations: list[int], evict
     first = run.step
     buckets = run.buckets
     takers: Bucket = []
+    plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
+    taken = 0
     for j in range(k):
         bucket = buckets[(first + j) % bs]
         if bucket:
-            allocations[j] = len(bucket)
+            count = allocations[j] = len(bucket)
             takers += bucket
+            taken += count
+            if taken > plain:  # (of this step's, those past the plain free blocks evict)
+                evictions[j] = count if taken - count >= plain else taken - plain
     if takers:
-        plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
-        blocks = pool.allocate_many(len(takers))
+        blocks = pool.allocate_many(taken)
         for (seq, _), block in zip(takers, blocks):
             seq.block_table.append(block)
             seq.table_snapshot = None
-        if len(takers) > plain:
-            taken = 0
-            for j in range(k):
-                count = allocations[j]
-                if count:
-                    taken += count
-                    if taken > plain:
-                        evictions[j] = min(count, taken - plain)
     if kv.enable_prefix_caching:
         _register(run, first, k, kv, pool, first + k, sampled)
 
