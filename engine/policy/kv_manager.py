@@ -130,6 +130,8 @@ class KVCacheManager:
         admitting ``seqs`` with ``hits``: every sequence's whole known length (vLLM v1), less its
         hits and, for parked sequences, less the prompt blocks they will share with the leader."""
         bs = self.block_size
+        if len(seqs) == 1 and not hits[0] and not seqs[0].parked:  # (the commonest: one sequence, no hit)
+            return cdiv(seqs[0].num_tokens, bs), 0, 0
         shared = prompt_len // bs
         new_blocks = sum(cdiv(seq.num_tokens, bs) - (shared if seq.parked else len(h)) for seq, h in zip(seqs, hits))
         hit_blocks = {b for h in hits for b in h}
@@ -154,11 +156,11 @@ class KVCacheManager:
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix of ``seq`` (empty with caching off), never
         covering the last known token. Does not take references (``touch_prefix`` does)."""
-        if not self.enable_prefix_caching:
+        pool = self.pool
+        if not self.enable_prefix_caching or not len(pool.cache):  # (an empty index: lazy keys are never in it)
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits: list[int] = []
-        pool = self.pool
         lookup, stored = pool.cache.lookup, pool.keys  # (pool.lookup)
         keys = seq.block_keys
         bs = self.block_size
