@@ -86,6 +86,7 @@ class BlockPool:
             raise ValueError(f"num_blocks must be at least {1 + reserve_null_block}, got {num_blocks}")
         self.num_blocks = num_blocks
         self.first_block_id = 1 if reserve_null_block else 0
+        self.num_usable_blocks = num_blocks - self.first_block_id  # (every block but the null block)
         self.ref_counts: list[int] = [0] * num_blocks
         self.keys: list[BlockKey | None] = [None] * num_blocks
         # Facts eviction policies order by (see eviction.BlockStats).
@@ -101,10 +102,6 @@ class BlockPool:
         self.on_release: Callable[[int], None] | None = None
 
     # ----------------------------------------------------------------- counts
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.num_blocks - self.first_block_id
-
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take: free plus cached-but-unreferenced."""
@@ -226,7 +223,8 @@ class BlockPool:
             return
         ref_counts, keys, release_tick = self.ref_counts, self.keys, self.release_tick
         eviction = self.eviction
-        if not self._stats and eviction.batches and set(map(ref_counts.__getitem__, block_ids)) == {1}:
+        if (not self._stats and eviction.batches
+                and list(map(ref_counts.__getitem__, block_ids)).count(1) == len(block_ids)):
             self._free_unshared(block_ids)  # the common case, in bulk: every block leaves use
             return
         unkeyed_in_walk_order = []
