@@ -73,6 +73,7 @@ _INDEX = {name: j for j, name in enumerate(STEP_COLUMNS)}
 COLUMN_INDEX = _INDEX  # a column's position in a row (for span classes' ``fill``)
 _COLUMN_SET = frozenset(STEP_COLUMNS)
 _TERM_INDEX = [_INDEX[f"{t}_s"] for t in TERMS]
+_term_values = operator.itemgetter(*TERMS)  # a StepCost's terms, in TERMS order, as a tuple
 DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 28 columns x 8 bytes = 7 MiB in memory at most
 #: Deferred rows (spans' and those waiting behind them) written out at once beyond this.
 DEFERRED_ROWS = 8_192  # (rows recorded one by one wait as many)
@@ -118,7 +119,7 @@ class StepMetrics:
             step, start_s, duration_s, num_requests, num_running, num_waiting, work.num_seqs, work.num_tokens,
             work.num_prefill_tokens, work.num_decode_seqs, usage.allocated_slots, usage.used_slots,
             usage.cached_slots, usage.total_slots, usage.unshared_slots, work.num_swap_out_blocks,
-            work.num_swap_in_blocks, work.num_cow_blocks, num_preempted, *map(terms.__getitem__, TERMS),
+            work.num_swap_in_blocks, work.num_cow_blocks, num_preempted, *_term_values(terms),
         )
         # NOTE: one extend of a tuple (one C call) rather than an append per column: this is
         # the simulator's per-step hot path.
