@@ -74,7 +74,7 @@ COLUMN_INDEX = _INDEX  # a column's position in a row (for span classes' ``fill`
 _COLUMN_SET = frozenset(STEP_COLUMNS)
 _TERM_INDEX = [_INDEX[f"{t}_s"] for t in TERMS]
 _term_values = operator.itemgetter(*TERMS)  # a StepCost's terms, in TERMS order, as a tuple
-DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 28 columns x 8 bytes = 7 MiB in memory at most
+DEFAULT_CHUNK_ROWS = 32_768  # 32k rows x 30 columns x 8 bytes: the live chunk, 7.5 MiB
 #: Deferred rows (spans' and those waiting behind them) written out at once beyond this.
 DEFERRED_ROWS = 8_192  # (rows recorded one by one wait as many)
 #: The columns a summary store (``keep_rows=False``) keeps per step: what the ITL sample reads.
