@@ -181,12 +181,10 @@ class StepMetrics:
         del self._rows[:]
         self._deferred = []
         self._num_deferred_rows = 0
-        if not in_place:
-            self._append_block(block)
+        if in_place:
+            self._live_grew(count)
         else:
-            self._num_live = live + count
-            if self._num_live >= self.chunk_rows:
-                self._spill()
+            self._append_block(block)
 
     def _write_rows(self, block: np.ndarray, at: np.ndarray | None) -> None:
         """The rows recorded one by one, transposed into ``block``'s columns ``at`` (``None``: all).
@@ -228,10 +226,14 @@ class StepMetrics:
             live = self._num_live
             rows = min(count - done, self.chunk_rows - live)
             self._live_chunk()[:, live:live + rows] = block[:, done:done + rows]
-            self._num_live = live + rows
             done += rows
-            if self._num_live >= self.chunk_rows:
-                self._spill()
+            self._live_grew(rows)
+
+    def _live_grew(self, rows: int) -> None:
+        """The live chunk holds ``rows`` more rows (written there): spilled once it is full."""
+        self._num_live += rows
+        if self._num_live >= self.chunk_rows:
+            self._spill()
 
     def _live_chunk(self) -> np.ndarray:
         """The live chunk's array (``[NUM_COLUMNS, chunk_rows]``), made on first use."""
@@ -374,13 +376,11 @@ class StepMetrics:
 
 def _fold_terms(totals: np.ndarray, block: np.ndarray) -> np.ndarray:
     """Extend the running term sums over ``block`` (columns, rows), left to right."""
-    if block.shape[1] == 0:
-        return totals
     # A term that is zero on every row (most are, for decode steps) leaves its sum as it is:
     # x + 0.0 and x + -0.0 are x for every x but -0.0, and a sum that starts at +0.0 never is
     # -0.0 (+0.0 + -0.0 is +0.0). NaN counts as nonzero.
     nonzero = [t for t, j in enumerate(_TERM_INDEX) if block[j].any()]
-    if not nonzero:
+    if not nonzero:  # (no rows, or only zeros)
         return totals
     terms = block[[_TERM_INDEX[t] for t in nonzero]]  # (terms, rows), a copy
     terms[:, 0] += totals[nonzero]  # the running sum's next addition, then the rest in order
