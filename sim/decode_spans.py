@@ -181,36 +181,57 @@ class DecodeSpan:
 
 
 def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndarray) -> None:
-    """Write the rows of ``log``'s first ``count`` entries at ``offsets`` of ``block``."""
+    """Write the rows of ``log``'s first ``count`` entries at ``offsets`` of ``block``, column by
+    column (each a 1-D scatter into one of ``block``'s rows: several times faster than one 2-D
+    fancy assignment of every column; a slice when the spans' rows are consecutive), every cell
+    of their rows: a column a pure decode step has not gets +0.0. An offset past the block
+    raises ``IndexError`` before anything is written."""
     bs = log.block_size
     ints = _read(log._ints, np.int64).reshape(-1, _INTS)[:count].T
     ks = ints[0]
     total = int(ks.sum())
     first = np.cumsum(ks) - ks  # each span's first row among the spans' rows
+    shift = np.asarray(offsets, dtype=np.int64) - first  # row in block = row among the spans' + shift
+    if total and int(shift[-1]) + total > block.shape[1]:  # (shift never decreases: its last is the largest)
+        raise IndexError(f"decode spans' rows end at row {int(shift[-1]) + total} of a block of {block.shape[1]}")
+    if not total:
+        return
+    if shift[0] == shift[-1]:  # (no rows recorded between the spans: one slice)
+        rows = slice(int(shift[0]), int(shift[0]) + total)
+    else:
+        rows = np.repeat(shift, ks) + np.arange(total)
     sid = np.repeat(np.arange(count), ks)
     j = np.arange(total) - first[sid]  # step within its span, from 0
-    out = np.zeros((NUM_COLUMNS, total))  # (column-major: each column written contiguously)
-    out[_STEP] = ints[1][sid] + j
+
+    def put(column: int, values) -> None:
+        block[column][rows] = values
+
+    put(_STEP, ints[1][sid] + j)
     ends = _read(log._ends)[:total]
-    starts = out[_START]
+    starts = np.empty(total)
     starts[1:] = ends[:-1]
     starts[first] = _read(log._start)[:count]
-    np.subtract(ends, starts, out=out[_DURATION])
-    out[_NUM_REQUESTS] = out[_NUM_RUNNING] = ints[2][sid]
-    out[_NUM_WAITING] = ints[3][sid]
-    out[_NUM_SEQS] = out[_NUM_TOKENS] = out[_DECODE_SEQS] = ints[4][sid]
-    out[_TOTAL_SLOTS] = ints[5][sid]
+    put(_START, starts)
+    put(_DURATION, ends - starts)
+    for column, values in ((_NUM_REQUESTS, ints[2]), (_NUM_WAITING, ints[3]), (_NUM_SEQS, ints[4]),
+                           (_TOTAL_SLOTS, ints[5])):
+        values = values[sid]
+        for same in _SAME_VALUES.get(column, (column,)):
+            put(same, values)
+    for column in _ZERO_COLUMNS:
+        put(column, 0.0)
     terms = _read(log._terms).reshape(-1, len(TERMS))[:count]
     per_step = _read(log._per_step, np.int64)[:count]
-    given = int(np.bitwise_or.reduce(per_step)) if count else 0  # the terms some span gives per step
-    written = (terms != 0.0).any(axis=0) | np.signbit(terms).any(axis=0)  # (+0.0 everywhere: out has it)
+    given = int(np.bitwise_or.reduce(per_step))  # the terms some span gives per step
+    written = (terms != 0.0).any(axis=0) | np.signbit(terms).any(axis=0)  # (else +0.0 on every row)
     for t, column in enumerate(_TERM_COLUMNS):
-        values = out[column]
-        if written[t]:
-            values[:] = terms[:, t][sid]
+        values = terms[:, t][sid] if written[t] else None
         if given >> t & 1:
+            if values is None:
+                values = np.zeros(total)
             mine = (per_step >> t & 1).astype(bool)
             values[mine[sid]] = _read(log._term_rows[t])[:int(ks[mine].sum())]
+        put(column, 0.0 if values is None else values)
     # Blocks allocated and evicted through each step: cumulative sums within each span.
     allocs = _segment_cumsum(_read(log._allocations, np.int64)[:total], first, sid)
     evicts = _segment_cumsum(_read(log._evictions, np.int64)[:total], first, sid)
@@ -228,21 +249,21 @@ def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndar
         table_blocks -= dropped
         groups = np.array([1 if h is None else h.groups for h in hybrid], dtype=np.int64)[sid]
     allocated = used_blocks * bs
-    out[_ALLOCATED] = allocated
+    put(_ALLOCATED, allocated)
     # Idle slots of step j (1-based): the unfilled tail of each sequence's last block after
     # its step-j write, (-(c + j)) mod bs, summed over sequences; periodic in j with period
-    # bs, so one period per span from its count of sequences per residue of c.
+    # bs, so one period per span from its count of sequences per residue of c. (In float64,
+    # where the product is BLAS's: exact, every sum an integer far below 2**53.)
     sizes = _read(log._sizes, np.int64).reshape(-1, bs)[:count]  # [spans, bs]
     # sequences per residue c % bs at each span's first step: [m] = sizes[(first - m) % bs]
     by_residue = (ints[1][:, None] - np.arange(bs)[None, :]) % bs
-    periods = np.take_along_axis(sizes, by_residue, axis=1) @ _idle_pattern(bs)  # [spans, bs]
+    periods = np.take_along_axis(sizes, by_residue, axis=1).astype(np.float64) @ _idle_pattern(bs)  # [spans, bs]
     idle = periods.ravel()[sid * bs + j % bs]
     if groups is not None:  # (each group's table has the same length and the same last-block tail)
         idle = idle * groups
-    out[_USED] = allocated - idle
-    out[_CACHED] = cached_blocks * bs
-    out[_UNSHARED] = table_blocks * bs
-    block[:, np.repeat(np.asarray(offsets, dtype=np.int64) - first, ks) + np.arange(total)] = out
+    put(_USED, allocated - idle)
+    put(_CACHED, cached_blocks * bs)
+    put(_UNSHARED, table_blocks * bs)
 
 
 @functools.lru_cache(maxsize=64)
@@ -250,7 +271,7 @@ def _idle_pattern(bs: int) -> np.ndarray:
     """``[r, j] = (-(r + j + 1)) mod bs`` for residues ``r`` and steps ``j + 1 = 1..bs``."""
     r = np.arange(bs, dtype=np.int64)[:, None]
     j = np.arange(1, bs + 1, dtype=np.int64)[None, :]
-    return (-(r + j)) % bs
+    return ((-(r + j)) % bs).astype(np.float64)
 
 
 # The row layout of a span (sim.step_metrics.STEP_COLUMNS); zero where a pure decode step has none.
@@ -259,6 +280,12 @@ def _idle_pattern(bs: int) -> np.ndarray:
     "step", "start_s", "duration_s", "num_requests", "num_running", "num_waiting", "num_seqs", "num_tokens",
     "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots"))
 _TERM_COLUMNS = tuple(COLUMN_INDEX[f"{t}_s"] for t in TERMS)
+#: Columns that hold the same value on a decode step's row as the first of their group.
+_SAME_VALUES = {_NUM_REQUESTS: (_NUM_REQUESTS, _NUM_RUNNING), _NUM_SEQS: (_NUM_SEQS, _NUM_TOKENS, _DECODE_SEQS)}
+#: The columns that are zero on every pure decode step's row (no prefill, swap, copy or preemption).
+_ZERO_COLUMNS = tuple(j for j in range(NUM_COLUMNS) if j not in {
+    _STEP, _START, _DURATION, _NUM_REQUESTS, _NUM_RUNNING, _NUM_WAITING, _NUM_SEQS, _NUM_TOKENS, _DECODE_SEQS,
+    _ALLOCATED, _USED, _CACHED, _TOTAL_SLOTS, _UNSHARED, *_TERM_COLUMNS})
 
 
 def _segment_cumsum(values: np.ndarray, first: np.ndarray, sid: np.ndarray) -> np.ndarray:
