@@ -26,6 +26,9 @@ SUM_KEYS = ("busy_s", "held_s", "utilization_x_s", "allocated_fraction_x_s", "us
             "sharing_saved_x_s", "batched_x_s", "running_x_s", "swap_out_blocks", "swap_in_blocks", "cow_blocks")
 
 
+_SAME_AS_BATCHED = None  # (running_x_s's part when it would be batched_x_s's values)
+
+
 def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
     """Per ``SUM_KEYS``, the exact sum of one chunk's values (``c``: each of ``SUM_COLUMNS``, one
     contiguous float64 array per column, all of one length)."""
@@ -33,6 +36,9 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
     allocated = c["allocated_slots"]
     used = c["used_slots"]
     total = np.maximum(c["total_slots"], 1)
+    # (the usual: every step's batch is all the running requests, so running_x_s sums batched_x_s's
+    # values; compared bit for bit, so the products are the same floats)
+    running_is_batched = np.array_equal(c["num_running"].view(np.int64), c["num_requests"].view(np.int64))
     held = allocated > 0
     all_held = bool(held.all())
     if all_held:  # (the usual: every step holds blocks; the same values without the copies)
@@ -48,7 +54,7 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
             (used / total) * dur,  # used_fraction_x_s
             (1.0 - held_allocated / held_unshared) * held_dur,  # sharing_saved_x_s
             c["num_requests"] * dur,  # batched_x_s
-            c["num_running"] * dur,  # running_x_s
+            _SAME_AS_BATCHED if running_is_batched else c["num_running"] * dur,  # running_x_s
             c["swap_out_blocks"],
             c["swap_in_blocks"],
             c["cow_blocks"],
@@ -57,6 +63,8 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
     for i, values in enumerate(parts):
         if i == 1 and all_held:  # (every step held blocks: held_s sums busy_s's values)
             sums.append(sums[0])
+        elif values is _SAME_AS_BATCHED:
+            sums.append(sums[6])
         elif values.any() or np.signbit(values).all():  # (the same floats as tolist(), without the list)
             sums.append(math.fsum(memoryview(values)))
         else:  # (zeros of both signs, or only +0.0, e.g. no swaps: what fsum gives them, without the pass)

@@ -49,6 +49,8 @@ def chunks(draw):
         c[name] = np.array(draw(st.lists(elements, min_size=n, max_size=n)), dtype=np.float64)
     if draw(st.booleans()):  # (the usual chunk: every step holds blocks)
         c["allocated_slots"] = np.maximum(c["allocated_slots"], 16.0)
+    if draw(st.booleans()):  # (the usual chunk too: every step's batch is all the running requests)
+        c["num_running"] = c["num_requests"].copy()
     return c
 
 
@@ -73,4 +75,13 @@ def test_steps_holding_no_blocks_are_left_out_of_held_time():
     c["allocated_slots"] = np.array([0.0, 5.0])
     sums = dict(zip(SUM_KEYS, chunk_sums(c)))
     assert sums["busy_s"] == 3.0 and sums["held_s"] == 2.0
+    assert bits(chunk_sums(c)) == bits(reference(c))
+
+
+def test_running_counts_equal_but_for_the_sign_of_zero_keep_their_own_sum():
+    """running_x_s reuses batched_x_s's sum only for bit-identical columns: -0.0 running
+    requests are summed on their own (``math.fsum`` of only -0.0 is -0.0 from Python 3.12,
+    +0.0 before), whatever the Python."""
+    c = {name: np.array([1.0]) for name in SUM_COLUMNS}
+    c["num_requests"], c["num_running"] = np.array([0.0]), np.array([-0.0])
     assert bits(chunk_sums(c)) == bits(reference(c))
