@@ -1,9 +1,9 @@
 """The sums over steps that the summary's step figures are ratios of, one chunk of rows at a time.
 
 ``chunk_sums`` takes one chunk of a step table (``SUM_COLUMNS``, as ``StepMetrics.iter_chunks``
-yields them) and returns, per ``SUM_KEYS``, the exact sum (``math.fsum``) of that chunk's
-products (duration-weighted memory fractions, batch sizes, ...); ``total_sums`` adds the chunks'
-sums exactly again. ``StepMetrics`` takes the sums of a chunk when it leaves memory, so the
+yields them) and returns, per ``SUM_KEYS``, the exact sum (``math.fsum``'s float, computed in
+vectorized passes by ``sim.exact_sum``) of that chunk's products (duration-weighted memory
+fractions, batch sizes, ...); ``total_sums`` adds the chunks' sums exactly again. ``StepMetrics`` takes the sums of a chunk when it leaves memory, so the
 summary reads no column back from disk (and a summary store, ``keep_rows=False``, need not
 write them at all).
 
@@ -19,6 +19,8 @@ import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
+
+from sim.exact_sum import exact_sum
 
 SUM_COLUMNS = ("duration_s", "allocated_slots", "used_slots", "total_slots", "unshared_slots", "num_requests",
                "num_running", "swap_out_blocks", "swap_in_blocks", "cow_blocks")  # (what chunk_sums reads)
@@ -65,8 +67,8 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
             sums.append(sums[0])
         elif values is _SAME_AS_BATCHED:
             sums.append(sums[6])
-        elif values.any() or np.signbit(values).all():  # (the same floats as tolist(), without the list)
-            sums.append(math.fsum(memoryview(values)))
+        elif values.any() or np.signbit(values).all():  # (math.fsum's float, in a few vectorized passes)
+            sums.append(exact_sum(values))
         else:  # (zeros of both signs, or only +0.0, e.g. no swaps: what fsum gives them, without the pass)
             sums.append(0.0)
     return tuple(sums)
