@@ -232,8 +232,10 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
 _NO_TERMS = (0.0, 0.0, 0.0, 0.0)  # (_plan_short's unrolled sum: at most four terms after decode attention)
 
 #: A skip expected to be at most this many steps is costed in Python floats (``_plan_short``):
-#: below it, numpy's cost per call is more than the arithmetic.
-SHORT_SKIP = 48
+#: below it, numpy's cost per call is more than the arithmetic. (On the Azure conversation
+#: trace, where 5% of skips are longer than 48 steps, 128 takes a tenth off planning's time;
+#: 256 gains nothing more.)
+SHORT_SKIP = 128
 
 
 def _around_decode(terms: dict[str, float]) -> tuple[float, list[float]]:

@@ -269,6 +269,26 @@ def test_decode_heavy_runs_mostly_skip(cost, caching):
     assert skipped > 0.7 * plain.summary["steps"]
 
 
+@pytest.mark.parametrize("short_skip", [0, 10**9])
+def test_either_way_of_costing_a_skip_changes_nothing(short_skip, monkeypatch):
+    """Every skip costed with numpy (``SHORT_SKIP`` 0), or every one in Python floats: the same
+    decisions and metrics as step by step, so both paths are checked whatever the default."""
+    import sim.skip_ahead
+
+    monkeypatch.setattr(sim.skip_ahead, "SHORT_SKIP", short_skip)
+    calls = Counter()
+    plan_short = sim.skip_ahead._plan_short
+
+    def counted(*args, **kwargs):
+        calls["short"] += 1
+        return plan_short(*args, **kwargs)
+
+    monkeypatch.setattr(sim.skip_ahead, "_plan_short", counted)
+    trace = decode_heavy()
+    skipped = assert_same(trace, "pagesim", dict(block_size=4, num_gpu_blocks=400, max_model_len=256), roofline)
+    assert skipped > 0 and (calls["short"] > 0) == (short_skip > 0)
+
+
 def test_skipping_counts_only_the_steps_it_takes():
     """Skip-ahead costs steps it may not take (up to the next arrival); a model that records its
     calls (the calibrated model's extrapolation counts) must end with the step-by-step counts."""
