@@ -106,6 +106,7 @@ blocks, counting them as the step's need, and preempts only if they do not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
 from engine.policy import bulk_decode
@@ -178,6 +179,11 @@ class DecodeRun:
     # a carried run derives its own from it. Never written in place (carried runs share it).
     tokens: dict[str, int] | None = None
     _computed: list[int] | None = None  # (computed, once asked for)
+    # ``finish_at`` as a binary heap (``heapq``), so the first finish after a change costs
+    # O(changes x log sequences), not a pass over the batch. Unlike the lists it is carried in
+    # place (finishes popped, newcomers pushed): a run's heap is valid until it is carried.
+    # ``None``: made from ``finish_at`` when first needed.
+    finish_heap: list[int] | None = None
 
     @property
     def computed(self) -> list[int]:
@@ -393,7 +399,7 @@ def _hybrid_decoders(s: Scheduler, requests) -> bool:
 
 def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets: list[int], finish_at: list[int],
             table_blocks: int, dropped_entries: int, context: int, buckets: list | None,
-            copies: list | None = None) -> DecodeRun | None:
+            copies: list | None = None, finish_heap: list[int] | None = None) -> DecodeRun | None:
     """The ``DecodeRun`` of these decoders (the running requests, in order), or ``None`` when it
     cannot take one step: some would wait for the token budget, or no step fits in the free blocks.
     With ``copies`` (``DecodeRun.copies``) its first step is the preempting pass's, never skipped."""
@@ -403,7 +409,10 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
     cached = pool.num_cached_free_blocks
     plain = pool.num_plain_free_blocks
     free = plain + cached  # (pool.num_free_blocks)
-    first_finish = horizon = min(finish_at) - s.next_step + 1
+    if finish_heap is None:  # (built afresh: O(sequences), as the lists were)
+        finish_heap = finish_at.copy()
+        heapify(finish_heap)
+    first_finish = horizon = finish_heap[0] - s.next_step + 1  # (min(finish_at))
     widest = 1  # (vllm-v0: the most sequences a request runs)
     if horizon >= 1:
         # vLLM 0.6.3 lets a group append only while the free blocks cover a block per running
@@ -425,7 +434,7 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
         horizon = 0  # (its next step must preempt: preempting_batch, then schedule_decode_step)
     run = DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
                     pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, dropped_entries,
-                    buckets=buckets, widest=widest)
+                    buckets=buckets, widest=widest, finish_heap=finish_heap)
     if copies:
         run.copies = copies
     return run
@@ -445,11 +454,16 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     bs = s.block_size
     buckets = run.buckets  # (changed in place: the run is stale once carried)
     tokens = run.tokens  # (shared while nothing changes: never written in place)
+    heap = run.finish_heap  # (changed in place too)
+    if heap is None:
+        heap = run.finish_at.copy()
+        heapify(heap)
     if run.first_finish == k:  # some finished: keep the others, in order
-        last = run.step + k - 1  # (the step that finished them)
+        last = run.step + k - 1  # (the step that finished them: the heap's least)
         gone = []  # their places, in order: O(finishing) Python work (list.index scans)
         i = -1
-        for _ in range(run.finish_at.count(last)):
+        while heap and heap[0] == last:
+            heappop(heap)
             i = run.finish_at.index(last, i + 1)
             gone.append(i)
         seqs, offsets, finish_at = run.seqs.copy(), run.offsets.copy(), run.finish_at.copy()
@@ -492,6 +506,8 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         seqs = seqs + members[0]
         offsets = offsets + members[1]
         finish_at = finish_at + members[2]
+        for step in members[2]:
+            heappush(heap, step)
         table_blocks += members[3]
         dropped_entries += members[4]
         context += members[5]
@@ -501,7 +517,7 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
             tokens = tokens | {request.request_id: len(request.live_seqs) for request in admitted}
     carried = (None if admitted and members is None  # (a newcomer is not a steady decoder)
                else _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets,
-                            copies))
+                            copies, heap))
     if carried is not None:
         carried.tokens = tokens
         if requests is not run.requests:

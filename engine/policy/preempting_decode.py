@@ -312,4 +312,5 @@ def _survivors(run: DecodeRun, victims: list[Request], gone: set[int], places: l
         cached_blocks=pool.num_cached_free_blocks, table_blocks=run.table_blocks - left_blocks, copies=(),
         context_tokens=run.context_tokens - left_context, tokens=tokens,
         carried_from=run.requests if run.carried_from is None else run.carried_from,
-        joined=[r for r in run.joined if id(r) not in gone] if run.joined else (), _computed=None)
+        joined=[r for r in run.joined if id(r) not in gone] if run.joined else (), _computed=None,
+        finish_heap=None)  # (the victims' finishes are in run's heap: made again when needed)
