@@ -217,6 +217,23 @@ def test_carried_batch_is_the_batch_decode_batch_finds(data):
     event("a carried batch was used" if carried else "no carried batch")
 
 
+@settings(max_examples=scaled_examples(200), deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=40), st.integers(0, 3))
+def test_the_least_finish_steps_are_counted_and_found_from_the_heap(steps, pops):
+    """``_least_count`` (the entries equal to a heap's least, found from its root) and
+    ``_places_of`` agree with ``list.count`` and the places in the list, after pops too."""
+    import heapq
+
+    heap = steps.copy()
+    heapq.heapify(heap)
+    left = steps.copy()
+    for _ in range(min(pops, len(heap) - 1)):
+        left.remove(heapq.heappop(heap))
+    least = heap[0]
+    assert fast_forward._least_count(heap, least) == left.count(least)
+    assert fast_forward._places_of(left, least, left.count(least)) == [i for i, v in enumerate(left) if v == least]
+
+
 #: The fields a carried ``DecodeRun`` must share with one ``decode_batch`` builds afresh.
 CARRIED_FIELDS = ("requests", "seqs", "computed", "finish_at", "first_finish", "max_steps", "free_blocks",
                   "plain_free_blocks", "used_blocks", "cached_blocks", "table_blocks", "dropped_entries",

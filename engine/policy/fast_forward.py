@@ -184,6 +184,9 @@ class DecodeRun:
     # place (finishes popped, newcomers pushed): a run's heap is valid until it is carried.
     # ``None``: made from ``finish_at`` when first needed.
     finish_heap: list[int] | None = None
+    # The places (in ``seqs``) of the sequences its first finish retired, in order, once
+    # ``_finish_seqs`` has (``_carry`` then drops them without looking for them again).
+    finished_places: list[int] | None = None
 
     @property
     def computed(self) -> list[int]:
@@ -460,12 +463,11 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         heapify(heap)
     if run.first_finish == k:  # some finished: keep the others, in order
         last = run.step + k - 1  # (the step that finished them: the heap's least)
-        gone = []  # their places, in order: O(finishing) Python work (list.index scans)
-        i = -1
-        while heap and heap[0] == last:
+        gone = run.finished_places  # their places, in order
+        if gone is None:
+            gone = _places_of(run.finish_at, last, _least_count(heap, last))
+        for _ in gone:
             heappop(heap)
-            i = run.finish_at.index(last, i + 1)
-            gone.append(i)
         seqs, offsets, finish_at = run.seqs.copy(), run.offsets.copy(), run.finish_at.copy()
         for i in reversed(gone):
             del seqs[i], offsets[i], finish_at[i]
@@ -704,9 +706,10 @@ def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
     max_model_len = processor.max_model_len
     finished: list[Request] = []
     released = 0
-    i = -1
-    for _ in range(finish_at.count(last)):
-        i = finish_at.index(last, i + 1)
+    heap = run.finish_heap
+    places = run.finished_places = _places_of(finish_at, last, finish_at.count(last) if heap is None
+                                              else _least_count(heap, last))
+    for i in places:
         seq = seqs[i]
         settle_one(seq, offsets[i] + end, bs, caching)
         released += len(seq.block_table)
@@ -717,6 +720,30 @@ def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
             finished.append(request)
     run.released_entries = released
     return finished
+
+
+def _least_count(heap: list[int], value: int) -> int:
+    """How many entries of ``heap`` (a ``heapq`` heap) equal ``value`` when none is less: they
+    are the root and the subtree of equal entries below it, so O(those), not O(heap)."""
+    count = 0
+    size = len(heap)
+    below = [0]
+    while below:
+        i = below.pop()
+        if i < size and heap[i] == value:
+            count += 1
+            below += (2 * i + 1, 2 * i + 2)
+    return count
+
+
+def _places_of(values: list[int], value: int, count: int) -> list[int]:
+    """The first ``count`` places of ``value`` in ``values``, in order (``list.index`` scans, in C)."""
+    places = []
+    i = -1
+    for _ in range(count):
+        i = values.index(value, i + 1)
+        places.append(i)
+    return places
 
 
 def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, allocations, evictions) -> int:
