@@ -83,7 +83,7 @@ class DecodeSpanLog:
             attention = values[_DECODE_TERM]
             if attention.__class__ is list and list(map(type, values)).count(float) == len(TERMS) - 1:
                 # (the common span, _plan_short's: decode attention per step, every other term one float)
-                _extend(self._term_rows[_DECODE_TERM], attention, rows)
+                self._term_rows[_DECODE_TERM].fromlist(attention if len(attention) == rows else attention[:rows])
                 per_step = 1 << _DECODE_TERM
                 values[_DECODE_TERM] = 0.0
             else:
@@ -98,7 +98,10 @@ class DecodeSpanLog:
                                  cached_blocks, table_blocks])
             self._sizes.fromlist(sizes)
             self._hybrid.append(hybrid)
-            _extend(self._ends, ends, rows)
+            if ends.__class__ is list:  # (_extend's list case, inlined: once per span)
+                self._ends.fromlist(ends if len(ends) == rows else ends[:rows])
+            else:
+                _extend(self._ends, ends, rows)
             self._allocations.fromlist(allocations)
             self._evictions.fromlist(evictions)
             self._start.append(start_s)

@@ -135,7 +135,8 @@ class StepMetrics:
 
     def record_deferred(self, span) -> None:
         """Record ``span.rows`` steps whose rows ``type(span).fill`` writes later (module docstring)."""
-        self._check_open()
+        if self._closed:  # (_check_open, inlined: once per span)
+            self._check_open()
         self._deferred.append(span)
         self._num_deferred_rows = waiting = self._num_deferred_rows + span.rows
         if waiting >= self._deferred_limit:
