@@ -461,7 +461,8 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     if heap is None:
         heap = run.finish_at.copy()
         heapify(heap)
-    if run.first_finish == k:  # some finished: keep the others, in order
+    owned = run.first_finish == k  # (whether the lists below are copies of our own, extended in place)
+    if owned:  # some finished: keep the others, in order
         last = run.step + k - 1  # (the step that finished them: the heap's least)
         gone = run.finished_places  # their places, in order
         if gone is None:
@@ -505,18 +506,30 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     if admitted and members is not None:
         if buckets is not None:
             bulk_decode.join(buckets, members[0], members[1], bs)
-        seqs = seqs + members[0]
-        offsets = offsets + members[1]
-        finish_at = finish_at + members[2]
+        if owned:
+            seqs += members[0]
+            offsets += members[1]
+            finish_at += members[2]
+        else:
+            seqs = seqs + members[0]
+            offsets = offsets + members[1]
+            finish_at = finish_at + members[2]
         for step in members[2]:
             heappush(heap, step)
         table_blocks += members[3]
         dropped_entries += members[4]
         context += members[5]
         copies = members[6]
-        requests = requests + admitted
+        if requests is run.requests:
+            requests = requests + admitted
+        else:  # (a copy of our own: the finishes made it)
+            requests += admitted
         if tokens is not None:
-            tokens = tokens | {request.request_id: len(request.live_seqs) for request in admitted}
+            joined = {request.request_id: len(request.live_seqs) for request in admitted}
+            if owned:  # (the finishes copied it)
+                tokens.update(joined)
+            else:
+                tokens = tokens | joined
     carried = (None if admitted and members is None  # (a newcomer is not a steady decoder)
                else _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets,
                             copies, heap))
@@ -688,7 +701,7 @@ def _finish(run: DecodeRun, k: int) -> list[Request]:
         retire_finished(s, s.next_step - 1, [])
         return []
     finished = _finish_seqs(run, k, processor)
-    s._finished_in_last_update = run.step + k - 1 in run.finish_at  # (always: k is the run's first finish)
+    s._finished_in_last_update = bool(run.finished_places)  # (always: k is the run's first finish)
     retire_finished(s, s.next_step - 1, finished)
     return finished
 
@@ -725,8 +738,12 @@ def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
 def _least_count(heap: list[int], value: int) -> int:
     """How many entries of ``heap`` (a ``heapq`` heap) equal ``value`` when none is less: they
     are the root and the subtree of equal entries below it, so O(those), not O(heap)."""
-    count = 0
     size = len(heap)
+    if not size or heap[0] != value:
+        return 0
+    if (size < 2 or heap[1] != value) and (size < 3 or heap[2] != value):
+        return 1  # (the usual: one finishes)
+    count = 0
     below = [0]
     while below:
         i = below.pop()
