@@ -256,7 +256,7 @@ def check_carried_batches(trace: Trace, preset: str, settings_: dict, cost_model
             for name in CARRIED_FIELDS:
                 assert getattr(got, name) == getattr(fresh, name), f"carried {name} differs"
             heap = got.finish_heap  # (kept in place as the batch changes: the same steps as finish_at)
-            assert heap is None or sorted(heap) == sorted(got.finish_at) and heap[0] == min(got.finish_at)
+            assert heap is not None and sorted(heap) == sorted(got.finish_at) and heap[0] == min(got.finish_at)
             if got.tokens is not None:  # (derived from the batch it was carried from)
                 assert list(got.tokens.items()) == [(r.request_id, len(r.live_seqs)) for r in got.requests]
             if got.carried_from is not None:  # its requests: those less the completed ones, plus the joined

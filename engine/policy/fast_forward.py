@@ -182,10 +182,10 @@ class DecodeRun:
     # ``finish_at`` as a binary heap (``heapq``), so the first finish after a change costs
     # O(changes x log sequences), not a pass over the batch. Unlike the lists it is carried in
     # place (finishes popped, newcomers pushed): a run's heap is valid until it is carried.
-    # ``None``: made from ``finish_at`` when first needed.
+    # Every maker of a run sets it (``_run_of``, ``preempting_decode._survivors``).
     finish_heap: list[int] | None = None
     # The places (in ``seqs``) of the sequences its first finish retired, in order, once
-    # ``_finish_seqs`` has (``_carry`` then drops them without looking for them again).
+    # ``_finish_seqs`` has (``_carry``, which always comes after it, drops them from the lists).
     finished_places: list[int] | None = None
 
     @property
@@ -458,15 +458,9 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     buckets = run.buckets  # (changed in place: the run is stale once carried)
     tokens = run.tokens  # (shared while nothing changes: never written in place)
     heap = run.finish_heap  # (changed in place too)
-    if heap is None:
-        heap = run.finish_at.copy()
-        heapify(heap)
     owned = run.first_finish == k  # (whether the lists below are copies of our own, extended in place)
-    if owned:  # some finished: keep the others, in order
-        last = run.step + k - 1  # (the step that finished them: the heap's least)
-        gone = run.finished_places  # their places, in order
-        if gone is None:
-            gone = _places_of(run.finish_at, last, _least_count(heap, last))
+    if owned:  # some finished (_finish_seqs retired them): keep the others, in order
+        gone = run.finished_places  # their places, in order: the heap's least entries
         for _ in gone:
             heappop(heap)
         seqs, offsets, finish_at = run.seqs.copy(), run.offsets.copy(), run.finish_at.copy()
@@ -719,9 +713,7 @@ def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
     max_model_len = processor.max_model_len
     finished: list[Request] = []
     released = 0
-    heap = run.finish_heap
-    places = run.finished_places = _places_of(finish_at, last, finish_at.count(last) if heap is None
-                                              else _least_count(heap, last))
+    places = run.finished_places = _places_of(finish_at, last, _least_count(run.finish_heap, last))
     for i in places:
         seq = seqs[i]
         settle_one(seq, offsets[i] + end, bs, caching)

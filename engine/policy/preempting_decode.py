@@ -57,6 +57,7 @@ survivors' batch is what ``decode_batch`` would build after the victims left
 from __future__ import annotations
 
 from dataclasses import replace
+from heapq import heapify
 from typing import TYPE_CHECKING
 
 from engine.policy import bulk_decode
@@ -302,15 +303,16 @@ def _survivors(run: DecodeRun, victims: list[Request], gone: set[int], places: l
         tokens = tokens.copy()
         for victim in victims:
             del tokens[victim.request_id]
+    heap = finish_at.copy()  # (run's heap holds the victims' finishes too)
+    heapify(heap)
     s = run.scheduler
     pool = s.pool
     free = pool.num_free_blocks
     return replace(
-        run, requests=requests, seqs=seqs, offsets=offsets, finish_at=finish_at,
-        first_finish=min(finish_at) - run.step + 1 if finish_at else 2, max_steps=1, free_blocks=free,
+        run, requests=requests, seqs=seqs, offsets=offsets, finish_at=finish_at, finish_heap=heap,
+        first_finish=heap[0] - run.step + 1 if heap else 2, max_steps=1, free_blocks=free,
         plain_free_blocks=pool.num_plain_free_blocks, used_blocks=pool.num_usable_blocks - free,
         cached_blocks=pool.num_cached_free_blocks, table_blocks=run.table_blocks - left_blocks, copies=(),
         context_tokens=run.context_tokens - left_context, tokens=tokens,
         carried_from=run.requests if run.carried_from is None else run.carried_from,
-        joined=[r for r in run.joined if id(r) not in gone] if run.joined else (), _computed=None,
-        finish_heap=None)  # (the victims' finishes are in run's heap: made again when needed)
+        joined=[r for r in run.joined if id(r) not in gone] if run.joined else (), _computed=None)
