@@ -83,7 +83,7 @@ class DecodeSpanLog:
             attention = values[_DECODE_TERM]
             if attention.__class__ is list and list(map(type, values)).count(float) == len(TERMS) - 1:
                 # (the common span, _plan_short's: decode attention per step, every other term one float)
-                self._term_rows[_DECODE_TERM].fromlist(attention if len(attention) == rows else attention[:rows])
+                _extend(self._term_rows[_DECODE_TERM], attention, rows)
                 per_step = 1 << _DECODE_TERM
                 values[_DECODE_TERM] = 0.0
             else:
@@ -98,10 +98,7 @@ class DecodeSpanLog:
                                  cached_blocks, table_blocks])
             self._sizes.fromlist(sizes)
             self._hybrid.append(hybrid)
-            if ends.__class__ is list:  # (_extend's list case, inlined: once per span)
-                self._ends.fromlist(ends if len(ends) == rows else ends[:rows])
-            else:
-                _extend(self._ends, ends, rows)
+            _extend(self._ends, ends, rows)
             self._allocations.fromlist(allocations)
             self._evictions.fromlist(evictions)
             self._start.append(start_s)
@@ -146,11 +143,11 @@ def _read(values: array, dtype=np.float64) -> np.ndarray:
 
 
 def _extend(values: array, more, count: int) -> None:
-    """Append the first ``count`` of ``more`` (a float64 array or a list) to ``values``."""
-    if isinstance(more, np.ndarray):
-        values.frombytes(np.ascontiguousarray(more[:count], dtype=np.float64).tobytes())
+    """Append the first ``count`` of ``more`` (a list or a float64 array) to ``values``."""
+    if more.__class__ is list:  # (the usual: _plan_short's; a class check, not isinstance)
+        values.fromlist(more if len(more) == count else more[:count])
     else:
-        values.fromlist(more[:count] if len(more) != count else more)
+        values.frombytes(np.ascontiguousarray(more[:count], dtype=np.float64).tobytes())
 
 
 class DecodeSpan:
@@ -194,11 +191,11 @@ def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndar
     ks = ints[0]
     total = int(ks.sum())
     first = np.cumsum(ks) - ks  # each span's first row among the spans' rows
-    shift = np.asarray(offsets, dtype=np.int64) - first  # row in block = row among the spans' + shift
-    if total and int(shift[-1]) + total > block.shape[1]:  # (shift never decreases: its last is the largest)
-        raise IndexError(f"decode spans' rows end at row {int(shift[-1]) + total} of a block of {block.shape[1]}")
     if not total:
         return
+    shift = np.asarray(offsets, dtype=np.int64) - first  # row in block = row among the spans' + shift
+    if int(shift[-1]) + total > block.shape[1]:  # (shift never decreases: its last is the largest)
+        raise IndexError(f"decode spans' rows end at row {int(shift[-1]) + total} of a block of {block.shape[1]}")
     if shift[0] == shift[-1]:  # (no rows recorded between the spans: one slice)
         rows = slice(int(shift[0]), int(shift[0]) + total)
     else:
@@ -216,11 +213,11 @@ def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndar
     starts[first] = _read(log._start)[:count]
     put(_START, starts)
     put(_DURATION, ends - starts)
-    for column, values in ((_NUM_REQUESTS, ints[2]), (_NUM_WAITING, ints[3]), (_NUM_SEQS, ints[4]),
-                           (_TOTAL_SLOTS, ints[5])):
-        values = values[sid]
-        for same in _SAME_VALUES.get(column, (column,)):
-            put(same, values)
+    for columns, values in (((_NUM_REQUESTS, _NUM_RUNNING), ints[2]), ((_NUM_WAITING,), ints[3]),
+                            ((_NUM_SEQS, _NUM_TOKENS, _DECODE_SEQS), ints[4]), ((_TOTAL_SLOTS,), ints[5])):
+        values = values[sid]  # (one value per span, on each of its rows, in every column of the group)
+        for column in columns:
+            put(column, values)
     for column in _ZERO_COLUMNS:
         put(column, 0.0)
     terms = _read(log._terms).reshape(-1, len(TERMS))[:count]
@@ -283,8 +280,6 @@ def _idle_pattern(bs: int) -> np.ndarray:
     "step", "start_s", "duration_s", "num_requests", "num_running", "num_waiting", "num_seqs", "num_tokens",
     "decode_seqs", "allocated_slots", "used_slots", "cached_slots", "total_slots", "unshared_slots"))
 _TERM_COLUMNS = tuple(COLUMN_INDEX[f"{t}_s"] for t in TERMS)
-#: Columns that hold the same value on a decode step's row as the first of their group.
-_SAME_VALUES = {_NUM_REQUESTS: (_NUM_REQUESTS, _NUM_RUNNING), _NUM_SEQS: (_NUM_SEQS, _NUM_TOKENS, _DECODE_SEQS)}
 #: The columns that are zero on every pure decode step's row (no prefill, swap, copy or preemption).
 _ZERO_COLUMNS = tuple(j for j in range(NUM_COLUMNS) if j not in {
     _STEP, _START, _DURATION, _NUM_REQUESTS, _NUM_RUNNING, _NUM_WAITING, _NUM_SEQS, _NUM_TOKENS, _DECODE_SEQS,
