@@ -3,9 +3,9 @@
 ``chunk_sums`` takes one chunk of a step table (``SUM_COLUMNS``, as ``StepMetrics.iter_chunks``
 yields them) and returns, per ``SUM_KEYS``, the exact sum (``math.fsum``'s float, computed in
 vectorized passes by ``sim.exact_sum``) of that chunk's products (duration-weighted memory
-fractions, batch sizes, ...); ``total_sums`` adds the chunks' sums exactly again. ``StepMetrics`` takes the sums of a chunk when it leaves memory, so the
-summary reads no column back from disk (and a summary store, ``keep_rows=False``, need not
-write them at all).
+fractions, batch sizes, ...); ``total_sums`` adds the chunks' sums exactly again.
+``StepMetrics`` takes the sums of a chunk when it leaves memory, so the summary reads no column
+back from disk (and a summary store, ``keep_rows=False``, need not write them at all).
 
 Invariants: a chunk's sums depend only on its rows as a multiset (``fsum`` is exact, rounded
 once), never on their order within the chunk; the totals depend on how rows are split into
@@ -28,9 +28,6 @@ SUM_KEYS = ("busy_s", "held_s", "utilization_x_s", "allocated_fraction_x_s", "us
             "sharing_saved_x_s", "batched_x_s", "running_x_s", "swap_out_blocks", "swap_in_blocks", "cow_blocks")
 
 
-_SAME_AS_BATCHED = None  # (running_x_s's part when it would be batched_x_s's values)
-
-
 def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
     """Per ``SUM_KEYS``, the exact sum of one chunk's values (``c``: each of ``SUM_COLUMNS``, one
     contiguous float64 array per column, all of one length)."""
@@ -38,9 +35,6 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
     allocated = c["allocated_slots"]
     used = c["used_slots"]
     total = np.maximum(c["total_slots"], 1)
-    # (the usual: every step's batch is all the running requests, so running_x_s sums batched_x_s's
-    # values; compared bit for bit, so the products are the same floats)
-    running_is_batched = np.array_equal(c["num_running"].view(np.int64), c["num_requests"].view(np.int64))
     held = allocated > 0
     all_held = bool(held.all())
     if all_held:  # (the usual: every step holds blocks; the same values without the copies)
@@ -48,6 +42,7 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
     else:
         held_dur, held_allocated, held_used, held_unshared = dur[held], allocated[held], used[held], c["unshared_slots"][held]
     with np.errstate(invalid="ignore", divide="ignore"):
+        batched = c["num_requests"] * dur
         parts = (
             dur,  # busy_s
             held_dur,  # held_s
@@ -55,22 +50,26 @@ def chunk_sums(c: Mapping[str, np.ndarray]) -> tuple[float, ...]:
             (allocated / total) * dur,  # allocated_fraction_x_s
             (used / total) * dur,  # used_fraction_x_s
             (1.0 - held_allocated / held_unshared) * held_dur,  # sharing_saved_x_s
-            c["num_requests"] * dur,  # batched_x_s
-            _SAME_AS_BATCHED if running_is_batched else c["num_running"] * dur,  # running_x_s
+            batched,  # batched_x_s
+            # (the usual: every step's batch is all the running requests: the same values, compared
+            # bit for bit, so the same floats)
+            batched if np.array_equal(c["num_running"].view(np.int64), c["num_requests"].view(np.int64))
+            else c["num_running"] * dur,  # running_x_s
             c["swap_out_blocks"],
             c["swap_in_blocks"],
             c["cow_blocks"],
         )
     sums: list[float] = []
-    for i, values in enumerate(parts):
-        if i == 1 and all_held:  # (every step held blocks: held_s sums busy_s's values)
-            sums.append(sums[0])
-        elif values is _SAME_AS_BATCHED:
-            sums.append(sums[6])
-        elif values.any() or np.signbit(values).all():  # (math.fsum's float, in a few vectorized passes)
+    summed: dict[int, float] = {}  # id of a part already summed -> its sum
+    for values in parts:
+        if id(values) in summed:  # the same array as an earlier part, so the same sum (held_s
+            sums.append(summed[id(values)])  # when every step held blocks, running_x_s as batched_x_s)
+            continue
+        if values.any() or np.signbit(values).all():  # (math.fsum's float, in a few vectorized passes)
             sums.append(exact_sum(values))
         else:  # (zeros of both signs, or only +0.0, e.g. no swaps: what fsum gives them, without the pass)
             sums.append(0.0)
+        summed[id(values)] = sums[-1]
     return tuple(sums)
 
 
