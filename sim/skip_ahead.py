@@ -275,14 +275,26 @@ def _plan_short(n: int, context: int, first: dict[str, float], decode, around: t
         # the nonnegative totals here)
         a1, a2, a3, a4 = (*after, *_NO_TERMS[len(after):])
         keep, reach = attention.append, ends.append
-        for _ in range(limit):
-            seconds = decode(context, window_context)
-            end = end + ((((before + seconds) + a1) + a2) + a3 + a4)
-            keep(seconds)
-            reach(end)
-            if not end < next_arrival_s:  # (the next step would start at or after the arrival)
-                break
-            context += n
+        linear = getattr(decode, "linear_in_context", None) if context > 0 else None
+        if linear is not None:  # (decode's operations written out: one call fewer a step)
+            per_token, bw, overhead = linear
+            for _ in range(limit):
+                seconds = context * per_token / bw * overhead
+                end = end + ((((before + seconds) + a1) + a2) + a3 + a4)
+                keep(seconds)
+                reach(end)
+                if not end < next_arrival_s:
+                    break
+                context += n
+        else:
+            for _ in range(limit):
+                seconds = decode(context, window_context)
+                end = end + ((((before + seconds) + a1) + a2) + a3 + a4)
+                keep(seconds)
+                reach(end)
+                if not end < next_arrival_s:  # (the next step would start at or after the arrival)
+                    break
+                context += n
     else:
         while len(ends) < limit:
             seconds = decode(context, window_context)
@@ -327,11 +339,12 @@ def timeout_until(env, when: float):
     whenever the two are within a factor of two (Sterbenz), i.e. almost always; otherwise the
     event is queued at ``when`` itself, as ``Environment.schedule`` queues events (SimPy 4's
     ``(time, priority, id, event)`` heap entries)."""
-    delay = when - env.now
-    if env.now + delay == when:
+    now = env.now
+    delay = when - now
+    if now + delay == when:
         return env.timeout(delay)
-    if not when >= env.now:
-        raise ValueError(f"cannot go back in time from t={env.now!r} to t={when!r}")
+    if not when >= now:
+        raise ValueError(f"cannot go back in time from t={now!r} to t={when!r}")
     event = simpy.Event(env)
     event._ok = True
     event._value = None

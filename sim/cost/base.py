@@ -151,7 +151,10 @@ class CostModel(ABC):
         windowed decode context (``decode_window_context_tokens``; 0 without a window) alone, in
         Python floats, bit for bit what ``step_cost`` gives (``None``: the model has none).
         Skip-ahead uses it for short skips, where a vectorized call costs more than the
-        arithmetic; the same promise as ``decode_attention_s``."""
+        arithmetic; the same promise as ``decode_attention_s``. A function that is
+        ``context * per_token / bw * overhead`` for any context above 0 (the window's ignored)
+        may say so with an attribute ``linear_in_context = (per_token, bw, overhead)``: skip-ahead
+        then writes those operations out in its loop instead of calling it."""
         return None
 
     def usage_snapshot(self) -> object:

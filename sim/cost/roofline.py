@@ -247,7 +247,9 @@ class RooflineCostModel(CostModel):
         if self._mla_decode_flops:
             mla, peak = self._mla_decode_flops, self._flops * self.params.attention_efficiency
             return lambda context, _: max(context * per_token / bw * overhead, context * mla / peak) if context else 0.0
-        return lambda context, _: context * per_token / bw * overhead if context else 0.0
+        decode = lambda context, _: context * per_token / bw * overhead if context else 0.0  # noqa: E731
+        decode.linear_in_context = (per_token, bw, overhead)  # (skip-ahead inlines its operations)
+        return decode
 
     def decode_attention_s(self, work: StepWork, decode_context_tokens: np.ndarray,
                            decode_window_context_tokens: np.ndarray | None = None) -> np.ndarray | None:
