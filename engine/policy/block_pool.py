@@ -133,15 +133,18 @@ class BlockPool:
         """``num_blocks`` calls of ``allocate``, in one pass: the plain free blocks first, then
         evictions, in the order (and with the hooks) that one-by-one allocation makes them."""
         free = self._free
-        if num_blocks > len(free) and num_blocks > self.num_free_blocks:  # (plain free blocks suffice)
-            raise NoFreeBlocksError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
-        if num_blocks <= 2:  # (one call each costs less than the bulk path's set-up)
-            if num_blocks == 1:  # (a decode's new block: the commonest call)
-                return [self.allocate()]
-            return [self.allocate() for _ in range(num_blocks)]
-        plain = num_blocks if num_blocks <= len(free) else len(free)
-        if not plain:
-            return self._evict_many(num_blocks)
+        plain = len(free)
+        if num_blocks == 1 and plain:  # (a decode's new block, with plain free blocks left)
+            block_id = free.popleft()
+            self.ref_counts[block_id] = 1
+            return [block_id]
+        if num_blocks > plain:
+            if num_blocks > plain + len(self.eviction):
+                raise NoFreeBlocksError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
+            if not plain:  # (the pool's steady state with prefix caching: every block cached)
+                return self._evict_many(num_blocks)
+        else:
+            plain = num_blocks
         popleft = free.popleft
         blocks = [popleft() for _ in range(plain)]
         ref_counts = self.ref_counts
@@ -183,7 +186,7 @@ class BlockPool:
             raise NoFreeBlocksError("no free or cached block left")
         keys, hook = self.keys, self.on_release
         # (lazy keys are never in the index: with none there, nothing to remove)
-        victim_keys = _picked(keys, blocks) if len(self.cache) else None
+        victim_keys = _picked(keys, blocks) if self.cache._blocks else None  # (the index's dict: no call)
         for block_id in blocks:
             keys[block_id] = None
             ref_counts[block_id] = 1

@@ -187,16 +187,12 @@ class LRUPolicy(EvictionPolicy):
         else:
             victims = queue[head:head + count]
             head += count
+        # cut off the consumed front once it is at least half the list (and trim_at long)
+        if head >= self.trim_at and head + head >= len(queue):
+            del queue[:head]
+            head = 0
         self._head = head
-        self._trim()
         return victims
-
-    def _trim(self) -> None:
-        """Cut off the consumed front once it is at least half the list (and ``trim_at`` long)."""
-        head = self._head
-        if head >= self.trim_at and head + head >= len(self._queue):
-            del self._queue[:head]
-            self._head = 0
 
     def _drop_stale(self, block_id: int) -> None:
         left = self._stale[block_id] - 1
