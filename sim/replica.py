@@ -203,7 +203,10 @@ class Replica:
             for rid, hit_tokens in out.resumed.items():
                 live = sched.requests[rid].live_seqs
                 self.recomputed_tokens += max(seq.num_tokens for seq in live) - hit_tokens
-            yield from self._execute(cost, len(out.blocks_to_load))
+            if out.blocks_to_load or not cost.swap_s <= 0:
+                yield from self._execute(cost, len(out.blocks_to_load))
+            else:  # (_execute's commonest case, without its generator)
+                yield env.timeout(cost.total_s)
             end = env.now
             if out.blocks_to_store:  # written by the compute that just ended
                 self._store(len(out.blocks_to_store))

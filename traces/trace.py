@@ -256,9 +256,10 @@ class Trace:
         ``vocab_size`` it carries pseudo-token ids instead (what an engine needs). Both give the
         same prefix-cache sharing.
         """
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"request {i} out of range for a trace of {len(self)}")
-        i %= len(self)
+        num_rows = len(self.arrival_s)  # (len(self), read once: a call per request otherwise)
+        if not -num_rows <= i < num_rows:
+            raise IndexError(f"request {i} out of range for a trace of {num_rows}")
+        i %= num_rows
         ids = self.prefix_ids(i)
         tokens = None
         if vocab_size is not None:
