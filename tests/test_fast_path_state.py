@@ -11,7 +11,9 @@ simulator would (``advance`` over steady stretches up to the next arrival, ``sch
 have taken, every sequence's fields and the pool's blocks are compared.
 
 Both schedulers make every block key when due (``kv.lazy_keys`` off, as the simulator's reference
-path does), so the pools can be compared block for block.
+path does), so the pools can be compared block for block; a second test keeps lazy keys on both
+(each block compared as unkeyed, lazily keyed or keyed), where a batch whose sequences all key
+lazily leaves their keys to settling (``DecodeRun.eager``).
 
 With implicit decoders (``engine.policy.bulk_decode``) the fast scheduler's running sequences lag
 until something reads them; the state compared is what a reader finds, taken from a copy settled
@@ -28,11 +30,16 @@ from hypothesis import strategies as st
 
 from engine.policy import Request, Scheduler, bulk_decode, make_config
 from engine.policy import fast_forward as ff
+from engine.policy.block_pool import LAZY_KEY
 from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
 from tests.conftest import scaled_examples
 
 SEQUENCE_FIELDS = ("index", "num_computed_tokens", "num_filled_tokens", "block_table", "cpu_block_table",
                    "num_registered_blocks", "num_offered_blocks", "finished", "finish_reason", "parked", "decoding")
+
+
+def _key_kind(key) -> str:
+    return "none" if key is None else "lazy" if key is LAZY_KEY else "key"
 
 
 def state(s: Scheduler) -> tuple:
@@ -49,7 +56,7 @@ def state(s: Scheduler) -> tuple:
         requests.append((rid, request.status, seqs))
     pool = s.pool
     return (s.next_step, requests, [r.request_id for r in s.running], [r.request_id for r in s.waiting],
-            [r.request_id for r in s.swapped], list(pool.ref_counts), [k is None for k in pool.keys],
+            [r.request_id for r in s.swapped], list(pool.ref_counts), [_key_kind(k) for k in pool.keys],
             pool.free_block_order(), pool.num_evictions, s.num_finished_requests)
 
 
@@ -64,12 +71,14 @@ def make_requests(spec: list[tuple[int, int, int, int]]) -> list[tuple[int, Requ
             for i, (step, prompt, output, n) in enumerate(spec)]
 
 
-def drive(config, spec, fast: bool, max_steps: int = 600, mid: dict | None = None) -> dict[int, tuple]:
+def drive(config, spec, fast: bool, max_steps: int = 600, mid: dict | None = None,
+          lazy_keys: bool = False) -> dict[int, tuple]:
     """Run the requests of ``spec`` to the end; the state after each step taken, by step number
     (and into ``mid``, the state between scheduling and updating each step that admits beside the
     decodes on the fast path, every step on the other: what a router reads at an arrival then)."""
     s = Scheduler(config)
-    s.kv.lazy_keys = False  # (both sides: every key made when due, so the pools compare block for block)
+    if not lazy_keys:
+        s.kv.lazy_keys = False  # (both sides: every key made when due, so the pools compare block for block)
     arrivals = sorted(make_requests(spec), key=lambda a: a[0])
     states: dict[int, tuple] = {}
     a = 0
@@ -142,6 +151,37 @@ def test_fast_path_leaves_every_sequence_as_step_by_step(case):
     for step in sorted(fast_mid):  # (a step that admits beside the decodes, before its update)
         assert fast_mid[step] == plain_mid[step], f"state in the middle of step {step} differs"
     event("some steps skipped" if len(fast) < len(plain) else "no step skipped")
+
+
+@settings(max_examples=scaled_examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_fast_path_gives_the_same_lazy_keys_as_step_by_step(case):
+    """With lazy keys on both sides (the simulator's own setting): a batch of implicit decoders
+    that all key lazily makes no registration as its steps fill blocks, and settling gives them
+    ``LAZY_KEY``; every block must be keyed (lazily or not) exactly when the step-by-step path
+    has keyed it, after every step and in the middle of a step that admits."""
+    preset, settings_, spec = case
+    settings_ = {**settings_, "enable_prefix_caching": preset != "vllm-v0"}
+    config = make_config(preset, **settings_)
+    plain_mid, fast_mid = {}, {}
+    plain = drive(config, spec, fast=False, mid=plain_mid, lazy_keys=True)
+    fast = drive(config, spec, fast=True, mid=fast_mid, lazy_keys=True)
+    for step in sorted(fast):
+        assert fast[step] == plain[step], f"state after step {step} differs"
+    for step in sorted(fast_mid):
+        assert fast_mid[step] == plain_mid[step], f"state in the middle of step {step} differs"
+
+
+def test_lazy_key_comparison_has_teeth(monkeypatch):
+    """Settling that forgets the keys a lazily keyed batch left to it is caught."""
+    config = make_config("pagesim", block_size=4, num_gpu_blocks=200, max_model_len=256, enable_prefix_caching=True,
+                         record_decisions=False)  # (implicit decoders)
+    spec = [(0, 9, 30, 1), (3, 5, 30, 1), (6, 7, 20, 1), (9, 3, 25, 1)]
+    plain = drive(config, spec, fast=False, lazy_keys=True)
+    assert all(step_state == plain[step] for step, step_state in drive(config, spec, fast=True, lazy_keys=True).items())
+    monkeypatch.setattr(bulk_decode, "key_lazily", lambda keys, seq, full: None)
+    fast = drive(config, spec, fast=True, lazy_keys=True)
+    assert any(fast[step] != plain[step] for step in fast)
 
 
 _REAL_DECODE_ONCE = ff._decode_once

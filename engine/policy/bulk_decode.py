@@ -25,12 +25,18 @@ only on the free list and the eviction order, and a registration touches neither
 
 **Sequences lag.** Their own counters (``num_computed_tokens``, ``num_filled_tokens``,
 ``num_registered_blocks``) and unnamed outputs are left where they were, and brought up to date
-(``settle``) only when something reads them: the scheduler settles its lazy batch
+(``settle``) only when something reads them. So are their lazy keys, in a batch whose sequences
+all key lazily (``keys_lazily``: every block their decodes fill is unique to them, as generated
+blocks are; ``DecodeRun.eager`` counts the others): no such block can be looked up, and with no
+block stats the order of registration does not matter, so the steps make none, and settling
+gives each full block past the sequence's lazy start that has no key its ``LAZY_KEY``
+(``key_lazily``). Everything is settled: the scheduler settles its lazy batch
 (``Scheduler._lazy_run``) before ``schedule()``, ``update()``, ``kv_usage()``,
 ``abort_request()`` and ``check()`` (``Scheduler.settle``); ``fast_forward`` settles a sequence
 before it finishes and before a block key is made from its tokens, and the whole batch before
-it builds a batch afresh or when the batch is not carried on. Block tables, the pool and every
-count the step metrics read are never behind.
+it builds a batch afresh or when the batch is not carried on. Block tables, the pool's free list,
+eviction order and counts, and every count the step metrics read are never behind; only the
+keys of blocks in use may be, and only lazy ones.
 
 Invariant: a lazy batch's sequence has computed ``offset + Scheduler.next_step`` tokens; its own
 fields may say fewer, never more, and ``settle`` makes them exactly what the step-by-step path
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.policy.block_pool import LAZY_KEY
 from engine.policy.request import Sequence
 
 if TYPE_CHECKING:
@@ -96,27 +103,51 @@ def residue_counts(buckets: list[Bucket] | None, offsets: list[int], bs: int) ->
     return sizes
 
 
-def settle(seqs: list[Sequence], offsets: list[int], step: int, bs: int, caching: bool, sampled: int = 1) -> None:
+def settle(seqs: list[Sequence], offsets: list[int], step: int, bs: int, keys: list | None, sampled: int = 1) -> None:
     """Bring each of a batch's sequences to its state before scheduler step ``step`` (with
     ``sampled=0``: in the middle of step ``step - 1``, scheduled but not updated)."""
     for seq, offset in zip(seqs, offsets):
-        settle_one(seq, offset + step, bs, caching, sampled)
+        settle_one(seq, offset + step, bs, keys, sampled)
 
 
-def settle_one(seq: Sequence, computed: int, bs: int, caching: bool, sampled: int = 1) -> None:
+def settle_one(seq: Sequence, computed: int, bs: int, keys: list | None, sampled: int = 1) -> None:
     """A decoder that has computed ``computed`` tokens, as the step-by-step path leaves it: that
-    many computed and filled slots, its full blocks counted as registered (with prefix caching),
-    and an unnamed output for each token computed since, the last one only once it is
-    ``sampled`` (between a step's ``schedule()`` and its ``update()`` it is not yet)."""
+    many computed and filled slots, its full blocks registered (with prefix caching: ``keys``,
+    the pool's; ``None`` without), and an unnamed output for each token computed since, the last
+    one only once it is ``sampled`` (between a step's ``schedule()`` and its ``update()`` it is
+    not yet). Its full blocks from its lazy start on are given ``LAZY_KEY`` if they carry no key
+    yet: a batch of sequences whose decodes key only lazily leaves that to here (``DecodeRun.eager``)."""
     if computed > seq.num_computed_tokens:  # (never backwards: settling twice changes nothing)
         seq.num_computed_tokens = computed
         seq.num_filled_tokens = computed
-        if caching and computed // bs > seq.num_registered_blocks:
-            seq.num_registered_blocks = computed // bs
+        if keys is not None and computed // bs > seq.num_registered_blocks:
+            full = computed // bs
+            if 0 <= seq.lazy_from < full:
+                key_lazily(keys, seq, full)
+            seq.num_registered_blocks = full
     outputs = seq.output_token_ids
     missing = computed + sampled - seq.request.prompt_len - len(outputs)
     if missing > 0:
         outputs.extend([None] * missing)
+
+
+def keys_lazily(kv, seq: Sequence) -> bool:
+    """Whether every block a decode of ``seq`` fills gets a lazy key: its lazy keys start at or
+    before its prompt's last block (a decoder has computed its whole prompt, so every block it
+    fills from now on is past its lazy start). The same answer for the sequence's whole stay in
+    a batch (its lazy start, once known, is fixed)."""
+    return kv.lazy_keys and 0 <= kv._lazy_start(seq) <= seq.request.prompt_len // kv.block_size
+
+
+def key_lazily(keys: list, seq: Sequence, full: int) -> None:
+    """Give ``LAZY_KEY`` to ``seq``'s full blocks past its registered ones and its lazy start,
+    up to block ``full``, that carry no key yet (those its decodes filled in a batch that left
+    their registration to ``settle_one``; a pool with no block stats, so the order is free)."""
+    table = seq.block_table
+    first = seq.num_registered_blocks if seq.num_registered_blocks > seq.lazy_from else seq.lazy_from
+    for block_id in table[first:full]:
+        if keys[block_id] is None:
+            keys[block_id] = LAZY_KEY
 
 
 def apply_lazily(run: DecodeRun, k: int, kv, pool, allocations: list[int], evictions: list[int],
@@ -147,7 +178,7 @@ def apply_lazily(run: DecodeRun, k: int, kv, pool, allocations: list[int], evict
         for (seq, _), block in zip(takers, blocks):
             seq.block_table.append(block)
             seq.table_snapshot = None
-    if kv.enable_prefix_caching:
+    if kv.enable_prefix_caching and run.eager:  # (none eager: the keys are given when settled)
         _register(run, first, k, kv, pool, first + k, sampled)
 
 
@@ -172,7 +203,7 @@ def _register(run: DecodeRun, first: int, k: int, kv, pool, end: int, sampled: i
             if index >= start and keys[block_id] is None:
                 lazy.append(block_id)
             else:
-                settle_one(seq, offset + end, bs, True, sampled)
+                settle_one(seq, offset + end, bs, keys, sampled)
                 kv.register_block(seq, index)
     if lazy:
         pool.cache_lazy(lazy)
@@ -221,6 +252,8 @@ def apply_in_bulk(seqs, computed, k: int, kv, pool, allocations, evictions) -> N
             if caching:
                 filling.extend(range(fills * n + i, stop, stride))
         if caching and end // bs > seq.num_registered_blocks:
+            if 0 <= seq.lazy_from < c // bs:  # (blocks filled before: their keys may have been left to settling)
+                key_lazily(pool.keys, seq, c // bs)
             seq.num_registered_blocks = end // bs
     if allocating:
         allocating.sort()

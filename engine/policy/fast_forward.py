@@ -68,8 +68,9 @@ every carried batch with the one built from the scheduler's state.
 **Implicit decoders.** Without recording decisions, with one KV group and an ``lru``-like pool
 (``bulk_ok``), the batch keeps its sequences in buckets by the step at which they next reach a
 block boundary, and a stretch of steps touches only those (``engine.policy.bulk_decode``): its
-allocations and lazily keyed registrations are made in one pool call each, and the sequences'
-own counters and outputs lag until something reads them (``Scheduler.settle``). A step of such a
+allocations and lazily keyed registrations are made in one pool call each (none at all for the
+lazy keys of a batch whose sequences all key lazily: settling gives them), and the sequences'
+own counters, outputs and lazy keys lag until something reads them (``Scheduler.settle``). A step of such a
 batch then costs O(blocks it allocates and fills), not O(running).
 
 Entry points, in the order an executor uses them (the simulator's one caller is
@@ -110,7 +111,7 @@ from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
 from engine.policy import bulk_decode
-from engine.policy.bulk_decode import apply_in_bulk, make_buckets, settle, settle_one
+from engine.policy.bulk_decode import apply_in_bulk, keys_lazily, make_buckets, settle, settle_one
 from engine.policy.output import ScheduledSequence, SchedulerOutput, frozen_map
 from engine.policy.preempting_decode import decodes_with_preemptions, decodes_with_v0_preemptions, preempts_in_step
 from engine.policy.request import Request, RequestStatus, Sequence
@@ -124,6 +125,9 @@ from engine.policy.window_decode import (HybridCounts, apply_hybrid_events, deco
 
 if TYPE_CHECKING:
     from engine.policy.scheduler import Scheduler
+
+#: ``DecodeRun.eager`` of a run whose sequences were not counted (registrations made as the steps fill).
+UNCOUNTED = 1 << 62
 
 #: Stops of the waiting and swapped passes that stay true while only decodes run and nothing finishes.
 STABLE_WAITING_STOPS = frozenset({"seq_limit", "no_plan", "blocks", "budget", "swapped"})
@@ -187,6 +191,10 @@ class DecodeRun:
     # The places (in ``seqs``) of the sequences its first finish retired, in order, once
     # ``_finish_seqs`` has (``_carry``, which always comes after it, drops them from the lists).
     finished_places: list[int] | None = None
+    # With implicit decoders: how many of ``seqs`` fill blocks that may get real keys (not
+    # ``bulk_decode.keys_lazily``), or more (``UNCOUNTED``). At 0 the steps make no registrations:
+    # the lazy keys are given when each sequence is settled (``bulk_decode.settle_one``).
+    eager: int = UNCOUNTED
 
     @property
     def computed(self) -> list[int]:
@@ -288,10 +296,10 @@ def decode_batch(s: Scheduler) -> DecodeRun | None:
     members = _decoders(s, s.running, copies_ok=bulk)  # (_run_of keeps copies only where preempting_decode may)
     if members is None:
         return None
-    seqs, offsets, finish_at, table_blocks, dropped_entries, context, copies = members
+    seqs, offsets, finish_at, table_blocks, dropped_entries, context, copies, eager = members
     buckets = make_buckets(seqs, offsets, s.block_size) if bulk else None
     return _steady(s, _run_of(s, list(s.running), seqs, offsets, finish_at, table_blocks, dropped_entries, context,
-                              buckets, copies))
+                              buckets, copies, eager=eager))
 
 
 def _still_current(s: Scheduler, run: DecodeRun) -> bool:
@@ -329,13 +337,13 @@ def bulk_ok(s: Scheduler) -> bool:
 
 
 def _decoders(s: Scheduler, requests, copies_ok: bool = False
-              ) -> tuple[list[Sequence], list[int], list[int], int, int, int, list | None] | None:
+              ) -> tuple[list[Sequence], list[int], list[int], int, int, int, list | None, int] | None:
     """The live sequences of ``requests`` if every one is a steady decoder (module docstring):
-    ``(seqs, offsets, finish_at, table blocks, dropped entries, sum(computed), copies)``, each
-    offset its sequence's computed tokens less the scheduler's next step (``DecodeRun.offsets``);
-    else ``None``. A sequence whose next write would copy on write is not one, unless
-    ``copies_ok``: it is then taken, and listed in ``copies`` (``DecodeRun.copies``; ``None``
-    when there is none)."""
+    ``(seqs, offsets, finish_at, table blocks, dropped entries, sum(computed), copies, eager)``,
+    each offset its sequence's computed tokens less the scheduler's next step
+    (``DecodeRun.offsets``); else ``None``. A sequence whose next write would copy on write is not
+    one, unless ``copies_ok``: it is then taken, and listed in ``copies`` (``DecodeRun.copies``;
+    ``None`` when there is none). ``eager``: how many do not ``bulk_decode.keys_lazily``."""
     if s.kv.hybrid and not _hybrid_decoders(s, requests):
         return None
     bs = s.block_size
@@ -346,8 +354,9 @@ def _decoders(s: Scheduler, requests, copies_ok: bool = False
     seqs: list[Sequence] = []
     offsets: list[int] = []
     finish_steps: list[int] = []
-    table_blocks = context = 0
+    table_blocks = context = eager = 0
     copies = None
+    kv = s.kv
     for request in requests:
         if request.beam_width > 1 or (request.n > 1 and not request.forked):
             return None
@@ -374,9 +383,11 @@ def _decoders(s: Scheduler, requests, copies_ok: bool = False
             finish_steps.append(last_step + (limit - outputs if limit - outputs < max_model_len - n
                                              else max_model_len - n))
             table_blocks += len(table)
+            if not keys_lazily(kv, seq):
+                eager += 1
     if s.kv.hybrid:  # (blocks held, each table's count, and entries the windows dropped)
-        return seqs, offsets, finish_steps, *table_counts(seqs), context, copies
-    return seqs, offsets, finish_steps, table_blocks, 0, context, copies
+        return seqs, offsets, finish_steps, *table_counts(seqs), context, copies, eager
+    return seqs, offsets, finish_steps, table_blocks, 0, context, copies, eager
 
 
 def _hybrid_decoders(s: Scheduler, requests) -> bool:
@@ -402,7 +413,8 @@ def _hybrid_decoders(s: Scheduler, requests) -> bool:
 
 def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets: list[int], finish_at: list[int],
             table_blocks: int, dropped_entries: int, context: int, buckets: list | None,
-            copies: list | None = None, finish_heap: list[int] | None = None) -> DecodeRun | None:
+            copies: list | None = None, finish_heap: list[int] | None = None, eager: int = UNCOUNTED
+            ) -> DecodeRun | None:
     """The ``DecodeRun`` of these decoders (the running requests, in order), or ``None`` when it
     cannot take one step: some would wait for the token budget, or no step fits in the free blocks.
     With ``copies`` (``DecodeRun.copies``) its first step is the preempting pass's, never skipped."""
@@ -437,7 +449,7 @@ def _run_of(s: Scheduler, requests: list[Request], seqs: list[Sequence], offsets
         horizon = 0  # (its next step must preempt: preempting_batch, then schedule_decode_step)
     run = DecodeRun(s, requests, seqs, offsets, finish_at, first_finish, horizon, free, plain,
                     pool.num_usable_blocks - free, cached, table_blocks, context, s.next_step, dropped_entries,
-                    buckets=buckets, widest=widest, finish_heap=finish_heap)
+                    buckets=buckets, widest=widest, finish_heap=finish_heap, eager=eager)
     if copies:
         run.copies = copies
     return run
@@ -458,6 +470,7 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
     buckets = run.buckets  # (changed in place: the run is stale once carried)
     tokens = run.tokens  # (shared while nothing changes: never written in place)
     heap = run.finish_heap  # (changed in place too)
+    eager = run.eager
     owned = run.first_finish == k  # (whether the lists below are copies of our own, extended in place)
     if owned:  # some finished (_finish_seqs retired them): keep the others, in order
         gone = run.finished_places  # their places, in order: the heap's least entries
@@ -477,6 +490,8 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
             context -= run.offsets[i] + end
             if buckets is not None:
                 bulk_decode.leave(buckets, seq, run.offsets[i], bs)
+            if eager and not keys_lazily(s.kv, seq):  # (at 0, none was eager: nothing to count off)
+                eager -= 1
             request = seq.request
             if request.live_seqs:  # (a request with other samples still running stays)
                 if tokens is not None:
@@ -514,6 +529,7 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         dropped_entries += members[4]
         context += members[5]
         copies = members[6]
+        eager += members[7]
         if requests is run.requests:
             requests = requests + admitted
         else:  # (a copy of our own: the finishes made it)
@@ -526,7 +542,7 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
                 tokens = tokens | joined
     carried = (None if admitted and members is None  # (a newcomer is not a steady decoder)
                else _run_of(s, requests, seqs, offsets, finish_at, table_blocks, dropped_entries, context, buckets,
-                            copies, heap))
+                            copies, heap, eager))
     if carried is not None:
         carried.tokens = tokens
         if requests is not run.requests:
@@ -536,7 +552,7 @@ def _carry(run: DecodeRun, k: int, allocated: int, admitted: list[Request] | Non
         if buckets is not None:
             s._lazy_run = carried
     elif buckets is not None:  # nothing carries the survivors: they are brought up to date now
-        settle(seqs, offsets, s.next_step, bs, s.kv.enable_prefix_caching)
+        settle(seqs, offsets, s.next_step, bs, s.kv.registered_keys)
         s._lazy_run = None
     return carried
 
@@ -709,14 +725,14 @@ def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
     last = run.step + k - 1
     end = run.step + k  # (the scheduler's next step)
     bs = run.scheduler.block_size
-    caching = run.scheduler.kv.enable_prefix_caching
+    keys = run.scheduler.kv.registered_keys
     max_model_len = processor.max_model_len
     finished: list[Request] = []
     released = 0
     places = run.finished_places = _places_of(finish_at, last, _least_count(run.finish_heap, last))
     for i in places:
         seq = seqs[i]
-        settle_one(seq, offsets[i] + end, bs, caching)
+        settle_one(seq, offsets[i] + end, bs, keys)
         released += len(seq.block_table)
         processor._finish(seq, finish_reason(seq, max_model_len))
         request = seq.request

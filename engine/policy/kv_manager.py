@@ -72,6 +72,9 @@ class KVCacheManager:
         self.lazy_keys = (enable_prefix_caching
                           and type(block_pool.eviction).__module__ == "engine.policy.eviction"
                           and not block_pool.eviction.uses_key_tree)
+        # the pool's keys, where full blocks are registered (None: no prefix caching): what
+        # settling a batch of implicit decoders brings up to date (bulk_decode.settle_one)
+        self.registered_keys = block_pool.keys if enable_prefix_caching else None
 
     # ------------------------------------------------------------ counting
     def blocks_to_reserve(self, seq: Sequence, start: int, end: int) -> int:

@@ -154,7 +154,7 @@ class _Pass:
         for seq in victim.live_seqs:
             place = run.seqs.index(seq)
             offset = run.offsets[place]
-            settle_one(seq, offset + self.step, bs, s.kv.enable_prefix_caching)
+            settle_one(seq, offset + self.step, bs, s.kv.registered_keys)
             bulk_decode.leave(run.buckets, seq, offset, bs)
             self.places.append(place)
             self.left_context += offset + self.step
@@ -277,7 +277,7 @@ def decodes_with_v0_preemptions(run: DecodeRun, st: Step) -> tuple[DecodeRun, in
             s.requeue(victim, mode)
         for seq, offset in zip(run.seqs, run.offsets):
             if id(seq.request) not in gone:
-                settle_one(seq, offset + run.step, s.block_size, s.kv.enable_prefix_caching)
+                settle_one(seq, offset + run.step, s.block_size, s.kv.registered_keys)
         s._lazy_run = None
         raise
     s.waiting.extendleft([v for v, mode in zip(done.victims, modes) if mode == "recompute"])

@@ -162,7 +162,7 @@ class Scheduler:
         run = self._lazy_run
         if run is not None:
             self._lazy_run = None
-            settle(run.seqs, run.offsets, self.next_step, self.block_size, self.kv.enable_prefix_caching,
+            settle(run.seqs, run.offsets, self.next_step, self.block_size, self.kv.registered_keys,
                    0 if self._lazy_mid_step else 1)
 
     # ------------------------------------------------------------ schedule
