@@ -283,16 +283,16 @@ def _plan_short(n: int, context: int, first: dict[str, float], decode, around: t
                 end = end + ((((before + seconds) + a1) + a2) + a3 + a4)
                 keep(seconds)
                 reach(end)
-                if not end < next_arrival_s:
+                if not end < next_arrival_s:  # (the next step would start at or after the arrival)
                     break
                 context += n
-        else:
+        else:  # (the same loop, calling decode)
             for _ in range(limit):
                 seconds = decode(context, window_context)
                 end = end + ((((before + seconds) + a1) + a2) + a3 + a4)
                 keep(seconds)
                 reach(end)
-                if not end < next_arrival_s:  # (the next step would start at or after the arrival)
+                if not end < next_arrival_s:
                     break
                 context += n
     else:

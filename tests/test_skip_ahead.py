@@ -308,6 +308,27 @@ def test_either_way_of_costing_a_skip_changes_nothing(short_skip, monkeypatch):
     assert skipped > 0 and (calls["short"] > 0) == (short_skip > 0)
 
 
+class CalledDecodeRoofline(RooflineCostModel):
+    """The roofline with its decode attention function wrapped, so that ``_plan_short`` calls it
+    (as for a model whose function is not linear in the context) instead of writing it out."""
+
+    def decode_attention_fn(self, work):
+        linear = super().decode_attention_fn(work)
+        assert linear.linear_in_context  # (the written-out path is what the other tests take)
+        return lambda context, window_context: linear(context, window_context)
+
+
+def test_short_skips_that_call_the_decode_function_change_nothing(monkeypatch):
+    """``_plan_short``'s loop for a decode attention function it must call (every skip costed
+    in Python floats)."""
+    import sim.skip_ahead
+
+    monkeypatch.setattr(sim.skip_ahead, "SHORT_SKIP", 10**9)
+    model = lambda: CalledDecodeRoofline(Deployment(get_model_preset("llama3-8b"), get_gpu_preset("a100-80gb"), 1))  # noqa: E731
+    skipped = assert_same(decode_heavy(), "pagesim", dict(block_size=4, num_gpu_blocks=400, max_model_len=256), model)
+    assert skipped > 0
+
+
 def test_skipping_counts_only_the_steps_it_takes():
     """Skip-ahead costs steps it may not take (up to the next arrival); a model that records its
     calls (the calibrated model's extrapolation counts) must end with the step-by-step counts."""
