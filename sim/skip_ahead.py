@@ -275,26 +275,19 @@ def _plan_short(n: int, context: int, first: dict[str, float], decode, around: t
         # the nonnegative totals here)
         a1, a2, a3, a4 = (*after, *_NO_TERMS[len(after):])
         keep, reach = attention.append, ends.append
+        # (a decode linear in the context has its operations written out: a call fewer a step)
         linear = getattr(decode, "linear_in_context", None) if context > 0 else None
-        if linear is not None:  # (decode's operations written out: one call fewer a step)
+        if linear is not None:
             per_token, bw, overhead = linear
-            for _ in range(limit):
-                seconds = context * per_token / bw * overhead
-                end = end + ((((before + seconds) + a1) + a2) + a3 + a4)
-                keep(seconds)
-                reach(end)
-                if not end < next_arrival_s:  # (the next step would start at or after the arrival)
-                    break
-                context += n
-        else:  # (the same loop, calling decode)
-            for _ in range(limit):
-                seconds = decode(context, window_context)
-                end = end + ((((before + seconds) + a1) + a2) + a3 + a4)
-                keep(seconds)
-                reach(end)
-                if not end < next_arrival_s:
-                    break
-                context += n
+        for _ in range(limit):
+            seconds = (context * per_token / bw * overhead if linear is not None
+                       else decode(context, window_context))
+            end = end + ((((before + seconds) + a1) + a2) + a3 + a4)
+            keep(seconds)
+            reach(end)
+            if not end < next_arrival_s:  # (the next step would start at or after the arrival)
+                break
+            context += n
     else:
         while len(ends) < limit:
             seconds = decode(context, window_context)

@@ -122,8 +122,7 @@ def settle_one(seq: Sequence, computed: int, bs: int, keys: list | None, sampled
         seq.num_filled_tokens = computed
         if keys is not None and computed // bs > seq.num_registered_blocks:
             full = computed // bs
-            if 0 <= seq.lazy_from < full:
-                key_lazily(keys, seq, full)
+            key_lazily(keys, seq, full)
             seq.num_registered_blocks = full
     outputs = seq.output_token_ids
     missing = computed + sampled - seq.request.prompt_len - len(outputs)
@@ -142,10 +141,13 @@ def keys_lazily(kv, seq: Sequence) -> bool:
 def key_lazily(keys: list, seq: Sequence, full: int) -> None:
     """Give ``LAZY_KEY`` to ``seq``'s full blocks past its registered ones and its lazy start,
     up to block ``full``, that carry no key yet (those its decodes filled in a batch that left
-    their registration to ``settle_one``; a pool with no block stats, so the order is free)."""
-    table = seq.block_table
-    first = seq.num_registered_blocks if seq.num_registered_blocks > seq.lazy_from else seq.lazy_from
-    for block_id in table[first:full]:
+    their registration to ``settle_one``; a pool with no block stats, so the order is free).
+    Nothing for a sequence whose lazy start is not known (``lazy_from`` -1: never keyed lazily)."""
+    start = seq.lazy_from
+    if not 0 <= start < full:
+        return
+    first = seq.num_registered_blocks if seq.num_registered_blocks > start else start
+    for block_id in seq.block_table[first:full]:
         if keys[block_id] is None:
             keys[block_id] = LAZY_KEY
 
@@ -252,8 +254,7 @@ def apply_in_bulk(seqs, computed, k: int, kv, pool, allocations, evictions) -> N
             if caching:
                 filling.extend(range(fills * n + i, stop, stride))
         if caching and end // bs > seq.num_registered_blocks:
-            if 0 <= seq.lazy_from < c // bs:  # (blocks filled before: their keys may have been left to settling)
-                key_lazily(pool.keys, seq, c // bs)
+            key_lazily(pool.keys, seq, c // bs)  # (blocks filled before: their keys may have been left to settling)
             seq.num_registered_blocks = end // bs
     if allocating:
         allocating.sort()
