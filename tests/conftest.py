@@ -20,6 +20,10 @@ from hypothesis import HealthCheck, settings
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Every block table freed with a layout is checked against the pool (engine.policy.block_pool's
+# BlockPool.check_layouts), here and in the command-line runs tests start.
+os.environ.setdefault("PAGESIM_CHECK_LAYOUTS", "1")
+
 settings.register_profile(
     "default",
     deadline=None,

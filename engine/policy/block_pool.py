@@ -40,6 +40,7 @@ validation mode fills such blocks with NaN; the policy itself never looks at con
 from __future__ import annotations
 
 import copy
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
@@ -76,6 +77,11 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class BlockPool:
+    #: Whether ``free_table`` checks every block of a ``layout`` it is given against the pool
+    #: (O(table) reads, what the layout saves): on for the test suite (``tests/conftest.py`` sets
+    #: ``PAGESIM_CHECK_LAYOUTS=1``, which the CLI runs it starts inherit), off otherwise.
+    check_layouts = os.environ.get("PAGESIM_CHECK_LAYOUTS") == "1"
+
     def __init__(
         self,
         num_blocks: int,
@@ -220,17 +226,26 @@ class BlockPool:
             else:
                 self.eviction.add(block_id)
 
-    def free_table(self, block_ids: Sequence[int]) -> None:
-        """Release a whole block table, last block first (see the module docstring for the order)."""
+    def free_table(self, block_ids: Sequence[int], layout: tuple[int, int] | None = None) -> None:
+        """Release a whole block table, last block first (see the module docstring for the order).
+
+        ``layout``, when the caller knows it, is ``(unique_from, num_keyed)``: the table's blocks
+        from index ``unique_from`` on are held by this table alone, and its first ``num_keyed``
+        blocks carry a key, the others none (``KVCacheManager.free`` knows both for a settled
+        sequence); the common case then reads neither per block."""
         if len(block_ids) == 1:  # (a sliding window's drop: what free does for one block)
             self.free(block_ids[0])
             return
         ref_counts, keys, release_tick = self.ref_counts, self.keys, self.release_tick
         eviction = self.eviction
-        if (not self._stats and eviction.batches
-                and _picked(ref_counts, block_ids).count(1) == len(block_ids)):
-            self._free_unshared(block_ids)  # the common case, in bulk: every block leaves use
-            return
+        if layout is not None and self.check_layouts:
+            self._check_layout(block_ids, *layout)
+        if not self._stats and eviction.batches:
+            shared = block_ids if layout is None else block_ids[:layout[0]]  # (the blocks that may be shared)
+            if not shared or _picked(ref_counts, shared).count(1) == len(shared):
+                # the common case, in bulk: every block leaves use
+                self._free_unshared(block_ids, None if layout is None else layout[1])
+                return
         unkeyed_in_walk_order = []
         keyed_in_walk_order: list[int] = []
         make_evictable = keyed_in_walk_order.append if eviction.batches else eviction.add
@@ -255,13 +270,35 @@ class BlockPool:
             for block_id in unkeyed_in_walk_order:
                 self.on_release(block_id)
 
-    def _free_unshared(self, block_ids: Sequence[int]) -> None:
+    def _check_layout(self, block_ids: Sequence[int], unique_from: int, num_keyed: int) -> None:
+        counts = [self.ref_counts[block_id] for block_id in block_ids]
+        keyed = [self.keys[block_id] is not None for block_id in block_ids]
+        assert all(count == 1 for count in counts[unique_from:]), (
+            f"blocks from {unique_from} on should be this table's alone: reference counts {counts}")
+        assert keyed == [True] * num_keyed + [False] * (len(block_ids) - num_keyed), (
+            f"the first {num_keyed} blocks should carry keys and the rest none: {keyed}")
+
+    def _free_unshared(self, block_ids: Sequence[int], num_keyed: int | None = None) -> None:
         """``free_table`` of a table whose blocks all have one reference, for a policy that
-        batches and reads no ticks: the same order, with one pass per list touched."""
+        batches and reads no ticks: the same order, with one pass per list touched. With
+        ``num_keyed`` (``free_table``'s layout) the keys are not read, but at the boundary."""
         ref_counts, keys = self.ref_counts, self.keys
         for block_id in block_ids:
             ref_counts[block_id] = 0
         walk = block_ids[::-1]
+        if num_keyed is not None:
+            num_unkeyed = len(walk) - num_keyed  # (the walk meets the unkeyed tail first)
+            assert (not num_keyed or keys[walk[num_unkeyed]] is not None) and (
+                not num_unkeyed or keys[walk[num_unkeyed - 1]] is None), "the table's keys are not as its layout says"
+            if num_keyed:
+                self.eviction.add_many(walk[num_unkeyed:] if num_unkeyed else walk)
+            if num_unkeyed:
+                unkeyed = walk[:num_unkeyed]
+                self._free.extendleft(reversed(unkeyed))
+                if self.on_release is not None:
+                    for block_id in unkeyed:
+                        self.on_release(block_id)
+            return
         walk_keys = _picked(keys, walk)
         num_unkeyed = walk_keys.count(None)
         if not num_unkeyed:

@@ -295,6 +295,9 @@ class KVCacheManager:
 
     # ------------------------------------------------------ fork and free
     def fork(self, parent: Sequence, child: Sequence) -> None:
+        # (only a request of several samples or beams forks, and such a request never has lazy
+        # keys: ``free`` counts on a sequence with a lazy start holding its unique blocks alone)
+        assert not 0 <= parent.lazy_from < NEVER, f"sequence {parent.seq_id} has lazy keys: it cannot be forked"
         pool = self.pool
         for block_id in parent.block_table:
             pool.incref(block_id)
@@ -322,7 +325,13 @@ class KVCacheManager:
         if seq.block_table:
             if not final and 0 <= seq.lazy_from < seq.num_registered_blocks:
                 self._materialize(seq)
-            self.pool.free_table(seq.block_table)
+            # Its blocks from its lazy start on hold content no other request has (``lazy_from``,
+            # known only for a request of one sample: none is forked), and its first registered
+            # blocks carry keys, the rest none (its registrations are up to date: it is settled).
+            table = seq.block_table
+            unique_from = seq.lazy_from if seq.lazy_from >= 0 else len(table)
+            self.pool.free_table(table, (unique_from, seq.num_registered_blocks if self.registered_keys is not None
+                                         else 0))
         seq.block_table = []
         seq.table_snapshot = None
         seq.num_filled_tokens = 0
