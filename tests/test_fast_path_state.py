@@ -180,7 +180,19 @@ def test_lazy_key_comparison_has_teeth(monkeypatch):
     plain = drive(config, spec, fast=False, lazy_keys=True)
     assert all(step_state == plain[step] for step, step_state in drive(config, spec, fast=True, lazy_keys=True).items())
     monkeypatch.setattr(bulk_decode, "key_lazily", lambda keys, seq, full: None)
+    assert _compared_apart(monkeypatch, config, spec, plain, lazy_keys=True)
     assert _caught(monkeypatch, config, spec, plain, lazy_keys=True)
+
+
+def _compared_apart(monkeypatch, config, spec, plain, **options) -> bool:
+    """Whether the state comparison alone tells a mutated fast path from the step-by-step path:
+    with every table freed as if its layout were unknown (the pool reads each block), so the
+    pool's checks of a layout cannot catch the mutation first."""
+    with monkeypatch.context() as patch:
+        free_table = BlockPool.free_table
+        patch.setattr(BlockPool, "free_table", lambda pool, block_ids, layout=None: free_table(pool, block_ids))
+        fast = drive(config, spec, fast=True, **options)
+    return any(fast[step] != plain[step] for step in fast)
 
 
 def _caught(monkeypatch, config, spec, plain, **options) -> bool:
@@ -188,11 +200,12 @@ def _caught(monkeypatch, config, spec, plain, **options) -> bool:
     suite's full check of freed tables off): some step's state differs from the step-by-step
     path's, or the pool refuses a freed table whose keys are not as its layout says (the
     boundary check ``BlockPool.free_table`` always makes)."""
-    monkeypatch.setattr(BlockPool, "check_layouts", False)
-    try:
-        fast = drive(config, spec, fast=True, **options)
-    except AssertionError as exc:
-        return "not as its layout says" in str(exc)
+    with monkeypatch.context() as patch:
+        patch.setattr(BlockPool, "check_layouts", False)
+        try:
+            fast = drive(config, spec, fast=True, **options)
+        except AssertionError as exc:
+            return "not as its layout says" in str(exc)
     return any(fast[step] != plain[step] for step in fast)
 
 
@@ -234,4 +247,5 @@ def test_state_comparison_has_teeth(monkeypatch, implicit):
         monkeypatch.setattr(bulk_decode, "settle_one", _settle_one_lagging)
     else:
         monkeypatch.setattr(ff, "_decode_once", _decode_once_lagging)
+    assert _compared_apart(monkeypatch, config, spec, plain)
     assert _caught(monkeypatch, config, spec, plain)
