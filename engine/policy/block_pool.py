@@ -271,6 +271,7 @@ class BlockPool:
                 self.on_release(block_id)
 
     def _check_layout(self, block_ids: Sequence[int], unique_from: int, num_keyed: int) -> None:
+        """Assert that ``(unique_from, num_keyed)`` is the table's layout, block by block."""
         counts = [self.ref_counts[block_id] for block_id in block_ids]
         keyed = [self.keys[block_id] is not None for block_id in block_ids]
         assert all(count == 1 for count in counts[unique_from:]), (
@@ -281,7 +282,7 @@ class BlockPool:
     def _free_unshared(self, block_ids: Sequence[int], num_keyed: int | None = None) -> None:
         """``free_table`` of a table whose blocks all have one reference, for a policy that
         batches and reads no ticks: the same order, with one pass per list touched. With
-        ``num_keyed`` (``free_table``'s layout) the keys are not read, but at the boundary."""
+        ``num_keyed`` (``free_table``'s layout) no key is read but the two at the boundary."""
         ref_counts, keys = self.ref_counts, self.keys
         for block_id in block_ids:
             ref_counts[block_id] = 0
