@@ -287,35 +287,30 @@ class BlockPool:
         for block_id in block_ids:
             ref_counts[block_id] = 0
         walk = block_ids[::-1]
+        # The walk's blocks with no key go to the free list, the others to the eviction order.
+        # Usually the unkeyed ones are the walk's first (the table's tail: its last block, partly
+        # filled), and the walk is cut in two; a layout says so, and how many, without the keys.
         if num_keyed is not None:
-            num_unkeyed = len(walk) - num_keyed  # (the walk meets the unkeyed tail first)
+            num_unkeyed = len(walk) - num_keyed
             assert (not num_keyed or keys[walk[num_unkeyed]] is not None) and (
                 not num_unkeyed or keys[walk[num_unkeyed - 1]] is None), "the table's keys are not as its layout says"
-            if num_keyed:
-                self.eviction.add_many(walk[num_unkeyed:] if num_unkeyed else walk)
-            if num_unkeyed:
-                unkeyed = walk[:num_unkeyed]
-                self._free.extendleft(reversed(unkeyed))
-                if self.on_release is not None:
-                    for block_id in unkeyed:
-                        self.on_release(block_id)
-            return
-        walk_keys = _picked(keys, walk)
-        num_unkeyed = walk_keys.count(None)
-        if not num_unkeyed:
-            self.eviction.add_many(walk)
-            return
-        if num_unkeyed == 1 and walk_keys[0] is None:  # (the usual: only the last block, partly filled)
-            unkeyed = walk[:1]
-            self.eviction.add_many(walk[1:])
+            cut = True
+        else:
+            walk_keys = _picked(keys, walk)
+            num_unkeyed = walk_keys.count(None)
+            cut = walk_keys[:num_unkeyed].count(None) == num_unkeyed
+        if cut:
+            unkeyed = walk[:num_unkeyed]
+            if num_unkeyed < len(walk):
+                self.eviction.add_many(walk[num_unkeyed:])
         else:
             unkeyed = [block_id for block_id, key in zip(walk, walk_keys) if key is None]
-            if len(unkeyed) < len(walk):
-                self.eviction.add_many([block_id for block_id, key in zip(walk, walk_keys) if key is not None])
-        self._free.extendleft(reversed(unkeyed))
-        if self.on_release is not None:
-            for block_id in unkeyed:
-                self.on_release(block_id)
+            self.eviction.add_many([block_id for block_id, key in zip(walk, walk_keys) if key is not None])
+        if unkeyed:
+            self._free.extendleft(reversed(unkeyed))
+            if self.on_release is not None:
+                for block_id in unkeyed:
+                    self.on_release(block_id)
 
     # --------------------------------------------------------- prefix cache
     def lookup(self, key: BlockKey) -> int | None:
