@@ -20,7 +20,6 @@ Requests are built lazily, one at arrival, so a trace of millions of rows costs 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 import numpy as np
 
@@ -42,13 +41,11 @@ class RequestFactory:
         self._output_len = trace.output_len
 
     def make(self, i: int) -> Request:
-        request = self.trace.request(i)
         n = int(self._n[i])
         if n > 1 and self.sample_lengths == "drawn":
             drawn = self._output_len[self._rng.integers(0, len(self._output_len), size=n - 1)]
-            lens = (request.max_tokens, *(int(x) for x in drawn))
-            request = replace(request, max_tokens=max(lens), sample_max_tokens=lens)
-        return request
+            return self.trace.request(i, sample_max_tokens=(int(self._output_len[i]), *(int(x) for x in drawn)))
+        return self.trace.request(i)
 
 
 class BeamModel:

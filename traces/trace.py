@@ -249,12 +249,14 @@ class Trace:
             return private_tokens(i, length, vocab_size=vocab_size)
         return identity_tokens(ids, self.prefix_block_tokens, length, vocab_size=vocab_size)
 
-    def request(self, i: int, *, request_id: str | None = None, vocab_size: int | None = None) -> Request:
+    def request(self, i: int, *, request_id: str | None = None, vocab_size: int | None = None,
+                sample_max_tokens: tuple[int, ...] | None = None) -> Request:
         """Row ``i`` as the policy's ``Request``.
 
         By default the prompt is a length plus identities (what a simulator needs); with
         ``vocab_size`` it carries pseudo-token ids instead (what an engine needs). Both give the
-        same prefix-cache sharing.
+        same prefix-cache sharing. ``sample_max_tokens`` gives each of the row's ``n`` samples its
+        own output length (``Request.sample_max_tokens``); ``max_tokens`` is then the longest.
         """
         num_rows = len(self.arrival_s)  # (len(self), read once: a call per request otherwise)
         if not -num_rows <= i < num_rows:
@@ -268,7 +270,7 @@ class Trace:
         return Request(
             request_id=f"r{i}" if request_id is None else request_id,
             prompt_len=int(self.prompt_len[i]),
-            max_tokens=int(self.output_len[i]),
+            max_tokens=int(self.output_len[i]) if sample_max_tokens is None else max(sample_max_tokens),
             arrival_time_s=float(self.arrival_s[i]),
             prompt_token_ids=tokens,
             prefix_block_ids=None if ids is None else ids.tolist(),
@@ -276,6 +278,7 @@ class Trace:
             n=int(self.n[i]),
             beam_width=int(self.beam_width[i]),
             priority=int(self.priority[i]),
+            sample_max_tokens=sample_max_tokens,
         )
 
     def requests(self, *, vocab_size: int | None = None) -> Iterator[Request]:
