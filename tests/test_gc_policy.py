@@ -73,8 +73,9 @@ def test_a_larger_threshold_of_the_callers_is_kept(saved_gc):
 @pytest.mark.parametrize("samples", [{}, {"n": 3}, {"beam_width": 2}], ids=["n=1", "n=3", "beams"])
 def test_finished_requests_are_never_cyclic_garbage(saved_gc, skip_ahead, samples):
     """A request and its sequences point at each other; the replica breaks that cycle once it has
-    read a finished request, so reference counting frees it and the cyclic collector never has to
-    (it would walk every finished request's lists to find it)."""
+    read a finished request, and the request factory builds each request once (n = 3 draws its
+    samples' lengths), so reference counting frees every request and the cyclic collector never
+    has to (it would walk every finished request's lists to find it)."""
     num = 30
     trace = Trace(arrival_s=np.arange(num) * 0.5, prompt_len=np.full(num, 300), output_len=np.full(num, 40),
                   **{name: np.full(num, value) for name, value in samples.items()})
