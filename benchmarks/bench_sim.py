@@ -406,7 +406,11 @@ def main() -> None:
     core = _core()
     print(f"each case in its own process on CPU {core} (one thread per numeric library)"
           if core is not None else "each case in its own process (CPU affinity unsupported here)", flush=True)
-    report: dict = {"core": core, "noskip_sample": sample, "quick": args.quick}
+    from engine import COMPILED
+    from engine.compiled import describe
+
+    print(f"build: {describe(COMPILED)} (engine/compiled.py)", flush=True)
+    report: dict = {"core": core, "noskip_sample": sample, "quick": args.quick, "compiled_modules": COMPILED}
     table: list = []
     for name in ("azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure",
                  "parallel"):  # the (a) to (d), then more

@@ -3,3 +3,17 @@
 Importing ``engine`` or ``engine.policy`` must not import torch or simpy: the simulator runs the
 policy at scale without either, and a test checks ``sys.modules``.
 """
+
+import os as _os
+import sys as _sys
+
+from engine.compiled import StaleBuild as _StaleBuild, compiled_modules as _compiled_modules
+
+try:
+    #: The modules this install runs compiled (``engine/compiled.py``; empty: pure Python).
+    COMPILED: list[str] = _compiled_modules()
+except _StaleBuild as _exc:
+    if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "pagesim":  # the command: one line, exit 2
+        print(f"error: {_exc}", file=_sys.stderr)
+        raise SystemExit(2) from None
+    raise

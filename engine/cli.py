@@ -82,12 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pagesim",
         description="What-if simulator and real engine for paged KV-cache LLM serving.",
     )
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="the version, and whether this install runs compiled modules (engine/compiled.py)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for module_name in dict.fromkeys(SUBCOMMANDS.values()):  # a module may define several
         importlib.import_module(module_name).add_parser(subparsers)
     parser.set_defaults(_subparsers=subparsers)
     return parser
+
+
+def _version() -> str:
+    import importlib.metadata
+
+    from engine import COMPILED
+    from engine.compiled import describe
+
+    try:
+        version = importlib.metadata.version("pagesim")
+    except importlib.metadata.PackageNotFoundError:  # (run from a source tree that is not installed)
+        version = "(not installed)"
+    return f"pagesim {version} ({describe(COMPILED)})"
 
 
 def unknown_flags_message(subparser: argparse.ArgumentParser, extras: list[str]) -> str:

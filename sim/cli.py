@@ -211,7 +211,7 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     from sim.bench_args import summary_slo
     from sim.cluster import Cluster, build_replicas
     from sim.output import write_json, write_tables, write_timeline
-    from sim.replica import SimulationStalled
+    from sim.errors import SimulationStalled
     from sim.simulator import SimOptions
 
     builts = build_replicas(run_spec_from_args(args), args.replicas)
@@ -261,7 +261,10 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     if out is not None:
         ids = [f"r{i}" for i in range(len(trace))]
         write_json(out / "summary.json", result.summary)
-        write_json(out / "run_info.json", {**info, "sim_wall_s": wall_s, "versions": _versions()})
+        from engine import COMPILED
+
+        write_json(out / "run_info.json", {**info, "sim_wall_s": wall_s, "versions": _versions(),
+                                           "compiled_modules": COMPILED})  # (engine/compiled.py)
         write_tables(out, result, ids, block_bytes=built.deployment.block_bytes_per_gpu(args.block_size),
                      replica_of=result.replica_of if clustered else None)
         write_timeline(out / "timeline.json", result, ids,

@@ -196,6 +196,7 @@ def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndar
     shift = np.asarray(offsets, dtype=np.int64) - first  # row in block = row among the spans' + shift
     if int(shift[-1]) + total > block.shape[1]:  # (shift never decreases: its last is the largest)
         raise IndexError(f"decode spans' rows end at row {int(shift[-1]) + total} of a block of {block.shape[1]}")
+    rows: slice | np.ndarray
     if shift[0] == shift[-1]:  # (no rows recorded between the spans: one slice)
         rows = slice(int(shift[0]), int(shift[0]) + total)
     else:

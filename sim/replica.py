@@ -42,14 +42,11 @@ from engine.policy.output import dump_record
 from engine.policy.progress import ProgressWatch
 from sim.cost.base import CostModel, StepWork
 from sim.decode_spans import DecodeSpanLog
+from sim.errors import SimulationStalled
 from sim.metrics import COMPLETED, REJECTED, OffloadTotals, RequestMetrics, StepMetrics
 from sim.skip_ahead import decode_step_work, plan_skip, skip, timeout_until
 from sim.token_runs import TokenRuns
 from sim.workload import BeamModel
-
-
-class SimulationStalled(RuntimeError):
-    """The scheduler stopped making progress with requests unfinished."""
 
 
 class Replica:
@@ -264,7 +261,7 @@ class Replica:
             for row in done_rows:
                 self.on_request_done(row)
 
-    def _skip(self, run: DecodeRun):
+    def _skip(self, run: DecodeRun | None):
         """Run, at once, the pure decode steps of ``run`` before the next arrival (skip_ahead.py);
         returns whether it ran any (the loop then looks again, as after any step).
 
@@ -329,7 +326,7 @@ class Replica:
         if runs.followed(self.index) is not None:
             runs.leave(self.index, self._rows_of(completed))
 
-    def _rows_of(self, requests: list[Request]) -> list[int]:
+    def _rows_of(self, requests: list[Request] | tuple) -> list[int]:
         """The request-table rows of these (unfinished) requests, in order."""
         rows = self._rows
         return [rows[r.request_id] for r in requests]

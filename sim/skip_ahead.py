@@ -41,6 +41,7 @@ import heapq
 import itertools
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import simpy
@@ -195,20 +196,21 @@ def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now
         first_terms, decode, around = known
         first_terms = dict(first_terms)
         first_terms["decode_attention"] = decode(context, window_context)
-    first = sum(first_terms.values())  # StepCost.total_s
+    first: float = sum(first_terms.values())  # StepCost.total_s
     limit = min(run.max_steps, MAX_CHUNK)
     if math.isfinite(next_arrival_s) and first > 0:
         guess = min(limit, int((next_arrival_s - now) / first) + 2)
     else:
         guess = limit
     if guess <= SHORT_SKIP and decode is not None:
+        assert around is not None  # (made with decode)
         return _plan_short(n, context, first_terms, decode, around, now, next_arrival_s, limit, end_before_arrival,
                            windowed, window_context)
     if work is None:
         work = decode_work(run, block_size, window)
     contexts = None if windowed is None else [window_context]  # each step's windowed context, as needed
     while True:
-        if contexts is not None:
+        if contexts is not None and windowed is not None:  # (both or neither)
             contexts.extend(itertools.islice(windowed, guess - len(contexts)))
         terms, durations = step_terms(cost_model, work, guess, first_terms, contexts)
         durations[0] += now  # (in place: the array is step_terms' own) the running sum from now
@@ -241,7 +243,7 @@ SHORT_SKIP = 128
 def _around_decode(terms: dict[str, float]) -> tuple[float, list[float]]:
     """A decode step's terms other than ``decode_attention``, as ``StepCost.total_s`` adds them:
     the sum of those before it, and the nonzero ones after it, in order."""
-    before = 0  # the terms before decode_attention, summed as StepCost.total_s sums them
+    before = 0.0  # the terms before decode_attention, summed as StepCost.total_s sums them (0.0 + x is x)
     after = []  # the nonzero terms after it, in order
     seen = False
     for name, value in terms.items():
@@ -255,7 +257,7 @@ def _around_decode(terms: dict[str, float]) -> tuple[float, list[float]]:
     return before, after
 
 
-def _plan_short(n: int, context: int, first: dict[str, float], decode, around: tuple[float, list[float]], now: float,
+def _plan_short(n: int, context: int, first: dict[str, Any], decode, around: tuple[float, list[float]], now: float,
                 next_arrival_s: float, limit: int, end_before_arrival: bool, windowed=None,
                 window_context: int = 0) -> tuple[int, dict, list[float]]:
     """``plan_skip`` step by step in Python floats, for a model with ``decode_attention_fn``:

@@ -72,19 +72,13 @@ class TokenRuns:
         self._members: list[set[int]] = [set() for _ in range(num_replicas)]
         self._through: list[int] = [NO_ROW] * num_replicas
 
-    def __getstate__(self) -> dict:
+    def __reduce__(self) -> tuple:
         # A copy holds no followed batch (its key is the caller's object, not ours to copy): every
-        # member's last row is written first, which changes no run.
+        # member's last row is written first, which changes no run. (Explicit, not __getstate__:
+        # compiled, the class is made only through __init__; engine/compiled.py.)
         for replica in range(len(self._keys)):
             self.release(replica)
-        return self.__dict__.copy()
-
-    def __setstate__(self, state: dict) -> None:
-        # A copy's numpy views must be views of its own arrays, not separate copies of the values.
-        self.__dict__.update(state)
-        if len(self._first):
-            self.first = np.frombuffer(self._first, np.int64)
-            self.last = np.frombuffer(self._last, np.int64)
+        return _restored, (self._first, self._last, self._closed, self._keys, self._members, self._through)
 
     def token(self, replica: int, row: int, step_row: int) -> None:
         """Request ``row`` received a token at the end of ``step_row`` (repeats in one step count once)."""
@@ -185,6 +179,18 @@ class TokenRuns:
         latest = np.column_stack((open_rows, self.first[open_rows], self.last[open_rows]))
         runs = np.concatenate((closed, latest))
         return runs[np.lexsort((runs[:, 1], runs[:, 0]))]
+
+
+def _restored(first: array, last: array, closed: list[array], keys: list[object], members: list[set[int]],
+              through: list[int]) -> TokenRuns:
+    """A copy's or a pickle's ``TokenRuns``: its numpy views are views of its own arrays, not
+    separate copies of the values."""
+    runs = TokenRuns(0, 0)
+    runs._first, runs._last, runs._closed = first, last, closed
+    runs._keys, runs._members, runs._through = keys, members, through
+    runs.first = np.frombuffer(first, np.int64) if len(first) else np.empty(0, np.int64)
+    runs.last = np.frombuffer(last, np.int64) if len(last) else np.empty(0, np.int64)
+    return runs
 
 
 @dataclass(frozen=True)

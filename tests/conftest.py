@@ -46,6 +46,16 @@ def scaled_examples(n: int) -> int:
     return n * 10 if PROFILE == "long" else n
 
 
+def pure_python_only(module: str, why: str):
+    """Skip a test on a compiled build (engine/compiled.py) that compiles ``module``: for tests
+    that reach into it in ways only interpreted code allows (spying on the functions it calls,
+    which compiled code calls directly; replacing an instance's method; deep-copying a scheduler,
+    whose compiled parts are made only through their __init__). The pure-Python run has them."""
+    import engine
+
+    return pytest.mark.skipif(module in engine.COMPILED, reason=f"{module} is compiled: {why}")
+
+
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 ORACLE_CASES = sorted((SHARED / "oracle").glob("*/case_*.spec.json")) if (SHARED / "oracle").is_dir() else []
 

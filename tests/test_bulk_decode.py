@@ -16,13 +16,14 @@ from hypothesis import strategies as st
 from engine.policy import Request
 from engine.policy.bulk_decode import bucket_sizes, join, leave, make_buckets
 from engine.policy.request import Sequence
-from tests.conftest import scaled_examples
+from tests.conftest import pure_python_only, scaled_examples
 
 
 def _seqs(n: int) -> list[Sequence]:
     return [Sequence(Request(f"r{i}", prompt_len=1, max_tokens=1), 0) for i in range(n)]
 
 
+@pure_python_only("engine.policy.bulk_decode", "the test hands bucket_sizes a stand-in for a DecodeRun")
 @settings(max_examples=scaled_examples(100), deadline=None)
 @given(data=st.data())
 def test_buckets_are_the_sequences_reaching_a_boundary(data):

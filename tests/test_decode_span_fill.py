@@ -170,7 +170,8 @@ def test_a_span_that_fails_halfway_is_taken_out_again():
 
 def arrays_of(log: DecodeSpanLog) -> list:
     """Everything a log holds, as lists."""
-    return [list(values) for name, values in sorted(vars(log).items()) if name.startswith("_")
+    attributes = vars(log) if hasattr(log, "__dict__") else log.__getstate__()  # (compiled: no __dict__)
+    return [list(values) for name, values in sorted(attributes.items()) if name.startswith("_")
             and name != "_term_rows"] + [list(values) for values in log._term_rows]
 
 

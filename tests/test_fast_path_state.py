@@ -32,7 +32,11 @@ from engine.policy import Request, Scheduler, bulk_decode, make_config
 from engine.policy import fast_forward as ff
 from engine.policy.block_pool import LAZY_KEY, BlockPool
 from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
-from tests.conftest import scaled_examples
+from tests.conftest import pure_python_only, scaled_examples
+
+# (The state compared is a settled deep copy's: see pure_python_only. tests/test_skip_ahead.py and the
+# oracle's cases check the compiled build's decisions and metrics.)
+pytestmark = pure_python_only("engine.policy.scheduler", "these tests deep-copy schedulers")
 
 SEQUENCE_FIELDS = ("index", "num_computed_tokens", "num_filled_tokens", "block_table", "cpu_block_table",
                    "num_registered_blocks", "num_offered_blocks", "finished", "finish_reason", "parked", "decoding")

@@ -17,6 +17,7 @@ import pytest
 from engine.cli import main
 from engine.policy.plugin_guard import PluginError
 from engine.policy.user_plugins import KINDS, load_plugin
+from tests.conftest import pure_python_only
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ["simulate", "--no-progress", "--json", "--workload", "kwon2023-sharegpt", "--rate", "4", "--num-requests", "50",
@@ -221,6 +222,7 @@ def test_a_preemption_mode_and_a_scheduler_subclass_are_guarded(tmp_path, capsys
                      rf"{line_of(OTHERS, 'no-such-request')}\)$", err), err
 
 
+@pure_python_only("engine.policy.scheduler", "the test makes a scheduler without its __init__")
 def test_a_scheduler_subclass_lets_pagesims_own_errors_through(tmp_path, monkeypatch):
     """An error class pagesim defines, raised below the plug-in, keeps its type, so the command's
     own handling applies (``simulate`` restates vLLM 0.6.3's abort)."""

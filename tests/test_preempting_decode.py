@@ -15,7 +15,10 @@ import pytest
 from engine.policy import fast_forward as ff
 from engine.policy import Scheduler, make_config, preempting_decode
 from engine.policy.preemption import VICTIM_POLICIES
+from tests.conftest import pure_python_only
 from tests.test_fast_path_state import drive
+
+pytestmark = pure_python_only("engine.policy.scheduler", "these tests deep-copy schedulers (test_fast_path_state.drive)")
 
 #: Eight requests of different lengths arriving over eight steps, two with two parallel samples:
 #: far more than 40 blocks of 4 hold.

@@ -37,7 +37,7 @@ from sim.hardware import get_gpu_preset
 from sim.metrics import STEP_COLUMNS
 from sim.simulator import SimOptions, Simulation
 from engine.model_presets import get_model_preset
-from tests.conftest import scaled_examples
+from tests.conftest import pure_python_only, scaled_examples
 from tests.test_sim_properties import shared_prefix_columns
 from traces.trace import Trace
 
@@ -288,6 +288,7 @@ def test_decode_heavy_runs_mostly_skip(cost, caching):
     assert skipped > 0.7 * plain.summary["steps"]
 
 
+@pure_python_only("sim.skip_ahead", "the test counts the calls it makes to _plan_short")
 @pytest.mark.parametrize("short_skip", [0, 10**9])
 def test_either_way_of_costing_a_skip_changes_nothing(short_skip, monkeypatch):
     """Every skip costed with numpy (``SHORT_SKIP`` 0), or every one in Python floats: the same
@@ -351,6 +352,7 @@ def test_tight_pool_with_preemptions_still_identical():
     assert plain.summary["preemptions"]["swap"] > 0 and skipped > 0
 
 
+@pure_python_only("sim.skip_ahead", "the test spies on the advance() calls it makes")
 @pytest.mark.parametrize("preset, mode", [("pagesim", "swap"), ("pagesim", "recompute"), ("vllm-v0", "vllm-v0")])
 def test_skips_while_requests_are_swapped_out_or_waiting_under_either_order(preset, mode, monkeypatch):
     """Steps are skipped, identically, while a request waits or is swapped out (its queue's head
@@ -441,6 +443,7 @@ def test_recomputed_requests_hit_their_own_lazily_keyed_blocks(eviction):
     assert own_hits(log) > 0
 
 
+@pure_python_only("engine.policy.kv_manager", "the test replaces a KVCacheManager method its own methods call")
 def test_lazy_keys_comparison_has_teeth(monkeypatch):
     """A lazily keyed block that never gets its real key cannot be found by its recomputed owner:
     fewer hits, other decisions; caught."""

@@ -34,7 +34,7 @@ from sim.cost.roofline import RooflineCostModel
 from sim.deployment import Deployment
 from sim.hardware import get_gpu_preset
 from sim.skip_ahead import window_contexts
-from tests.conftest import scaled_examples
+from tests.conftest import pure_python_only, scaled_examples
 from tests.test_skip_ahead import (RUN_STATS, ContextCost, assert_same, check_carried_batches, decode_heavy, roofline,
                                    run, workloads)
 from traces.trace import Trace
@@ -156,6 +156,7 @@ def test_tight_hybrid_pool_with_recomputes_still_identical():
     assert plain.summary["preemptions"]["recompute"] > 0 and skipped > 0
 
 
+@pure_python_only("sim.replica", "the test replaces queues_stay_refused, which the replica's loop calls")
 def test_a_head_refused_for_blocks_does_not_stay_refused_under_windows(monkeypatch):
     """Drops free blocks, so a waiting head refused for blocks may fit a few steps later: skipping
     on as if it stayed refused (as it does without windows) delays its admission; caught. Four

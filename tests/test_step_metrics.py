@@ -28,8 +28,15 @@ from sim.step_sums import SUM_COLUMNS, SUM_KEYS, chunk_sums
 MAGNITUDES = (1e-12, 1e-6, 1e-3, 1.0, 7.0, 1e4, 1e8, 1e16)
 
 
+#: The columns a ``KvUsage`` carries: slot counts, ints (a compiled build checks the type).
+SLOT_COLUMNS = ("total_slots", "allocated_slots", "used_slots", "cached_slots", "unshared_slots")
+
+
 def random_row(rng: random.Random) -> dict[str, float]:
-    return {name: rng.choice((1, 1, -1)) * rng.choice(MAGNITUDES) * rng.random() for name in STEP_COLUMNS}
+    row = {name: rng.choice((1, 1, -1)) * rng.choice(MAGNITUDES) * rng.random() for name in STEP_COLUMNS}
+    for name in SLOT_COLUMNS:  # (never 0, as the floats above never are; of magnitudes a float64 holds exactly)
+        row[name] = rng.choice((1, 1, -1)) * int(rng.choice((1, 1e3, 1e8, 1e15)) * (1 + rng.random()))
+    return row
 
 
 def record_row(store: StepMetrics, row: dict[str, float]) -> None:

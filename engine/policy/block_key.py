@@ -22,8 +22,21 @@ does not depend on ``PYTHONHASHSEED``: decision logs are reproducible across pro
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import Protocol
 
 HashFn = Callable[[int, Hashable], int]
+
+
+class CacheKey(Protocol):
+    """What the pool and its index know a cached block by (hashed, compared, and asked for its
+    parent): a ``BlockKey``, or, in a hybrid cache's layer groups 1.., a ``GroupKey``
+    (engine/policy/hybrid_kv.py)."""
+
+    @property
+    def parent(self) -> CacheKey | None: ...
+
+    def __hash__(self) -> int: ...
+
 
 #: Hash standing in for "no parent" at the root of every chain.
 ROOT_HASH = 0x9E3779B97F4A7C15
@@ -37,6 +50,9 @@ class BlockKey:
     """The identity of a full block's content *and* of everything before it."""
 
     __slots__ = ("parent", "content", "_hash")
+    parent: BlockKey | None
+    content: Hashable
+    _hash: int
 
     def __init__(self, parent: BlockKey | None, content: Hashable, hash_fn: HashFn = default_hash):
         self.parent = parent
@@ -47,6 +63,11 @@ class BlockKey:
 
     def __hash__(self) -> int:
         return self._hash
+
+    # (Copies and pickles: compiled, an instance is made only through __init__, so a throwaway one
+    # takes every attribute of the original; engine/compiled.py.)
+    def __reduce__(self) -> str | tuple:
+        return _blank_key, (), self.__getstate__()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BlockKey):
@@ -61,6 +82,43 @@ class BlockKey:
 
     def __repr__(self) -> str:
         return f"BlockKey(hash={self._hash & 0xFFFFFFFF:08x})"
+
+
+def _blank_key() -> BlockKey:
+    return BlockKey(None, None)
+
+
+class _LazyKey(BlockKey):
+    """The marker of a block registered with a lazy key (``engine/policy/block_pool.py``): a
+    ``BlockKey`` in type only, equal to nothing but itself, in no index."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(None, "LAZY_KEY")
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return "LAZY_KEY"
+
+    # One marker, compared by identity: copies and pickles of a pool keep it (free_block_order).
+    def __copy__(self) -> _LazyKey:
+        return self
+
+    def __deepcopy__(self, memo: object) -> _LazyKey:
+        return self
+
+    def __reduce__(self) -> str:
+        return "LAZY_KEY"
+
+
+#: Stands where a block's key would, for a block registered lazily (``BlockPool.cache_lazy``).
+LAZY_KEY: BlockKey = _LazyKey()
 
 
 def chain_keys(

@@ -44,43 +44,19 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
+from typing import ClassVar
 
-from engine.policy.block_key import BlockKey
+from engine.policy.block_key import LAZY_KEY, BlockKey, CacheKey
+from engine.policy.errors import NoFreeBlocksError
 from engine.policy.eviction import EvictionPolicy, make_eviction_policy
 from engine.policy.prefix_cache import PrefixCacheIndex
-
-
-class _LazyKey:
-    """The marker of a block registered with a lazy key (see the module docstring)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "LAZY_KEY"
-
-    # One marker, compared by identity: copies and pickles of a pool keep it (free_block_order).
-    def __copy__(self) -> _LazyKey:
-        return self
-
-    def __deepcopy__(self, memo) -> _LazyKey:
-        return self
-
-    def __reduce__(self) -> str:
-        return "LAZY_KEY"
-
-
-LAZY_KEY: BlockKey = _LazyKey()  # type: ignore[assignment]  # stands where a BlockKey would
-
-
-class NoFreeBlocksError(RuntimeError):
-    """The scheduler asked for more blocks than are free: a policy bug, never a normal outcome."""
 
 
 class BlockPool:
     #: Whether ``free_table`` checks every block of a ``layout`` it is given against the pool
     #: (O(table) reads, what the layout saves): on for the test suite (``tests/conftest.py`` sets
     #: ``PAGESIM_CHECK_LAYOUTS=1``, which the CLI runs it starts inherit), off otherwise.
-    check_layouts = os.environ.get("PAGESIM_CHECK_LAYOUTS") == "1"
+    check_layouts: ClassVar[bool] = os.environ.get("PAGESIM_CHECK_LAYOUTS") == "1"
 
     def __init__(
         self,
@@ -95,7 +71,7 @@ class BlockPool:
         self.first_block_id = 1 if reserve_null_block else 0
         self.num_usable_blocks = num_blocks - self.first_block_id  # (every block but the null block)
         self.ref_counts: list[int] = [0] * num_blocks
-        self.keys: list[BlockKey | None] = [None] * num_blocks
+        self.keys: list[CacheKey | None] = [None] * num_blocks
         # Facts eviction policies order by (see eviction.BlockStats).
         self.release_tick: list[int] = [0] * num_blocks
         self.cached_tick: list[int] = [0] * num_blocks
@@ -109,6 +85,11 @@ class BlockPool:
         self.on_release: Callable[[int], None] | None = None
 
     # ----------------------------------------------------------------- counts
+    # (Copies and pickles, free_block_order's: compiled, a pool is made only through __init__, so
+    # a throwaway one takes every attribute of the original; engine/compiled.py.)
+    def __reduce__(self) -> tuple:
+        return _blank_pool, (), self.__getstate__()
+
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take: free plus cached-but-unreferenced."""
@@ -313,7 +294,7 @@ class BlockPool:
                     self.on_release(block_id)
 
     # --------------------------------------------------------- prefix cache
-    def lookup(self, key: BlockKey) -> int | None:
+    def lookup(self, key: CacheKey) -> int | None:
         return self.cache.lookup(key)
 
     def touch(self, block_id: int) -> None:
@@ -325,7 +306,7 @@ class BlockPool:
         if self._stats:
             self.hit_count[block_id] += 1
 
-    def cache_block(self, block_id: int, key: BlockKey) -> None:
+    def cache_block(self, block_id: int, key: CacheKey) -> None:
         """Give an in-use, full block its content key (register it in the prefix cache)."""
         assert self.ref_counts[block_id] > 0, f"only an in-use block can be cached ({block_id})"
         keys = self.keys
@@ -347,7 +328,7 @@ class BlockPool:
                     self.cache_block(block_id, key)
             return
         ref_counts = self.ref_counts
-        pairs = []
+        pairs: list[tuple[int, CacheKey]] = []
         for block_id, key in zip(block_ids, block_keys):
             if keys[block_id] is None:
                 assert ref_counts[block_id] > 0, f"only an in-use block can be cached ({block_id})"
@@ -380,20 +361,20 @@ class BlockPool:
             hit_count[block_id] = 0
         self._tick = tick
 
-    def materialize(self, block_id: int, key: BlockKey) -> None:
+    def materialize(self, block_id: int, key: CacheKey) -> None:
         """Replace a block's ``LAZY_KEY`` by its real key, so a lookup of ``key`` finds it."""
         assert self.keys[block_id] is LAZY_KEY, f"block {block_id} carries no lazy key"
         self.keys[block_id] = key
         self.cache.insert(key, block_id)
 
     # ------------------------------------------- eviction.BlockStats protocol
-    def key_has_children(self, key: BlockKey) -> bool:
+    def key_has_children(self, key: CacheKey) -> bool:
         return self.cache.has_children(key)
 
-    def blocks_with_key(self, key: BlockKey) -> Iterable[int]:
+    def blocks_with_key(self, key: CacheKey) -> Iterable[int]:
         return self.cache.blocks_with(key)
 
-    def block_key(self, block_id: int) -> BlockKey | None:
+    def block_key(self, block_id: int) -> CacheKey | None:
         return self.keys[block_id]
 
     # ------------------------------------------------------------ inspection
@@ -435,3 +416,7 @@ def _picked(values: list, ids: Sequence[int]) -> tuple:
     """``values[i]`` for each of ``ids``, in order, as a tuple: for two or more, one
     ``itemgetter`` (made in C, with no Python call per id), the commonest bulk read of the pool."""
     return itemgetter(*ids)(values) if len(ids) > 1 else tuple([values[i] for i in ids])
+
+
+def _blank_pool() -> BlockPool:
+    return BlockPool(1)

@@ -164,6 +164,7 @@ def apply_lazily(run: DecodeRun, k: int, kv, pool, allocations: list[int], evict
     bs = kv.block_size
     first = run.step
     buckets = run.buckets
+    assert buckets is not None  # (implicit decoders)
     takers: Bucket = []
     plain = pool.num_plain_free_blocks  # taken first; every later allocation evicts
     taken = 0
@@ -191,6 +192,7 @@ def _register(run: DecodeRun, first: int, k: int, kv, pool, end: int, sampled: i
     reads only its block's tokens, by position)."""
     bs = kv.block_size
     buckets = run.buckets
+    assert buckets is not None  # (implicit decoders)
     keys = pool.keys
     lazy_start = kv._lazy_start
     lazy_keys = kv.lazy_keys

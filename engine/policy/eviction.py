@@ -24,13 +24,15 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from engine.policy.plugins import lookup
 
 if TYPE_CHECKING:
-    from engine.policy.block_key import BlockKey
+    from engine.policy.block_key import CacheKey
 
 
 class BlockStats(Protocol):
@@ -40,13 +42,15 @@ class BlockStats(Protocol):
     cached_tick: list[int]  # logical time the block got its current key
     hit_count: list[int]  # prefix-cache hits on the block since it got its current key
 
-    def key_has_children(self, key: BlockKey) -> bool: ...
+    def key_has_children(self, key: CacheKey) -> bool: ...
 
-    def blocks_with_key(self, key: BlockKey) -> Iterable[int]: ...
+    def blocks_with_key(self, key: CacheKey) -> Iterable[int]: ...
 
-    def block_key(self, block_id: int) -> BlockKey | None: ...
+    def block_key(self, block_id: int) -> CacheKey | None: ...
 
 
+# (Compiled builds: plug-ins subclass the policies; see engine/compiled.py.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class EvictionPolicy(ABC):
     name: ClassVar[str]
     #: Whether the policy reads the prefix tree (``key_has_children``, ``on_leaf``). A policy that
@@ -65,7 +69,7 @@ class EvictionPolicy(ABC):
         # that subclasses ``lru`` and orders by hit counts must not inherit ``lru``'s promise, or
         # it would read counts the pool stopped keeping. (A subclass that reads the key tree
         # without saying so fails loudly instead: the index refuses ``has_children``.)
-        if "reads_block_stats" not in cls.__dict__:
+        if "reads_block_stats" not in vars(cls):
             cls.reads_block_stats = True
 
     @abstractmethod
@@ -93,7 +97,7 @@ class EvictionPolicy(ABC):
     #: that changes in between). Only built-in policies that know it say so.
     batches: ClassVar[bool] = False
 
-    def add_many(self, block_ids: list[int]) -> None:
+    def add_many(self, block_ids: Sequence[int]) -> None:
         """``add`` each, in order (a policy may do it at once)."""
         for block_id in block_ids:
             self.add(block_id)
@@ -108,10 +112,12 @@ class EvictionPolicy(ABC):
             victims.append(block_id)
         return victims
 
-    def on_leaf(self, key: BlockKey) -> None:  # noqa: B027 - optional hook
+    def on_leaf(self, key: CacheKey) -> None:  # noqa: B027 - optional hook
         """``key`` no longer has a cached child. Only structure-aware policies care."""
 
 
+# (Compiled builds: plug-ins subclass the policies; see engine/compiled.py.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LRUPolicy(EvictionPolicy):
     """Least recently released first: vLLM v1's order.
 
@@ -151,7 +157,7 @@ class LRUPolicy(EvictionPolicy):
     def add(self, block_id: int) -> None:
         self._queue.append(block_id)
 
-    def add_many(self, block_ids: list[int]) -> None:
+    def add_many(self, block_ids: Sequence[int]) -> None:
         self._queue.extend(block_ids)
 
     def remove(self, block_id: int) -> None:
@@ -237,6 +243,8 @@ class LRUPolicy(EvictionPolicy):
         return +live  # (drops the blocks left with none)
 
 
+# (Compiled builds: plug-ins subclass the policies; see engine/compiled.py.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _HeapPolicy(EvictionPolicy):
     """A policy that evicts the smallest ``priority(block_id)``; a heap with lazy deletion.
 
@@ -292,6 +300,8 @@ class _HeapPolicy(EvictionPolicy):
         return self._live.keys() & set(block_ids)
 
 
+# (Compiled builds: plug-ins subclass the policies; see engine/compiled.py.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class FIFOPolicy(_HeapPolicy):
     """First cached, first evicted: the block that has carried its key longest goes first,
     however recently it was used."""
@@ -303,6 +313,8 @@ class FIFOPolicy(_HeapPolicy):
         return (self.stats.cached_tick[block_id],)
 
 
+# (Compiled builds: plug-ins subclass the policies; see engine/compiled.py.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LFUPolicy(_HeapPolicy):
     """Fewest prefix-cache hits first (since the block got its key); ties by least recently released."""
 
@@ -313,6 +325,8 @@ class LFUPolicy(_HeapPolicy):
         return (self.stats.hit_count[block_id], self.stats.release_tick[block_id])
 
 
+# (Compiled builds: plug-ins subclass the policies; see engine/compiled.py.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RadixLeafPolicy(_HeapPolicy):
     """Only leaves are candidates, least recently released first, like SGLang's radix cache.
 
@@ -359,7 +373,7 @@ class RadixLeafPolicy(_HeapPolicy):
             del live[victim]
         return victim
 
-    def on_leaf(self, key: BlockKey) -> None:
+    def on_leaf(self, key: CacheKey) -> None:
         for block_id in self.stats.blocks_with_key(key):
             if block_id in self._live:
                 self._inner.discard(block_id)

@@ -31,6 +31,9 @@ most ``block_size - 1`` slots per sequence are idle; only full blocks carry keys
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import ClassVar, Protocol, cast
+
+from mypy_extensions import mypyc_attr
 
 from engine.policy.block_key import BlockKey, HashFn, default_hash
 from engine.policy.block_pool import LAZY_KEY, BlockPool
@@ -46,9 +49,19 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class PrefixHit(Protocol):
+    """A prefix hit as ``find_cached_prefix`` finds it and ``touch_prefix`` takes it: the hit
+    blocks' ids (``list[int]``) here, a ``HybridHit`` (every layer group's) in a hybrid manager.
+    Callers take only its length in blocks."""
+
+    def __len__(self) -> int: ...
+
+
+# (Compiled builds: HybridKVCacheManager, interpreted, subclasses it; see engine/compiled.py.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class KVCacheManager:
     #: One table per sequence (``HybridKVCacheManager`` keeps one per layer group).
-    hybrid = False
+    hybrid: ClassVar[bool] = False  # (a class's: compiled, an instance attribute would hide a subclass's)
     num_groups = 1
 
     def __init__(
@@ -140,6 +153,11 @@ class KVCacheManager:
         hit_blocks = {b for h in hits for b in h}
         return new_blocks, self.num_evictable(hit_blocks), len(hit_blocks)
 
+    def plan_need(self, plan: list[tuple[Sequence, int]]) -> int:
+        """Blocks reserving ``plan`` takes in every layer group: hybrid managers only (one group
+        counts through ``Planner.blocks_needed``)."""
+        raise NotImplementedError("plan_need counts layer groups: HybridKVCacheManager's")
+
     # -------------------------------------------------------- prefix cache
     def block_key(self, seq: Sequence, index: int) -> BlockKey:
         """Key of ``seq``'s full block ``index``, computing (and remembering) the chain up to it."""
@@ -148,15 +166,16 @@ class KVCacheManager:
         if index < num_keys:
             return keys[index]
         bs = self.block_size
-        parent = keys[-1] if num_keys else None
+        parent: BlockKey | None = keys[-1] if num_keys else None
         hash_fn = self.hash_fn
         append = keys.append
         for content in seq.request.block_contents(seq, num_keys * bs, (index + 1) * bs, bs):
             parent = BlockKey(parent, content, hash_fn)
             append(parent)
+        assert parent is not None  # (index >= num_keys: at least one link was made)
         return parent
 
-    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+    def find_cached_prefix(self, seq: Sequence) -> PrefixHit:
         """Block ids of the longest cached prefix of ``seq`` (empty with caching off), never
         covering the last known token. Does not take references (``touch_prefix`` does)."""
         pool = self.pool
@@ -179,6 +198,7 @@ class KVCacheManager:
                 break
             hits.append(block_id)
             canonical = stored[block_id]
+            assert isinstance(canonical, BlockKey)  # (a cached block carries its key: one group, a BlockKey)
             if canonical is not key:
                 self.adopt_key(seq, j, canonical)
         return hits
@@ -212,9 +232,10 @@ class KVCacheManager:
         ref_counts = self.pool.ref_counts
         return sum(1 for b in block_ids if ref_counts[b] == 0)
 
-    def touch_prefix(self, seq: Sequence, hit_block_ids: list[int]) -> None:
-        """Start ``seq``'s (empty) table with the hit blocks."""
+    def touch_prefix(self, seq: Sequence, hit: PrefixHit) -> None:
+        """Start ``seq``'s (empty) table with the hit blocks (``find_cached_prefix``'s)."""
         assert not seq.block_table, "a prefix hit starts an empty table"
+        hit_block_ids = cast("list[int]", hit)  # (this manager's hits are lists of block ids)
         pool = self.pool
         for block_id in hit_block_ids:
             pool.touch(block_id)

@@ -70,23 +70,23 @@ class Planner:
         shared_tokens = request.prompt_len // self.block_size * self.block_size
         leader_computed = hit_tokens[0] if hit_tokens is not None else seqs[0].num_computed_tokens
         leader_has_prompt = leader_computed >= shared_tokens
-        remaining = []
+        remaining_of: list[int | None] = []  # per sequence (None: parked, waiting for the leader)
         for i, seq in enumerate(seqs):
             computed = hit_tokens[i] if hit_tokens is not None else seq.num_computed_tokens
             if seq.parked:
                 if not leader_has_prompt:  # waits for the leader (see unpark)
-                    remaining.append(None)
+                    remaining_of.append(None)
                     continue
                 computed = shared_tokens  # it will share the leader's hit prompt blocks
-            remaining.append(min(seq.num_tokens - computed, cfg.max_model_len - 1 - computed))
+            remaining_of.append(min(seq.num_tokens - computed, cfg.max_model_len - 1 - computed))
         beams = request.beam_width > 1 and len(seqs) > 1
-        catching_up = beams and any(r is None or r > 1 for r in remaining)
+        catching_up = beams and any(r is None or r > 1 for r in remaining_of)
         counts = [0] * len(seqs)
         if beams and not catching_up:
             if len(seqs) > token_budget:
                 return []
             return [(seq, 1) for seq in seqs]
-        for i, r in enumerate(remaining):
+        for i, r in enumerate(remaining_of):
             if r is None or r <= 0 or (r == 1 and catching_up):
                 continue
             want = r - 1 if catching_up else r

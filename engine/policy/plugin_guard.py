@@ -161,6 +161,17 @@ CHECKS: dict[str, dict[str, Check | None]] = {
 }
 
 
+def _block_id(result):
+    return None if result is None else operator.index(result)
+
+
+#: kind -> methods whose checked result is passed on as pagesim's own type: a NumPy integer is a
+#: block id, handed to the pool as the int it is (compiled, the pool takes ints only).
+PASSED_ON: dict[str, dict[str, Callable]] = {
+    "eviction": {"pop": _block_id, "pop_many": lambda result: [operator.index(b) for b in result]},
+}
+
+
 # ------------------------------------------------------------------ guarding
 _guarded: weakref.WeakSet[type] = weakref.WeakSet()
 
@@ -207,11 +218,12 @@ def guard(cls: type, spec: str, kind: str) -> None:
         if not inspect.isfunction(function):  # a staticmethod, say: not what pagesim calls
             continue
         function = getattr(function, "__wrapped__", function) if hasattr(function, "_pagesim_guard") else function
-        setattr(cls, name, _wrap(function, g, name, checks.get(name)))
+        setattr(cls, name, _wrap(function, g, name, checks.get(name), PASSED_ON.get(kind, {}).get(name)))
     _guarded.add(cls)
 
 
-def _wrap(function: Callable, g: Guard, method: str, check: Check | None) -> Callable:
+def _wrap(function: Callable, g: Guard, method: str, check: Check | None,
+          passed_on: Callable | None = None) -> Callable:
     @functools.wraps(function)
     def guarded(self, *args, **kwargs):
         try:
@@ -229,7 +241,7 @@ def _wrap(function: Callable, g: Guard, method: str, check: Check | None) -> Cal
                 problem = f"returned {excerpt(result)}, which is not what pagesim expects"
             if problem is not None:
                 raise PluginError(f"plugin {g.spec!r}: {method}() {problem}")
-        return result
+        return result if passed_on is None else passed_on(result)
 
     guarded._pagesim_guard = g
     return guarded

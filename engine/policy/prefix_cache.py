@@ -16,15 +16,15 @@ Invariants:
 
 from __future__ import annotations
 
-from engine.policy.block_key import BlockKey
+from engine.policy.block_key import CacheKey
 
 
 class PrefixCacheIndex:
     __slots__ = ("_blocks", "_children", "track_children")
 
     def __init__(self, *, track_children: bool = True) -> None:
-        self._blocks: dict[BlockKey, list[int]] = {}
-        self._children: dict[BlockKey, int] = {}
+        self._blocks: dict[CacheKey, list[int]] = {}
+        self._children: dict[CacheKey, int] = {}
         self.track_children = track_children
 
     def __len__(self) -> int:
@@ -34,12 +34,12 @@ class PrefixCacheIndex:
     def __contains__(self, key: object) -> bool:
         return key in self._blocks
 
-    def lookup(self, key: BlockKey) -> int | None:
+    def lookup(self, key: CacheKey) -> int | None:
         """The earliest block carrying ``key``, or ``None``. Verified by key equality (whole chain)."""
         blocks = self._blocks.get(key)
         return None if blocks is None else blocks[0]
 
-    def insert(self, key: BlockKey, block_id: int) -> None:
+    def insert(self, key: CacheKey, block_id: int) -> None:
         # NOTE: one hash of ``key`` per call (``BlockKey.__hash__`` is Python code): the lists
         # held here are never empty, so a list of length 1 after the append means a new key.
         blocks = self._blocks.setdefault(key, [])
@@ -50,7 +50,7 @@ class PrefixCacheIndex:
                 children = self._children
                 children[parent] = children.get(parent, 0) + 1
 
-    def insert_many(self, pairs: list[tuple[int, BlockKey]]) -> None:
+    def insert_many(self, pairs: list[tuple[int, CacheKey]]) -> None:
         """``insert(key, block_id)`` for each ``(block_id, key)``, in order."""
         if self.track_children:
             for block_id, key in pairs:
@@ -60,7 +60,7 @@ class PrefixCacheIndex:
         for block_id, key in pairs:
             setdefault(key, []).append(block_id)
 
-    def remove(self, key: BlockKey, block_id: int) -> BlockKey | None:
+    def remove(self, key: CacheKey, block_id: int) -> CacheKey | None:
         """Forget that ``block_id`` carries ``key``. Returns the parent key if it thereby became a
         leaf (the last block carrying ``key`` went and ``key`` was its parent's last child);
         always ``None`` without ``track_children``."""
@@ -84,7 +84,7 @@ class PrefixCacheIndex:
         del children[parent]
         return parent
 
-    def remove_many(self, pairs: list[tuple[int, BlockKey]]) -> None:
+    def remove_many(self, pairs: list[tuple[int, CacheKey]]) -> None:
         """``remove(key, block_id)`` for each ``(block_id, key)``, in order, for a caller that
         does not ask which parents became leaves."""
         if self.track_children:
@@ -99,9 +99,9 @@ class PrefixCacheIndex:
                 blocks_by_key[key] = blocks
                 self.remove(key, block_id)
 
-    def has_children(self, key: BlockKey) -> bool:
+    def has_children(self, key: CacheKey) -> bool:
         assert self.track_children, "this index does not track children (track_children=False)"
         return key in self._children
 
-    def blocks_with(self, key: BlockKey) -> list[int]:
+    def blocks_with(self, key: CacheKey) -> list[int]:
         return list(self._blocks.get(key, ()))

@@ -24,6 +24,7 @@ indices after the parent's, in fork order.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence as SequenceT
+from typing import cast
 
 from engine.policy.kv_manager import KVCacheManager
 from engine.policy.output import ScheduledSequence, SchedulerOutput
@@ -173,4 +174,4 @@ def sampled_token(sampled: SampledTokens, seq: Sequence, sample_index: int) -> T
     value = sampled.get(seq.seq_id)
     if isinstance(value, (list, tuple)):
         return value[sample_index]
-    return value
+    return cast(Token, value)

@@ -26,6 +26,9 @@ step are counted as computed when ``schedule()`` returns (as vLLM v1 does in
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING, ClassVar
+
+from mypy_extensions import mypyc_attr
 
 from engine.policy.admission import rejection_reason
 from engine.policy.block_key import HashFn, default_hash
@@ -44,10 +47,15 @@ from engine.policy.steps import STEP_ORDERS, Step
 from engine.policy.swap_pool import SwapPool, SwapSpaceExhausted
 from engine.policy.usage import KvUsage
 
+if TYPE_CHECKING:
+    from engine.policy.fast_forward import DecodeRun
 
+
+# (Compiled builds: plug-ins subclass the scheduler; see engine/compiled.py.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Scheduler:
     #: KV memory in blocks reached through block tables (the contiguous baseline says False).
-    paged = True
+    paged: ClassVar[bool] = True  # (a class's: compiled, an instance attribute would hide a subclass's)
 
     def __init__(self, config: SchedulerConfig, *, hash_fn: HashFn = default_hash):
         self.config = config
@@ -58,15 +66,16 @@ class Scheduler:
             reserve_null_block=config.reserve_null_block,
         )
         self.swap_pool = SwapPool(config.num_cpu_blocks)
-        common = dict(block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching, hash_fn=hash_fn)
         if config.is_hybrid:  # sliding-window layer groups: a table per group (vLLM v1's hybrid manager)
             self.kv: KVCacheManager = HybridKVCacheManager(
                 self.pool, self.swap_pool, windows=config.kv_group_windows,
                 max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
-                retention_interval=config.prefix_cache_retention_interval, **common,
+                retention_interval=config.prefix_cache_retention_interval, block_size=config.block_size,
+                enable_prefix_caching=config.enable_prefix_caching, hash_fn=hash_fn,
             )
         else:
-            self.kv = KVCacheManager(self.pool, self.swap_pool, **common)
+            self.kv = KVCacheManager(self.pool, self.swap_pool, block_size=config.block_size,
+                                     enable_prefix_caching=config.enable_prefix_caching, hash_fn=hash_fn)
         # The second KV tier (engine/policy/offload/), when configured: block keys are then made
         # eagerly, since the store is keyed by them.
         self.offload: OffloadManager | None = None
@@ -100,11 +109,11 @@ class Scheduler:
         self._pure_decode_step: tuple[int, str | None, str | None] | None = None
         self._finished_in_last_update = False
         # The decode batch the fast path left after its last step (fast_forward.decode_batch takes it).
-        self._decode_run = None
+        self._decode_run: DecodeRun | None = None
         # The fast path's batch whose sequences' counters and outputs lag (bulk_decode: implicit
         # decoders), until ``settle()``; and whether its last step is scheduled but not yet
         # updated (fast_forward's DecodeStep: its token not yet sampled).
-        self._lazy_run = None
+        self._lazy_run: DecodeRun | None = None
         self._lazy_mid_step = False
 
     # ------------------------------------------------------------ requests
@@ -314,9 +323,11 @@ class Scheduler:
 
     def load_from_offload(self, seq, keys: list, st: Step) -> None:
         """Extend ``seq``'s (touched) prefix hit with blocks loaded from the offload store."""
+        offload = self.offload
+        assert offload is not None, "loads come only from a configured offload store"
         first = len(seq.block_table)
         blocks = self.kv.load_prefix(seq, keys)
-        st.loads.extend(self.offload.load(seq, keys, blocks, first))
+        st.loads.extend(offload.load(seq, keys, blocks, first))
         rid = seq.request.request_id
         st.offload_hits[rid] = st.offload_hits.get(rid, 0) + len(keys) * self.block_size
 
@@ -389,6 +400,7 @@ class Scheduler:
         unshared = 0
         idle = 0
         seen_partial: set[int] = set()
+        tables: tuple[list, ...]  # (every group's table; a sliding group's hold None where dropped)
         for request in requests:
             for seq in request.live_seqs:
                 if seq.extra_tables is None:

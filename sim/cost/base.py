@@ -170,7 +170,7 @@ class CostModel(ABC):
         """Time to move ``num_blocks`` blocks over the host link (one direction)."""
         return self.step_cost(StepWork(num_swap_out_blocks=num_blocks, block_size=block_size)).swap_s
 
-    def offload_seconds(self, num_blocks: int, block_size: int, *, to_gpu: bool) -> float:
+    def offload_seconds(self, num_blocks: int, block_size: int | None, *, to_gpu: bool) -> float:
         """Time to copy ``num_blocks`` blocks between the GPU cache and the offload store over the
         host link: loads (``to_gpu``) as swap-ins, stores as swap-outs (the same copies)."""
         work = (StepWork(num_swap_in_blocks=num_blocks, block_size=block_size) if to_gpu

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from engine.policy.errors import VllmV0Abort
 from engine.policy.kv_manager import cdiv
 from engine.policy.planning import Plan
 from engine.policy.preemption import Mode
@@ -88,10 +89,6 @@ def _cap(plan: Plan, tokens: int) -> Plan:
         capped.append((seq, n))
         tokens -= n
     return capped
-
-
-class VllmV0Abort(RuntimeError):
-    """Where vLLM 0.6.3 itself stops (an assertion); the scheduler is left consistent."""
 
 
 #: ``VllmV0StepOrder.prefill_pass_stop`` for a prefill pass that admits or rejects its head.
@@ -369,11 +366,13 @@ class VllmV0StepOrder(StepOrder):
             request = s.waiting[0]
             verdict, detail = self._prefill_verdict(request, budget, chunking)
             if verdict == "reject":
+                assert isinstance(detail, str)  # (the reason)
                 s.reject_queued(s.waiting.popleft(), detail)
                 continue
             if verdict != "admit":
                 st.waiting_stop = verdict
                 break
+            assert isinstance(detail, int)  # (the prompt's tokens)
             leader = request.live_seqs[0]  # the only sequence of a waiting request
             s.waiting.popleft()
             s.admit(request, 0, st)
@@ -383,7 +382,8 @@ class VllmV0StepOrder(StepOrder):
             admitted.append(request)
         return admitted
 
-    def _prefill_verdict(self, request: Request, budget: SchedulingBudget, chunking: bool) -> tuple[str, object]:
+    def _prefill_verdict(self, request: Request, budget: SchedulingBudget,
+                         chunking: bool) -> tuple[str, str | int | None]:
         """What the prefill pass does with the waiting head ``request``, changing nothing:
         ``("reject", why)``, ``("admit", its tokens)``, or a stop, ``("blocks", None)`` or
         ``("budget", None)``."""
