@@ -29,6 +29,15 @@ class KvUsage:
     cached_slots: int
     unshared_slots: int
 
+    # Written out as engine.policy.output.ScheduledSequence's is (a plain store in a compiled build).
+    def __init__(self, total_slots: int, allocated_slots: int, used_slots: int, cached_slots: int,
+                 unshared_slots: int) -> None:
+        object.__setattr__(self, "total_slots", total_slots)
+        object.__setattr__(self, "allocated_slots", allocated_slots)
+        object.__setattr__(self, "used_slots", used_slots)
+        object.__setattr__(self, "cached_slots", cached_slots)
+        object.__setattr__(self, "unshared_slots", unshared_slots)
+
     @property
     def free_slots(self) -> int:
         return self.total_slots - self.allocated_slots - self.cached_slots
