@@ -4,10 +4,13 @@ Skip-ahead (``sim.skip_ahead``) applies a stretch of pure decode steps (a *span*
 knows its rows from a few numbers: its first step and start, each step's end time and cost terms,
 the batch's counts, the blocks allocated and evicted per step, and how many sequences have each
 residue of their computed tokens modulo the block size. ``DecodeSpanLog.record`` appends those
-numbers to one replica's flat arrays (``array``: one C call per field, no object per span but a
-small handle) and hands ``StepMetrics.record_deferred`` a ``DecodeSpan`` handle; the store later
-calls ``DecodeSpan.fill`` with many handles at once, which reads the log's arrays (one copy of
-each) and writes every row of every span in vectorized passes.
+numbers to one replica's flat arrays (one C call per field, no object per span but a small
+handle) and hands ``StepMetrics.record_deferred`` a ``DecodeSpan`` handle; the store later calls
+``DecodeSpan.fill`` with many handles at once, which reads the log's arrays (one copy of each)
+and writes every row of every span in vectorized passes. The floats go in ``array('d')``s; the
+counts in lists, packed at once when read (``_read``): an ``array('q')`` parses each int it takes
+through ``PyArg_Parse`` (2% of a compiled Azure run's time); the counts are mostly small ints, which
+Python keeps preallocated (floats in a list would stay allocated until written).
 
 Each row is what the step-by-step loop records for that step:
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import struct
 from array import array
 
 import numpy as np
@@ -41,7 +45,6 @@ from sim.step_metrics import COLUMN_INDEX, NUM_COLUMNS
 
 #: Per span, the integers ``fill`` reads: its rows, first step, the batch's counts and its block counts.
 _INTS = 9
-_ZEROS = (0.0,) * len(TERMS)  # (a term the step has not: 0.0)
 _DECODE_TERM = TERMS.index("decode_attention")
 
 
@@ -54,15 +57,15 @@ class DecodeSpanLog:
         self.first_index = 0  # the log's index of its oldest entry still held
         # per span: rows, first step, num_requests (= num_running), num_waiting, num_seqs, total
         # slots, and used, cached and table blocks before its first step
-        self._ints = array("q")
+        self._ints: list[int] = []
         self._start = array("d")  # per span: its first step's start
         self._terms = array("d")  # per span, per TERMS: the value of every step (0.0 where given per step)
-        self._per_step = array("q")  # per span: a bit per TERMS index given per step
-        self._sizes = array("q")  # per span, per residue: sequences in that bulk_decode bucket
+        self._per_step: list[int] = []  # per span: a bit per TERMS index given per step
+        self._sizes: list[int] = []  # per span, per residue: sequences in that bulk_decode bucket
         self._hybrid: list = []  # per span: a hybrid cache's window_decode.HybridCounts, or None
         self._ends = array("d")  # per row: end time
-        self._allocations = array("q")  # per row: blocks allocated
-        self._evictions = array("q")  # per row: of those, cached blocks evicted
+        self._allocations: list[int] = []  # per row: blocks allocated
+        self._evictions: list[int] = []  # per row: of those, cached blocks evicted
         self._term_rows = [array("d") for _ in TERMS]  # per row of the spans giving the term per step
 
     def __len__(self) -> int:
@@ -78,10 +81,10 @@ class DecodeSpanLog:
         counts (``bulk_decode.bucket_sizes``); ``allocations`` and ``evictions``: ``rows`` each."""
         held = len(self._start)  # (the per-span start goes in last: it marks the entry complete)
         try:
-            values = list(map(terms.get, TERMS, _ZEROS))
+            values = [terms.get(name, 0.0) for name in TERMS]
             per_step = 0
             attention = values[_DECODE_TERM]
-            if attention.__class__ is list and list(map(type, values)).count(float) == len(TERMS) - 1:
+            if type(attention) is list and _others_are_floats(values):
                 # (the common span, _plan_short's: decode attention per step, every other term one float)
                 _extend(self._term_rows[_DECODE_TERM], attention, rows)
                 per_step = 1 << _DECODE_TERM
@@ -94,13 +97,13 @@ class DecodeSpanLog:
                         values[t] = 0.0
             self._terms.fromlist(values)
             self._per_step.append(per_step)
-            self._ints.fromlist([rows, first_step, num_requests, num_waiting, num_seqs, total_slots, used_blocks,
-                                 cached_blocks, table_blocks])
-            self._sizes.fromlist(sizes)
+            self._ints.extend((rows, first_step, num_requests, num_waiting, num_seqs, total_slots, used_blocks,
+                               cached_blocks, table_blocks))
+            self._sizes.extend(sizes)
             self._hybrid.append(hybrid)
             _extend(self._ends, ends, rows)
-            self._allocations.fromlist(allocations)
-            self._evictions.fromlist(evictions)
+            self._allocations.extend(allocations)
+            self._evictions.extend(evictions)
             self._start.append(start_s)
             steps.record_deferred(DecodeSpan(rows, self, self.first_index + held))
         except BaseException:
@@ -136,10 +139,22 @@ class DecodeSpanLog:
                 *(int(ks[(per_step >> t & 1).astype(bool)].sum()) for t in range(len(TERMS)))]
 
 
-def _read(values: array, dtype=np.float64) -> np.ndarray:
-    """A copy of ``values`` as a numpy array. NOTE: a copy, never a view: a view left alive (in
-    a traceback, say) would make the array refuse to grow or shrink (``BufferError``)."""
+def _read(values: array | list[int], dtype=np.float64) -> np.ndarray:
+    """A copy of ``values`` (an ``array('d')``, or a list of ints: ``dtype`` int64) as a numpy
+    array. NOTE: a copy, never a view: a view left alive (in a traceback, say) would make the
+    array refuse to grow or shrink (``BufferError``). A list is packed by ``struct`` (a C loop
+    of ``PyLong_AsLongLong``, a fraction of ``np.array``'s cost on a list)."""
+    if isinstance(values, list):
+        return np.frombuffer(struct.pack(f"{len(values)}q", *values), dtype=np.int64)
     return np.frombuffer(values, dtype=dtype).copy()
+
+
+def _others_are_floats(values: list) -> bool:
+    """Whether every term but ``decode_attention`` is one float (``record``'s common span)."""
+    for t in range(len(values)):
+        if t != _DECODE_TERM and type(values[t]) is not float:
+            return False
+    return True
 
 
 def _extend(values: array, more, count: int) -> None:
