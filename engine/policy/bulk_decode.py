@@ -51,7 +51,9 @@ from engine.policy.block_pool import LAZY_KEY
 from engine.policy.request import Sequence
 
 if TYPE_CHECKING:
+    from engine.policy.block_pool import BlockPool
     from engine.policy.fast_forward import DecodeRun
+    from engine.policy.kv_manager import KVCacheManager
 
 #: A bucket: ``(sequence, offset)`` pairs in scheduling order.
 Bucket = list[tuple[Sequence, int]]
@@ -130,7 +132,7 @@ def settle_one(seq: Sequence, computed: int, bs: int, keys: list | None, sampled
         outputs.extend([None] * missing)
 
 
-def keys_lazily(kv, seq: Sequence) -> bool:
+def keys_lazily(kv: KVCacheManager, seq: Sequence) -> bool:
     """Whether every block a decode of ``seq`` fills gets a lazy key: its lazy keys start at or
     before its prompt's last block (a decoder has computed its whole prompt, so every block it
     fills from now on is past its lazy start). The same answer for the sequence's whole stay in
@@ -152,7 +154,7 @@ def key_lazily(keys: list, seq: Sequence, full: int) -> None:
             keys[block_id] = LAZY_KEY
 
 
-def apply_lazily(run: DecodeRun, k: int, kv, pool, allocations: list[int], evictions: list[int],
+def apply_lazily(run: DecodeRun, k: int, kv: KVCacheManager, pool: BlockPool, allocations: list[int], evictions: list[int],
                  sampled: int = 1) -> None:
     """The pool calls of the run's first ``k`` steps, from the buckets (step ``t``'s bucket
     ``t % bs`` allocates; a sequence may do so in several steps when ``k > bs``): every step's
@@ -185,7 +187,8 @@ def apply_lazily(run: DecodeRun, k: int, kv, pool, allocations: list[int], evict
         _register(run, first, k, kv, pool, first + k, sampled)
 
 
-def _register(run: DecodeRun, first: int, k: int, kv, pool, end: int, sampled: int = 1) -> None:
+def _register(run: DecodeRun, first: int, k: int, kv: KVCacheManager, pool: BlockPool, end: int,
+              sampled: int = 1) -> None:
     """Register the blocks the run's sequences fill in steps ``first .. first + k - 1``, in the
     step-by-step order; a block that gets a real key is keyed from its sequence's tokens, so that
     sequence is settled first (to step ``end``, the stretch's end, ``sampled`` or not: a key
@@ -213,7 +216,8 @@ def _register(run: DecodeRun, first: int, k: int, kv, pool, end: int, sampled: i
         pool.cache_lazy(lazy)
 
 
-def apply_in_bulk(seqs, computed, k: int, kv, pool, allocations, evictions) -> None:
+def apply_in_bulk(seqs: list[Sequence], computed: list[int], k: int, kv: KVCacheManager, pool: BlockPool,
+                  allocations: list[int], evictions: list[int]) -> None:
     """``k`` decode steps of ``seqs`` (at ``computed`` before the first, their own fields perhaps
     lagging: they are settled too) for an eviction policy that batches and reads no block stats
     (``lru``), without recording: each sequence's unnamed tokens through the ``k`` steps and its

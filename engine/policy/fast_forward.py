@@ -125,6 +125,9 @@ from engine.policy.window_decode import (HybridCounts, apply_hybrid_events, deco
                                          table_counts)
 
 if TYPE_CHECKING:
+    from engine.policy.block_pool import BlockPool
+    from engine.policy.kv_manager import KVCacheManager
+    from engine.policy.sampling import OutputProcessor
     from engine.policy.scheduler import Scheduler
 
 #: ``DecodeRun.eager`` of a run whose sequences were not counted (registrations made as the steps fill).
@@ -385,7 +388,7 @@ def bulk_ok(s: Scheduler) -> bool:
     return not (s.config.record_decisions or s.kv.hybrid) and eviction.batches and not eviction.reads_block_stats
 
 
-def _decoders(s: Scheduler, requests, copies_ok: bool = False
+def _decoders(s: Scheduler, requests: list[Request], copies_ok: bool = False
               ) -> tuple[list[Sequence], list[int], list[int], int, int, int, list | None, int] | None:
     """The live sequences of ``requests`` if every one is a steady decoder (module docstring):
     ``(seqs, offsets, finish_at, table blocks, dropped entries, sum(computed), copies, eager)``,
@@ -439,7 +442,7 @@ def _decoders(s: Scheduler, requests, copies_ok: bool = False
     return seqs, offsets, finish_steps, table_blocks, 0, context, copies, eager
 
 
-def _hybrid_decoders(s: Scheduler, requests) -> bool:
+def _hybrid_decoders(s: Scheduler, requests: list[Request]) -> bool:
     """A hybrid cache's further conditions for steady decoders (``window_decode``): one live
     sequence per request, every group's last block its own when the next write goes into it, the
     full blocks registered."""
@@ -772,7 +775,7 @@ def _finish(run: DecodeRun, k: int) -> list[Request]:
     return finished
 
 
-def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
+def _finish_seqs(run: DecodeRun, k: int, processor: OutputProcessor) -> list[Request]:
     """Retire the sequences whose last token is step ``k``'s, in scheduling order (the run's
     sequences are request by request, each request's live sequences in order); returns the
     requests left with none, in that order. O(finishing) Python work (``list.index`` scans).
@@ -790,7 +793,9 @@ def _finish_seqs(run: DecodeRun, k: int, processor) -> list[Request]:
         seq = seqs[i]
         settle_one(seq, offsets[i] + end, bs, keys)
         released += len(seq.block_table)
-        processor._finish(seq, finish_reason(seq, max_model_len))
+        reason = finish_reason(seq, max_model_len)
+        assert reason is not None  # (this is its last token)
+        processor._finish(seq, reason)
         request = seq.request
         if not request.live_seqs:
             request.status = RequestStatus.FINISHED
@@ -827,7 +832,8 @@ def _places_of(values: list[int], value: int, count: int) -> list[int]:
     return places
 
 
-def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, allocations, evictions) -> int:
+def apply_events(events: list[int], e: int, through_step: int, seqs: list[Sequence], computed: list[int],
+                 kv: KVCacheManager, pool: BlockPool, allocations: list[int], evictions: list[int]) -> int:
     """Carry out the events of steps up to ``through_step`` from index ``e``; returns the next index."""
     bs = kv.block_size
     num = len(events)
@@ -852,7 +858,7 @@ def apply_events(events, e: int, through_step: int, seqs, computed, kv, pool, al
     return e
 
 
-def _decode_once(seqs, computed, kv, pool) -> tuple[int, int]:
+def _decode_once(seqs: list[Sequence], computed: list[int], kv: KVCacheManager, pool: BlockPool) -> tuple[int, int]:
     """One decode step's pool calls and counters (``decode_events`` and ``apply_events`` for
     ``k = 1``, then ``set_computed``) in one pass over the sequences in scheduling order: a
     sequence whose next token starts a block allocates it, takes its counters, and registers the
