@@ -132,21 +132,21 @@ class DecodeSpanLog:
 
     def _lengths(self, count: int) -> list[int]:
         """How much of each of ``_fields()`` the log's first ``count`` (complete) entries hold."""
-        ks = _read(self._ints, np.int64)[:count * _INTS:_INTS]  # (each entry's rows)
-        per_step = _read(self._per_step, np.int64)[:count]
+        ks = _read(self._ints)[:count * _INTS:_INTS]  # (each entry's rows)
+        per_step = _read(self._per_step)[:count]
         rows = int(ks.sum())
         return [count * _INTS, count, count * len(TERMS), count, count * self.block_size, count, rows, rows, rows,
                 *(int(ks[(per_step >> t & 1).astype(bool)].sum()) for t in range(len(TERMS)))]
 
 
-def _read(values: array | list[int], dtype=np.float64) -> np.ndarray:
-    """A copy of ``values`` (an ``array('d')``, or a list of ints: ``dtype`` int64) as a numpy
-    array. NOTE: a copy, never a view: a view left alive (in a traceback, say) would make the
-    array refuse to grow or shrink (``BufferError``). A list is packed by ``struct`` (a C loop
-    of ``PyLong_AsLongLong``, a fraction of ``np.array``'s cost on a list)."""
+def _read(values: array | list[int]) -> np.ndarray:
+    """A copy of ``values`` as a numpy array: float64 for an ``array('d')`` (the log's floats),
+    int64 for a list (its counts). NOTE: a copy, never a view: a view left alive (in a traceback,
+    say) would make the array refuse to grow or shrink (``BufferError``). A list is packed by
+    ``struct`` (a C loop of ``PyLong_AsLongLong``, a fraction of ``np.array``'s cost on a list)."""
     if isinstance(values, list):
         return np.frombuffer(struct.pack(f"{len(values)}q", *values), dtype=np.int64)
-    return np.frombuffer(values, dtype=dtype).copy()
+    return np.frombuffer(values).copy()
 
 
 def _others_are_floats(values: list) -> bool:
@@ -202,7 +202,7 @@ def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndar
     of their rows: a column a pure decode step has not gets +0.0. An offset past the block
     raises ``IndexError`` before anything is written."""
     bs = log.block_size
-    ints = _read(log._ints, np.int64).reshape(-1, _INTS)[:count].T
+    ints = _read(log._ints).reshape(-1, _INTS)[:count].T
     ks = ints[0]
     total = int(ks.sum())
     first = np.cumsum(ks) - ks  # each span's first row among the spans' rows
@@ -237,7 +237,7 @@ def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndar
     for column in _ZERO_COLUMNS:
         put(column, 0.0)
     terms = _read(log._terms).reshape(-1, len(TERMS))[:count]
-    per_step = _read(log._per_step, np.int64)[:count]
+    per_step = _read(log._per_step)[:count]
     given = int(np.bitwise_or.reduce(per_step))  # the terms some span gives per step
     written = (terms != 0.0).any(axis=0) | np.signbit(terms).any(axis=0)  # (else +0.0 on every row)
     for t, column in enumerate(_TERM_COLUMNS):
@@ -249,8 +249,8 @@ def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndar
             values[mine[sid]] = _read(log._term_rows[t])[:int(ks[mine].sum())]
         put(column, 0.0 if values is None else values)
     # Blocks allocated and evicted through each step: cumulative sums within each span.
-    allocs = _segment_cumsum(_read(log._allocations, np.int64)[:total], first, sid)
-    evicts = _segment_cumsum(_read(log._evictions, np.int64)[:total], first, sid)
+    allocs = _segment_cumsum(_read(log._allocations)[:total], first, sid)
+    evicts = _segment_cumsum(_read(log._evictions)[:total], first, sid)
     used_blocks = ints[6][sid] + allocs
     cached_blocks = ints[7][sid] - evicts
     table_blocks = ints[8][sid] + allocs
@@ -270,7 +270,7 @@ def _fill_log(log: DecodeSpanLog, count: int, offsets: list[int], block: np.ndar
     # its step-j write, (-(c + j)) mod bs, summed over sequences; periodic in j with period
     # bs, so one period per span from its count of sequences per residue of c. (In float64,
     # where the product is BLAS's: exact, every sum an integer far below 2**53.)
-    sizes = _read(log._sizes, np.int64).reshape(-1, bs)[:count]  # [spans, bs]
+    sizes = _read(log._sizes).reshape(-1, bs)[:count]  # [spans, bs]
     # sequences per residue c % bs at each span's first step: [m] = sizes[(first - m) % bs]
     by_residue = (ints[1][:, None] - np.arange(bs)[None, :]) % bs
     periods = np.take_along_axis(sizes, by_residue, axis=1).astype(np.float64) @ _idle_pattern(bs)  # [spans, bs]
