@@ -57,7 +57,20 @@ def pure_python_only(module: str, why: str):
 
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-ORACLE_CASES = sorted((SHARED / "oracle").glob("*/case_*.spec.json")) if (SHARED / "oracle").is_dir() else []
+_ALL_ORACLE_CASES = sorted((SHARED / "oracle").glob("*/case_*.spec.json")) if (SHARED / "oracle").is_dir() else []
+
+
+def _oracle_version(spec_path: Path) -> str:
+    import json
+
+    return json.loads(spec_path.read_text())["vllm_version"]
+
+
+#: the shared oracle's cases of the vLLM versions pagesim's presets follow (0.32 v1, 0.6.3 v0)
+ORACLE_CASES = [p for p in _ALL_ORACLE_CASES if _oracle_version(p) in ("0.32.0", "0.6.3")]
+#: the cases of later versions (vLLM 0.33's hybrid, priority and offload folders): issue 58 teaches the
+#: oracle to read them; until then ``tests/test_oracle.py`` holds them as strict expected failures
+ORACLE_CASES_PENDING = [p for p in _ALL_ORACLE_CASES if p not in ORACLE_CASES]
 
 
 def golden_log(spec_path: Path) -> Path:
