@@ -20,6 +20,9 @@ pagesim writes only what the user named, and replaces only a regular file (or no
   - a socket, a block device, a folder: refused. Writers that rewrite their file again and again
     (``calibrate``, which resumes from it) take a regular file only (``streams=False``).
 
+  ``OutputFile.open`` writes the file whole; ``OutputFile.append`` appends to it in place (a
+  regular file, or a link's file, opened without following a link made since; or the stream).
+
 - **A folder pagesim fills** (``study -o``, ``demo -o``, ``simulate`` / ``run`` / ``validate
   --out``): ``refuse_unsafe_folder`` refuses ``/``, the home folder and the current folder's
   ancestors (and the current folder itself where the whole folder is replaced);
@@ -210,6 +213,34 @@ class OutputFile:
                 return
             with io.TextIOWrapper(raw, encoding=encoding, newline=newline) as fh:  # (closing it keeps the fd)
                 yield fh
+
+    @contextlib.contextmanager
+    def append(self, *, encoding: str = "utf-8") -> Iterator[IO[str]]:
+        """Append to the file in the block (text; e.g. vLLM bench's ``--append-result``): the
+        stream, or the regular file itself (a link's file), opened without following a link made
+        since the check and refused if it is no longer a regular file. Not atomic: an append
+        cannot be staged; an error names the path."""
+        if self.stream:
+            with self.open(encoding=encoding) as fh:
+                yield fh
+            return
+        with writing(self.path):
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                fd = os.open(self.target, flags, 0o666)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENXIO):
+                    raise self.refusal("changed while pagesim ran (now a link or a FIFO); left as it is") from None
+                raise
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                os.close(fd)
+                raise self.refusal(f"became {kind_of(mode)} while pagesim ran; left as it is")
+            with open(fd, "a", encoding=encoding) as fh:
+                yield fh
+                fh.flush()
+                os.fsync(fd)
 
     def replace_with(self, tmp: Path) -> None:
         """The staged ``tmp`` renamed over the target, if that is still a regular file or nothing

@@ -530,3 +530,20 @@ def test_a_private_file_stays_private_when_replaced(tmp_path):
     with OutputFile(target).open() as fh:
         fh.write("new")
     assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_appending_writes_through_a_link_and_never_replaces(tmp_path):
+    from engine.outputs import OutputFile
+
+    real = tmp_path / "results.jsonl"
+    real.write_text('{"a": 1}\n')
+    os.symlink(real.name, tmp_path / "link.jsonl")
+    with OutputFile(tmp_path / "link.jsonl", "--result-filename").append() as fh:
+        fh.write('{"b": 2}\n')
+    assert real.read_text() == '{"a": 1}\n{"b": 2}\n' and (tmp_path / "link.jsonl").is_symlink()
+    output = OutputFile(tmp_path / "new.jsonl")  # nothing there yet: made by the append
+    os.mkfifo(tmp_path / "new.jsonl")  # someone else's doing, after the check
+    with pytest.raises(ValueError, match="new.jsonl: .*FIFO"):
+        with output.append() as fh:
+            fh.write("x")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "new.jsonl").st_mode)
