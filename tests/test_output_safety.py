@@ -386,7 +386,7 @@ def run_plain(argv: list[str], *, cwd: Path, limit_s: float) -> harness.Outcome:
     return harness.Outcome(tuple(argv), done.returncode, done.stdout, done.stderr, 0.0, 0, None)
 
 
-@pytest.mark.slow  # about three minutes on two cores: some sixty fresh pagesim processes, a demo and a calibrate
+@pytest.mark.slow  # about two minutes on two cores: some fifty fresh pagesim processes
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_a_write_replaces_only_a_regular_file(case, shared, tmp_path, monkeypatch):
     outcome, before, after, read = run_case(case, tmp_path, shared, monkeypatch)
