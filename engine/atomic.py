@@ -1,24 +1,31 @@
 """Outputs that are whole or visibly partial: nothing half-written ever appears under its final name.
 
-- ``OutputFolder``: a command's ``--out DIR`` (``simulate``, ``run``). Every file is written into a
-  fresh folder beside the target, ``DIR.partial-<pid>``; once the command's work is done, the files
-  and that folder are flushed to disk and the folder is renamed to ``DIR`` (an old ``DIR`` is first
-  renamed to ``DIR.old-<pid>`` and removed after). On an error or an interrupt the partial folder is
-  removed and ``DIR`` keeps what it had. A process killed outright leaves ``DIR`` as it was beside
-  a ``DIR.partial-<pid>``; killed between the two renames, ``DIR`` is missing and ``DIR.old-<pid>``
-  (the previous output, whole) and ``DIR.partial-<pid>`` (the new one, whole) lie beside it. A
-  ``DIR`` that is a mount point (a container's volume) cannot be renamed: the files are staged in
-  ``DIR/.partial-<pid>`` and renamed in one by one, each whole. The staging place is made and
-  removed once before the work, so a folder that cannot be written is refused before, not after.
-- ``staged_files``: several files written together (a report's PDF and HTML): each to ``NAME.PID.tmp``
-  beside it, all renamed once every one is complete, none left behind on failure.
-- ``writing(path)``: an error while writing ``path`` as one ``OSError`` naming it, including a full
-  disk met inside a compressed stream (matplotlib's PDF writer then fails again on closing, with a
-  ``zlib.error`` that hides the ``OSError``).
+- ``OutputFolder``: a command's ``--out DIR`` (``simulate``, ``run``, ``validate``). Every file is
+  written into a fresh folder beside the target, ``DIR.partial-<pid>``; once the command's work is
+  done, the files and that folder are flushed to disk and the folder is renamed to ``DIR`` (an old
+  ``DIR`` is first renamed to ``DIR.old-<pid>`` and removed after). On an error or an interrupt
+  the partial folder is removed and ``DIR`` keeps what it had. A process killed outright leaves
+  ``DIR`` as it was beside a ``DIR.partial-<pid>``; killed between the two renames, ``DIR`` is
+  missing and ``DIR.old-<pid>`` (the previous output, whole) and ``DIR.partial-<pid>`` (the new
+  one, whole) lie beside it. A ``DIR`` that is a mount point (a container's volume) cannot be
+  renamed: the files are staged in ``DIR/.partial-<pid>`` and renamed in one by one, each whole.
+  The staging place is made and removed once before the work, so a folder that cannot be written
+  is refused before, not after.
+- ``staged_files``: several files written together, by path (a study's rewritten
+  ``results.jsonl``): each to a staging name beside it (``engine.outputs.staging_name``: a fresh
+  hidden name, created with ``O_EXCL``, never a user's file), all renamed once every one is
+  complete, none left behind on failure. Each target must be a regular file or nothing
+  (``engine.outputs.OutputFile``, own: a symbolic link is refused, not replaced).
+- ``writing(path)`` (``engine.outputs``'s, here too): an error while writing ``path`` as one
+  ``OSError`` naming it, including a full disk met inside a compressed stream (matplotlib's PDF
+  writer then fails again on closing, with a ``zlib.error`` that hides the ``OSError``).
 
 Invariant: a folder is replaced only when everything in it is a file the command itself writes
-(``owned``, shell patterns; ``NAME.tmp`` leftovers of older versions too), so ``--out`` never
-deletes a file pagesim did not write; a folder holding anything else is refused before any work.
+(``owned``, shell patterns; ``NAME.tmp`` leftovers of older versions and staged leftovers too), so
+``--out`` never deletes a file pagesim did not write; a folder holding anything else is refused
+before any work, as are ``/``, the home folder and the current folder or one holding it
+(``engine.outputs.refuse_unsafe_folder``), and a symbolic link to nothing. Where pagesim may
+write at all is ``engine.outputs``'s to say; this module makes what it writes whole or nothing.
 """
 
 from __future__ import annotations
@@ -28,9 +35,13 @@ import errno
 import fnmatch
 import os
 import shutil
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
+
+from engine.outputs import (STAGING_PATTERN, OutputFile, fsync_path as _fsync_path, naming as _naming,
+                            refuse_unsafe_folder, stage_beside, writing)
+
+__all__ = ["OutputFolder", "staged_files", "writing"]
 
 
 class OutputFolder:
@@ -91,13 +102,12 @@ class OutputFolder:
 
     def _check(self) -> None:
         target, real = self.target, self._real
+        if self.target.is_symlink() and not os.path.lexists(real):
+            raise ValueError(f"--out {target}: is a symbolic link to nothing ({os.readlink(target)}); give the folder "
+                             "itself")
         if os.path.lexists(real) and not real.is_dir():
             raise ValueError(f"--out {target}: exists and is not a folder")
-        with contextlib.suppress(OSError):  # (a current folder removed meanwhile holds nothing)
-            cwd = Path.cwd()
-            if real == cwd or real in cwd.parents:
-                raise ValueError(f"--out {target}: is the current folder or holds it; pagesim replaces the whole "
-                                 "folder, so give one below it")
+        refuse_unsafe_folder(target, "--out", replaces_whole=True)
         foreign = self._foreign()
         if foreign:
             entries = "an entry" if len(foreign) == 1 else f"{len(foreign)} entries"
@@ -108,7 +118,7 @@ class OutputFolder:
         """Entries of the target folder the command does not write (none when there is no folder)."""
         if not self._real.is_dir():
             return []
-        patterns = [*self.owned, *(p + ".tmp" for p in self.owned)]
+        patterns = [*self.owned, *(p + ".tmp" for p in self.owned), STAGING_PATTERN]
 
         def owned(entry: os.DirEntry) -> bool:
             if entry.name.startswith(".partial-") and entry.is_dir(follow_symlinks=False):
@@ -185,71 +195,30 @@ def _fsync_folder(folder: Path) -> None:
     _fsync_path(folder)
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def staged_files(paths: list[Path]) -> Iterator[dict[Path, Path]]:
-    """Temporary names (``NAME.PID.tmp`` beside each of ``paths``) to write in the block; after a clean
-    exit each is flushed to disk and renamed onto its path, after an error none is left behind."""
+    """Staged names (fresh, beside each of ``paths``) to write in the block; after a clean exit
+    each is flushed to disk and renamed onto its path, after an error none is left behind. A
+    target must be a regular file or nothing: a link, a FIFO or a device is refused at once."""
     real = [os.path.realpath(p) for p in paths]
     if len(set(real)) < len(real):
         raise ValueError(f"{next(p for p, r in zip(paths, real) if real.count(r) > 1)}: the same file given twice")
-    for path in paths:
-        if path.is_dir():
-            raise ValueError(f"{path}: is a folder; give a file name")
-        path.parent.mkdir(parents=True, exist_ok=True)
-    # (the pid in the name: two commands writing the same report at once do not share a file)
-    tmps = {path: path.with_name(f"{path.name}.{os.getpid()}.tmp") for path in paths}
+    outputs = [OutputFile(path, own=True) for path in paths]
+    tmps: dict[Path, Path] = {}
     try:
+        for output in outputs:
+            with writing(output.path):
+                output.target.parent.mkdir(parents=True, exist_ok=True)
+                tmp, fd = stage_beside(output.target)
+            os.close(fd)
+            tmps[output.path] = tmp
         yield tmps
         for path, tmp in tmps.items():
             with writing(path):
                 _fsync_path(tmp)
-        for path, tmp in tmps.items():
-            os.replace(tmp, path)
-        for parent in dict.fromkeys(path.parent for path in paths):
-            _fsync_path(parent)
+        for output in outputs:
+            with writing(output.path):
+                output.replace_with(tmps.pop(output.path))
     finally:
         for tmp in tmps.values():
             tmp.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def writing(path: str | os.PathLike) -> Iterator[None]:
-    """An error while writing ``path`` re-raised as one ``OSError`` naming ``path`` (or its
-    ``.tmp``), found under a ``zlib.error`` too; an ``OSError`` about another file passes as it is."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.filename is not None and not str(exc.filename).startswith(str(path)):
-            raise
-        raise _naming(exc, path) from None
-    except zlib.error as exc:  # a stream closed after a failed write
-        cause = _os_error_under(exc)
-        if cause is None:
-            raise ValueError(f"{path}: could not be written ({exc})") from None
-        raise _naming(cause, path) from None
-
-
-def _os_error_under(exc: BaseException) -> OSError | None:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _naming(exc: OSError, path: str | os.PathLike) -> OSError:
-    """``exc`` as an ``OSError`` of the same kind about ``path`` (the command line prints it as
-    ``pagesim CMD: error: PATH: No space left on device``)."""
-    if exc.errno is None:
-        return exc
-    return type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))

@@ -165,13 +165,29 @@ def result_path(*, result_dir: str | None, result_filename: str | None, date: st
     return Path(name)
 
 
+def reserve_result_file(bench) -> None:
+    """``--save-result``'s file checked before the run (``engine.outputs``): with
+    ``--result-filename`` the file itself (held for ``write_result``: a FIFO stays open for its
+    reader); otherwise, its name holding the date the run ends, the ``--result-dir`` it goes in."""
+    from engine.outputs import require_writable_folder, reserve
+
+    if not bench.save_result:
+        return
+    if bench.result_filename:
+        reserve(Path(bench.result_dir or ".") / bench.result_filename, "--result-filename")
+    elif bench.result_dir:
+        if os.path.exists(bench.result_dir) and not os.path.isdir(bench.result_dir):
+            raise ValueError(f"--result-dir {bench.result_dir}: exists and is not a folder")
+        require_writable_folder(bench.result_dir, f"--result-dir {bench.result_dir}")
+
+
 def write_result(path: Path, result: dict) -> None:
-    """Write atomically: a kill leaves the old file or the new one, never half of one."""
+    """Write atomically (a kill leaves the old file or the new one, never half of one), or
+    stream to a device or FIFO; only a regular file or nothing is replaced (``engine.outputs``)."""
+    from engine.outputs import reserved
     from sim.output import atomic_write
 
-    if path.exists() and path.is_dir():
-        raise ValueError(f"--result-filename {path}: is a folder")
-    atomic_write(path, lambda f: json.dump(result, f))
+    atomic_write(reserved(path, "--result-filename"), lambda f: json.dump(result, f))
 
 
 MAX_RESULT_BYTES = 1 << 30  # a result with every request's texts and latencies stays far below

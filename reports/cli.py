@@ -118,10 +118,26 @@ def _print_findings(out: Path, threshold: float) -> None:
         print("\n".join(outline_lines(study)))
 
 
-def _folder(path: Path, flag: str) -> Path:
-    """``path`` as a folder to write into: refused at once if something else holds its name."""
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {path}: exists and is not a folder")
+def _study_folder(path: Path, flag: str) -> Path:
+    """``path`` as a study folder, checked before any work (``reports.execute.check_study_folder``:
+    new, empty or a study's own; never ``/``, the home folder or one holding the current folder)."""
+    from reports.execute import check_study_folder
+
+    check_study_folder(path, flag)
+    return path
+
+
+#: What ``demo -o DIR`` writes in DIR besides ``demo-study/`` (older versions' staged copies too).
+DEMO_FILES = ("report.pdf", "report.html", "report.pdf.*.tmp", "report.html.*.tmp")
+
+
+def _demo_folder(path: Path) -> Path:
+    """``demo -o DIR`` checked before any work: DIR new, or holding only what the demo writes
+    (its report and ``demo-study/``, itself a study folder), and never an unsafe place."""
+    from engine.outputs import check_fill_folder
+
+    check_fill_folder(path, "-o", DEMO_FILES, {"demo-study": lambda p: _study_folder(p, "the demo's study folder")},
+                      what="demo folder")
     return path
 
 
@@ -136,13 +152,17 @@ def run_study_cmd(args) -> int:
 def _study(args) -> int:
     threshold = _threshold(args)
     spec = _load(args)
-    out = _folder(Path(args.out), "-o")
+    out = _study_folder(Path(args.out), "-o")
+    if args.report or args.html:  # checked before the study runs, not after
+        from reports.pdf import report_outputs
+
+        report_files = report_outputs(args.report, args.html, pdf_flag="--report")
     outcome = _run(spec, out, args)
     _print_findings(out, threshold)
     if args.report or args.html:
         from reports.pdf import build_report
 
-        pages = build_report(out, args.report, html=args.html, threshold=threshold)
+        pages = build_report(out, report_files[0], html=report_files[1], threshold=threshold)
         print("\nwrote " + " and ".join(p for p in (args.report, args.html) if p) + f" ({len(pages)} pages)")
     else:
         print(f"\nreport: pagesim report {out} -o {out}/report.pdf --html {out}/report.html")
@@ -176,7 +196,6 @@ def run_demo_cmd(args) -> int:
 
 
 def _demo(args) -> int:
-    from reports.pdf import build_report
     from reports.presets import DEMO
     from reports.spec import parse_spec
 
@@ -184,15 +203,17 @@ def _demo(args) -> int:
 
     threshold = _threshold(args)
     resolve_workers(args.workers)  # (checked before the banner, so a refusal is the only line)
-    out = _folder(Path(args.out), "-o")
-    _folder(out / "demo-study", "the demo's study folder")
+    out = _demo_folder(Path(args.out))  # (before matplotlib is imported: it writes a cache under $HOME)
+    from reports.pdf import build_report, report_outputs
+
+    pdf, html = out / "report.pdf", out / "report.html"
+    report_files = report_outputs(pdf, html)
     spec = parse_spec(DEMO, origin="preset demo")
     print(f"pagesim demo: {len(spec.runs())} simulations of {spec.source['num_requests']} requests "
           f"({spec.source['workload']} at {spec.source['rate']:g} requests/s, Llama 3 8B on A100 40 GB), block size "
           "x eviction x preemption, load, memory baselines, cache size", file=sys.stderr)
     outcome = _run(spec, out / "demo-study", args)
-    pdf, html = out / "report.pdf", out / "report.html"
-    pages = build_report(out / "demo-study", pdf, html=html, threshold=threshold)
+    pages = build_report(out / "demo-study", report_files[0], html=report_files[1], threshold=threshold)
     print(f"\nwrote {pdf} and {html} ({len(pages)} pages)")
     _print_findings(out / "demo-study", threshold)
     return 1 if outcome.failed else 0

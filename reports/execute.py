@@ -3,8 +3,10 @@
 Executors yield records in completion order; the driver appends each to ``results.jsonl`` at once
 (``ResultsStore``), so an interrupted study resumes where it stopped. A run that failed is a record
 with its error (the study goes on); the next invocation retries it. One study at a time writes a
-folder (a lock on ``DIR/.lock``). Progress: a bar on a terminal, otherwise a line per finished run
-(its id, settings and seconds), so logs and CI show it.
+folder (a lock on ``DIR/.lock``), and only a folder that is new, empty or a study's own
+(``check_study_folder``; never ``/``, the home folder or one holding the current folder).
+Progress: a bar on a terminal, otherwise a line per finished run (its id, settings and seconds),
+so logs and CI show it.
 
 - ``local``: a process pool of ``workers`` processes (default: the CPUs), or in-process for one.
   Workers are *spawned* (a fresh interpreter, not a fork), so they inherit neither the folder's
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import staged_files, writing
+from engine.outputs import OutputFile, check_fill_folder, own_opener
 from reports.runner import run_one
 from reports.spec import RunConfig, StudySpec, run_id
 from reports.store import ResultsStore
@@ -157,9 +159,23 @@ def run_study(spec: StudySpec, out_dir: str | Path, *, executor: str = "local", 
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     workers = resolve_workers(workers)
     out = Path(out_dir)
+    check_study_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
         return _run_locked(spec, out, executor, workers, address, progress)
+
+
+#: What a study folder holds: its results, the lines set aside, the spec as run, the lock, the report
+#: ``pagesim study`` suggests writing beside them, and older versions' staged copies of these.
+STUDY_FILES = ("results.jsonl", "results.rejected.jsonl", "study.json", ".lock", "report.pdf", "report.html",
+               "results.jsonl.*.tmp", "study.json.*.tmp", "report.pdf.*.tmp", "report.html.*.tmp")
+
+
+def check_study_folder(out: str | Path, flag: str = "-o") -> None:
+    """``out`` as a study folder: nothing there, or a folder holding only a study's own files as
+    regular files (``STUDY_FILES``): so a study resumes in its folder, and never writes into a
+    folder of other things, nor through a link planted among its files (``engine.outputs``)."""
+    check_fill_folder(out, flag, STUDY_FILES, what="study folder")
 
 
 def resolve_workers(workers: int | None) -> int:
@@ -181,7 +197,8 @@ def _exclusive(out: Path):
     inherited by anything the study starts (Python opens files non-inheritable, and workers are
     spawned, not forked).
     """
-    with open(out / ".lock", "a+") as fh:  # (not "w": that would blank the holder's pid before we know)
+    # (not "w": that would blank the holder's pid before we know; never through a link: own_opener)
+    with open(out / ".lock", "a+", opener=own_opener) as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -247,9 +264,8 @@ def _write_study(out: Path, spec: StudySpec, runs: list[RunConfig]) -> None:
     """``study.json``: the spec as run and its run ids, for the report (rewritten on each invocation)."""
     doc = {"name": spec.name, "description": spec.description, "paper": spec.paper, "source": spec.source,
            "base": spec.base, "grids": spec.grids, "axes": spec.axes(), "run_ids": [run_id(c) for c in runs]}
-    path = out / "study.json"
-    with staged_files([path]) as staged, writing(path):
-        staged[path].write_text(json.dumps(doc, indent=1, sort_keys=True))
+    with OutputFile(out / "study.json", own=True).open() as fh:  # (whole, never through a link)
+        fh.write(json.dumps(doc, indent=1, sort_keys=True))
 
 
 def _bar(total: int, initial: int, name: str, enabled: bool):

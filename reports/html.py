@@ -27,9 +27,9 @@ import html
 import io
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from engine.atomic import staged_files, writing
+from engine.outputs import OutputFile
 from reports.style import Page, Table
 
 ALL_RUNS = "All runs"
@@ -210,15 +210,21 @@ class HtmlReport:
                 f"<h1>{html.escape(name)}</h1>\n<nav><h2>Contents</h2><ol>\n{toc}\n</ol></nav>\n"
                 f"{sections}\n<script>{SCRIPT}</script>\n</body>\n</html>\n")
 
-    def write(self, out: str | Path) -> None:
-        """Write the HTML file at ``out`` (atomically; a failure leaves no temporary file)."""
-        path = Path(out)
-        with staged_files([path]) as tmp, writing(path):
-            self.save(tmp[path])
+    def write(self, out: str | Path | OutputFile) -> None:
+        """Write the HTML file at ``out`` (atomically, a failure leaving no temporary file; or as a
+        stream to a device or FIFO: ``engine.outputs``)."""
+        output = out if isinstance(out, OutputFile) else OutputFile(out)
+        with output.open(text=False) as fh:
+            self.save(fh)
 
-    def save(self, path: Path) -> None:
-        """Write the HTML file at ``path`` itself (the caller renames it into place)."""
-        path.write_text(self.render(), encoding="utf-8")
+    def save(self, dest: Path | BinaryIO) -> None:
+        """Write the HTML file into ``dest``: a path itself, or a binary file open for writing
+        (the caller puts it in place)."""
+        data = self.render().encode("utf-8")
+        if isinstance(dest, (str, Path)):
+            Path(dest).write_bytes(data)
+        else:
+            dest.write(data)
 
 
 def write_html(pages: list[Page], out: str | Path, meta: dict[str, Any]) -> None:

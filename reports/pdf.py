@@ -6,15 +6,16 @@ against noise, and the findings in words), the all-runs table, every grid drawn 
 offloading pages (``reports.offload_pages``) for a grid that varies the offload size, the load
 curves (throughput vs tail latency, goodput vs rate), the aspect pages of ``reports.pages``, the
 paper comparison for a paper preset, and the failed runs if any. Every title and caption is
-generated from the study's data. Written to a temporary file and renamed, so a report is never
-half-written (nor left as a temporary file when writing fails); ``reports.html`` writes the same
-pages as one HTML file.
+generated from the study's data. Written under a staging name and renamed, so a report is never
+half-written (nor left as a staged file when writing fails), or streamed to a device or FIFO
+(``engine.outputs``); ``reports.html`` writes the same pages as one HTML file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.metadata as md
+import os
 import platform
 import textwrap
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from engine.atomic import staged_files, writing  # noqa: E402
+from engine.outputs import OutputFile, writing, written  # noqa: E402
 from reports.findings import best_settings, findings, load_findings, noise_rule, outline_lines  # noqa: E402
 from reports.grid_pages import grid_pages  # noqa: E402
 from reports.load import RULE  # noqa: E402
@@ -228,24 +229,38 @@ def open_study(study_dir: str | Path, threshold: float = DEFAULT_THRESHOLD) -> S
     return study
 
 
-def build_report(study_dir: str | Path, out_pdf: str | Path | None, *, html: str | Path | None = None,
-                 threshold: float = DEFAULT_THRESHOLD) -> list[str]:
+def report_outputs(pdf: str | Path | OutputFile | None, html: str | Path | OutputFile | None, *,
+                   pdf_flag: str = "-o", html_flag: str = "--html") -> tuple[OutputFile | None, OutputFile | None]:
+    """The report's files checked now (``engine.outputs``: a regular file or nothing is replaced, a
+    device or FIFO streamed to, anything else refused), so a command checks them before its work."""
+    pdf_out = pdf if isinstance(pdf, OutputFile) or pdf is None else OutputFile(pdf, pdf_flag)
+    html_out = html if isinstance(html, OutputFile) or html is None else OutputFile(html, html_flag)
+    if pdf_out is not None and html_out is not None and not (pdf_out.stream or html_out.stream) \
+            and os.path.realpath(pdf_out.target) == os.path.realpath(html_out.target):
+        raise ValueError(f"{html_out.path}: the same file given twice")
+    return pdf_out, html_out
+
+
+def build_report(study_dir: str | Path, out_pdf: str | Path | OutputFile | None, *,
+                 html: str | Path | OutputFile | None = None, threshold: float = DEFAULT_THRESHOLD) -> list[str]:
     """Write the PDF (and the HTML report if asked), a page at a time; returns the page titles.
     Each file is written beside its name and both are renamed once both are whole, so a failure
-    (a full disk: one ``OSError`` naming the file) leaves neither, nor a temporary file."""
+    (a full disk: one ``OSError`` naming the file) leaves neither, nor a temporary file; a device
+    or FIFO is written as a stream. The files may be given as ``OutputFile`` s checked before."""
     from reports.html import HtmlReport
 
     study = open_study(study_dir, threshold)
-    pdf_path = Path(out_pdf) if out_pdf is not None else None
-    html_path = Path(html) if html is not None else None
-    report = HtmlReport(study.meta) if html_path is not None else None
+    pdf_out, html_out = report_outputs(out_pdf, html)
+    report = HtmlReport(study.meta) if html_out is not None else None
     titles = []
-    with staged_files([p for p in (pdf_path, html_path) if p is not None]) as tmp:
+    outputs = [o for o in (pdf_out, html_out) if o is not None]
+    with written(outputs) as files:
+        handle = dict(zip(map(id, outputs), files))
         with contextlib.ExitStack() as stack:
             pdf = None
-            if pdf_path is not None:
-                stack.enter_context(writing(pdf_path))  # (outermost: it sees the error PdfPages' close raises)
-                pdf = stack.enter_context(PdfPages(tmp[pdf_path], metadata={
+            if pdf_out is not None:
+                stack.enter_context(writing(pdf_out.path))  # (outermost: it sees the error PdfPages' close raises)
+                pdf = stack.enter_context(PdfPages(handle[id(pdf_out)], metadata={
                     "Title": f"pagesim study {study.meta['name']}", "Creator": "pagesim"}))
             for page in iter_report_pages(study):
                 try:
@@ -257,6 +272,6 @@ def build_report(study_dir: str | Path, out_pdf: str | Path | None, *, html: str
                 finally:
                     plt.close(page.figure)
         if report is not None:
-            with writing(html_path):
-                report.save(tmp[html_path])
+            with writing(html_out.path):
+                report.save(handle[id(html_out)])
     return titles

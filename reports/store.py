@@ -15,6 +15,10 @@ Loading to append (``repair``) also sets it aside: it is appended to ``results.r
 with its line number, its problem and the line whole (``text``, or ``bytes_base64`` when it is
 not UTF-8), then ``results.jsonl`` is rewritten without it (temporary file,
 flushed, renamed), so the next load is clean. Loading to read (a report) writes nothing.
+
+Both files are opened to write with ``engine.outputs.own_opener``: never through a symbolic link
+(one planted in the study folder would redirect the records to the file it names), and only as
+regular files; ``results.jsonl`` is rewritten under a fresh staging name (``staged_files``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 from engine.atomic import staged_files, writing
 from engine.files import open_regular
+from engine.outputs import own_opener
 from reports.spec import run_id
 
 STATUSES = ("ok", "error")
@@ -83,7 +88,7 @@ class ResultsStore:
             with writing(self.path):
                 self._rewrite(b"".join(data[start:end] for start, end in kept))
         elif repair and pos < len(data):
-            with self.path.open("r+b") as fh:
+            with open(self.path, "r+b", opener=own_opener) as fh:
                 fh.truncate(pos)
         return records
 
@@ -92,7 +97,7 @@ class ResultsStore:
         undone, so no torn line is left, and raised as one ``OSError`` naming the file."""
         line = (json.dumps(_finite(record), sort_keys=True, allow_nan=False) + "\n").encode()
         with writing(self.path):
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            fd = own_opener(str(self.path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # (never through a link)
             try:
                 size = os.fstat(fd).st_size
                 try:
@@ -131,7 +136,7 @@ class ResultsStore:
             except UnicodeDecodeError:
                 entry["bytes_base64"] = base64.b64encode(line).decode("ascii")
             entries.append(json.dumps(entry, sort_keys=True) + "\n")
-        with self.rejected_path.open("a", encoding="utf-8") as fh:
+        with open(self.rejected_path, "a", encoding="utf-8", opener=own_opener) as fh:
             fh.write("".join(entries))
             fh.flush()
             os.fsync(fh.fileno())

@@ -133,6 +133,7 @@ def _cost_params(items: list[str]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     from engine.atomic import OutputFolder
+    from reports.bench_result import reserve_result_file
     from sim.bench_args import bench_settings
     from sim.bench_output import save_bench_result
     from sim.output import OUT_FILES, rejection_words, summary_table
@@ -150,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     router = _router(args)
     tolerance = _profile_tolerance(args)
     folder = OutputFolder(args.out, OUT_FILES) if args.out else None  # a bad --out is refused before any work
+    reserve_result_file(bench)  # and a bad --result-filename
     with reported_warnings("simulate", strict=args.strict):
         trace = trace_from_args(args)
     _check_profile(args, tolerance)
@@ -207,6 +209,7 @@ def _check_profile(args: argparse.Namespace, tolerance: float) -> None:
 def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     """Build and run the deployment, writing ``--out``'s files into ``out`` (the partial folder);
     returns the cluster, its result, the run's description and the wall seconds it took."""
+    from engine.outputs import create_text
     from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
     from sim.bench_args import summary_slo
     from sim.cluster import Cluster, build_replicas
@@ -229,7 +232,7 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
 
     # one decision log per replica (each replica's scheduler numbers its own steps), streamed during the run
     log_names = [f"decisions-replica-{k}.jsonl" for k in range(args.replicas)] if clustered else ["decisions.jsonl"]
-    logs = [open(out / name, "w", encoding="ascii") for name in log_names] if out is not None else []
+    logs = [create_text(out / name, encoding="ascii") for name in log_names] if out is not None else []
     progress = _progress(len(trace), disable=args.no_progress)
     try:
         cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], router, options, tp=args.tp,

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from engine.outputs import OutputFile
 from sim.bench_metrics import Slo
 from sim.cost.base import TERMS
 from sim.metrics import COMPLETED, REJECTED, REQUEST_COLUMNS, STEP_COLUMNS
@@ -32,15 +32,13 @@ OUT_FILES = ("summary.json", "run_info.json", "requests.csv", "steps.csv", "deci
              "decisions-replica-*.jsonl", "timeline.json")
 
 
-def atomic_write(path: Path, write) -> None:
-    """One file written to ``path.tmp`` and renamed (a file outside an ``OutputFolder`` too)."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # after a failure: no half-written file left behind
+def atomic_write(path: Path | OutputFile, write) -> None:
+    """One text file written whole by ``write(f)`` (a file outside an ``OutputFolder`` too):
+    staged beside ``path`` under a fresh name and renamed, or streamed to a device or FIFO
+    (``engine.outputs``); after a failure no half-written file is left behind."""
+    output = path if isinstance(path, OutputFile) else OutputFile(path)
+    with output.open(newline="") as f:
+        write(f)
 
 
 def write_json(path: Path, obj) -> None:

@@ -126,6 +126,7 @@ def _custom_spec(args: argparse.Namespace):
 
 
 def run_gen(args: argparse.Namespace) -> int:
+    from engine.outputs import OutputFile
     from traces.generate import generate
     from traces.loaders import write_jsonl
     from traces.loaders.stream import decompression_cap
@@ -143,6 +144,7 @@ def run_gen(args: argparse.Namespace) -> int:
         raise ValueError("--format and --columns describe a --lengths FILE")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    target = OutputFile(args.output, "-o")  # (engine.outputs) checked before the trace is made
     with reported_warnings("trace", strict=args.strict):
         if args.workload is not None:
             given = [f"--{name.replace('_', '-')}" for name in CUSTOM_FLAGS if getattr(args, name) is not None]
@@ -153,7 +155,7 @@ def run_gen(args: argparse.Namespace) -> int:
         else:
             with decompression_cap(max_decompressed_bytes(args)):  # a --lengths FILE
                 trace = generate(_custom_spec(args))
-    path = write_jsonl(trace, args.output)
+    path = write_jsonl(trace, target)
     stats = trace_stats(trace)
     if args.json:
         print(json.dumps({"path": str(path), **stats}))

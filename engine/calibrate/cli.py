@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
     from engine.runtime.cli import device_for, dtype_for
     from kernels.ops import resolve_backend
+    from sim.cost.profile import profile_output
 
     for flag in ("warmup", "repeats"):
         if getattr(args, flag) < (0 if flag == "warmup" else 1):
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {out}: is a folder; give a file name such as {out / 'profile.json'}")
     if not out.parent.exists():
         raise ValueError(f"--out {out}: folder {out.parent} does not exist")
+    profile_output(out)  # only a regular file or nothing is replaced, before any timing (engine.outputs)
     config = model_config(args.model)
     backend = resolve_backend("calibrate", args.backend, device)
     dtype = dtype_for(args.dtype, device, backend, TORCH_DTYPES)

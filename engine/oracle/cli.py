@@ -81,6 +81,9 @@ def _summary_line(summary: dict) -> str:
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    from engine.outputs import OutputFile
+
+    target = OutputFile(args.output, "-o") if args.output and not args.json else None  # checked before the replay
     result = _replay(args)
     if result is None:
         return 1
@@ -88,12 +91,13 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**summary, "records": result.records}, sort_keys=True))
         return 0
-    if args.output:
-        out = Path(args.output)
+    if target is not None:
+        out = target.path
         try:
-            DecisionLog(result.records).write_jsonl(out)
+            with target.open(encoding="ascii") as f:
+                DecisionLog(result.records).write_jsonl(f)
         except OSError as exc:
-            raise ValueError(f"cannot write {out}: {exc}") from None
+            raise ValueError(f"cannot write {out}: {exc.strerror or exc}") from None
         print(f"{_summary_line(summary)} -> {out}")
         return 0
     for record in result.records:

@@ -229,8 +229,12 @@ class DecisionLog:
         return None
 
     def write_jsonl(self, dest: str | Path | IO[str]) -> None:
+        """The log as JSONL into ``dest``: an open text file, or a path written whole (or streamed
+        to a device or FIFO; only a regular file or nothing is replaced: ``engine.outputs``)."""
         if isinstance(dest, (str, Path)):
-            with open(dest, "w", encoding="ascii") as f:
+            from engine.outputs import OutputFile
+
+            with OutputFile(dest).open(encoding="ascii") as f:
                 self.write_jsonl(f)
             return
         for record in self.records:

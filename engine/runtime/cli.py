@@ -75,6 +75,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.atomic import OutputFolder
     from engine.runtime.run_output import OUT_FILES
+    from reports.bench_result import reserve_result_file
     from sim.bench_args import bench_settings
     from traces.source import reported_warnings, trace_from_args
 
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
 
     folder = OutputFolder(args.out, OUT_FILES) if args.out else None  # before any work: results need a place
+    reserve_result_file(args.bench)  # and --save-result's file
     device = device_for(args.device, torch)
     config = model_config(args.model)
     dtype = dtype_for(args.dtype, device, args.backend, TORCH_DTYPES, args.check_reference)

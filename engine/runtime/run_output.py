@@ -155,20 +155,22 @@ def print_summary(summary: dict) -> None:
 
 
 def write_out(out: Path, engine, summary: dict) -> None:
-    """``OUT_FILES`` into ``out``, an existing (partial) folder."""
+    """``OUT_FILES`` into ``out``, an existing (partial) folder, each a new file (``create_text``:
+    never through a link, never over a file already there)."""
+    from engine.outputs import create_text
     from engine.policy.output import dump_record
 
-    with open(out / "decisions.jsonl", "w", encoding="ascii") as f:
+    with create_text(out / "decisions.jsonl", encoding="ascii") as f:
         for record in engine.scheduler.decision_log:
             f.write(dump_record(record) + "\n")
-    with open(out / "requests.csv", "w", newline="", encoding="utf-8") as f:
+    with create_text(out / "requests.csv", newline="") as f:
         w = csv.writer(f)
         cols = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "beam_width", "status",
                 "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "reject_reason"]
         w.writerow(cols)
         for r in engine.records.values():
             w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in cols])
-    with open(out / "steps.csv", "w", newline="", encoding="utf-8") as f:
+    with create_text(out / "steps.csv", newline="") as f:
         rows = []
         for s in engine.steps:
             row = asdict(s)
@@ -178,11 +180,12 @@ def write_out(out: Path, engine, summary: dict) -> None:
         w.writerow(list(rows[0]) if rows else [])
         for row in rows:
             w.writerow(list(row.values()))
-    with open(out / "outputs.jsonl", "w", encoding="utf-8") as f:
+    with create_text(out / "outputs.jsonl") as f:
         for r in engine.records.values():
             f.write(json.dumps({"request_id": r.request_id, "status": r.status,
                                 "outputs": {str(k): v for k, v in r.outputs.items()}}) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    with create_text(out / "summary.json") as f:
+        f.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 def save_bench_result(args, engine, summary: dict, num_prompts: int):

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 DEFAULT_SOURCE = {"workload": "kwon2023-alpaca", "rate": 16.0, "num_requests": 64}
+OUT_FILES = ("validation.json", "steps.csv", "validation.pdf")  # what --out DIR holds
 DEFAULT_GPU_BLOCKS = 128
 DEFAULT_CPU_BLOCKS = 64
 
@@ -71,11 +72,12 @@ def run(args: argparse.Namespace) -> int:
     from engine.calibrate.probe import tolerance_from
 
     tolerance = tolerance_from(args.profile_tolerance)
-    out = Path(args.out) if args.out else None
-    if out is not None:
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out}: exists and is not a folder")
-        out.mkdir(parents=True, exist_ok=True)
+    from engine.atomic import OutputFolder
+
+    # --out is built beside DIR and renamed into place once whole; a DIR holding other files (or
+    # an unsafe one: engine.outputs) is refused now, before the runs
+    folder = OutputFolder(args.out, OUT_FILES) if args.out else None
+    out = folder.target if folder is not None else None
     profile = load_profile(args.profile)
     overrides = policy_overrides(args)  # loads --plugin files
     with reported_warnings("validate", strict=args.strict):
@@ -126,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
               "profile_measured": profile.describe(), "profile_check": check.to_dict(),
               "block_size": sched_config.block_size,
               "num_gpu_blocks": sched_config.num_gpu_blocks, **result.report}
-    if out is not None:
-        _write_out(out, report, result, profile)
+    if folder is not None:
+        with folder as staging:
+            _write_out(staging, report, result, profile)
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -150,14 +153,15 @@ def _check_profile(profile, args: argparse.Namespace, tolerance: float):
 
 
 def _write_out(out: Path, report: dict, result, profile) -> None:
+    """``OUT_FILES`` into ``out``, a new (partial) folder: each a new file, never through a link."""
     import csv
 
+    from engine.outputs import create_text
     from reports.validation import plots
 
-    tmp = out / "validation.json.tmp"
-    tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(out / "validation.json")
-    with open(out / "steps.csv", "w", newline="", encoding="ascii") as f:
+    with create_text(out / "validation.json") as f:
+        f.write(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    with create_text(out / "steps.csv", encoding="ascii", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step", "measured_s", "predicted_s"])
         for i, (m, p) in enumerate(zip(result.measured_steps, result.predicted_steps)):

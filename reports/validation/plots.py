@@ -127,9 +127,11 @@ def calibration_page(profile: Profile):
 
 
 def write_pdf(path: Path, figures) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with PdfPages(tmp) as pdf:
+    """The figures as one PDF at ``path``, a new file (``validate --out``'s partial folder, which
+    ``engine.atomic.OutputFolder`` renames into place once whole)."""
+    from engine.outputs import create_file
+
+    with open(create_file(path), "wb") as fh, PdfPages(fh) as pdf:
         for fig in figures:
             pdf.savefig(fig)
             plt.close(fig)
-    tmp.replace(path)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.files import InputFileError, read_json
+from engine.outputs import OutputFile
 
 SCHEMA = "pagesim-profile"
 SCHEMA_VERSION = 1
@@ -256,9 +257,19 @@ def load_profile(path: str | os.PathLike, *, require_complete: bool = True) -> P
     return Profile.from_dict(data, path=str(p), require_complete=require_complete)
 
 
+#: Why a profile is written only to a regular file: calibrate rewrites it after every table and
+#: resumes from it, which a device or FIFO cannot hold.
+WHY_REGULAR = "a profile is rewritten after each table and resumed from, so give a regular file"
+
+
+def profile_output(path: str | os.PathLike, flag: str | None = "--out") -> OutputFile:
+    """``path`` checked as a profile to write (``engine.outputs``): a regular file or nothing."""
+    return OutputFile(path, flag, streams=False, why_regular=WHY_REGULAR)
+
+
 def save_profile(profile: Profile, path: str | os.PathLike) -> None:
-    """Write atomically (a temporary file renamed over the target): a crash never leaves half a file."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(profile.to_dict(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(p)
+    """Write atomically (staged under a fresh name beside the target, renamed over it: a crash
+    never leaves half a file, and no user's file is touched); only a regular file or nothing is
+    replaced, a symbolic link's file where it lies (``engine.outputs``)."""
+    with profile_output(path, None).open() as fh:
+        fh.write(json.dumps(profile.to_dict(), indent=1, sort_keys=True) + "\n")

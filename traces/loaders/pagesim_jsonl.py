@@ -5,18 +5,20 @@ Line 1 is a header, ``{"pagesim_trace": 1, "prefix_block_tokens": B, "has_arriva
 "output_len": 338}`` plus, where they differ from the defaults, ``n``, ``beam_width``,
 ``priority``, ``prefix_ids`` (list of integer identities of B tokens each) and, for multi-turn
 workloads, ``conversation_id`` and ``turn``. Reading it back gives the same trace, column for
-column. Files are written to a temporary name and renamed, so a failed write leaves no half file.
+column. Files are written under a staging name and renamed (``engine.outputs``), so a failed
+write leaves no half file; a device or FIFO is written as a stream.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from engine.outputs import OutputFile
 from traces.errors import TraceFormatError
 from traces.loaders.columns import ChunkedColumns, clip
 from traces.loaders.generic import ColumnMap, columns_to_trace, field_kinds
@@ -34,46 +36,37 @@ def is_header(obj: dict) -> bool:
     return HEADER_KEY in obj
 
 
-def write_jsonl(trace: Trace, path: PathArg) -> Path:
-    """Write ``trace`` to ``path`` (gzip if it ends in ``.gz``), atomically."""
-    path = Path(path)
+def write_jsonl(trace: Trace, path: PathArg | OutputFile) -> Path:
+    """Write ``trace`` to ``path`` (gzip if it ends in ``.gz``) whole, or as a stream to a device
+    or FIFO (``engine.outputs``: only a regular file or nothing is replaced). ``path`` may be an
+    ``OutputFile`` checked before the trace was made."""
+    output = path if isinstance(path, OutputFile) else OutputFile(path, "-o")
+    path = output.path
     header = {HEADER_KEY: VERSION, "prefix_block_tokens": trace.prefix_block_tokens,
               "has_arrivals": trace.has_arrivals, "source": trace.source}
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    opener = gzip.open if path.suffix == ".gz" else open
     arrival = trace.arrival_s.tolist()
-    prompt, output = trace.prompt_len.tolist(), trace.output_len.tolist()
+    prompt, output_len = trace.prompt_len.tolist(), trace.output_len.tolist()
     extras = {name: getattr(trace, name).tolist() for name in _DEFAULTS}
     conv = None if trace.conversation_id is None else (trace.conversation_id.tolist(), trace.turn.tolist())
     try:
-        with opener(tmp, "wt", encoding="utf-8") as out:
-            out.write(json.dumps(header) + "\n")
-            for i in range(len(trace)):
-                parts = [f'"arrival_s": {arrival[i]!r}, "prompt_len": {prompt[i]}, "output_len": {output[i]}']
-                for name, default in _DEFAULTS.items():
-                    if extras[name][i] != default:
-                        parts.append(f'"{name}": {extras[name][i]}')
-                if conv is not None:
-                    parts.append(f'"conversation_id": {conv[0][i]}, "turn": {conv[1][i]}')
-                ids = trace.prefix_ids(i)
-                if ids is not None:
-                    parts.append(f'"prefix_ids": [{", ".join(map(str, ids.tolist()))}]')
-                out.write("{" + ", ".join(parts) + "}\n")
-        os.replace(tmp, path)
+        with output.open(text=False) as raw:
+            stream = gzip.GzipFile(filename=path.name, mode="wb", fileobj=raw) if path.suffix == ".gz" else raw
+            with io.TextIOWrapper(stream, encoding="utf-8") as out:  # (closing it ends the gzip stream)
+                out.write(json.dumps(header) + "\n")
+                for i in range(len(trace)):
+                    parts = [f'"arrival_s": {arrival[i]!r}, "prompt_len": {prompt[i]}, "output_len": {output_len[i]}']
+                    for name, default in _DEFAULTS.items():
+                        if extras[name][i] != default:
+                            parts.append(f'"{name}": {extras[name][i]}')
+                    if conv is not None:
+                        parts.append(f'"conversation_id": {conv[0][i]}, "turn": {conv[1][i]}')
+                    ids = trace.prefix_ids(i)
+                    if ids is not None:
+                        parts.append(f'"prefix_ids": [{", ".join(map(str, ids.tolist()))}]')
+                    out.write("{" + ", ".join(parts) + "}\n")
     except OSError as exc:
-        _remove(tmp)
         raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        _remove(tmp)
-        raise
     return path
-
-
-def _remove(tmp: Path) -> None:
-    try:
-        tmp.unlink(missing_ok=True)
-    except OSError:  # e.g. its folder is not a folder: nothing was written
-        pass
 
 
 def load_pagesim(path: PathArg) -> Trace:
