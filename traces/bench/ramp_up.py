@@ -99,7 +99,8 @@ def ramp_up_from_args(args: argparse.Namespace) -> RampUp | None:
     start, end = getattr(args, "ramp_up_start_rps", None), getattr(args, "ramp_up_end_rps", None)
     if strategy is None:
         if start is not None or end is not None:
-            raise ValueError("--ramp-up-start-rps and --ramp-up-end-rps apply with --ramp-up-strategy linear|exponential")
+            raise ValueError("--ramp-up-start-rps and --ramp-up-end-rps apply with --ramp-up-strategy "
+                             "linear|exponential")
         return None
     rate = getattr(args, "rate", None)
     if rate is not None and not math.isinf(rate):
