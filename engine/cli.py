@@ -112,6 +112,7 @@ FOREIGN_FLAGS: dict[str, tuple[str, str]] = {
     "--random-batch-size": (_BENCH, "pagesim models generation requests, not batched embedding requests"),
     "--no-reranker": (_BENCH, _NO_DATASET.format("random-rerank")),
     "--custom-ensure-client-side-data": (_BENCH, "leave it out"),
+    "--save-detailed": (_BENCH, "simulate and run write per-request lists with --save-result"),  # (elsewhere)
     "--data-parallel-size": (_SERVE, "use --replicas N (with --router) for data parallelism"),
     "-dp": (_SERVE, "use --replicas N (with --router) for data parallelism"),
     "--enable-expert-parallel": (_SERVE, "use --ep N (simulate)"),
