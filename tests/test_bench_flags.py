@@ -2,7 +2,7 @@
 ``simulate`` and ``run``; "did you mean" only for typos; vLLM's ``max_concurrent_requests``.
 
 Expected values come from vLLM's rules reimplemented here, apart from ``traces.bench``: vLLM 0.11.0's
-``SonnetDataset.sample`` (the last vLLM to have it; 0.33 dropped it), vLLM 0.33's
+``SonnetDataset.sample`` (deprecated there; 0.33 has no sonnet dataset), vLLM 0.33's
 ``BurstGPTDataset`` (pandas' ``sample``, whose row choice is NumPy's ``RandomState.choice``),
 ``_get_current_request_rate`` / ``get_request`` (ramp-up), the result file's key order and name
 (serve.py:2300-2341, ``compute_result_filename``) and ``calculate_metrics``' per-second count.
