@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import importlib
 import os
 import signal
@@ -61,19 +60,72 @@ def interrupted_status(exc: KeyboardInterrupt) -> int:
     return getattr(exc, "exit_status", 128 + signal.SIGINT)
 
 
-#: vLLM flags pagesim has no twin for, and what to do instead
-FOREIGN_FLAGS: dict[str, str] = {
-    "--base-url": "pagesim serves the requests itself; no server address is needed",
-    "--host": "pagesim serves the requests itself; no server address is needed",
-    "--port": "pagesim serves the requests itself; no server address is needed",
-    "--endpoint": "pagesim serves the requests itself; no endpoint is needed",
-    "--ignore-eos": "pagesim always stops at the dataset's output length, as --ignore-eos does",
-    "--data-parallel-size": "use --replicas N (with --router) for data parallelism",
-    "-dp": "use --replicas N (with --router) for data parallelism",
-    "--enable-expert-parallel": "use --ep N (simulate)",
-    "--trust-remote-code": "pagesim reads config.json itself; leave it out",
-    "--served-model-name": "leave it out: --model names the model",
-    "--save-detailed": "simulate and run write per-request lists with --save-result",
+#: vLLM flags pagesim has no twin for: flag -> (where the flag comes from, what to do instead).
+#: The bench flags are vLLM 0.33's ``vllm bench serve`` flags (benchmarks/serve.py ``add_cli_args`` and
+#: benchmarks/datasets/datasets.py ``add_dataset_parser``) that simulate and run leave out.
+_BENCH = "vllm bench serve"
+_SERVE = "vllm serve"
+_NO_SERVER = "pagesim serves the requests itself; no server address is needed"
+_NO_SAMPLING = "the simulator and the engine stop at each request's output length; sampling does not change the work"
+_NO_DATASET = "pagesim has no {} dataset (see --dataset-name's choices)"
+FOREIGN_FLAGS: dict[str, tuple[str, str]] = {
+    "--base-url": (_BENCH, _NO_SERVER),
+    "--host": (_BENCH, _NO_SERVER),
+    "--port": (_BENCH, _NO_SERVER),
+    "--endpoint": (_BENCH, "pagesim serves the requests itself; no endpoint is needed"),
+    "--header": (_BENCH, "no HTTP request is sent"),
+    "--insecure": (_BENCH, "no HTTP request is sent"),
+    "--ready-check-timeout-sec": (_BENCH, "there is no server to wait for"),
+    "--ignore-eos": (_BENCH, "pagesim always stops at the dataset's output length, as --ignore-eos does"),
+    "--input-len": (_BENCH, "give the dataset's own length flag, e.g. --random-input-len"),
+    "--output-len": (_BENCH, "give the dataset's own length flag, e.g. --random-output-len"),
+    "--tokenizer-mode": (_BENCH, "--tokenizer reads a tokenizer.json with the tokenizers package"),
+    "--skip-tokenizer-init": (_BENCH, "leave it out"),
+    "--trust-remote-code": (_BENCH, "pagesim reads config.json and tokenizer.json itself; leave it out"),
+    "--served-model-name": (_BENCH, "leave it out: --model names the model"),
+    "--use-beam-search": (_BENCH, "pagesim run takes --beam-width W"),
+    "--logprobs": (_BENCH, "no log-probabilities are returned"),
+    "--top-k": (_BENCH, _NO_SAMPLING),
+    "--min-p": (_BENCH, _NO_SAMPLING),
+    "--frequency-penalty": (_BENCH, _NO_SAMPLING),
+    "--presence-penalty": (_BENCH, _NO_SAMPLING),
+    "--repetition-penalty": (_BENCH, _NO_SAMPLING),
+    "--extra-body": (_BENCH, "no HTTP request is sent"),
+    "--chat-template-kwargs": (_BENCH, "pagesim applies no chat template (prompts are counted as written)"),
+    "--skip-chat-template": (_BENCH, "leave it out: pagesim never applies a chat template"),
+    "--enable-multimodal-chat": (_BENCH, "pagesim simulates text requests only"),
+    "--lora-modules": (_BENCH, "pagesim does not model LoRA adapters"),
+    "--lora-assignment": (_BENCH, "pagesim does not model LoRA adapters"),
+    "--request-id-prefix": (_BENCH, "requests are numbered in the output tables"),
+    "--disable-tqdm": (_BENCH, "use --no-progress"),
+    "--profile": (_BENCH, "vLLM's is the server's torch profiler; pagesim run has no server (simulate's --profile "
+                          "is a calibration profile)"),
+    "--probe-request-rate": (_BENCH, "not modelled; a trace can mix short requests in"),
+    "--self-timed": (_BENCH, "replay a trace with its own arrival times: --trace PATH"),
+    "--plot-timeline": (_BENCH, "simulate --out DIR writes timeline.json (Perfetto)"),
+    "--timeline-itl-thresholds": (_BENCH, "simulate --out DIR writes timeline.json (Perfetto)"),
+    "--plot-dataset-stats": (_BENCH, "pagesim trace stats describes a trace"),
+    "--no-stream": (_BENCH, "pagesim reads a local dataset file; nothing is streamed"),
+    "--hf-subset": (_BENCH, "--dataset-name hf reads a local Parquet or JSONL file"),
+    "--hf-split": (_BENCH, "--dataset-name hf reads a local Parquet or JSONL file"),
+    "--hf-name": (_BENCH, "--dataset-name hf reads a local Parquet or JSONL file"),
+    "--random-batch-size": (_BENCH, "pagesim models generation requests, not batched embedding requests"),
+    "--no-reranker": (_BENCH, _NO_DATASET.format("random-rerank")),
+    "--custom-ensure-client-side-data": (_BENCH, "leave it out"),
+    "--save-detailed": (_BENCH, "simulate and run write per-request lists with --save-result"),  # (elsewhere)
+    "--data-parallel-size": (_SERVE, "use --replicas N (with --router) for data parallelism"),
+    "-dp": (_SERVE, "use --replicas N (with --router) for data parallelism"),
+    "--enable-expert-parallel": (_SERVE, "use --ep N (simulate)"),
+}
+#: flags of vLLM's datasets pagesim does not have, by their prefix
+FOREIGN_PREFIXES: dict[str, tuple[str, str]] = {
+    "--random-mm-": (_BENCH, _NO_DATASET.format("random-mm")),
+    "--spec-bench-": (_BENCH, _NO_DATASET.format("spec_bench")),
+    "--speed-bench-": (_BENCH, _NO_DATASET.format("speed_bench")),
+    "--timed-trace-": (_BENCH, "replay a trace with its own arrival times: --trace PATH"),
+    "--blazedit-": (_BENCH, _NO_DATASET.format("blazedit")),
+    "--asr-": (_BENCH, "pagesim simulates text requests only"),
+    "--bfcl-": (_BENCH, _NO_DATASET.format("bfcl")),
 }
 
 
@@ -106,7 +158,8 @@ def _version() -> str:
 
 
 def unknown_flags_message(subparser: argparse.ArgumentParser, extras: list[str]) -> str:
-    """``unrecognized arguments: ...`` with, for each flag, the nearest known one or what to do."""
+    """``unrecognized arguments: ...`` with, for each flag, what to do: for a vLLM flag pagesim
+    does not use, that it is one and what to do instead; for a typo of a known flag, that flag."""
     known = [opt for action in subparser._actions for opt in action.option_strings]
     words = []
     for k, extra in enumerate(extras):
@@ -115,12 +168,60 @@ def unknown_flags_message(subparser: argparse.ArgumentParser, extras: list[str])
             if k == 0 or not extras[k - 1].startswith("-"):  # (not an unknown flag's value)
                 words.append(f"{extra!r}")
             continue
-        hint = FOREIGN_FLAGS.get(flag)
+        hint = foreign_flag_hint(flag)
         if hint is None:
-            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]}?" if close else None
+            near = nearest_flag(flag, known)
+            hint = f"did you mean {near}?" if near else None
         words.append(f"{flag} ({hint})" if hint else flag)
     return "unrecognized arguments: " + ", ".join(words)
+
+
+def foreign_flag_hint(flag: str) -> str | None:
+    """``a vllm bench serve flag pagesim does not use: ...`` for a vLLM flag with no twin here."""
+    found = FOREIGN_FLAGS.get(flag.replace("_", "-") if flag.startswith("--") else flag)
+    if found is None:
+        found = next((v for prefix, v in FOREIGN_PREFIXES.items() if flag.replace("_", "-").startswith(prefix)), None)
+    if found is None:
+        return None
+    origin, advice = found
+    return f"a {origin} flag pagesim does not use: {advice}"
+
+
+def nearest_flag(flag: str, known: list[str]) -> str | None:
+    """The known flag ``flag`` is a typo of, or None: the one flag at the smallest typo distance
+    (``typo_distance``) within what a typo plausibly does to a name of that length (none under 4
+    letters, one edit up to 7, two beyond); vLLM's spelling with underscores maps to the dashes.
+
+    NOTE: difflib's similarity ratio offered ``--trace`` for ``--backend`` and ``--rate`` for
+    ``--label``: names that share letters are not typos of each other."""
+    dashed = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+    if dashed != flag and dashed in known:
+        return dashed
+    name = dashed.lstrip("-")
+    allowed = 0 if len(name) < 4 else 1 if len(name) <= 7 else 2
+    if allowed == 0:
+        return None
+    scored = sorted((typo_distance(name, other.lstrip("-")), other) for other in known if other.startswith("--"))
+    best = [other for distance, other in scored if distance == scored[0][0]] if scored else []
+    if not scored or scored[0][0] > allowed or len(best) > 1:  # (two equally near: no guess)
+        return None
+    return best[0]
+
+
+def typo_distance(a: str, b: str) -> int:
+    """Edits that turn ``a`` into ``b``: insert, delete or replace a letter, or swap two adjacent
+    ones (the optimal string alignment distance)."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], previous2[j - 2] + 1)
+        previous2, previous = previous, row
+    return previous[len(b)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,9 @@ vLLM's keys, in vLLM's units (milliseconds for latencies, requests or tokens per
 rates): ``duration``, ``completed``, ``failed``, ``total_input_tokens``, ``total_output_tokens``,
 ``request_throughput``, ``request_goodput`` (``None`` without ``--goodput``, as vLLM writes it),
 ``output_throughput``, ``total_token_throughput``, ``max_output_tokens_per_s``,
-``max_concurrent_requests``, ``mean_/median_/std_/p<q>_{ttft,tpot,itl,e2el}_ms`` for the
+``max_concurrent_requests`` (vLLM's: the most requests active in one whole second since the first
+send; the exact peak in flight is ``pagesim.max_concurrent_requests_exact``),
+``mean_/median_/std_/p<q>_{ttft,tpot,itl,e2el}_ms`` for the
 ``--percentile-metrics`` asked (vLLM's default: ttft, tpot, itl) at the ``--metric-percentiles``
 asked (default 99), and the per-request lists ``input_lens``, ``output_lens``, ``ttfts``, ``itls``,
 ``latencies``, ``start_times``, ``errors`` (vLLM writes these with ``--save-detailed``; pagesim
@@ -108,7 +110,8 @@ def bench_result(per: PerRequest, *, duration_s: float, percentile_metrics=DEFAU
     result["max_output_tokens_per_s"] = (bench_metrics.max_tokens_per_second(token_times, token_counts,
                                                                               float(start.min()), end)
                                          if completed and per.itls is not None else None)
-    result["max_concurrent_requests"] = bench_metrics.peak_in_flight(start, start + e2el)
+    # vLLM 0.33's measure under its name: requests active in each whole second, the most of any second
+    result["max_concurrent_requests"] = bench_metrics.concurrent_per_second_bucket(start, start + e2el)
     values = {"ttft": ttft, "tpot": tpot, "itl": np.asarray(itls, dtype=float), "e2el": e2el}
     for metric in percentile_metrics:
         v = values[metric]
@@ -120,9 +123,8 @@ def bench_result(per: PerRequest, *, duration_s: float, percentile_metrics=DEFAU
         result[f"std_{metric}_ms"] = float(np.std(v)) * 1000
         for p in percentiles:
             result[f"{percentile_key(p)}_{metric}_ms"] = float(np.percentile(v, p)) * 1000
-    if pagesim is not None:  # vLLM 0.33's own count of concurrency, by whole seconds, beside the exact peak
-        result["pagesim"] = {**pagesim, "max_concurrent_requests_per_second_bucket":
-                             bench_metrics.concurrent_per_second_bucket(start, start + e2el)}
+    if pagesim is not None:  # the exact peak of requests in flight at once, beside vLLM's per-second count
+        result["pagesim"] = {**pagesim, "max_concurrent_requests_exact": bench_metrics.peak_in_flight(start, start + e2el)}
     return result
 
 

@@ -11,11 +11,16 @@
 - Goodput (``--goodput ttft:MS tpot:MS e2el:MS``): completed requests meeting every SLO given, per
   second; a request with one output token has TPOT 0 for this test, as vLLM counts it. A rejected
   request never meets an SLO, and every share of requests is over all requests submitted.
-- ``max_concurrent_requests``: the peak number of requests in flight (sent, not yet finished), an
-  exact sweep over send and finish times (a finish and a send at one instant: the finish first).
-  vLLM 0.33 counts requests active in each whole second instead, which can exceed the true peak
-  (a request ending at 1.3 s and its successor sent at 1.3 s both count in second 1); that
-  figure is ``max_concurrent_requests_per_second_bucket``.
+- ``max_concurrent_requests`` has two meanings, kept apart. vLLM 0.33's (``calculate_metrics``,
+  serve.py:701-753), under that key in the result file: over successful requests, seconds are
+  counted from the first send, a request counts in every whole second from the one it was sent in
+  to the one it finished in, and the figure is the most requests counted in one second
+  (``concurrent_per_second_bucket``). It exceeds the number in flight at once whenever requests
+  come and go within a second: a closed loop of 8 whose requests take 0.5 s counts about 16 per
+  second. pagesim's, in its summaries (``--json``) and as ``pagesim.max_concurrent_requests_exact``
+  in the result file: the exact peak of requests in flight (sent, not yet finished), a sweep over
+  send and finish times (a finish and a send at one instant: the finish first;
+  ``peak_in_flight``).
 - ``max_output_tokens_per_s``: vLLM's: token events bucketed by whole seconds since the first send.
 """
 
@@ -195,7 +200,8 @@ def max_tokens_per_second(token_times_s: np.ndarray, token_counts: np.ndarray, o
 
 
 def concurrent_per_second_bucket(start_s: np.ndarray, finish_s: np.ndarray) -> int:
-    """vLLM 0.33's ``max_concurrent_requests``: requests active in each whole second, maximised."""
+    """vLLM 0.33's ``max_concurrent_requests``: requests active in each whole second since the first
+    send (sent in it, finished in it, or running through it), the most of any second."""
     if len(start_s) == 0:
         return 0
     origin = float(start_s.min())

@@ -376,8 +376,8 @@ def test_bench_result_by_hand():
         expected[f"p99_{name}_ms"] = float(np.percentile(values, 99)) * 1000
     assert result.keys() == expected.keys() | {"pagesim"}
     assert result["pagesim"]["x"] == 1
-    # vLLM's own per-second count goes beside: seconds 0 (rows 0, 1) and 1 (rows 0, 2) hold 2 each
-    assert result["pagesim"].get("max_concurrent_requests_per_second_bucket", 2) == 2
+    # the exact peak goes beside vLLM's per-second count: at most rows 0 and 1 (or 0 and 2) at once
+    assert result["pagesim"]["max_concurrent_requests_exact"] == 2
     for key, value in expected.items():
         if isinstance(value, float):
             assert result[key] == pytest.approx(value, rel=1e-12), key
@@ -404,7 +404,8 @@ def test_bench_result_without_goodput_or_successes():
 # What ``vllm bench serve --save-result --save-detailed`` (vLLM 0.33) writes for a run of three
 # requests with --request-rate 4 --max-concurrency 4 --goodput ttft:2000 tpot:100, written by hand.
 VLLM_RESULT = {
-    "date": "20250101-120000", "endpoint_type": "openai", "backend": "vllm", "label": "openai",
+    # label: null without --label (vLLM 0.33 serve.py:2096, :2309; the file name takes the backend instead)
+    "date": "20250101-120000", "endpoint_type": "openai", "backend": "vllm", "label": None,
     "model_id": "meta-llama/Llama-3.1-8B-Instruct", "tokenizer_id": "meta-llama/Llama-3.1-8B-Instruct",
     "num_prompts": 3, "request_rate": 4.0, "burstiness": 1.0, "max_concurrency": 4,
     "duration": 2.1234, "completed": 3, "failed": 0, "total_input_tokens": 300, "total_output_tokens": 60,
@@ -462,7 +463,13 @@ def test_result_file_has_vllms_keys_and_types(capsys, tmp_path):
     assert result["output_throughput"] == pytest.approx(summary["throughput_tokens_s"], rel=1e-5)
     assert result["total_token_throughput"] == pytest.approx(summary["throughput_total_tokens_s"], rel=1e-5)
     assert result["request_goodput"] == pytest.approx(summary["goodput_rps"], rel=1e-5)
-    assert result["max_concurrent_requests"] == summary["max_concurrent_requests"] <= 4
+    # the summary's is the exact peak in flight; the file's, vLLM's count per whole second
+    assert result["pagesim"]["max_concurrent_requests_exact"] == summary["max_concurrent_requests"] <= 4
+    ok = np.asarray(result["errors"]) == ""
+    start, latency = np.asarray(result["start_times"])[ok], np.asarray(result["latencies"])[ok]
+    assert result["max_concurrent_requests"] == vllm_per_second(start, np.zeros(ok.sum()), latency,
+                                                                [[]] * int(ok.sum()))[1]
+    assert result["max_concurrent_requests"] >= summary["max_concurrent_requests"]
     assert result["max_output_tokens_per_s"] == summary["max_output_tokens_per_s"]
     assert result["total_output_tokens"] == sum(result["output_lens"]) == summary["generated_tokens"]
     # the per-request lists agree with one another: latency = TTFT + the gaps

@@ -11,7 +11,8 @@ Every command that replays traffic (``trace stats``, ``trace gen``, and later ``
 - ``--dataset-name NAME [--dataset-path PATH] [--tokenizer TOK] --num-prompts K`` for a dataset
   as ``vllm bench serve`` loads it (``traces.bench``), sent as vLLM bench sends it:
   ``--request-rate R`` (default inf: all at t=0) and ``--burstiness B``
-  (``traces.generate.arrivals.bench_arrivals``).
+  (``traces.generate.arrivals.bench_arrivals``), or at a rising rate with ``--ramp-up-strategy``
+  (``traces.bench.ramp_up``).
 
 vLLM bench's names are aliases of pagesim's: ``--num-prompts`` is ``--num-requests``,
 ``--request-rate`` is ``--rate`` (``inf``: every request at t=0, for any source), and
@@ -229,6 +230,7 @@ def _dataset_trace(args, rate, burstiness):
     from dataclasses import replace
 
     from traces.bench.cli import dataset_trace
+    from traces.bench.ramp_up import ramp_up_from_args
     from traces.generate.arrivals import bench_arrivals
 
     if args.arrival is not None:
@@ -236,10 +238,15 @@ def _dataset_trace(args, rate, burstiness):
                          "--request-rate R with --burstiness B, as vLLM bench sends it")
     if args.num_requests is None:
         args.num_requests = DEFAULT_NUM_PROMPTS
+    ramp = ramp_up_from_args(args)
     trace = dataset_trace(args)
     rate = math.inf if rate is None else rate
     burstiness = 1.0 if burstiness is None else burstiness
-    times = bench_arrivals(len(trace), rate, burstiness, args.seed)
-    how = ("all at t=0 (--request-rate inf)" if math.isinf(rate) else
-           f"vLLM bench's at {rate:g} requests/s, burstiness {burstiness:g}, seed {args.seed}")
+    if ramp is not None:  # (vLLM: a ramp-up replaces --request-rate)
+        times = ramp.send_times_s(len(trace), burstiness, args.seed)
+        how = f"vLLM bench's {ramp.describe()}, burstiness {burstiness:g}, seed {args.seed}"
+    else:
+        times = bench_arrivals(len(trace), rate, burstiness, args.seed)
+        how = ("all at t=0 (--request-rate inf)" if math.isinf(rate) else
+               f"vLLM bench's at {rate:g} requests/s, burstiness {burstiness:g}, seed {args.seed}")
     return replace(trace, arrival_s=times, has_arrivals=True, metadata={**trace.metadata, "arrivals": how})

@@ -40,7 +40,11 @@ def add_parser(subparsers) -> None:
                    help="auto: float64 on CPU with the torch backend (exact reference checks), float32 with Triton "
                         "on CPU, bfloat16 on CUDA (float32 with --check-reference)")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: cuda if available)")
-    g.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto",
+    from sim.bench_args import VLLM_GENERATE_BACKENDS, VLLM_POOLING_BACKENDS
+
+    # (vllm bench serve's --backend names are accepted too, with a note: sim.bench_args)
+    g.add_argument("--backend", choices=["auto", "torch", "triton", *VLLM_GENERATE_BACKENDS, *VLLM_POOLING_BACKENDS],
+                   default="auto", metavar="{auto,torch,triton}",
                    help="attention kernels: triton on CUDA and torch on CPU by default; triton on CPU needs "
                         "TRITON_INTERPRET=1 (slow)")
     k = p.add_argument_group("KV cache")
@@ -125,6 +129,12 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
 
     validate = args.check_reference or args.validate
     scheduler_cls = scheduler_class(args.scheduler)  # the default, or a --plugin's (policy_overrides loaded it)
+    if args.bench.num_warmups and requests:  # on an engine of their own: the measured one starts empty
+        from engine.runtime.warmup import serve_warmups
+
+        serve_warmups(lambda: Engine(model, sched_config, backend=args.backend, sampling=params,
+                                     scheduler_cls=scheduler_cls), requests[0], args.bench.num_warmups,
+                      max_concurrency=args.bench.max_concurrency)
     try:
         engine = Engine(model, sched_config, backend=args.backend, validate=validate, sampling=params,
                         scheduler_cls=scheduler_cls)

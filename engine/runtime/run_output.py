@@ -196,7 +196,8 @@ def save_bench_result(args, engine, summary: dict, num_prompts: int):
 
     import numpy as np
 
-    from reports.bench_result import PerRequest, bench_result, result_path, setup_keys, write_result
+    from reports.bench_result import PerRequest
+    from sim.bench_output import write_vllm_result
 
     bench = args.bench
     records = list(engine.records.values())
@@ -212,14 +213,7 @@ def save_bench_result(args, engine, summary: dict, num_prompts: int):
         errors=["" if good else f"{r.status}: {r.reject_reason}" for r, good in zip(records, ok)],
     )
     rate = math.inf if args.rate is None or summary["arrivals"].startswith("offline") else args.rate
-    setup = setup_keys(model_id=str(args.model), tokenizer_id=getattr(args, "tokenizer", None) or str(args.model),
-                       num_prompts=num_prompts, request_rate=rate,
-                       burstiness=args.burstiness if args.burstiness is not None else 1.0,
-                       max_concurrency=bench.max_concurrency)
-    document = bench_result(per, duration_s=summary["duration_s"], percentile_metrics=bench.percentile_metrics,
-                            percentiles=bench.result_percentiles, goodput=bench.goodput, setup=setup,
-                            pagesim={"summary": summary, "engine": True})
-    path = result_path(result_dir=bench.result_dir, result_filename=bench.result_filename, date=setup["date"],
-                       request_rate=rate, max_concurrency=bench.max_concurrency, model_id=str(args.model))
-    write_result(path, document)
-    return path
+    return write_vllm_result(bench, per, duration_s=summary["duration_s"], model_id=str(args.model),
+                             tokenizer_id=getattr(args, "tokenizer", None) or str(args.model), num_prompts=num_prompts,
+                             request_rate=rate, burstiness=args.burstiness if args.burstiness is not None else 1.0,
+                             pagesim={"summary": summary, "engine": True})

@@ -10,19 +10,24 @@ tokenizer counted and what was skipped and why.
 - ``random``, ``prefix_repetition``: synthetic, lengths equal to vLLM's for the same seed
   (``synthetic``);
 - ``custom``: JSONL of ``{"prompt", "output_tokens"}`` (``custom``);
-- ``hf``: a Hugging Face dataset file on disk, Parquet or JSONL (``hf``).
+- ``hf``: a Hugging Face dataset file on disk, Parquet or JSONL (``hf``);
+- ``sonnet``: lines of a poem file under one instruction, a shared prefix (``sonnet``; vLLM 0.11.0's
+  rules: vLLM 0.33 dropped it);
+- ``burstgpt``: a BurstGPT CSV's GPT-4 token counts (``burstgpt``).
 
 ``cli`` holds vLLM's flag names and ``dataset_trace(args)``.
 """
 
+from traces.bench.burstgpt import burstgpt_trace
 from traces.bench.cli import DATASET_NAMES, add_dataset_args, dataset_name_given, dataset_trace
 from traces.bench.custom import custom_trace
 from traces.bench.hf import hf_trace
 from traces.bench.identities import PREFIX_CHUNK_TOKENS, chunk_identities
 from traces.bench.sharegpt import sharegpt_trace
+from traces.bench.sonnet import sonnet_trace
 from traces.bench.synthetic import prefix_repetition_trace, random_trace
 from traces.bench.tokenizer import load_tokenizer
 
-__all__ = ["DATASET_NAMES", "PREFIX_CHUNK_TOKENS", "add_dataset_args", "chunk_identities", "custom_trace",
-           "dataset_name_given", "dataset_trace", "hf_trace", "load_tokenizer", "prefix_repetition_trace",
-           "random_trace", "sharegpt_trace"]
+__all__ = ["DATASET_NAMES", "PREFIX_CHUNK_TOKENS", "add_dataset_args", "burstgpt_trace", "chunk_identities",
+           "custom_trace", "dataset_name_given", "dataset_trace", "hf_trace", "load_tokenizer",
+           "prefix_repetition_trace", "random_trace", "sharegpt_trace", "sonnet_trace"]

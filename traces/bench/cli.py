@@ -3,7 +3,8 @@ and ``add_random_dataset_base_args``, :1873-1934), with its names and defaults, 
 they describe (``get_samples``, :2052-2420, for the datasets here).
 
 Flags specific to one dataset default to None here so that giving one to another dataset can be
-refused; the vLLM defaults apply when they are left out (and are shown in ``--help``). The number
+refused; the vLLM defaults apply when they are left out (and are shown in ``--help``). ``sonnet``
+follows vLLM 0.11.0 (deprecated there, gone from 0.33: ``traces.bench.sonnet``). The number
 of prompts and the seed are read from ``args.num_requests`` (``--num-prompts``; vLLM's default
 1000 when absent) and ``args.seed`` (0 when absent), flags another part of the command line adds.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+from traces.bench import sonnet
+from traces.bench.burstgpt import burstgpt_trace
 from traces.bench.custom import DEFAULT_CUSTOM_OUTPUT_LEN, custom_trace
 from traces.bench.hf import hf_trace
 from traces.bench.sharegpt import sharegpt_trace
@@ -19,9 +22,9 @@ from traces.bench.synthetic import parse_range_ratio, prefix_repetition_trace, r
 from traces.bench.tokenizer import load_tokenizer
 from traces.trace import Trace
 
-DATASET_NAMES = ("sharegpt", "random", "prefix_repetition", "custom", "hf")
+DATASET_NAMES = ("sharegpt", "random", "prefix_repetition", "custom", "hf", "sonnet", "burstgpt")
 DEFAULT_NUM_PROMPTS = 1000  # vLLM's --num-prompts default (datasets.py:71)
-WITH_PATH = ("sharegpt", "custom", "hf")
+WITH_PATH = ("sharegpt", "custom", "hf", "sonnet", "burstgpt")
 
 # flag (dest) -> (dataset it belongs to, vLLM's default)
 DATASET_FLAGS: dict[str, tuple[tuple[str, ...], object]] = {
@@ -39,6 +42,9 @@ DATASET_FLAGS: dict[str, tuple[tuple[str, ...], object]] = {
     "hf_prompt_column": (("hf",), None),
     "hf_output_column": (("hf",), None),
     "hf_conversations_column": (("hf",), "conversations"),
+    "sonnet_input_len": (("sonnet",), sonnet.DEFAULT_INPUT_LEN),
+    "sonnet_output_len": (("sonnet",), sonnet.DEFAULT_OUTPUT_LEN),
+    "sonnet_prefix_len": (("sonnet",), sonnet.DEFAULT_PREFIX_LEN),
     "dataset_path": (WITH_PATH, None),
     "disable_shuffle": (("sharegpt", "custom", "hf", "prefix_repetition"), False),
     "no_oversample": (("sharegpt", "custom", "hf"), False),
@@ -50,7 +56,8 @@ def add_dataset_args(parser_or_group) -> None:
     add = parser_or_group.add_argument
     add("--dataset-name", choices=DATASET_NAMES, default=None,
         help="a vLLM bench dataset to sample requests from, as `vllm bench serve` does")
-    add("--dataset-path", metavar="PATH", help="the dataset file (sharegpt: JSON; custom: JSONL; hf: Parquet or JSONL)")
+    add("--dataset-path", metavar="PATH", help="the dataset file (sharegpt: JSON; custom: JSONL; hf: Parquet or JSONL; "
+        "sonnet: a text file of lines, e.g. vLLM's benchmarks/sonnet.txt; burstgpt: BurstGPT's CSV)")
     add("--tokenizer", metavar="PATH",
         help="a Hugging Face tokenizer folder or tokenizer.json to count tokens with "
              "(default: an estimate of 1 token per 4 characters)")
@@ -79,6 +86,12 @@ def add_dataset_args(parser_or_group) -> None:
     add("--hf-output-column", metavar="COL", help="hf: the column holding the completion text or its token count")
     add("--hf-conversations-column", metavar="COL",
         help="hf: a ShareGPT-like column of turns, used without --hf-prompt-column (default conversations)")
+    add("--sonnet-input-len", type=int, metavar="N",
+        help=f"sonnet: the most input tokens of a prompt (default {sonnet.DEFAULT_INPUT_LEN})")
+    add("--sonnet-output-len", type=int, metavar="N",
+        help=f"sonnet: output tokens per request (default {sonnet.DEFAULT_OUTPUT_LEN})")
+    add("--sonnet-prefix-len", type=int, metavar="N",
+        help=f"sonnet: tokens of the prefix every prompt shares (default {sonnet.DEFAULT_PREFIX_LEN})")
 
 
 def dataset_name_given(args: argparse.Namespace) -> bool:
@@ -115,6 +128,19 @@ def check_dataset_args(args: argparse.Namespace) -> str:
     return name
 
 
+def raw_output_low(output_len: int, ratio: float) -> int:
+    """The lower bound of the random dataset's output lengths before vLLM raises it to 1."""
+    import math
+
+    return math.floor(output_len * (1 - ratio))
+
+
+def _note(args: argparse.Namespace, text: str) -> None:
+    import sys
+
+    print(f"pagesim {getattr(args, 'command', None) or 'bench'}: note: {text}", file=sys.stderr)
+
+
 def num_prompts_of(args: argparse.Namespace) -> int:
     count = getattr(args, "num_requests", None)
     count = DEFAULT_NUM_PROMPTS if count is None else count
@@ -139,10 +165,18 @@ def dataset_trace(args: argparse.Namespace) -> Trace:
         return sharegpt_trace(path, tokenizer, num_prompts=num_prompts, seed=seed,
                               output_len=_value(args, "sharegpt_output_len"), shuffle=shuffle, oversample=oversample)
     if name == "random":
-        return random_trace(tokenizer, num_prompts=num_prompts, seed=seed,
-                            input_len=_value(args, "random_input_len"), output_len=_value(args, "random_output_len"),
-                            range_ratio=parse_range_ratio(_value(args, "random_range_ratio")),
-                            prefix_len=_value(args, "random_prefix_len"))
+        output_len = _value(args, "random_output_len")
+        if output_len < 0:
+            raise ValueError(f"--random-output-len must be >= 0, got {output_len}")
+        trace = random_trace(tokenizer, num_prompts=num_prompts, seed=seed,
+                             input_len=_value(args, "random_input_len"), output_len=output_len,
+                             range_ratio=parse_range_ratio(_value(args, "random_range_ratio")),
+                             prefix_len=_value(args, "random_prefix_len"))
+        low, high = trace.metadata["sampled_output_range"]
+        if low > raw_output_low(output_len, trace.metadata["range_ratio"][1]):  # not silent: vLLM's clamp applied
+            _note(args, f"--random-output-len {output_len} gives output lengths in [{low}, {high}] tokens: vLLM 0.33 "
+                        "raises a lower bound under 1 to 1 (datasets/utils.py:74-77), and so does pagesim")
+        return trace
     if name == "prefix_repetition":
         return prefix_repetition_trace(
             tokenizer, num_prompts=num_prompts, seed=seed, prefix_len=_value(args, "prefix_repetition_prefix_len"),
@@ -152,6 +186,13 @@ def dataset_trace(args: argparse.Namespace) -> Trace:
     if name == "custom":
         return custom_trace(path, tokenizer, num_prompts=num_prompts, seed=seed,
                             output_len=_value(args, "custom_output_len"), shuffle=shuffle, oversample=oversample)
+    if name == "sonnet":
+        return sonnet.sonnet_trace(path, tokenizer, num_prompts=num_prompts, seed=seed,
+                                   input_len=_value(args, "sonnet_input_len"),
+                                   output_len=_value(args, "sonnet_output_len"),
+                                   prefix_len=_value(args, "sonnet_prefix_len"))
+    if name == "burstgpt":
+        return burstgpt_trace(path, num_prompts=num_prompts, seed=seed)
     return hf_trace(path, tokenizer, num_prompts=num_prompts, seed=seed, output_len=_value(args, "hf_output_len"),
                     prompt_column=_value(args, "hf_prompt_column"), output_column=_value(args, "hf_output_column"),
                     conversations_column=_value(args, "hf_conversations_column"), shuffle=shuffle,
