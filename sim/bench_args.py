@@ -114,8 +114,6 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
         raise ValueError(f"--num-warmups must be >= 0, got {args.num_warmups}")
     if (args.label is not None or args.metadata) and not saves:
         raise ValueError("--label and --metadata go into the result file: add --save-result (or --append-result)")
-    if args.append_result and args.result_filename:  # (checked before any work; a new file is fine)
-        _check_appendable(args.result_dir, args.result_filename)
     settings = BenchSettings(
         max_concurrency=args.max_concurrency, percentile_metrics=parse_percentile_metrics(args.percentile_metrics),
         result_percentiles=asked, summary_percentiles=tuple(sorted(set(DEFAULT_PERCENTILES) | set(asked))),
@@ -126,21 +124,6 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
     )
     _irrelevant_flags(args)
     return settings
-
-
-def _check_appendable(result_dir: str | None, result_filename: str) -> None:
-    import os
-    import stat
-
-    path = os.path.join(result_dir, result_filename) if result_dir else result_filename
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ValueError(f"--append-result: {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
-        raise ValueError(f"--append-result: {path} is not a regular file")
 
 
 def parse_metadata(items: list[str]) -> tuple[tuple[str, str], ...]:

@@ -22,7 +22,6 @@ import fcntl
 import json
 import math
 import os
-import stat
 from pathlib import Path
 
 import numpy as np
@@ -125,21 +124,20 @@ def write_vllm_result(bench, per, *, duration_s: float, model_id: str, tokenizer
 
 def append_result(path: Path, document: dict) -> None:
     """``--append-result``: add ``document`` to ``path`` as vLLM does, a newline first unless the
-    file is empty (a new file is made). Only a regular file is appended to."""
-    try:
-        before = os.stat(path)
-    except FileNotFoundError:
-        before = None
-    if before is not None and not stat.S_ISREG(before.st_mode):
-        raise ValueError(f"--append-result: {path} is not a regular file")
-    if path.is_dir():
-        raise ValueError(f"--append-result: {path} is a folder")
+    file is empty (a new file is made). Where it may write is ``engine.outputs``' rule, checked
+    before the run (``reserve_result_file``): a regular file (a link's file) is appended to, a
+    device or a FIFO with a reader is written as a stream, nothing else is touched."""
+    from engine.outputs import reserved
+
+    output = reserved(path, "--result-filename")
     text = json.dumps(document)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # (replaced between the check and the open)
-            raise ValueError(f"--append-result: {path} is not a regular file")
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with output.append() as fh:
+        fh.flush()
+        fd = fh.fileno()
+        if output.stream:
+            fh.write(text)
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (released when the file is closed)
         size = os.fstat(fd).st_size
         data = (("\n" if size else "") + text).encode("utf-8")
         try:
@@ -149,5 +147,3 @@ def append_result(path: Path, document: dict) -> None:
         except BaseException:
             os.ftruncate(fd, size)  # no half line left behind
             raise
-    finally:
-        os.close(fd)

@@ -218,11 +218,13 @@ def test_append_result_adds_a_line(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs mkfifo")
-def test_append_result_refuses_a_fifo_before_any_work(tmp_path):
+def test_append_result_refuses_a_fifo_with_no_reader_before_any_work(tmp_path):
+    """--append-result follows the one rule of engine.outputs: a FIFO nobody reads is refused
+    before the run (not waited on, not replaced)."""
     os.mkfifo(tmp_path / "pipe")
     outcome = run_pagesim(["simulate", *RANDOM, "--append-result", "--result-filename", "pipe"], cwd=tmp_path,
                           limit_s=60)
-    assert outcome.returncode == 2 and "is not a regular file" in error_line(outcome, "simulate")
+    assert outcome.returncode == 2 and "is a FIFO (named pipe) with no reader" in error_line(outcome, "simulate")
     assert stat.S_ISFIFO(os.lstat(tmp_path / "pipe").st_mode)
 
 
