@@ -5,7 +5,7 @@ What is measured
 ``pagesim study`` runs a spec of ``--runs`` tiny runs (the ``shared-system-prompt`` workload,
 ``--requests`` requests each, one run per seed) on ``--workers`` worker processes, as a user would
 (a subprocess of the real command line). A sampling thread reads, every ``--interval`` seconds,
-the children of the study process (``/proc/PID/task/PID/children``) and each child's ``VmRSS``
+the children of the study process (``/proc/PID/task/*/children``) and each child's ``VmRSS``
 (``/proc/CHILD/status``), and the number of results in ``results.jsonl``. Printed:
 
 - per worker process (a recycled pool has more of them than ``--workers``): its first and peak
@@ -46,11 +46,15 @@ def spec_text(runs: int, requests: int) -> str:
 
 
 def children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(word) for word in text.split()]
+    """``pid``'s children, whichever of its threads started them (a pool's replacement workers are
+    started by its manager thread, and each thread's ``children`` lists its own)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out.extend(int(word) for word in (task / "children").read_text().split())
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def rss_bytes(pid: int) -> int | None:
