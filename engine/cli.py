@@ -161,9 +161,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except OSError as exc:  # a file that cannot be read or written
         where = f"{exc.filename}: " if exc.filename else ""
         parser.exit(2, f"pagesim {args.command}: error: {where}{exc.strerror or exc}\n")
-    except MemoryError as exc:  # where a size came from the input, the message names it
-        said = str(exc).strip().splitlines() or ["not enough memory for what was asked"]
-        parser.exit(2, f"pagesim {args.command}: error: {said[0]}\n")
+    except MemoryError as exc:  # where a size came from the input, the message names it; and the sizes known here
+        from engine.memory_fit import memory_error_words
+
+        parser.exit(2, f"pagesim {args.command}: error: {memory_error_words(exc)}\n")
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: no traceback
         print(f"pagesim {args.command}: {interruption(exc)}", file=sys.stderr)
         return interrupted_status(exc)

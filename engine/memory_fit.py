@@ -5,7 +5,9 @@ dataset's token arrays) checks the size here before allocating, and refuses it w
 and the flag that made it, instead of failing inside torch or numpy ("Unable to allocate 16.0
 GiB", "DefaultCPUAllocator: can't allocate memory") or being killed by the kernel.
 
-``host_available()`` is the least of what bounds this process (``None`` where nothing can be
+``require_host(need, what)`` refuses a size over what is available; ``sized_by(flags)`` names the
+flags in a ``MemoryError`` that gets through anyway. ``host_available()`` is the least of what
+bounds this process (``None`` where nothing can be
 read, as off Linux):
 
 - the machine's ``MemAvailable`` (``/proc/meminfo``: free memory plus what the kernel can reclaim);
@@ -22,7 +24,9 @@ stays handled), but a refusal is certain.
 
 from __future__ import annotations
 
+import contextlib
 import resource
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,16 +62,28 @@ def require_host(need_bytes: int, what: str, hint: str = "") -> None:
                          + (f" ({hint})" if hint else ""))
 
 
+@contextlib.contextmanager
+def sized_by(flags: str) -> Iterator[None]:
+    """A ``MemoryError`` inside (an allocation the check before it let through: a moment's figures,
+    an estimate) is one ``ValueError`` naming the ``flags`` that sized it."""
+    try:
+        yield
+    except MemoryError as exc:
+        raise ValueError(f"{flags}: {memory_error_words(exc)}") from None
+
+
 def memory_error_words(exc: MemoryError) -> str:
-    """A ``MemoryError``'s message with the sizes known: its own first line (numpy's names the size
-    it asked for), or what was asked of whom; and what this process held and what is available."""
-    said = (str(exc).strip().splitlines() or ["not enough memory for what was asked"])[0]
-    peak = _peak_rss_bytes()
-    have = host_available()
+    """A ``MemoryError``'s message: its own first line where it has one (numpy's names the size it
+    asked for; pagesim's, what it was building); else, for Python's bare one, the sizes known
+    here: what this process held at most and what is available."""
+    said = str(exc).strip().splitlines()
+    if said:
+        return said[0]
+    peak, have = _peak_rss_bytes(), host_available()
     sizes = [f"this process held {gib(peak)} at most" if peak else None,
              f"{gib(have.bytes)} is {have.where}" if have is not None else None]
     sizes = [s for s in sizes if s]
-    return f"{said} ({'; '.join(sizes)})" if sizes else said
+    return "not enough memory for what was asked" + (f" ({'; '.join(sizes)})" if sizes else "")
 
 
 # ------------------------------------------------------------------ the bounds
