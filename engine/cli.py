@@ -148,8 +148,15 @@ def _sigterm_as_interrupt():
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import warnings
+
+    from engine.catalog.hf_config import ModelConfigWarning
+    from traces.source import show_as_lines
+
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():  # (puts the previous hook back, for callers of main)
+            show_as_lines(args.command, ModelConfigWarning)  # a config.json read on an assumption: one line
+            return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
         parser.exit(2, f"pagesim {args.command}: error: {exc}\n")
     except BrokenPipeError:  # `pagesim ... | head`: the reader left; not an error

@@ -34,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import staged_files, writing
+from engine.catalog.hf_config import ModelConfigWarning
 from reports.runner import run_one
 from reports.spec import RunConfig, StudySpec, run_id
 from reports.store import ResultsStore
@@ -125,6 +127,9 @@ def _worker_start(parent_pid: int) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     show_as_lines("study")  # a trace's repairs as one line each (a spawned worker has not inherited the hook)
+    # A config.json of an unknown architecture was noted once when the study planned its runs
+    # (reports.spec), not again by each worker for each run.
+    warnings.filterwarnings("ignore", category=ModelConfigWarning)
     _kill_me_with_parent()
     if os.getppid() != parent_pid:  # the study died before this worker got here
         os._exit(1)
