@@ -137,7 +137,12 @@ def _worker_start(parent_pid: int) -> None:
 
 
 def _kill_me_with_parent() -> None:
-    """Linux: the kernel sends this process SIGKILL when its parent exits (even by ``kill -9``)."""
+    """Linux: the kernel sends this process SIGKILL when its parent exits (even by ``kill -9``).
+
+    NOTE: strictly, when the parent *thread* that started it ends: the main thread for the first
+    workers, the pool's manager thread for their replacements, which ends only after the pool has
+    stopped its workers (or with the process).
+    """
     if not sys.platform.startswith("linux"):
         return
     try:
