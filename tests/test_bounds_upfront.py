@@ -90,6 +90,27 @@ def test_run_names_the_kv_flags_when_the_cache_is_what_does_not_fit(eight_gib, c
                    "in RAM (fewer --num-gpu-blocks / --num-cpu-blocks, or a smaller --kv-cache-gb / --swap-space)\n")
 
 
+def test_an_allocation_failing_past_the_check_is_one_line_naming_the_model(monkeypatch, capsys):
+    """Memory taken by another process between the check and the load: torch's words, in one line."""
+    import engine.model
+    import engine.runtime.memory_check as memory_check
+    from engine.cli import main
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 234881024 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(memory_check, "host_available", lambda: Available(1 << 50, "available in RAM"))
+    monkeypatch.setattr(engine.model, "load_model", fails)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--workload", "kwon2023-alpaca", "--num-requests", "4", "--no-progress"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err == (
+        "pagesim run: error: cannot allocate the model's weights (--model tiny): [enforce fail at alloc_cpu.cpp:127] "
+        "err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 234881024 bytes. Error code 12 "
+        "(Cannot allocate memory)\n")
+
+
 def test_beside_a_gpu_the_weights_are_judged_against_its_free_memory(monkeypatch):
     """A CUDA run: the weights (built in float32, then cast) against the GPU's free memory, the
     float32 draw and the swap space against the host's."""

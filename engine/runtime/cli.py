@@ -104,7 +104,13 @@ def run(args: argparse.Namespace) -> int:
     params = _sampling(args)
     if not fit_on_device:  # the cache size is known now: refuse a hopeless run before loading the model
         _check_servable(requests, sched_config)
-    model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
+    try:
+        model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
+    except (RuntimeError, MemoryError) as exc:  # an allocation the check above could not foresee (another
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # process took the memory meanwhile)
+        if isinstance(exc, RuntimeError) and "alloc" not in said and "out of memory" not in said:
+            raise
+        raise ValueError(f"cannot allocate the model's weights (--model {args.model}): {said}") from None
     if fit_on_device:
         sched_config = _fit_cuda_cache(model, sched_config, args)
         check_memory(config, dtype, device, sched_config)  # (the weights are in place: the cache alone)
