@@ -69,8 +69,8 @@ def test_run_refuses_a_model_that_does_not_fit_with_each_size(eight_gib, capsys)
               "--num-requests", "4", "--no-progress"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1, err
-    # 8.03 billion parameters x 8 bytes (float64 on a CPU); 64 blocks of 16 tokens x 32 layers x 8 KV heads x 128 x 2 x 8
-    # bytes = 0.5 GiB, and as many swap blocks; drawn in float32 (4 bytes a parameter) and built in float32 first
+    # 8.03 billion parameters x 8 bytes (float64 on a CPU); 64 blocks of 16 tokens x 32 layers x 8 KV heads
+    # x 128 x 2 x 8 bytes = 0.5 GiB, and as many swap blocks; drawn, and built, in float32 first
     assert re.fullmatch(r"pagesim run: error: the model and its KV cache do not fit: need 59\.83 GiB for the weights "
                         r"\(8\.03 billion parameters in float64\) \+ 1\.00 GiB for the KV cache and swap space, and "
                         r"[\d.]+ GiB more while the weights are loaded \(drawn in float32, then built in float32 and "
