@@ -249,8 +249,15 @@ def _sigterm_as_interrupt():
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import warnings
+
+    from engine.catalog.hf_config import ModelConfigWarning
+    from traces.source import show_as_lines
+
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():  # (puts the previous hook back, for callers of main)
+            show_as_lines(args.command, ModelConfigWarning)  # a config.json read on an assumption: one line
+            return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
         parser.exit(2, f"pagesim {args.command}: error: {exc}\n")
     except BrokenPipeError:  # `pagesim ... | head`: the reader left; not an error
@@ -262,9 +269,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except OSError as exc:  # a file that cannot be read or written
         where = f"{exc.filename}: " if exc.filename else ""
         parser.exit(2, f"pagesim {args.command}: error: {where}{exc.strerror or exc}\n")
-    except MemoryError as exc:  # where a size came from the input, the message names it
-        said = str(exc).strip().splitlines() or ["not enough memory for what was asked"]
-        parser.exit(2, f"pagesim {args.command}: error: {said[0]}\n")
+    except MemoryError as exc:  # where a size came from the input, the message names it; and the sizes known here
+        from engine.memory_fit import memory_error_words
+
+        parser.exit(2, f"pagesim {args.command}: error: {memory_error_words(exc)}\n")
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: no traceback
         print(f"pagesim {args.command}: {interruption(exc)}", file=sys.stderr)
         return interrupted_status(exc)

@@ -14,6 +14,9 @@ so logs and CI show it.
   its parent goes (Linux ``PR_SET_PDEATHSIG``), and a watchdog thread exits it when its parent
   changes (everywhere else, and for a parent already gone before the worker started). So a study
   killed with ``kill -9`` leaves no worker behind holding anything, and the same command resumes.
+  A worker is replaced by a fresh one after ``RUNS_PER_WORKER`` runs (``max_tasks_per_child``), so
+  whatever a run leaves behind in its process (a cache, a leak, a fragmented heap) is bounded by
+  that many runs, however long the study.
 - ``ray``: one Ray task per run; ``ray.init(address=...)`` joins a cluster (``auto``, or
   ``ray://host:10001``), and with no address starts a local instance of ``workers`` CPUs. Each
   node needs pagesim installed in the same version; the same configs give the same records.
@@ -33,6 +36,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.catalog.hf_config import ModelConfigWarning
 from engine.outputs import OutputFile, check_fill_folder, own_opener
 from reports.runner import run_one
 from reports.spec import RunConfig, StudySpec, run_id
@@ -58,15 +63,33 @@ class StudyOutcome:
     failed: int  # of this spec's runs, as they stand now
 
 
-def run_local(configs: list[RunConfig], workers: int, address: str | None = None) -> Iterator[dict[str, Any]]:
+RUNS_PER_WORKER = 100  # runs a worker serves before a fresh process replaces it (starting one: about a second)
+
+
+class _RecyclingPool(ProcessPoolExecutor):
+    """A process pool whose workers leave after ``max_tasks_per_child`` runs, each replaced at once.
+
+    NOTE: CPython 3.11 to 3.13 (gh-115634, fixed in later releases): with runs queued, a worker
+    leaving at its limit may not be replaced (the pool counts an idle worker that has left), and
+    the study hangs once every worker has left. This pool starts a worker whenever it has fewer
+    than ``max_workers``, as the fix does; the executor's own lock serializes the calls.
+    """
+
+    def _adjust_process_count(self) -> None:
+        if len(self._processes) < self._max_workers:
+            self._spawn_process()
+
+
+def run_local(configs: list[RunConfig], workers: int, address: str | None = None, *,
+              runs_per_worker: int = RUNS_PER_WORKER) -> Iterator[dict[str, Any]]:
     if address is not None:
         raise ValueError("--address is for the ray executor")
     if workers == 1 or len(configs) <= 1:
         for config in configs:
             yield run_one(config)
         return
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_start, initargs=(os.getpid(),))
+    pool = _RecyclingPool(max_workers=min(workers, len(configs)), mp_context=multiprocessing.get_context("spawn"),
+                          initializer=_worker_start, initargs=(os.getpid(),), max_tasks_per_child=runs_per_worker)
     try:
         futures = [pool.submit(run_one, c) for c in configs]
         for future in as_completed(futures):
@@ -106,6 +129,9 @@ def _worker_start(parent_pid: int) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     show_as_lines("study")  # a trace's repairs as one line each (a spawned worker has not inherited the hook)
+    # A config.json of an unknown architecture was noted once when the study planned its runs
+    # (reports.spec), not again by each worker for each run.
+    warnings.filterwarnings("ignore", category=ModelConfigWarning)
     _kill_me_with_parent()
     if os.getppid() != parent_pid:  # the study died before this worker got here
         os._exit(1)
@@ -113,7 +139,12 @@ def _worker_start(parent_pid: int) -> None:
 
 
 def _kill_me_with_parent() -> None:
-    """Linux: the kernel sends this process SIGKILL when its parent exits (even by ``kill -9``)."""
+    """Linux: the kernel sends this process SIGKILL when its parent exits (even by ``kill -9``).
+
+    NOTE: strictly, when the parent *thread* that started it ends: the main thread for the first
+    workers, the pool's manager thread for their replacements, which ends only after the pool has
+    stopped its workers (or with the process).
+    """
     if not sys.platform.startswith("linux"):
         return
     try:

@@ -65,22 +65,15 @@ def _version() -> str:
 
 def build_trace(config: RunConfig):
     """The run's requests: the study's source, with the run's workload, rate, rate scale and sampling."""
-    from traces.generate import generate, workload_spec
-    from traces.generate.workload import Sampling
+    from traces.generate import generate
     from traces.source import trace_from_args
 
     source, scale = config["source"], config["rate_scale"]
-    workload = config["workload"] or source.get("workload")
     rate = config["rate"] if config["rate"] is not None else source.get("rate")
     seed = source.get("seed", 0) + config["seed"]
-    if workload is not None:
-        spec = workload_spec(workload, rate_rps=None if rate is None else rate * scale,
-                             num_requests=source["num_requests"], seed=seed, arrival=source.get("arrival"))
-        if config["n"] > 1 or config["beam_width"] > 1:
-            spec = replace(spec, sampling=Sampling(n=config["n"], beam_width=config["beam_width"]))
+    spec = _workload(config)
+    if spec is not None:
         return generate(spec)
-    if config["n"] > 1 or config["beam_width"] > 1:
-        raise ValueError("n / beam_width apply to a generated workload, not to a trace")
     args = argparse.Namespace(
         trace=source["trace"], workload=None, num_requests=source.get("num_requests"), rate=rate, seed=seed,
         arrival=source.get("arrival"), format=source.get("format"), columns=None, time_unit=None,
@@ -88,6 +81,41 @@ def build_trace(config: RunConfig):
     )
     trace = trace_from_args(args)
     return trace if scale == 1.0 else trace.time_scaled(1.0 / scale)
+
+
+def _workload(config: RunConfig):
+    """The run's ``WorkloadSpec`` (its requests not drawn yet), or None for a trace."""
+    from traces.generate import workload_spec
+    from traces.generate.workload import Sampling
+
+    source, scale = config["source"], config["rate_scale"]
+    workload = config["workload"] or source.get("workload")
+    rate = config["rate"] if config["rate"] is not None else source.get("rate")
+    seed = source.get("seed", 0) + config["seed"]
+    if workload is None:
+        if config["n"] > 1 or config["beam_width"] > 1:
+            raise ValueError("n / beam_width apply to a generated workload, not to a trace")
+        return None
+    spec = workload_spec(workload, rate_rps=None if rate is None else rate * scale,
+                         num_requests=source["num_requests"], seed=seed, arrival=source.get("arrival"))
+    if config["n"] > 1 or config["beam_width"] > 1:
+        spec = replace(spec, sampling=Sampling(n=config["n"], beam_width=config["beam_width"]))
+    return spec
+
+
+def plan_run(config: RunConfig) -> None:
+    """Everything building the run checks, nothing allocated (``sim.setup.plan``, and its KV
+    blocks over its replicas): raises the ``ValueError`` its run would fail with at once."""
+    from sim.cluster import MAX_REPLICAS
+    from sim.setup import check_kv_blocks, plan
+
+    _workload(config)  # (the arrivals and sampling: a rate the arrival process needs, ...)
+    planned = plan(_run_spec(config))
+    replicas = config["replicas"]
+    if replicas > MAX_REPLICAS:  # (the spec refuses this earlier; kept beside the count it bounds)
+        raise ValueError(f"replicas = {replicas} is more than the {MAX_REPLICAS} a run may build")
+    check_kv_blocks(planned.config.num_gpu_blocks, planned.config.num_cpu_blocks + planned.config.num_offload_blocks,
+                    replicas, source=planned.kv_cache_source)
 
 
 def _run_spec(config: RunConfig):

@@ -51,6 +51,10 @@ not run their code unasked.
 
 A study is bounded before anything is enumerated: its grids may make at most ``max_runs`` runs
 (``MAX_RUNS`` unless the caller raises it; ``--max-runs``), counted from the axes' lengths.
+Every run is then checked before the first one runs: its settings one by one (``_check_run``),
+and planned as its worker will build it (``_check_plan``: ``tp = 3`` against a model of 32
+heads, a plug-in's name under its setting, the weights and the KV cache against the GPU), so a
+run fails at run time only for what happens while it runs.
 """
 
 from __future__ import annotations
@@ -255,8 +259,12 @@ def validate(doc: dict, origin: str = "spec", *, allow_plugins: bool = False, ma
     spec = StudySpec(name, source, base, grids, description=str(doc.get("description", "")),
                      paper=paper, document=doc)
     _check_offload_axes(base, grids, origin)  # (before runs(), which drops a policy no store uses)
-    for config in spec.runs():
+    runs = spec.runs()
+    for config in runs:
         _check_run(config, origin)
+    planned: set[str] = set()
+    for config in runs:
+        _check_plan(config, spec.base, origin, planned)
     return spec
 
 
@@ -417,9 +425,37 @@ def _check_run(config: RunConfig, origin: str) -> None:
         raise SpecError(f"{origin}: sample_lengths must be 'drawn' or 'same', got {config['sample_lengths']!r}")
     _check_offloading(config, origin)
     overhead = config["engine_overhead_ms"]
+    if not isinstance(overhead, str) and not 0 <= overhead < math.inf:
+        raise SpecError(f"{origin}: engine_overhead_ms must be a finite number of milliseconds >= 0, got {overhead:g}")
     if isinstance(overhead, str) and overhead != "kwon2023":
         raise SpecError(f"{origin}: engine_overhead_ms is milliseconds per step, or 'kwon2023' (derived from the "
                         f"PagedAttention paper's vLLM), got {overhead!r}")
+
+
+#: Settings that change neither what a run builds nor how its requests arrive (the seed draws other
+#: requests of the same kind): runs differing only in them are planned once (a new setting is
+#: planned per value until it is listed here).
+NOT_BUILT = frozenset({"seed", "sample_lengths", "router"})
+
+
+def _check_plan(config: RunConfig, base: dict[str, Any], origin: str, planned: set[str]) -> None:
+    """Plan the run as its worker will build it (``reports.runner.plan_run``: its arrivals, tp and
+    ep against the model, number formats, the scheduler's settings together, the weights and the
+    KV cache against the GPUs, the KV blocks over the replicas), allocating nothing and drawing no
+    request; a run that could only fail so is refused here, before the first run, naming the
+    settings that make it."""
+    from reports.results import describe_config
+    from reports.runner import plan_run
+
+    key = json.dumps({k: v for k, v in config.items() if k not in NOT_BUILT}, sort_keys=True)
+    if key in planned:
+        return
+    planned.add(key)
+    try:
+        plan_run(config)
+    except ValueError as exc:
+        raise SpecError(f"{origin}: the run with {describe_config(config, base, seed=False)} cannot be built: "
+                        f"{exc}") from None
 
 
 def _check_offload_axes(base: dict[str, Any], grids: list[dict[str, list]], origin: str) -> None:

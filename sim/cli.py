@@ -80,7 +80,8 @@ def add_parser(subparsers) -> None:
                    "the real kernels instead of the roofline model")
     o.add_argument("--check-profile", action="store_true",
                    help="re-time the profile's probe on this machine first and warn (--strict: stop) when the "
-                        "profile no longer describes it (needs the profile's device here)")
+                        "profile no longer describes it (needs the profile's device here); --strict alone compares "
+                        "the profile's device and versions with this machine's")
     o.add_argument("--profile-tolerance", type=float, metavar="F",
                    help="with --check-profile: how far the probe, re-timed, may be from its time at calibration "
                         "either way (geometric mean of its points; default 0.2)")
@@ -189,7 +190,9 @@ def _profile_tolerance(args: argparse.Namespace) -> float:
 
 def _check_profile(args: argparse.Namespace, tolerance: float) -> None:
     """With ``--profile``: warn when it was measured on a busy machine; with ``--check-profile``
-    also re-time its probe and compare its fingerprint (``engine.calibrate.probe``)."""
+    also re-time its probe and compare its fingerprint (``engine.calibrate.probe``); with
+    ``--strict`` alone compare the fingerprint (device, threads, Python and torch versions) without
+    re-timing, so a profile of another device stops the run there too."""
     if args.profile is None:
         return
     from engine.calibrate.probe import busy_warning, show_warnings
@@ -201,6 +204,10 @@ def _check_profile(args: argparse.Namespace, tolerance: float) -> None:
 
         print("pagesim simulate: re-timing the profile's probe", file=sys.stderr, flush=True)
         warnings = check_profile(profile, tolerance=tolerance).warnings
+    elif args.strict:  # a profile of another device or setup is refused without re-timing its probe
+        from engine.calibrate.probe import check_profile
+
+        warnings = check_profile(profile, tolerance=tolerance, retime=False).warnings
     else:
         warnings = [w for w in [busy_warning(profile)] if w]
     show_warnings("simulate", args.profile, warnings, strict=args.strict)

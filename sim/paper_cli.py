@@ -31,7 +31,9 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from sim.paper import PaperSetup, format_results, reproduce
 
-    chosen = args.figures or ",".join(f for f in FIGURES if not (args.quick and f == "18b"))
+    # NOTE: `is None`, not falsiness: `--figures ''` names no figure and is refused, not read as "all"
+    chosen = args.figures if args.figures is not None else ",".join(f for f in FIGURES
+                                                                   if not (args.quick and f == "18b"))
     figures = tuple(f.strip() for f in chosen.split(",") if f.strip())
     unknown = sorted(set(figures) - set(FIGURES))
     if unknown or not figures:

@@ -4,7 +4,8 @@
 usable from Python (studies build many). ``build`` turns it into a ``Deployment``, a scheduler
 (the policy's ``Scheduler`` for ``allocator="paged"``, the contiguous baseline otherwise) and a
 cost model (roofline, or calibrated when ``profile`` names a ``pagesim calibrate`` profile of
-the same model's shapes), and says how the KV cache was sized.
+the same model's shapes), and says how the KV cache was sized. ``plan`` is all of that but the
+scheduler: every check, nothing allocated (a study plans each run before the first one runs).
 
 KV-cache size, in order of precedence: ``num_gpu_blocks``; ``kv_cache_gb`` (GiB per GPU);
 otherwise memory x ``gpu_memory_utilization`` - weights - activation reserve (``Deployment``).
@@ -46,6 +47,10 @@ PAGED_ONLY = {"eviction_policy": "--eviction", "preemption_mode": "--preemption"
 #: this caps it near 4 GiB; a real GPU's cache is at most a few million blocks.
 MAX_KV_BLOCKS = 50_000_000
 BOOKKEEPING_BYTES_PER_BLOCK = 80
+#: The largest KV block a run takes, in tokens. vLLM's are 16 to a few hundred; the skip-ahead
+#: (``sim.decode_spans``) keeps a block_size x block_size table, 128 MiB at 4,096 (at 100,000 it
+#: asked numpy for 74.5 GiB, a message that named no flag).
+MAX_BLOCK_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,9 @@ class RunSpec:
     scheduler: str = "default"
 
     def __post_init__(self) -> None:
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) \
+                or not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"--block-size must be in [1, {MAX_BLOCK_SIZE:,}] tokens, got {self.block_size!r}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.allocator not in ALLOCATORS:
@@ -151,7 +159,34 @@ class Built:
         }
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What ``build`` decides before it allocates anything: every refusal of a run's settings
+    happens while planning, so a study can plan each run before the first one runs."""
+
+    model: ModelPreset
+    deployment: Deployment
+    config: Any  # the scheduler's SchedulerConfig
+    cost_model: CostModel
+    kv_cache_source: str  # how the cache was sized, in words
+
+
 def build(spec: RunSpec) -> Built:
+    p = plan(spec)
+    config = p.config
+    try:
+        if spec.allocator == "paged":
+            scheduler = scheduler_class(spec.scheduler)(config)
+        else:
+            scheduler = ContiguousScheduler(config, reservation=spec.allocator, placement=spec.placement)
+    except MemoryError:
+        raise MemoryError(f"out of memory building a KV cache of {config.num_gpu_blocks:,} GPU and "
+                          f"{config.num_cpu_blocks:,} CPU blocks") from None
+    return Built(spec, p.model, p.deployment, scheduler, p.cost_model, p.kv_cache_source)
+
+
+def plan(spec: RunSpec) -> Plan:
+    """The deployment, the scheduler's config and the cost model of ``spec``, each checked."""
     load_plugins(spec.plugins)  # before any config: their names must be registered
     model = get_model_preset(spec.model)
     deployment = Deployment(model, get_gpu_preset(spec.gpu), spec.tp, spec.ep, spec.weight_dtype,
@@ -196,15 +231,7 @@ def build(spec: RunSpec) -> Built:
     config = make_config(spec.policy, **{**settings, **spec.overrides})
     check_kv_blocks(config.num_gpu_blocks, config.num_cpu_blocks + config.num_offload_blocks, source=source)
     cost_model = _cost_model(spec, model, deployment)  # (a bad profile is refused before the cache is built)
-    try:
-        if spec.allocator == "paged":
-            scheduler = scheduler_class(spec.scheduler)(config)
-        else:
-            scheduler = ContiguousScheduler(config, reservation=spec.allocator, placement=spec.placement)
-    except MemoryError:
-        raise MemoryError(f"out of memory building a KV cache of {config.num_gpu_blocks:,} GPU and "
-                          f"{config.num_cpu_blocks:,} CPU blocks") from None
-    return Built(spec, model, deployment, scheduler, cost_model, source)
+    return Plan(model, deployment, config, cost_model, source)
 
 
 def offload_blocks(spec: RunSpec, deployment: Deployment) -> int | None:

@@ -259,7 +259,7 @@ def test_pagesim_run_without_offloading_reports_as_before(capsys):
     (["--prefix-caching", "off"], "KV offloading stores prefix-cache blocks by their keys: it needs prefix caching"),
     (["--num-offload-blocks", "-1"], "--num-offload-blocks must be >= 0"),
     (["--num-offload-blocks", "4000000000"],
-     r"the KV cache, swap space and offload store needs [\d.]+ GiB but [\d.]+ GiB is available in RAM .*"
+     r"\+ [\d.]+ GiB for the KV cache, swap space and offload store; [\d.]+ GiB is available in RAM .*"
      r"--num-offload-blocks"),
 ])
 def test_bad_offloading_flags_are_one_error_line(capsys, extra, message):

@@ -85,7 +85,8 @@ def error_of(capsys, *argv) -> str:
     (["--num-gpu-blocks", "24", "--gpu-memory-utilization", "0.5"], "give one of --num-gpu-blocks, --gpu-memory-utilization"),
     (["--kv-cache-gb", "1e308"], "--kv-cache-gb must be a positive number of GiB below"),
     (["--swap-space", "inf"], "--swap-space must be a number of GiB in"),
-    (["--num-gpu-blocks", "4000000000"], r"the KV cache and swap space needs [\d.]+ GiB but [\d.]+ GiB is available in RAM"),
+    (["--num-gpu-blocks", "4000000000"], r"need [\d.]+ GiB for the weights \(.* parameters in float64\) \+ [\d.]+ GiB "
+                                         r"for the KV cache and swap space; [\d.]+ GiB is available in RAM"),
     (["--workload", "kwon2023-alpaca-beam", "--temperature", "1"], "beam search, which is deterministic"),
     (["--policy", "vllm-v0", "--beam-width", "3", "--num-gpu-blocks", "24", "--block-size", "8"],
      "none of the 16 requests can be served"),

@@ -10,10 +10,18 @@ gpt-oss (``layer_types``, sinks, MXFP4 experts), Gemma 3 (``text_config``,
 of FP8 or MXFP4 sets the checkpoint's weight format. Layouts that only some layers of a model use
 beyond these (Qwen3-MoE ``mlp_only_layers``, ``decoder_sparse_step`` other than 1) are refused by
 name rather than counted wrong.
+
+Any other architecture (``architectures`` / ``model_type`` not among ``KNOWN_ARCHITECTURES`` /
+``KNOWN_MODEL_TYPES``) is read with Llama's keys and noted (``ModelConfigWarning``: one
+``warning:`` line), since its shapes may mean something else there; and refused where its config
+has a key that changes the shapes in a way those keys do not say (``UNREAD_SHAPE_KEYS``: Falcon's
+multi-query attention, Jamba's Mamba layers, ChatGLM's KV groups, ...), rather than simulated as
+a Llama of the wrong size.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,34 @@ FAMILY_DEFAULTS["gemma3"] = FAMILY_DEFAULTS["gemma3_text"]
 
 
 MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is a few KiB
+
+#: The ``model_type`` values and ``architectures`` whose keys this module reads (the families above).
+KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
+                               "deepseek_v3", "gpt_oss", "gemma3", "gemma3_text", "opt"})
+KNOWN_ARCHITECTURES = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM",
+    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "GptOssForCausalLM",
+    "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "OPTForCausalLM"})
+#: Keys of other families that change the KV cache or the weights in a way Llama's keys do not
+#: say: a config of an unknown architecture that has one is refused (its shapes cannot be trusted).
+UNREAD_SHAPE_KEYS = {
+    "multi_query": "multi-query attention (Falcon): one KV head, whatever num_key_value_heads says",
+    "n_head_kv": "the KV heads under another name (Falcon)",
+    "num_kv_heads": "the KV heads under another name (Falcon)",
+    "new_decoder_architecture": "Falcon's grouped KV heads",
+    "multi_query_group_num": "the KV heads under another name (ChatGLM)",
+    "kv_channels": "the head size under another name (ChatGLM)",
+    "attn_layer_period": "attention in some layers only, Mamba in the rest (Jamba)",
+    "layers_block_type": "layers of other kinds than attention (Mamba, linear attention)",
+    "ssm_cfg": "state-space (Mamba) layers",
+    "mamba_d_state": "state-space (Mamba) layers",
+    "linear_attn_config": "linear-attention layers",
+    "rwkv_version": "RWKV: no attention KV cache",
+}
+
+
+class ModelConfigWarning(UserWarning):
+    """A ``config.json`` read on an assumption (an architecture this module does not know)."""
 
 
 def read_config_json(path: Path) -> Any:
@@ -50,7 +86,34 @@ def preset_from_hf_config(path: str | Path) -> ModelPreset:
         raise ValueError(f"model config {path}: expected a JSON object at the top level")
     # Multimodal configs (Gemma 3) nest the language model under text_config.
     config = outer["text_config"] if isinstance(outer.get("text_config"), dict) else outer
+    _check_architecture(path, config, outer)
     return _Reader(path, config, outer).preset()
+
+
+def _check_architecture(path: Path, config: dict, outer: dict) -> None:
+    """Note (``ModelConfigWarning``) an architecture this module does not know, read as a Llama;
+    refuse one whose config has a key that would make that reading wrong (``UNREAD_SHAPE_KEYS``)."""
+    model_type = config.get("model_type", outer.get("model_type"))
+    architectures = outer.get("architectures", config.get("architectures")) or []
+    if not isinstance(architectures, list):
+        architectures = [architectures]
+    unknown_archs = [a for a in architectures if a not in KNOWN_ARCHITECTURES]
+    known_type = isinstance(model_type, str) and model_type.lower() in KNOWN_MODEL_TYPES
+    if known_type and not unknown_archs:
+        return
+    what = (f"architectures {architectures}" if architectures else "") + \
+        (f"{' and ' if architectures else ''}model_type {model_type!r}" if model_type is not None else "") or \
+        "no architecture (neither architectures nor model_type)"
+    unread = [key for key in UNREAD_SHAPE_KEYS if key in config and config[key] not in (None, False)]
+    if unread:
+        key = unread[0]
+        raise ValueError(f"model config {path}: {what} is not an architecture pagesim reads, and its {key} means "
+                         f"{UNREAD_SHAPE_KEYS[key]}: read as a Llama its shapes would be wrong (pagesim reads "
+                         f"{', '.join(sorted(KNOWN_MODEL_TYPES))})")
+    warnings.warn(f"model config {path}: {what} is not an architecture pagesim knows; its shapes are read with "
+                  f"Llama's keys (hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, "
+                  f"num_hidden_layers): check them (pagesim reads {', '.join(sorted(KNOWN_MODEL_TYPES))})",
+                  ModelConfigWarning, stacklevel=3)
 
 
 class _Reader:

@@ -18,7 +18,9 @@ What a wrapper lets through unchanged:
   ``MemoryError``, raised in pagesim code it called: the commands catch those by type.
 
 Anything else (``SystemExit``, any error raised in the plug-in's file, or one raised in pagesim
-code under a plug-in method) is the plug-in's; for the last the message gives both lines.
+code under a plug-in method) is the plug-in's; for the last the message gives both lines. An
+``os._exit`` in the plug-in's files raises ``SystemExit`` too (``exit_guard``), so it is reported
+the same way instead of ending the process.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.policy import exit_guard
+from engine.policy.exit_guard import PluginExit, watch
 from engine.policy.output import SchedulerOutput
 from engine.policy.request import Request
 
@@ -203,6 +207,8 @@ def guard(cls: type, spec: str, kind: str) -> None:
         return
     own = [c for c in cls.__mro__ if _is_users(c)]
     g = Guard(spec, kind, _source_files(own, spec))
+    for path in g.files:  # (os._exit from the plug-in's code raises instead: exit_guard)
+        watch(path)
     checks = CHECKS[kind]
     # The methods pagesim calls: the checked ones, and any of the user's that overrides one of
     # pagesim's. The user's own helpers are not wrapped: an exception one raises for its caller to
@@ -274,8 +280,8 @@ def _source_files(classes: list[type], spec: str) -> dict[str, str]:
 def describe(exc: BaseException, *, verb: bool = False) -> str:
     """``ErrorType: message`` (first line, shortened); with ``verb``, ``raised ...`` / ``called sys.exit(...)``."""
     if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r})" if verb else \
-            f"SystemExit: the file called sys.exit({exc.code!r}); a plug-in cannot end pagesim"
+        call = f"{'os._exit' if isinstance(exc, PluginExit) else 'sys.exit'}({exc.code!r})"
+        return f"called {call}" if verb else f"SystemExit: the file called {call}; a plug-in cannot end pagesim"
     try:
         lines = str(exc).strip().splitlines()
     except Exception:  # noqa: BLE001 - a user's exception class may fail even here
@@ -315,8 +321,10 @@ def deepest_line(exc: BaseException, files: dict[str, str] | None = None) -> str
 
 
 def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
-    """``exc``'s traceback, less the import machinery's frozen modules (``<frozen ...>``)."""
-    return [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    """``exc``'s traceback, less the import machinery's frozen modules (``<frozen ...>``) and the
+    ``os._exit`` stand-in (the plug-in's line called ``os._exit``)."""
+    return [f for f in traceback.extract_tb(exc.__traceback__)
+            if not f.filename.startswith("<") and f.filename != exit_guard.__file__]
 
 
 def innermost_file(exc: BaseException) -> str | None:

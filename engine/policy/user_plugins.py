@@ -20,7 +20,9 @@ never the class, and loads it itself; ``source_digest`` lets a study tell an edi
 
 Every failure is one ``PluginError`` (a ``ValueError``) line that names the spec and, for an
 error raised while the file runs, the file and line; ``SystemExit`` and ``KeyboardInterrupt``
-raised by the file itself are such failures too (a plug-in cannot end pagesim). A registered
+raised by the file itself are such failures too (a plug-in cannot end pagesim), and so is its
+``os._exit`` (``exit_guard``: it raises ``SystemExit`` in a plug-in's files, which would
+otherwise end the process with the status it names, 0 included). A registered
 class is guarded (``plugin_guard``): what its methods return is checked and what they raise is
 one such line too, naming the method.
 """
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.policy.eviction import EVICTION_POLICIES, EvictionPolicy
+from engine.policy.exit_guard import watch
 from engine.policy.offload.policies import OFFLOAD_POLICIES, OffloadPolicy
 from engine.policy.plugin_guard import PluginError, deepest_line, describe, guard
 from engine.policy.plugins import lookup
@@ -188,6 +191,7 @@ def _import_file(path: Path, spec: str):
         return module
     module_spec = importlib.util.spec_from_file_location(module_name, resolved)
     module = importlib.util.module_from_spec(module_spec)
+    watch(resolved)  # before it runs: its os._exit raises (exit_guard), at import time and in its methods
     # NOTE: in sys.modules before it runs, as `import` does: dataclasses and pickle look it up by name.
     sys.modules[module_name] = module
     try:

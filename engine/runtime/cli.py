@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.model import load_model
     from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
+    from engine.runtime.memory_check import check_memory
 
     folder = OutputFolder(args.out, OUT_FILES) if args.out else None  # before any work: results need a place
     reserve_result_file(args.bench)  # and --save-result's file
@@ -102,16 +103,23 @@ def run(args: argparse.Namespace) -> int:
     config = model_config(args.model)
     dtype = dtype_for(args.dtype, device, args.backend, TORCH_DTYPES, args.check_reference)
     sched_config = _scheduler_config(args, config, dtype, device)
-    _check_memory(config, dtype, device, sched_config)
+    fit_on_device = args.num_gpu_blocks is None and args.kv_cache_gb is None and device.type == "cuda"
+    # the model's weights and the KV cache against the memory there is, before either is allocated
+    check_memory(config, dtype, device, sched_config, model=args.model, kv_known=not fit_on_device)
     requests = _requests(trace, args, config, sched_config, offline)
     params = _sampling(args)
-    fit_on_device = args.num_gpu_blocks is None and args.kv_cache_gb is None and device.type == "cuda"
     if not fit_on_device:  # the cache size is known now: refuse a hopeless run before loading the model
         _check_servable(requests, sched_config)
-    model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
+    try:
+        model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
+    except (RuntimeError, MemoryError) as exc:  # an allocation the check above could not foresee (another
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # process took the memory meanwhile)
+        if isinstance(exc, RuntimeError) and "alloc" not in said and "out of memory" not in said:
+            raise
+        raise ValueError(f"cannot allocate the model's weights (--model {args.model}): {said}") from None
     if fit_on_device:
         sched_config = _fit_cuda_cache(model, sched_config, args)
-        _check_memory(config, dtype, device, sched_config)
+        check_memory(config, dtype, device, sched_config)  # (the weights are in place: the cache alone)
         _check_servable(requests, sched_config)
     return _serve(args, model, sched_config, requests, params, offline, folder)
 
@@ -266,44 +274,6 @@ def _scheduler_config(args, config, dtype, device):
         raise ValueError("--gpu-memory-utilization sizes a CUDA cache; on CPU give --kv-cache-gb or --num-gpu-blocks")
     return make_config(args.policy, block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
                        max_model_len=max_model_len, **scheduler_kv_settings(config), **overrides)
-
-
-def _check_memory(model_config, dtype, device, config) -> None:
-    """Refuse a cache, swap space or offload store larger than the memory that is free, before
-    allocating it (the swap space and the offload store live in host RAM on either device)."""
-    import torch
-
-    from engine.runtime.kv_cache import GiB, block_bytes
-
-    per_block = block_bytes(model_config, config.block_size, dtype)
-    gpu, cpu = config.num_gpu_blocks * per_block, config.num_cpu_blocks * per_block
-    offload = config.num_offload_blocks * per_block
-    host_free = _host_available_bytes()
-    host = "swap space and offload store" if offload else "swap space"
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        checks = [("KV cache", gpu, free, "free on the GPU"), (host, cpu + offload, host_free, "available in RAM")]
-    else:
-        checks = [(f"KV cache, {host}" if offload else "KV cache and swap space", gpu + cpu + offload, host_free,
-                   "available in RAM")]
-    fewer, smaller = "--num-gpu-blocks / --num-cpu-blocks", "--kv-cache-gb / --swap-space"
-    if offload:
-        fewer, smaller = f"{fewer} / --num-offload-blocks", f"{smaller} / --kv-offloading-size"
-    for what, need, have, where in checks:
-        if have is not None and need > have:
-            raise ValueError(f"the {what} needs {need / GiB:.2f} GiB but {have / GiB:.2f} GiB is {where} "
-                             f"(fewer {fewer}, or a smaller {smaller})")
-
-
-def _host_available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _fit_cuda_cache(model, sched_config, args):

@@ -17,6 +17,7 @@ import random
 
 import numpy as np
 
+from engine.memory_fit import require_host, sized_by
 from traces.bench.common import dataset_trace
 from traces.bench.identities import pseudo_tokens
 from traces.bench.tokenizer import Tokenizer
@@ -94,8 +95,11 @@ def random_trace(tokenizer: Tokenizer, *, num_prompts: int, seed: int = 0, input
     input_lens, output_lens, bounds = random_lengths(
         num_prompts, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
         prefix_len=prefix_len, num_special_tokens=tokenizer.num_special_tokens, seed=seed)
-    prefix = pseudo_tokens(seed, "prefix", 0, prefix_len)
-    prompts = [np.concatenate([prefix, pseudo_tokens(seed, "random", i, int(n))]) for i, n in enumerate(input_lens)]
+    flags = f"--random-input-len {input_len} and --random-prefix-len {prefix_len} x --num-prompts {num_prompts}"
+    _require_tokens(flags, num_prompts * prefix_len + int(input_lens.sum()), prefix_len + int(input_lens.max()))
+    with sized_by(flags):
+        prefix = pseudo_tokens(seed, "prefix", 0, prefix_len)
+        prompts = [np.concatenate([prefix, pseudo_tokens(seed, "random", i, int(n))]) for i, n in enumerate(input_lens)]
     metadata = {"dataset": "random", "tokenizer": _lengths_only(tokenizer), "seed": seed, "input_len": input_len,
                 "output_len": output_len, "range_ratio": list(parse_range_ratio(range_ratio)),
                 "prefix_len": prefix_len, "num_special_tokens": tokenizer.num_special_tokens,
@@ -143,15 +147,29 @@ def prefix_repetition_trace(tokenizer: Tokenizer, *, num_prompts: int, seed: int
         raise ValueError(f"the number of prompts must be >= 1, got {num_prompts}")
     order = prefix_repetition_order(num_prompts, num_prefixes, seed=seed, shuffle=shuffle)
     per_prefix = num_prompts // num_prefixes
-    prefixes = [pseudo_tokens(seed, "prefix", p, prefix_len) for p in range(num_prefixes)]
-    prompts = [np.concatenate([prefixes[p], pseudo_tokens(seed, "suffix", p * per_prefix + k, suffix_len)])
-               for p, k in order]
+    flags = (f"--prefix-repetition-prefix-len {prefix_len} and --prefix-repetition-suffix-len {suffix_len} x "
+             f"--num-prompts {num_prompts}")
+    _require_tokens(flags, len(order) * (prefix_len + suffix_len) + num_prefixes * prefix_len, prefix_len + suffix_len)
+    with sized_by(flags):
+        prefixes = [pseudo_tokens(seed, "prefix", p, prefix_len) for p in range(num_prefixes)]
+        prompts = [np.concatenate([prefixes[p], pseudo_tokens(seed, "suffix", p * per_prefix + k, suffix_len)])
+                   for p, k in order]
     metadata = {"dataset": "prefix_repetition", "tokenizer": _lengths_only(tokenizer), "seed": seed,
                 "prefix_len": prefix_len, "suffix_len": suffix_len, "num_prefixes": num_prefixes,
                 "output_len": output_len, "requested": num_prompts,
                 "not_made_remainder": num_prompts - len(order), "shuffled": bool(shuffle)}
     return dataset_trace(prompt_tokens=prompts, output_len=np.full(len(order), output_len),
                          source=f"prefix_repetition:seed={seed}", metadata=metadata)
+
+
+#: Bytes the prompts' token ids take: an int64 a token kept, and while the longest prompt is made
+#: about four more arrays of its length (``pseudo_tokens``' uint64 steps, the concatenation).
+TOKEN_BYTES, MAKING_BYTES = 8, 5 * 8
+
+
+def _require_tokens(flags: str, total_tokens: int, longest_tokens: int) -> None:
+    """Refuse prompts whose token ids would not fit in memory, naming the flags that sized them."""
+    require_host(TOKEN_BYTES * total_tokens + MAKING_BYTES * longest_tokens, f"{flags}: {total_tokens:,} token ids")
 
 
 def _lengths_only(tokenizer: Tokenizer) -> str:
