@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from engine.calibrate.probe import BUSY_SHARE, PROBE_TABLES, busy_words
+from engine.calibrate.probe import BUSY_SHARE, PROBE_POINT_S, PROBE_TABLES, busy_words
 from sim.cost.profile import ProfileError, load_profile
 
 torch = pytest.importorskip("torch")
@@ -63,7 +63,13 @@ def test_a_profile_records_its_load_and_a_probe_of_its_own_grid_points(profile_p
         assert tuple(q["point"]) in p.tables[q["table"]].points()  # one of the profile's own grid points
         assert q["median_s"] > 0
     assert p.probe["total_s"] == pytest.approx(sum(q["median_s"] for q in points))
-    assert p.probe["repeats"] >= 5 and p.probe["wall_s"] < 30
+    # what re-timing it costs is bounded by its choice of cheap points, not asserted on the wall clock
+    # (a quick profile's probe took 14 s and 38 s on a busy 2-core machine, 0.1 s of it timed calls)
+    assert p.probe["repeats"] >= 5 and p.probe["wall_s"] > 0
+    for q in points:
+        table = p.tables[q["table"]]
+        cheap = [m for m in table.median_s if m <= PROBE_POINT_S]
+        assert table.median_s[table.points().index(tuple(q["point"]))] <= PROBE_POINT_S or not cheap
 
 
 def test_busy_conditions_are_named_in_words():
