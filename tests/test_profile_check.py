@@ -189,13 +189,26 @@ def test_simulate_checks_a_profile_when_asked(profile_path, tmp_path, capsys):
     assert code == 2 and "give --profile FILE" in cap.err
 
 
-def test_a_resumed_calibration_keeps_the_worst_load(tmp_path):
-    from engine.calibrate.probe import LoadMonitor
+def test_a_resumed_calibration_keeps_the_worst_load(monkeypatch):
+    import engine.calibrate.probe as probe
 
+    class Clock:  # this stretch as a quiet machine gives it (2 s, all on the CPU), whatever this one is doing
+        now_s = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now_s
+
+        process_time = perf_counter
+
+    clock = Clock()
+    monkeypatch.setattr(probe, "time", clock)
+    monkeypatch.setattr(probe, "load_average", lambda: 0.5)
     earlier = {"load_average_max": 40.0, "cpu_share": 0.2, "wall_s": 3.0, "busy": True, "cpus": 2}
-    c = LoadMonitor("cpu", 1, earlier=earlier).conditions()
+    monitor = probe.LoadMonitor("cpu", 1, earlier=earlier)
+    clock.now_s = 2.0
+    c = monitor.conditions()
     assert c["load_average_max"] == 40.0 and c["cpu_share"] == 0.2 and c["busy"] is True and c["resumed"] is True
-    assert c["wall_s"] >= 3.0
+    assert c["wall_s"] == 5.0
 
 
 def test_load_share_is_judged_for_one_thread_only():
