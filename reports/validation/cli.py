@@ -211,7 +211,7 @@ def _pct(x) -> str:
 def text_summary(r: dict) -> str:
     lines = [
         f"validation of {r['workload']} ({r['requests']} requests) on {r['model']} ({r.get('threads')} CPU "
-        f"threads), profile {r['profile_measured']}",
+        f"thread{'' if r.get('threads') == 1 else 's'}), profile {r['profile_measured']}",
         f"  decision logs identical   {r['decision_logs_identical']} ({r['decision_log_steps']['engine']} engine steps)",
         f"  outputs match reference   {r['outputs_match_reference']}",
         f"  step time MAPE            {r['step_time_mape']:.2%}" if r["step_time_mape"] is not None else
