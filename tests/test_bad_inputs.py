@@ -6,7 +6,8 @@ subprocess (``tests/bad_inputs_harness.py``), then checks what a user sees: a po
 (not a signal), no traceback, stderr holding exactly one ``pagesim CMD: error: ...`` line (beside
 pagesim's warnings and an argparse usage block), nothing on stdout, the words the case names in
 that line (the offending file's name wherever a file is at fault), all within the case's time limit
-and ``MAX_RSS_BYTES`` of peak memory. The cases that could block or never end — the gzip bombs,
+in CPU seconds (the wall clock, which a busy machine stretches, only guards against hangs) and
+``MAX_RSS_BYTES`` of peak memory. The cases that could block or never end — the gzip bombs,
 ``/dev/zero`` and FIFOs — have 10 s.
 
 The table covers truncated, binary, NUL-laden and non-UTF-8 files, gzip bombs in small form,
