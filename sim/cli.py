@@ -97,7 +97,8 @@ def add_parser(subparsers) -> None:
                    help="... and by this many tokens (default 4096)")
     o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     o.add_argument("--out", metavar="DIR", help="write summary, tables, decision log and timeline here")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (on a terminal), nor a progress line a minute (otherwise)")
     add_bench_args(p)
     p.set_defaults(func=run)
 
@@ -312,11 +313,10 @@ def _router(args):
 
 
 def _progress(total: int, *, disable: bool):
-    if disable or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
+    """A bar on a terminal, a line a minute otherwise (``engine.progress``); None with --no-progress."""
+    from engine.progress import progress
 
-    return tqdm(total=total, unit="req", desc="simulating", mininterval=0.5, leave=False, file=sys.stderr)
+    return progress("simulate", "simulating", total, "requests", disable=disable)
 
 
 def _versions() -> dict:

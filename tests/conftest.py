@@ -41,6 +41,13 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
 settings.load_profile(PROFILE)
 
 
+#: Tests that assert a wall-clock figure (an accuracy or a speed) run only when asked, on a machine
+#: kept quiet for them: ``PAGESIM_TIMED_TESTS=1 pytest ...``. The default suite asserts no timing
+#: (it must pass on a shared, busy machine; issue 56).
+timed_only = pytest.mark.skipif(os.environ.get("PAGESIM_TIMED_TESTS") != "1",
+                                reason="asserts a wall-clock figure: PAGESIM_TIMED_TESTS=1 on a quiet machine")
+
+
 def scaled_examples(n: int) -> int:
     """``n`` examples by default, ten times more under the ``long`` profile."""
     return n * 10 if PROFILE == "long" else n

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from engine.calibrate.probe import BUSY_SHARE, PROBE_TABLES, busy_words
+from engine.calibrate.probe import BUSY_SHARE, PROBE_POINT_S, PROBE_TABLES, busy_words
 from sim.cost.profile import ProfileError, load_profile
 
 torch = pytest.importorskip("torch")
@@ -63,7 +63,13 @@ def test_a_profile_records_its_load_and_a_probe_of_its_own_grid_points(profile_p
         assert tuple(q["point"]) in p.tables[q["table"]].points()  # one of the profile's own grid points
         assert q["median_s"] > 0
     assert p.probe["total_s"] == pytest.approx(sum(q["median_s"] for q in points))
-    assert p.probe["repeats"] >= 5 and p.probe["wall_s"] < 30
+    # what re-timing it costs is bounded by its choice of cheap points, not asserted on the wall clock
+    # (a quick profile's probe took 14 s and 38 s on a busy 2-core machine, 0.1 s of it timed calls)
+    assert p.probe["repeats"] >= 5 and p.probe["wall_s"] > 0
+    for q in points:
+        table = p.tables[q["table"]]
+        cheap = [m for m in table.median_s if m <= PROBE_POINT_S]
+        assert table.median_s[table.points().index(tuple(q["point"]))] <= PROBE_POINT_S or not cheap
 
 
 def test_busy_conditions_are_named_in_words():
@@ -183,13 +189,26 @@ def test_simulate_checks_a_profile_when_asked(profile_path, tmp_path, capsys):
     assert code == 2 and "give --profile FILE" in cap.err
 
 
-def test_a_resumed_calibration_keeps_the_worst_load(tmp_path):
-    from engine.calibrate.probe import LoadMonitor
+def test_a_resumed_calibration_keeps_the_worst_load(monkeypatch):
+    import engine.calibrate.probe as probe
 
+    class Clock:  # this stretch as a quiet machine gives it (2 s, all on the CPU), whatever this one is doing
+        now_s = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now_s
+
+        process_time = perf_counter
+
+    clock = Clock()
+    monkeypatch.setattr(probe, "time", clock)
+    monkeypatch.setattr(probe, "load_average", lambda: 0.5)
     earlier = {"load_average_max": 40.0, "cpu_share": 0.2, "wall_s": 3.0, "busy": True, "cpus": 2}
-    c = LoadMonitor("cpu", 1, earlier=earlier).conditions()
+    monitor = probe.LoadMonitor("cpu", 1, earlier=earlier)
+    clock.now_s = 2.0
+    c = monitor.conditions()
     assert c["load_average_max"] == 40.0 and c["cpu_share"] == 0.2 and c["busy"] is True and c["resumed"] is True
-    assert c["wall_s"] >= 3.0
+    assert c["wall_s"] == 5.0
 
 
 def test_load_share_is_judged_for_one_thread_only():

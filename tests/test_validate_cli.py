@@ -7,6 +7,7 @@ that the engine in lockstep makes the simulator's decisions and generates the re
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -14,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from engine.cli import main  # noqa: E402
 from tests.calibration_support import calibrate_tiny  # noqa: E402
+from tests.conftest import timed_only  # noqa: E402
 
 SMALL = ["--workload", "kwon2023-alpaca", "--num-requests", "12", "--rate", "40", "--num-gpu-blocks", "24",
          "--block-size", "8"]
@@ -44,7 +46,7 @@ def test_validate_reports_identical_decisions_and_every_error_key(profile, tmp_p
     assert report["outputs_match_reference"] is True
     assert report["decision_log_steps"]["engine"] == report["decision_log_steps"]["simulator"] > 0
     assert report["preemptions"]["engine"]["swap"] + report["preemptions"]["engine"]["recompute"] > 0  # it was tight
-    assert 0 <= report["step_time_mape"] < 10
+    assert math.isfinite(report["step_time_mape"]) and report["step_time_mape"] >= 0  # its size: timed_only below
     for name in ("ttft", "tpot", "e2e"):
         assert {"mape", "mean_error", "p50_error", "p99_error", "ks"} <= set(report[name])
         assert 0 <= report[name]["ks"] <= 1
@@ -66,6 +68,16 @@ def test_validate_reports_identical_decisions_and_every_error_key(profile, tmp_p
     rows = (out / "steps.csv").read_text().splitlines()
     assert rows[0] == "step,measured_s,predicted_s" and len(rows) == report["engine_steps"] + 1
     assert (out / "validation.pdf").read_bytes().startswith(b"%PDF")
+
+
+@timed_only
+def test_on_a_quiet_machine_the_simulated_step_times_are_near_the_engines(profile, capsys):
+    # a figure of the wall clock: a busy machine gave 14.2, 84.5 and 22.3 (issue 56), so it runs
+    # only when asked (PAGESIM_TIMED_TESTS=1), on a machine kept quiet for it
+    code, cap = _validate([*SMALL, "--profile", profile, "--noise-runs", "0", "--no-reference", "--json"], capsys)
+    report = json.loads(cap.out)
+    assert code == 0 and report["decision_logs_identical"] is True
+    assert report["step_time_mape"] < 10
 
 
 def test_validate_text_output_and_the_default_workload_names(profile, capsys):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 def add_parser(subparsers) -> None:
     from engine.runtime.cli import DTYPES
+    from engine.threads import add_threads_arg
 
     p = subparsers.add_parser("calibrate", help="time the real kernels and policy into a profile for the simulator",
                               description=__doc__.splitlines()[0])
@@ -30,13 +31,14 @@ def add_parser(subparsers) -> None:
                    help="auto: what pagesim run uses there (float64 on CPU, bfloat16 on CUDA)")
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto",
                    help="attention kernels (auto: triton on CUDA, torch on CPU)")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU: intra-op threads (default 1)")
+    add_threads_arg(p, "CPU only; default 1: steady timings on a shared machine; recorded in the profile")
     p.add_argument("--warmup", type=int, default=3, metavar="K", help="untimed calls per grid point (default 3)")
     p.add_argument("--repeats", type=int, default=15, metavar="K", help="timed calls per grid point (default 15)")
     p.add_argument("--quick", action="store_true", help="a thinner grid (every other point) and fewer repeats")
     p.add_argument("--out", default="profile.json", metavar="FILE", help="profile to write (default profile.json)")
     p.add_argument("--force", action="store_true", help="overwrite --out even if it holds another run's profile")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (on a terminal), nor a line per table and a line a minute (otherwise)")
     p.set_defaults(func=run)
 
 
@@ -45,16 +47,17 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.calibrate.calibrate import calibrate
     from engine.calibrate.probe import busy_words
+    from engine.progress import ProgressLines, progress
     from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
     from engine.runtime.cli import device_for, dtype_for
+    from engine.threads import checked_threads, set_threads
     from kernels.ops import resolve_backend
     from sim.cost.profile import profile_output
 
     for flag in ("warmup", "repeats"):
         if getattr(args, flag) < (0 if flag == "warmup" else 1):
             raise ValueError(f"--{flag} must be >= {0 if flag == 'warmup' else 1}, got {getattr(args, flag)}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    checked_threads(args.threads)
     device = device_for(args.device, torch)
     if device.type == "cuda" and args.threads is not None:
         raise ValueError("--threads pins CPU intra-op threads; it does not apply to --device cuda")
@@ -71,18 +74,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the triton backend takes float32, float16 or bfloat16, not float64")
     threads = 0
     if device.type == "cpu":
-        threads = args.threads or 1
-        torch.set_num_threads(threads)
+        threads = set_threads(args.threads or 1)  # (engine.threads: why 1, not run's default)
     repeats = min(args.repeats, 7) if args.quick and args.repeats == 15 else args.repeats
     warmup = min(args.warmup, 2) if args.quick and args.warmup == 3 else args.warmup
-    bar = _progress(args.no_progress)
+    bar = progress("calibrate", "starting", 0, "points", disable=args.no_progress)
     started = time.perf_counter()
 
     def on_table(name: str, points: int) -> None:
-        if bar is not None:
-            bar.reset(total=points)
-            bar.set_description(name)
-        else:
+        if bar is None:
+            return
+        bar.reset(total=points)
+        bar.set_description(name)
+        if isinstance(bar, ProgressLines):  # not a terminal: a line per table, and a line a minute within
             print(f"pagesim calibrate: {name} ({points} points)", file=sys.stderr, flush=True)
 
     try:
@@ -110,11 +113,3 @@ def run(args: argparse.Namespace) -> int:
               f"inflated; calibrate again on a quiet machine (pagesim validate and simulate --check-profile will "
               f"say so too)", file=sys.stderr)
     return 0
-
-
-def _progress(disable: bool):
-    if disable or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=0, unit="pt", mininterval=0.5, leave=False, file=sys.stderr)

@@ -26,6 +26,7 @@ LONG_WAIT_S = 600.0  # a trace whose last arrival is later than this is worth a 
 
 def add_parser(subparsers) -> None:
     from engine.policy.cli_args import add_policy_args
+    from engine.threads import add_threads_arg
     from sim.bench_args import add_bench_args
     from traces.source import add_source_args
 
@@ -47,6 +48,7 @@ def add_parser(subparsers) -> None:
                    default="auto", metavar="{auto,torch,triton}",
                    help="attention kernels: triton on CUDA and torch on CPU by default; triton on CPU needs "
                         "TRITON_INTERPRET=1 (slow)")
+    add_threads_arg(g, "default: the usable CPUs less the load average, at least 1; OMP_NUM_THREADS if set")
     k = p.add_argument_group("KV cache")
     k.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int, metavar="N",
                    help="KV-cache blocks (overrides the memory budget; vLLM's --num-gpu-blocks-override)")
@@ -71,7 +73,8 @@ def add_parser(subparsers) -> None:
     o.add_argument("--validate", action="store_true", help="validation mode only: freed blocks are filled with NaN")
     o.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     o.add_argument("--out", metavar="DIR", help="write summary, tables, outputs and the decision log here")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (on a terminal), nor a progress line a minute (otherwise)")
     add_bench_args(p)
     p.set_defaults(func=run)
 
@@ -79,10 +82,12 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.atomic import OutputFolder
     from engine.runtime.run_output import OUT_FILES
+    from engine.threads import checked_threads, default_threads, set_threads
     from reports.bench_result import reserve_result_file
     from sim.bench_args import bench_settings
     from traces.source import reported_warnings, trace_from_args
 
+    threads = checked_threads(args.threads)
     args.bench = bench_settings(args)
     offline = args.offline
     if args.workload is not None and args.rate is None and args.arrival is None:
@@ -93,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         trace = trace_from_args(args)
     import torch
 
+    args.threads = set_threads(threads or default_threads())  # before torch does any work (engine.threads)
     from engine.model import load_model
     from engine.model.weights import DTYPES as TORCH_DTYPES, model_config
     from engine.runtime.memory_check import check_memory
@@ -149,7 +155,8 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
     except (RuntimeError, MemoryError) as exc:  # an allocation the check above could not foresee
         raise ValueError(f"cannot allocate the KV cache: {str(exc).splitlines()[0]}") from None
     served = [copy.deepcopy(r) for r in requests]  # the originals stay unscheduled for the reference
-    progress = _progress(len(served), "serving", args.no_progress)
+    progress = _progress(len(served), "serving", args.no_progress,
+                         detail=lambda: f"{engine.stats.tokens_generated} tokens")
     started = time.perf_counter()
     interrupted: KeyboardInterrupt | None = None
     try:
@@ -191,6 +198,7 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
                         slo=summary_slo(args.bench, None, None), percentiles=args.bench.summary_percentiles,
                         max_concurrency=args.bench.max_concurrency)
     summary["interrupted"] = interrupted is not None
+    summary["threads"] = args.threads
     if args.bench.save_result:
         from engine.runtime.run_output import save_bench_result
 
@@ -350,9 +358,8 @@ def _sampling(args):
     return params
 
 
-def _progress(total: int, desc: str, disable: bool):
-    if disable or not sys.stderr.isatty() or total == 0:
-        return None
-    from tqdm import tqdm
+def _progress(total: int, desc: str, disable: bool, detail=None):
+    """A bar on a terminal, a line a minute otherwise (``engine.progress``); None with --no-progress."""
+    from engine.progress import progress
 
-    return tqdm(total=total, unit="req", desc=desc, mininterval=0.5, leave=False, file=sys.stderr)
+    return None if total == 0 else progress("run", desc, total, "requests", disable=disable, detail=detail)

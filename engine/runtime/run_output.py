@@ -125,7 +125,8 @@ def per_request_times(done) -> dict:
 def print_summary(summary: dict) -> None:
     match = summary["outputs_match_reference"]
     lines = [
-        f"model {summary['model']} ({summary['dtype']}, {summary['device']}, {summary['backend']} kernels), "
+        f"model {summary['model']} ({summary['dtype']}, {summary['device']}, {summary['backend']} kernels, "
+        f"{summary.get('threads')} CPU thread{'' if summary.get('threads') == 1 else 's'}), "
         f"{summary['num_gpu_blocks']} GPU + {summary['num_cpu_blocks']} CPU blocks of {summary['block_size']} tokens",
         f"requests     {summary['requests_completed']} completed, {summary['requests_rejected']} rejected "
         f"({summary['arrivals']})",

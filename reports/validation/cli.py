@@ -23,6 +23,7 @@ DEFAULT_CPU_BLOCKS = 64
 
 def add_parser(subparsers) -> None:
     from engine.policy.cli_args import add_policy_args
+    from engine.threads import add_threads_arg
     from traces.source import add_source_args
 
     p = subparsers.add_parser("validate", help="compare the calibrated simulator with the real engine on a workload",
@@ -38,6 +39,7 @@ def add_parser(subparsers) -> None:
                    help=f"KV-cache blocks (default {DEFAULT_GPU_BLOCKS})")
     g.add_argument("--num-cpu-blocks", type=int, default=DEFAULT_CPU_BLOCKS, metavar="N",
                    help=f"CPU swap blocks (default {DEFAULT_CPU_BLOCKS})")
+    add_threads_arg(g, "default: the profile's, as it was measured; on a CUDA profile pagesim run's default")
     add_policy_args(p)
     g.add_argument("--profile-tolerance", type=float, default=None, metavar="F",
                    help="how far the profile's probe, re-timed here, may be from its time at calibration either way "
@@ -50,6 +52,8 @@ def add_parser(subparsers) -> None:
     o.add_argument("--no-reference", action="store_true", help="skip checking outputs against the no-paging reference")
     o.add_argument("--json", action="store_true", help="print the report as one JSON object")
     o.add_argument("--out", metavar="DIR", help="write validation.json, steps.csv and validation.pdf (figures) here")
+    o.add_argument("--no-progress", action="store_true",
+                   help="no line per phase, nor a line a minute when stderr is not a terminal (warnings stay)")
     p.set_defaults(func=run)
 
 
@@ -69,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     for flag, low in (("num_gpu_blocks", 1), ("num_cpu_blocks", 0), ("noise_runs", 0)):
         if getattr(args, flag) < low:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= {low}, got {getattr(args, flag)}")
+    from engine.threads import checked_threads
+
+    checked_threads(args.threads)
     from engine.calibrate.probe import tolerance_from
 
     tolerance = tolerance_from(args.profile_tolerance)
@@ -111,19 +118,29 @@ def run(args: argparse.Namespace) -> int:
     sched_config = make_config(args.policy, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
                                num_cpu_blocks=args.num_cpu_blocks, max_model_len=max_model_len, record_decisions=True,
                                **scheduler_kv_settings(config), **overrides)
-    if device.type == "cpu":
-        torch.set_num_threads(int(profile.settings.get("threads") or 1))
+    _set_threads(args, profile, device)
     check = _check_profile(profile, args, tolerance)
     model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
     cost_model = CalibratedCostModel(profile)
     cost_model.check_model(config.preset)
 
-    def log(msg: str) -> None:
-        print(f"pagesim validate: {msg}", file=sys.stderr, flush=True)
+    from engine.progress import ProgressLines
 
-    result = validate(trace, sched_config, scheduler_class(args.scheduler), model, cost_model,
-                      backend=str(profile.settings.get("backend", "auto")), seed=args.seed,
-                      noise_runs=args.noise_runs, check_reference=not args.no_reference, log=log)
+    ticker = None if args.no_progress or sys.stderr.isatty() else ProgressLines("validate", "starting", None, "")
+
+    def log(msg: str) -> None:  # a phase (a line a minute within it, off a terminal), or a warning
+        if ticker is not None and not msg.startswith("warning"):
+            ticker.set_description(msg)
+        if not args.no_progress or msg.startswith("warning"):
+            print(f"pagesim validate: {msg}", file=sys.stderr, flush=True)
+
+    try:
+        result = validate(trace, sched_config, scheduler_class(args.scheduler), model, cost_model,
+                          backend=str(profile.settings.get("backend", "auto")), seed=args.seed,
+                          noise_runs=args.noise_runs, check_reference=not args.no_reference, log=log)
+    finally:
+        if ticker is not None:
+            ticker.close()
     report = {"workload": trace.source, "model": config.name, "profile": str(args.profile),
               "profile_measured": profile.describe(), "profile_check": check.to_dict(),
               "block_size": sched_config.block_size,
@@ -141,12 +158,29 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _set_threads(args: argparse.Namespace, profile, device) -> None:
+    """torch's CPU threads (``engine.threads``): the profile's count unless ``--threads`` says
+    otherwise, which is a warning (an error with ``--strict``): the engine is then not timed as the
+    profile was."""
+    from engine.threads import default_threads, set_threads
+
+    measured = int(profile.settings.get("threads") or 0) if device.type == "cpu" else 0  # (0: not recorded)
+    if args.threads is not None and measured and args.threads != measured:
+        said = (f"--threads {args.threads}: the profile was measured with {measured} CPU thread(s), so the engine's "
+                f"step times are not measured as the profile's were")
+        if args.strict:
+            raise ValueError(f"{said} (--strict)")
+        print(f"pagesim validate: warning: {said}", file=sys.stderr)
+    set_threads(args.threads or measured or (1 if device.type == "cpu" else default_threads()))
+
+
 def _check_profile(profile, args: argparse.Namespace, tolerance: float):
     """Re-time the profile's probe and compare its fingerprint and load (``engine.calibrate.probe``):
     each finding is a warning, or with ``--strict`` an error before the runs."""
     from engine.calibrate.probe import check_profile, show_warnings
 
-    print("pagesim validate: re-timing the profile's probe", file=sys.stderr, flush=True)
+    if not args.no_progress:
+        print("pagesim validate: re-timing the profile's probe", file=sys.stderr, flush=True)
     check = check_profile(profile, tolerance=tolerance)
     show_warnings("validate", args.profile, check.warnings, strict=args.strict)
     return check
@@ -180,7 +214,8 @@ def _pct(x) -> str:
 
 def text_summary(r: dict) -> str:
     lines = [
-        f"validation of {r['workload']} ({r['requests']} requests) on {r['model']}, profile {r['profile_measured']}",
+        f"validation of {r['workload']} ({r['requests']} requests) on {r['model']} ({r.get('threads')} CPU "
+        f"thread{'' if r.get('threads') == 1 else 's'}), profile {r['profile_measured']}",
         f"  decision logs identical   {r['decision_logs_identical']} ({r['decision_log_steps']['engine']} engine steps)",
         f"  outputs match reference   {r['outputs_match_reference']}",
         f"  step time MAPE            {r['step_time_mape']:.2%}" if r["step_time_mape"] is not None else
