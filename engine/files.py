@@ -6,25 +6,46 @@ the opened descriptor (``open_regular`` opens without blocking, then asks ``fsta
 swapped for a FIFO after a ``stat`` cannot make the read block. ``require_regular_file`` is the
 same check on a path, for files that another library opens itself (pyarrow, safetensors).
 
-``read_small_bytes`` / ``read_small_text`` / ``read_json`` read a configuration-like file (a
-spec, a profile, a ``config.json``, a result file) whole, but only after checking its size
-against ``limit_bytes``, and never read more than that, so a file that grows while it is read is
-refused too.
+``read_small_bytes`` / ``read_small_text`` / ``read_json`` / ``read_toml`` read a
+configuration-like file (a spec, a profile, a ``config.json``, a result file) whole, but only after
+checking its size against ``limit_bytes``, and never read more than that, so a file that grows while
+it is read is refused too.
+
+Parsing is guarded as reading is (``loads_json``, ``loads_toml``; the trace and dataset readers
+parse each JSONL line and each JSON array element through ``loads_json`` too):
+
+- **depth**: no document may nest arrays, objects or tables more than ``MAX_NESTING`` levels
+  deep. The text is measured before it is parsed (``nesting_exceeds``: strings and comments left
+  out, the brackets counted), so a parser that recurses (``json``'s, ``tomllib``) never meets
+  100,000 nested ``[``, and the limit does not hang on the interpreter's recursion limit (which
+  depends on how deep the caller already is, and lets through documents deeper than code that
+  walks them recursively can take);
+- **numbers**: ``number_problem`` says, without quoting it, what keeps a value from being a
+  finite number in a range (a string, null, NaN, an infinity, a negative, a fraction, too large);
+  ``first_non_finite`` finds a NaN or an infinity anywhere in a document.
 
 Every problem is an ``InputFileError``: a ``ValueError`` whose message is one line,
-``FILE: problem`` or ``FILE:LINE: problem``, that quotes none of the file's content. Pure Python;
-importable from anywhere (engine, sim, traces, reports).
+``FILE: problem`` or ``FILE:LINE: problem``, that quotes none of the file's content. Pure Python
+(numpy is imported only to measure a text that holds many brackets); importable from anywhere
+(engine, sim, traces, reports).
 """
 
 from __future__ import annotations
 
 import codecs
 import json
+import math
 import os
+import re
 import stat
+import tomllib
 from typing import Any, BinaryIO
 
 PathArg = str | os.PathLike[str]
+
+#: Levels of arrays, objects and tables a document may nest. The files pagesim reads need few: a
+#: vLLM result file 2 (``itls``), a ShareGPT entry 3, a ``config.json`` or a profile 4 or 5.
+MAX_NESTING = 64
 
 
 class InputFileError(ValueError):
@@ -145,16 +166,188 @@ def read_small_text(path: PathArg, *, limit_bytes: int, what: str) -> str:
 
 
 def read_json(path: PathArg, *, limit_bytes: int, what: str) -> Any:
-    """The JSON document ``path`` holds (read by ``read_small_text``); a syntax error is
-    ``FILE:LINE: not JSON (problem, column C)``. NaN and Infinity are read as Python reads them:
-    a caller that refuses them checks the values."""
-    text = read_small_text(path, limit_bytes=limit_bytes, what=what)
+    """The JSON document ``path`` holds (read by ``read_small_text``, parsed by ``loads_json``); a
+    syntax error is ``FILE:LINE: not JSON (problem, column C)``. NaN and Infinity are read as
+    Python reads them: a caller that refuses them checks the values (``first_non_finite``)."""
+    return loads_json(read_small_text(path, limit_bytes=limit_bytes, what=what), path=path)
+
+
+def read_toml(path: PathArg, *, limit_bytes: int, what: str) -> dict[str, Any]:
+    """The TOML document ``path`` holds (read by ``read_small_text``, parsed by ``loads_toml``)."""
+    return loads_toml(read_small_text(path, limit_bytes=limit_bytes, what=what), path=path)
+
+
+# ---------------------------------------------------------------------- parsing, guarded
+def loads_json(text: str, *, path: PathArg, line: int | None = None, limit: int = MAX_NESTING) -> Any:
+    """``text`` (all of ``path``, or its line ``line``) parsed as JSON; an ``InputFileError`` when
+    it nests more than ``limit`` levels (measured before parsing) or is not JSON: ``not JSON
+    (problem, column C)``, at the line of the problem when ``line`` is None."""
+    if nesting_exceeds(text, limit):
+        raise _too_deep(path, text, limit, line, "json")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputFileError(path, f"not JSON ({exc.msg}, column {exc.colno})", exc.lineno) from None
-    except RecursionError:
-        raise InputFileError(path, "JSON nested too deeply to read") from None
+        where = exc.lineno if line is None else line
+        raise InputFileError(path, f"not JSON ({exc.msg}, column {exc.colno})", where) from None
+    except ValueError:  # a number of more digits than int() reads (sys.get_int_max_str_digits)
+        raise InputFileError(path, "not JSON (a number with too many digits to read)", line) from None
+    except RecursionError:  # (not reached under the limit; here so that no parser leaves a traceback)
+        raise InputFileError(path, f"JSON nested more than {limit} levels deep", line) from None
+
+
+def loads_toml(text: str, *, path: PathArg, limit: int = MAX_NESTING) -> dict[str, Any]:
+    """``text`` (all of ``path``) parsed as TOML (``tomllib``); an ``InputFileError`` when its
+    arrays and inline tables nest more than ``limit`` levels (measured before parsing), its tables
+    do (``[a.b.c...]``, measured after), or it is not TOML: ``not valid TOML (problem)``, as
+    ``tomllib`` says it (a line and a column, no text)."""
+    if nesting_exceeds(text, limit, syntax="toml"):
+        raise _too_deep(path, text, limit, None, "toml")
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputFileError(path, f"not valid TOML ({exc})") from None
+    except RecursionError:  # (not reached under the limit; here so that no parser leaves a traceback)
+        raise InputFileError(path, f"TOML nested more than {limit} levels deep") from None
+    if nesting_depth(document) > limit:
+        raise InputFileError(path, f"TOML nested more than {limit} levels deep")
+    return document
+
+
+def _too_deep(path: PathArg, text: str, limit: int, line: int | None, syntax: str) -> InputFileError:
+    """The refusal of a text that nests too deeply, at the line and column where it does."""
+    offset = first_too_deep(text, limit, syntax=syntax) or 0
+    line_start = text.rfind("\n", 0, offset) + 1
+    where = text.count("\n", 0, offset) + (line or 1)
+    return InputFileError(path, f"{syntax.upper()} nested more than {limit} levels deep (column "
+                          f"{offset - line_start + 1})", where)
+
+
+# A JSON string, or one still open at the end of the text (a block cut inside a string, perhaps
+# right after a backslash): whatever lies between two matches is outside strings.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+# What may hold a bracket that is not structure in TOML: its four kinds of string, and comments.
+_TOML_NOT_STRUCTURE = re.compile(
+    r'"""(?:[^"\\]|\\.|"(?!""))*(?:"""|\\?\Z)'  # multi-line basic string
+    r"|'''(?:[^']|'(?!''))*(?:'''|\Z)"  # multi-line literal string
+    r'|"(?:[^"\\\n]|\\.)*(?:"|(?=\n)|\\?\Z)'  # basic string
+    r"|'[^'\n]*(?:'|(?=\n)|\Z)"  # literal string
+    r"|#[^\n]*",  # comment
+    re.DOTALL)
+_DEPTH_CHUNK_BYTES = 4 * 2**20  # bytes measured at a time (memory: a few times this)
+
+
+def nesting_exceeds(text: str, limit: int = MAX_NESTING, *, syntax: str = "json") -> bool:
+    """Whether ``text`` (JSON, or TOML with ``syntax="toml"``) opens more than ``limit`` arrays,
+    objects or tables inside one another, strings (and TOML's comments) left out.
+
+    Exact for the part of a JSON text a parser would accept (it reads strings as the pattern does,
+    and stops at the first error); a text cut inside a string is measured up to that string.
+    Cheap when the text holds at most ``limit`` opening brackets (two ``count`` calls); otherwise
+    one pass of a regular expression and of numpy, a few megabytes at a time.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    return _first_past(_not_structure(syntax).sub("", text).encode("utf-8", "surrogatepass"), limit) is not None
+
+
+def first_too_deep(text: str, limit: int = MAX_NESTING, *, syntax: str = "json") -> int | None:
+    """The index in ``text`` of the first bracket that opens level ``limit + 1``, or None: where
+    ``nesting_exceeds`` would fail, for a message that names the line and column. Slower (a
+    Python call per string), so it is asked only once a text is known to be too deep."""
+    if not nesting_exceeds(text, limit, syntax=syntax):
+        return None
+    blanked = _not_structure(syntax).sub(lambda match: " " * (match.end() - match.start()), text)
+    return _first_past(blanked.encode("ascii", "replace"), limit)  # (one byte per character: indices kept)
+
+
+def _not_structure(syntax: str) -> re.Pattern[str]:
+    if syntax not in ("json", "toml"):
+        raise ValueError(f"syntax must be json or toml, got {syntax!r}")
+    return _JSON_STRING if syntax == "json" else _TOML_NOT_STRUCTURE
+
+
+def _first_past(data: bytes, limit: int) -> int | None:
+    """The index of the first byte of ``data`` at which ``[``/``{`` against ``]``/``}`` (every
+    bracket taken for structure) reach depth ``limit + 1``, or None."""
+    import numpy as np
+
+    steps = np.zeros(256, np.int8)
+    steps[[ord("["), ord("{")]] = 1
+    steps[[ord("]"), ord("}")]] = -1
+    view = memoryview(data)
+    depth = 0
+    for start in range(0, len(view), _DEPTH_CHUNK_BYTES):
+        step = steps[np.frombuffer(view[start:start + _DEPTH_CHUNK_BYTES], np.uint8)]
+        where = np.flatnonzero(step)
+        if not where.size:
+            continue
+        running = depth + np.cumsum(step[where], dtype=np.int64)
+        past = np.flatnonzero(running > limit)
+        if past.size:
+            return start + int(where[past[0]])
+        depth = int(running[-1])
+    return None
+
+
+def nesting_depth(value: Any) -> int:
+    """How many lists and dicts ``value`` (a parsed document) holds inside one another, counted
+    without recursion."""
+    deepest = 0
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def first_non_finite(value: Any, where: str = "") -> str | None:
+    """The key path (``summary.throughput_rps``, ``ttfts[2]``; ``where`` before it) of the first
+    NaN or infinity in ``value``, a parsed document, or None; walked without recursion."""
+    pending = [(value, where)]
+    while pending:
+        item, at = pending.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return at or "the value"
+        elif isinstance(item, dict):
+            pending.extend((child, f"{at}.{key}" if at else str(key)) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            pending.extend((child, f"{at}[{k}]") for k, child in reversed(list(enumerate(item))))
+    return None
+
+
+def describe_value(value: Any) -> str:
+    """What a parsed JSON or TOML value is, in words (``a string``, ``null``), never the value."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    kinds = {str: "a string", list: "a list", dict: "an object", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def number_problem(value: Any, *, minimum: float | None = 0, maximum: float | None = None,
+                   integer: bool = False) -> str | None:
+    """What keeps ``value`` (read from a file) from being a finite number in ``[minimum, maximum]``
+    (a whole one with ``integer``: an int, or a float such as ``12.0``), or None. The words
+    describe the value (``NaN``, ``a negative number``, ``a string``) and never quote it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number, found {describe_value(value)}"
+    if isinstance(value, float) and math.isnan(value):
+        return "must be a number, found NaN"
+    if isinstance(value, float) and math.isinf(value):
+        return "must be a finite number, found an infinity (or a number too large to hold)"
+    if integer and isinstance(value, float) and not value.is_integer():
+        return "must be a whole number, found a fraction"
+    if minimum is not None and value < minimum:
+        return f"must be >= {minimum:g}, found {'a negative' if value < 0 <= minimum else 'a smaller'} number"
+    if maximum is not None and value > maximum:
+        return f"must be at most {maximum:,}, found a larger number"
+    return None
 
 
 def position_of(data: bytes, offset: int) -> tuple[int, int]:
