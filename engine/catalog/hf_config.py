@@ -14,6 +14,7 @@ name rather than counted wrong.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ FAMILY_DEFAULTS["gemma3"] = FAMILY_DEFAULTS["gemma3_text"]
 
 
 MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is a few KiB
+# ModelPreset's field -> the config.json key it is read from, where they differ (for messages)
+CONFIG_KEYS = {"num_kv_heads": "num_key_value_heads", "num_layers": "num_hidden_layers"}
 
 
 def read_config_json(path: Path) -> Any:
@@ -50,7 +53,16 @@ def preset_from_hf_config(path: str | Path) -> ModelPreset:
         raise ValueError(f"model config {path}: expected a JSON object at the top level")
     # Multimodal configs (Gemma 3) nest the language model under text_config.
     config = outer["text_config"] if isinstance(outer.get("text_config"), dict) else outer
-    return _Reader(path, config, outer).preset()
+    try:
+        return _Reader(path, config, outer).preset()
+    except ValueError as exc:  # ModelPreset's own checks speak of a "model preset NAME": this is the file
+        message = str(exc)
+        if message.startswith("model preset "):
+            problem = message.partition(": ")[2] or message
+            for field, key in CONFIG_KEYS.items():  # the preset's names for what the file calls otherwise
+                problem = re.sub(rf"\b{field}\b", key, problem)
+            raise ValueError(f"model config {path}: {problem}") from None
+        raise
 
 
 class _Reader:
