@@ -15,11 +15,11 @@ Parsing is guarded as reading is (``loads_json``, ``loads_toml``; the trace and 
 parse each JSONL line and each JSON array element through ``loads_json`` too):
 
 - **depth**: no document may nest arrays, objects or tables more than ``MAX_NESTING`` levels
-  deep. The text is measured before it is parsed (``nesting_exceeds``: strings and comments left
-  out, the brackets counted), so a parser that recurses (``json``'s, ``tomllib``) never meets
-  100,000 nested ``[``, and the limit does not hang on the interpreter's recursion limit (which
-  depends on how deep the caller already is, and lets through documents deeper than code that
-  walks them recursively can take);
+  deep. The text is measured before it is parsed (``nesting_exceeds``; ``JsonNesting`` for a text
+  read in pieces: strings and comments left out, the brackets counted), so a parser that recurses
+  (``json``'s, ``tomllib``) never meets 100,000 nested ``[``, and the limit does not hang on the
+  interpreter's recursion limit (which depends on how deep the caller already is, and lets
+  through documents deeper than code that walks them recursively can take);
 - **numbers**: ``number_problem`` says, without quoting it, what keeps a value from being a
   finite number in a range (a string, null, NaN, an infinity, a negative, a fraction, too large);
   ``first_non_finite`` finds a NaN or an infinity anywhere in a document.
@@ -222,9 +222,6 @@ def _too_deep(path: PathArg, text: str, limit: int, line: int | None, syntax: st
                           f"{offset - line_start + 1})", where)
 
 
-# A JSON string, or one still open at the end of the text (a block cut inside a string, perhaps
-# right after a backslash): whatever lies between two matches is outside strings.
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 # What may hold a bracket that is not structure in TOML: its four kinds of string, and comments.
 _TOML_NOT_STRUCTURE = re.compile(
     r'"""(?:[^"\\]|\\.|"(?!""))*(?:"""|\\?\Z)'  # multi-line basic string
@@ -233,60 +230,104 @@ _TOML_NOT_STRUCTURE = re.compile(
     r"|'[^'\n]*(?:'|(?=\n)|\Z)"  # literal string
     r"|#[^\n]*",  # comment
     re.DOTALL)
-_DEPTH_CHUNK_BYTES = 4 * 2**20  # bytes measured at a time (memory: a few times this)
+_CHUNK_CHARS = 4 * 2**20  # characters measured at a time (memory: a few times this in bytes)
 
 
 def nesting_exceeds(text: str, limit: int = MAX_NESTING, *, syntax: str = "json") -> bool:
     """Whether ``text`` (JSON, or TOML with ``syntax="toml"``) opens more than ``limit`` arrays,
     objects or tables inside one another, strings (and TOML's comments) left out.
 
-    Exact for the part of a JSON text a parser would accept (it reads strings as the pattern does,
-    and stops at the first error); a text cut inside a string is measured up to that string.
     Cheap when the text holds at most ``limit`` opening brackets (two ``count`` calls); otherwise
-    one pass of a regular expression and of numpy, a few megabytes at a time.
+    ``JsonNesting`` measures it (TOML: a regular expression removes strings and comments first).
     """
     if text.count("[") + text.count("{") <= limit:
         return False
-    return _first_past(_not_structure(syntax).sub("", text).encode("utf-8", "surrogatepass"), limit) is not None
+    return first_too_deep(text, limit, syntax=syntax) is not None
 
 
 def first_too_deep(text: str, limit: int = MAX_NESTING, *, syntax: str = "json") -> int | None:
-    """The index in ``text`` of the first bracket that opens level ``limit + 1``, or None: where
-    ``nesting_exceeds`` would fail, for a message that names the line and column. Slower (a
-    Python call per string), so it is asked only once a text is known to be too deep."""
-    if not nesting_exceeds(text, limit, syntax=syntax):
-        return None
-    blanked = _not_structure(syntax).sub(lambda match: " " * (match.end() - match.start()), text)
-    return _first_past(blanked.encode("ascii", "replace"), limit)  # (one byte per character: indices kept)
-
-
-def _not_structure(syntax: str) -> re.Pattern[str]:
-    if syntax not in ("json", "toml"):
+    """The index in ``text`` of the first bracket that opens level ``limit + 1``, or None (for a
+    message that names the line and column)."""
+    if syntax == "json":
+        return JsonNesting(limit).feed(text)
+    if syntax != "toml":
         raise ValueError(f"syntax must be json or toml, got {syntax!r}")
-    return _JSON_STRING if syntax == "json" else _TOML_NOT_STRUCTURE
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    # strings and comments blanked to as many spaces: indices kept (TOML specs are small)
+    blanked = _TOML_NOT_STRUCTURE.sub(lambda match: " " * (match.end() - match.start()), text)
+    return JsonNesting(limit).feed(blanked)  # (no quote is left in it: brackets only count)
 
 
-def _first_past(data: bytes, limit: int) -> int | None:
-    """The index of the first byte of ``data`` at which ``[``/``{`` against ``]``/``}`` (every
-    bracket taken for structure) reach depth ``limit + 1``, or None."""
-    import numpy as np
+class JsonNesting:
+    """How deeply a JSON text read in pieces nests: ``feed(piece)`` measures each character once,
+    carrying from piece to piece the depth, whether a string is open and the run of backslashes
+    the last piece ended with (an odd run escapes the quote that follows).
 
-    steps = np.zeros(256, np.int8)
-    steps[[ord("["), ord("{")]] = 1
-    steps[[ord("]"), ord("}")]] = -1
-    view = memoryview(data)
-    depth = 0
-    for start in range(0, len(view), _DEPTH_CHUNK_BYTES):
-        step = steps[np.frombuffer(view[start:start + _DEPTH_CHUNK_BYTES], np.uint8)]
-        where = np.flatnonzero(step)
-        if not where.size:
-            continue
-        running = depth + np.cumsum(step[where], dtype=np.int64)
-        past = np.flatnonzero(running > limit)
+    Exact for the part of a text a JSON parser accepts: inside it a quote opens or closes a string
+    unless an odd run of backslashes precedes it, and only brackets outside strings are structure.
+    Vectorised: numpy finds the few characters that matter (quotes, backslashes, brackets) in
+    the UTF-8 bytes (no byte of a longer character is one of them); only those are looked at.
+    """
+
+    def __init__(self, limit: int = MAX_NESTING):
+        self.limit = limit
+        self.depth = 0
+        self.in_string = False
+        self.backslashes = 0  # length of the run of backslashes the text fed so far ends with
+
+    def feed(self, piece: str) -> int | None:
+        """The index in ``piece`` of the first bracket that opens level ``limit + 1``, or None.
+        (After a bracket past the limit the state is not kept up: the text is refused.)"""
+        for start in range(0, len(piece), _CHUNK_CHARS):
+            chunk = piece[start:start + _CHUNK_CHARS]
+            data = chunk.encode("utf-8", "surrogatepass")
+            past = self._feed_bytes(data)
+            if past is not None:
+                return start + len(data[:past].decode("utf-8", "surrogatepass"))
+        return None
+
+    def _feed_bytes(self, data: bytes) -> int | None:
+        import numpy as np
+
+        # positions of the bytes that matter (a 0/1 mask: numpy finds a bool array's ones fastest)
+        where = np.flatnonzero(np.frombuffer(data.translate(_MATTERS), np.bool_))
+        byte = np.frombuffer(data, np.uint8)[where]
+        quotes = where[byte == ord('"')]
+        slashes = where[byte == ord("\\")]
+        carried = self.backslashes
+        # the run of backslashes right before each quote (an odd run escapes it)
+        run = np.zeros(quotes.size, np.int64)
+        if slashes.size:
+            starts = np.ones(slashes.size, bool)
+            starts[1:] = np.diff(slashes) != 1
+            first = np.maximum.accumulate(np.where(starts, np.arange(slashes.size), 0))  # its run's first
+            j = np.minimum(np.searchsorted(slashes, quotes - 1), slashes.size - 1)
+            before = slashes[j] == quotes - 1
+            run = np.where(before, j - first[j] + 1 + np.where(slashes[first[j]] == 0, carried, 0), 0)
+            ends = slashes[-1] == len(data) - 1
+            self.backslashes = (slashes.size - first[-1] + (carried if slashes[first[-1]] == 0 else 0)) if ends else 0
+        elif len(data):
+            self.backslashes = 0
+        run = np.where(quotes == 0, np.maximum(run, carried), run)  # a run carried over from the last piece
+        real = quotes[run % 2 == 0]
+        is_bracket = (byte != ord('"')) & (byte != ord("\\"))
+        brackets, opens = where[is_bracket], (byte[is_bracket] == ord("[")) | (byte[is_bracket] == ord("{"))
+        outside = (np.searchsorted(real, brackets) + self.in_string) % 2 == 0
+        self.in_string ^= bool(real.size % 2)
+        brackets, opens = brackets[outside], opens[outside]
+        if not brackets.size:
+            return None
+        running = self.depth + np.cumsum(np.where(opens, 1, -1), dtype=np.int64)
+        past = np.flatnonzero(running > self.limit)
         if past.size:
-            return start + int(where[past[0]])
-        depth = int(running[-1])
-    return None
+            return int(brackets[past[0]])
+        self.depth = int(running[-1])
+        return None
+
+
+# The bytes ``JsonNesting`` looks at, as a ``bytes.translate`` table: 1 for each, 0 for the rest.
+_MATTERS = bytes(1 if b in b'"\\[]{}' else 0 for b in range(256))
 
 
 def nesting_depth(value: Any) -> int:

@@ -20,8 +20,11 @@ inline table and through ``--set``), ``output_tokens: 1e300``, a 12 MB custom-da
 ShareGPT prompt over the line cap with a tokenizer, hostile ``compare`` files (null, nested, NaN,
 infinite, negative figures, lists whose lengths disagree, deep nesting), ``trace gen`` lengths past
 the bound, a FIFO as a study's trace, a trace whose first line is a secret, a NaN throughput in a
-study's ``results.jsonl``, a tokenizer that maps everything to one id and a ``config.json`` whose
-shapes disagree.
+study's ``results.jsonl``, a tokenizer that maps everything to one id, a ``config.json`` whose
+shapes disagree, and deep nesting in the files read whole (a ``config.json``, a profile, an oracle
+golden log). Below the table, the guards in process: the nesting measure against parsed documents
+(hypothesis), TOML strings and comments, a deep entry far into a streamed ShareGPT file, the NaN
+record left out of what the report draws, no false alarm from the one-id warning.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.bad_inputs_harness import MAX_RSS_BYTES, Outcome, error_line, run_pagesim
 
@@ -53,6 +58,13 @@ num_requests = 20
 block_size = [8, 16]
 """
 SIM = ["simulate", "--no-progress", "--num-prompts", "5"]
+ORACLE_SPEC = {
+    "config": {"block_size": 4, "enable_chunked_prefill": True, "enable_prefix_caching": True, "max_model_len": 64,
+               "max_num_batched_tokens": 16, "max_num_seqs": 2, "num_blocks": 20, "watermark": 0.0},
+    "requests": [{"arrival_step": 0, "id": "r0", "ignore_eos": True, "max_tokens": 4,
+                  "prompt_token_ids": [101, 102, 103, 104, 105]}],
+    "vllm_version": "0.32.0",
+}
 
 
 def deep_array(levels: int = DEEP) -> str:
@@ -303,6 +315,17 @@ CASES = [
          lambda f: ["compare", f.json("a.json", bench_result()),
                     f.write("b.json", json.dumps(bench_result())[:-1] + ', "x": ' + deep_array() + "}")],
          ("b.json", "nested")),
+    # ----------------------------------------------------------------- files read whole: config.json, profile, oracle
+    Case("memory-config-json-deep", "a config.json nested 100,000 deep",
+         lambda f: ["memory", "--model", str(Path(f.write("model/config.json", deep_object())).parent)],
+         ("config.json", "nested")),
+    Case("simulate-profile-deep", "a profile nested 100,000 deep",
+         lambda f: ["simulate", "--no-progress", "--workload", "kwon2023-sharegpt", "--rate", "4", "--num-requests",
+                    "5", "--model", "tiny", "--num-gpu-blocks", "1000", "--profile", f.write("p.json", deep_array())],
+         ("p.json", "nested")),
+    Case("oracle-golden-deep", "oracle compare with a golden log line nested 100,000 deep",
+         lambda f: ["oracle", "compare", f.json("spec.json", ORACLE_SPEC),
+                    f.jsonl("golden.jsonl", ['{"step": 0, "x": ' + deep_array() + "}"])], ("golden.jsonl:1", "nested")),
     # ----------------------------------------------------------------- model config.json
     Case("memory-config-json-heads", "a config.json whose heads do not divide: called config.json, not a preset",
          lambda f: ["memory", "--model", _config_json(f)], ("config.json", "num_key_value_heads"),
@@ -417,3 +440,102 @@ def test_a_hostile_file_is_refused_warned_or_kept_out_of_the_output(case, shared
                                   "peak_mib": round(outcome.max_rss_bytes / 2**20),
                                   "stderr_tail": outcome.stderr.strip().splitlines()[-1:]}) + "\n")
     check(case, outcome, tmp_path, inputs)
+
+
+# ----------------------------------------------------------------------------- the guards, in process
+_KEYS = st.sampled_from(["a", "[{", '"x\\', '\\"', "é]", "}"])
+_LEAVES = st.one_of(st.integers(-5, 5), st.none(), st.booleans(),
+                    st.sampled_from(["", "s", '[[["', "\\", '"\\"]]', "é[{", '\\\\"', '\\\\\\"[[']))
+_DOCS = st.recursive(_LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+                     max_leaves=30)
+
+
+@given(doc=_DOCS, ascii_only=st.booleans(), cuts=st.lists(st.integers(0, 10_000), max_size=4),
+       limit=st.integers(0, 8))
+def test_the_nesting_measure_is_exact_on_any_document_however_it_is_cut(doc, ascii_only, cuts, limit):
+    """Strings holding brackets, quotes and backslashes never count; a text fed in pieces (cut
+    anywhere: inside a string, between backslashes) is measured as the whole."""
+    from engine.files import JsonNesting, first_too_deep, nesting_depth, nesting_exceeds
+
+    text = json.dumps(doc, ensure_ascii=ascii_only)
+    whole = first_too_deep(text, limit)
+    assert (whole is not None) == (nesting_depth(doc) > limit) == nesting_exceeds(text, limit)
+    if whole is not None:
+        assert text[whole] in "[{"
+    meter, found, start = JsonNesting(limit), None, 0
+    for end in sorted({min(c, len(text)) for c in cuts} | {len(text)}):
+        past = meter.feed(text[start:end])
+        if past is not None:
+            found = start + past
+            break
+        start = end
+    assert found == whole
+
+
+def test_toml_strings_and_comments_hold_brackets_that_do_not_count():
+    from engine.files import InputFileError, loads_toml
+
+    brackets = "[" * 100
+    text = (f'a = "{brackets}"\nb = \'{brackets}\'\nc = """\n{brackets}\n"""\nd = \'\'\'{brackets}\'\'\'\n'
+            f"# {brackets}\n[[grid]]\nx = [[1], [2]]\n")
+    assert loads_toml(text, path="s.toml")["grid"] == [{"x": [[1], [2]]}]
+    for deep in ("x = " + "[" * 65 + "]" * 65, "[" + ".".join(["t"] * 70) + "]\nx = 1"):
+        with pytest.raises(InputFileError, match="nested more than 64 levels"):
+            loads_toml(deep, path="s.toml")
+
+
+def test_a_deep_entry_in_a_later_block_is_named_and_those_before_it_are_read(tmp_path, monkeypatch):
+    from traces.bench import reading
+    from traces.errors import TraceFormatError
+
+    monkeypatch.setattr(reading, "READ_CHARS", 64)  # many blocks: the deep entry is far from the file's start
+    entries = sharegpt(20)
+    text = json.dumps(entries)[:-1] + ', {"id": "x", "conversations": ' + deep_object(200) + "}]"
+    path = tmp_path / "deep.json"
+    path.write_text(text)
+    read = []
+    with pytest.raises(TraceFormatError, match=r"deep.json:1: entry 20: JSON nested more than 64 levels deep"):
+        for index, _, entry in reading.iter_json_array(path):
+            read.append(entry)
+    assert read == entries
+    path.write_text(json.dumps([*entries, {"x": json.loads(deep_object(63))}]))  # 64 levels inside the array: kept
+    assert len(list(reading.iter_json_array(path))) == 21
+
+
+def test_a_nan_record_is_left_out_of_the_study_the_report_draws(shared, tmp_path):
+    from reports.results import load_study
+    from reports.store import ResultsWarning
+
+    folder = Files(tmp_path, shared).study_with(_nan_throughput)
+    with pytest.warns(ResultsWarning, match=r"results.jsonl:1: summary.throughput_rps is not a finite number"):
+        study = load_study(folder)
+    first_id = json.loads((Path(folder) / "results.jsonl").read_text().splitlines()[0])["id"]
+    assert first_id not in {r["id"] for r in study.records} and len(study.records) == 1
+
+
+def test_a_tokenizer_of_the_text_is_not_warned_about(shared, tmp_path):
+    """The one-id warning is for a tokenizer that maps most of the text to one id, not for one
+    that knows the words (no false alarm on ordinary data)."""
+    import warnings
+
+    from traces.bench import load_tokenizer, sharegpt_trace
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(sharegpt(12)))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        sharegpt_trace(path, load_tokenizer(str(shared["tokenizer-words"])), num_prompts=12)
+    assert not seen, [str(w.message) for w in seen]
+
+
+def test_number_problems_describe_and_never_quote():
+    from engine.files import number_problem
+
+    assert number_problem(3) is None and number_problem(2.0, integer=True) is None
+    cases = [(float("nan"), "found NaN"), (float("inf"), "an infinity"), (-7, "a negative number"),
+             (2.5, "a fraction"), ("1234", "found a string"), (None, "found null"), ([1], "found a list"),
+             (True, "found a boolean"), (11, "at most 10")]
+    for value, words in cases:
+        said = number_problem(value, integer=True, maximum=10)
+        assert words in said, (value, said)
+        assert not isinstance(value, (int, str)) or str(value) not in said.replace("10", ""), said

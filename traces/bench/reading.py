@@ -11,8 +11,8 @@ their magic bytes, within the decompression cap); FIFOs and devices are refused 
 (``traces.loaders.stream``).
 
 No element may nest more than ``engine.files.MAX_NESTING`` levels (below the array): every text
-read into the buffer is measured before the decoder (which recurses) sees it, and an element that
-goes too deep is refused by its index.
+read is measured (``engine.files.JsonNesting``, each character once) before the decoder, which
+recurses, sees it, and an element that goes too deep is refused by its index.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import re
 import zlib
 from collections.abc import Iterator
 
-from engine.files import MAX_NESTING, first_too_deep
+from engine.files import MAX_NESTING, JsonNesting
 from traces.errors import TraceFormatError
 from traces.loaders.stream import MAX_LINE_CHARS, PathArg, limit_text, open_text
 from traces.loaders.text import read_jsonl
@@ -41,11 +41,10 @@ def _kind(char: str) -> str:
 class _Buffer:
     """Text read so far from ``handle``, with the line and column of every position.
 
-    ``too_deep_at`` is the position of the first bracket in ``text`` that opens more levels than
+    ``too_deep_at`` is the position in ``text`` of the first bracket that opens more levels than
     an element may have (None: none does), and ``decodable`` the text before it: all the decoder
-    may see. The buffer starts at the file's start (the array's ``[`` is one level more) or at an
-    element's start (``drop_before``), so every read measures the whole buffer from a position
-    outside any string.
+    may see. Each read is measured as it comes (``nesting``: the array's ``[`` is one level more
+    than an element may open).
     """
 
     def __init__(self, path: PathArg, handle):
@@ -54,7 +53,7 @@ class _Buffer:
         self.eof = False
         self.line_at_start = 1  # line of text[0]
         self.column_at_start = 1  # column of text[0]
-        self.levels = MAX_NESTING + 1  # levels text[0:] may open: an element's, and the array's
+        self.nesting = JsonNesting(MAX_NESTING + 1)
         self.too_deep_at: int | None = None
         self.decodable = ""
         self._forget()
@@ -67,8 +66,10 @@ class _Buffer:
         except UnicodeDecodeError:
             raise TraceFormatError(self.path, "not UTF-8 text") from None
         if more:
+            if self.too_deep_at is None:
+                deep = self.nesting.feed(more)
+                self.too_deep_at = None if deep is None else len(self.text) + deep
             self.text += more
-            self.too_deep_at = first_too_deep(self.text, self.levels)
             self._cut_decodable()
         else:
             self.eof = True
@@ -91,10 +92,8 @@ class _Buffer:
         self._pos, self._line, self._last_newline = 0, self.line_at_start, -1
 
     def drop_before(self, pos: int) -> None:
-        """Forget the text before ``pos``, an element's start (one level inside the array)."""
         self.line_at_start, self.column_at_start = self.where(pos)
         self.text = self.text[pos:]
-        self.levels = MAX_NESTING
         if self.too_deep_at is not None:
             self.too_deep_at -= pos
         self._cut_decodable()
