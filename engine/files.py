@@ -290,34 +290,21 @@ class JsonNesting:
     def _feed_bytes(self, data: bytes) -> int | None:
         import numpy as np
 
-        # positions of the bytes that matter (a 0/1 mask: numpy finds a bool array's ones fastest)
-        where = np.flatnonzero(np.frombuffer(data.translate(_MATTERS), np.bool_))
-        byte = np.frombuffer(data, np.uint8)[where]
-        quotes = where[byte == ord('"')]
-        slashes = where[byte == ord("\\")]
+        raw = np.frombuffer(data, np.uint8)
+        quotes = np.flatnonzero(raw == ord('"'))
         carried = self.backslashes
-        # the run of backslashes right before each quote (an odd run escapes it)
-        run = np.zeros(quotes.size, np.int64)
-        if slashes.size:
-            starts = np.ones(slashes.size, bool)
-            starts[1:] = np.diff(slashes) != 1
-            first = np.maximum.accumulate(np.where(starts, np.arange(slashes.size), 0))  # its run's first
-            j = np.minimum(np.searchsorted(slashes, quotes - 1), slashes.size - 1)
-            before = slashes[j] == quotes - 1
-            run = np.where(before, j - first[j] + 1 + np.where(slashes[first[j]] == 0, carried, 0), 0)
-            ends = slashes[-1] == len(data) - 1
-            self.backslashes = (slashes.size - first[-1] + (carried if slashes[first[-1]] == 0 else 0)) if ends else 0
-        elif len(data):
-            self.backslashes = 0
-        run = np.where(quotes == 0, np.maximum(run, carried), run)  # a run carried over from the last piece
-        real = quotes[run % 2 == 0]
-        is_bracket = (byte != ord('"')) & (byte != ord("\\"))
-        brackets, opens = where[is_bracket], (byte[is_bracket] == ord("[")) | (byte[is_bracket] == ord("{"))
-        outside = (np.searchsorted(real, brackets) + self.in_string) % 2 == 0
-        self.in_string ^= bool(real.size % 2)
-        brackets, opens = brackets[outside], opens[outside]
+        trailing = len(data) - len(data.rstrip(b"\\"))  # the run of backslashes the chunk ends with
+        self.backslashes = trailing + (carried if trailing == len(data) else 0)
+        if quotes.size and (b'\\"' in data or (carried % 2 and data[:1] == b'"')):
+            quotes = quotes[~self._escaped(quotes, np.flatnonzero(raw == ord("\\")), carried)]
+        # brackets (a 0/1 mask: numpy finds a bool array's ones fastest), and those outside strings
+        brackets = np.flatnonzero(np.frombuffer(data.translate(_BRACKETS), np.bool_))
+        outside = (np.searchsorted(quotes, brackets) + self.in_string) % 2 == 0
+        self.in_string ^= bool(quotes.size % 2)
+        brackets = brackets[outside]
         if not brackets.size:
             return None
+        opens = (raw[brackets] == ord("[")) | (raw[brackets] == ord("{"))
         running = self.depth + np.cumsum(np.where(opens, 1, -1), dtype=np.int64)
         past = np.flatnonzero(running > self.limit)
         if past.size:
@@ -325,9 +312,26 @@ class JsonNesting:
         self.depth = int(running[-1])
         return None
 
+    @staticmethod
+    def _escaped(quotes, slashes, carried: int):
+        """Which of ``quotes`` (positions) an odd run of backslashes (``slashes``: positions; a run
+        from position 0 goes on with ``carried`` from the last chunk) escapes."""
+        import numpy as np
 
-# The bytes ``JsonNesting`` looks at, as a ``bytes.translate`` table: 1 for each, 0 for the rest.
-_MATTERS = bytes(1 if b in b'"\\[]{}' else 0 for b in range(256))
+        before = np.zeros(quotes.size, np.int64)  # backslashes right before each quote
+        if slashes.size:
+            # positions minus their rank are equal along a run of consecutive positions
+            run_id = slashes - np.arange(slashes.size)
+            last = np.minimum(np.searchsorted(slashes, quotes - 1), slashes.size - 1)
+            follows = slashes[last] == quotes - 1
+            first = np.searchsorted(run_id, run_id[last])
+            before = np.where(follows, last - first + 1 + np.where(slashes[first] == 0, carried, 0), 0)
+        before = np.where(quotes == 0, carried, before)
+        return before % 2 == 1
+
+
+# The brackets, as a ``bytes.translate`` table: 1 for each, 0 for every other byte.
+_BRACKETS = bytes(1 if b in b"[]{}" else 0 for b in range(256))
 
 
 def nesting_depth(value: Any) -> int:
