@@ -8,7 +8,8 @@ Each case builds its files in a fresh folder and runs the installed ``pagesim`` 
   pagesim's warnings), nothing on stdout, the case's words in that line;
 - ``warn``: exit 0 and one ``pagesim CMD: warning: ...`` line holding the case's words;
 - ``no-leak``: any exit but a signal, no traceback, and none of the case's secret strings in
-  stdout, stderr or the files the case names (a study's ``results.jsonl``).
+  stdout, stderr or any file pagesim wrote in the case's folder (a study's ``results.jsonl``);
+  the other kinds check their ``absent`` strings the same way.
 
 Every case must finish within its time limit and ``MAX_RSS_BYTES``; none may show a traceback.
 ``classify`` names what went wrong (traceback, silent, hang, message) so the table can be counted
