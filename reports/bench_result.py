@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.files import read_small_bytes
+from engine.files import InputFileError, loads_json, read_small_bytes
 from sim import bench_metrics
 from sim.bench_metrics import Slo, percentile_key
 
@@ -204,9 +204,11 @@ def load_result(path: str | os.PathLike) -> dict:
     text = data.decode("utf-8", errors="replace").strip()
     last_line = text[max(text.rfind("\n"), text.rfind("\r")) + 1:]
     for candidate in (text, last_line):
-        try:
-            obj = json.loads(candidate)
-        except (json.JSONDecodeError, RecursionError):
+        try:  # (guarded: nested too deeply, it is refused before it is parsed)
+            obj = loads_json(candidate, path=p)
+        except InputFileError as exc:
+            if "nested" in exc.problem:
+                raise ValueError(str(exc)) from None
             continue
         if isinstance(obj, dict):
             return obj

@@ -63,7 +63,6 @@ import hashlib
 import itertools
 import json
 import math
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,10 +182,15 @@ def load_spec(path: str | Path, overrides: Iterable[str] = (), *, allow_plugins:
 
 def parse_spec(text: str, overrides: Iterable[str] = (), *, origin: str = "spec", allow_plugins: bool = False,
                max_runs: int = MAX_RUNS) -> StudySpec:
+    """The study ``text`` describes (``origin``: its file, for messages). Parsed by
+    ``engine.files.loads_toml``: a spec nested more than ``MAX_NESTING`` levels is refused
+    before ``tomllib`` (which recurses) reads it."""
+    from engine.files import InputFileError, loads_toml
+
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{origin}: not valid TOML: {exc}") from None
+        doc = loads_toml(text, path=origin)
+    except InputFileError as exc:
+        raise SpecError(str(exc)) from None
     for item in overrides:
         apply_override(doc, item)
     return validate(doc, origin, allow_plugins=allow_plugins, max_runs=max_runs)
@@ -194,12 +198,16 @@ def parse_spec(text: str, overrides: Iterable[str] = (), *, origin: str = "spec"
 
 def apply_override(doc: dict, item: str) -> None:
     """``a.b=VALUE``: set a key of the document; VALUE is TOML (``[8, 16]``, ``2.5``) or a bare string."""
+    from engine.files import InputFileError, loads_toml
+
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise SpecError(f"--set expects KEY=VALUE (e.g. source.num_requests=200), got {item!r}")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+        value = loads_toml(f"v = {raw}", path=f"--set {key.strip()}")["v"]
+    except InputFileError as exc:
+        if "nested" in exc.problem:
+            raise SpecError(f"--set {key.strip()}: the value is {exc.problem.partition(' (')[0]}") from None
         value = raw
     parts = key.strip().split(".")
     node: Any = doc
@@ -300,9 +308,13 @@ def _source(value: Any, origin: str) -> dict[str, Any]:
     if "rate" in out and not 0 < out["rate"] < math.inf:
         raise SpecError(f"{origin}: source.rate must be a positive number of requests/s")
     if "trace" in out:
+        from engine.files import InputFileError, require_regular_file
+
         path = Path(out["trace"])
-        if not path.is_file():
-            raise SpecError(f"{origin}: source.trace: no such file {path}")
+        try:  # (a FIFO or a device is named as what it is, not as missing)
+            require_regular_file(path, what="trace file")
+        except InputFileError as exc:
+            raise SpecError(f"{origin}: source.trace: {exc}") from None
         # The file's identity is part of every run's id: an edited trace is not served stale results.
         stat = path.stat()
         out["trace_identity"] = f"{stat.st_size}:{stat.st_mtime_ns}"

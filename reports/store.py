@@ -9,7 +9,7 @@ each id (a retried failure's newest attempt).
 
 Every whole line is checked (``parse_record``): UTF-8 without NUL bytes, one JSON object, a run
 record as ``reports.runner.run_one`` writes it (an id, a config whose ``run_id`` is that id, a
-status of "ok" with a summary or "error" with the error). A line that fails is never fatal: its run
+status of "ok" with a summary or "error" with the error, no NaN or infinity anywhere). A line that fails is never fatal: its run
 counts as not run (so the study runs it again) and a ``ResultsWarning`` says which line and why.
 Loading to append (``repair``) also sets it aside: it is appended to ``results.rejected.jsonl``
 with its line number, its problem and the line whole (``text``, or ``bytes_base64`` when it is
@@ -28,17 +28,20 @@ import contextlib
 import json
 import math
 import os
+import re
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from engine.atomic import staged_files, writing
-from engine.files import open_regular
+from engine.files import first_non_finite, open_regular
 from engine.outputs import own_opener
 from reports.spec import run_id
 
 STATUSES = ("ok", "error")
+# NaN, Infinity, or an exponent of 3+ digits (1e400 reads as infinity): only then is a record walked
+_MAY_HOLD_NON_FINITE = re.compile(r"NaN|Infinity|[0-9][eE][+-]?[0-9]{3}")
 SHOWN = 3  # rejected lines a warning names
 
 
@@ -163,6 +166,10 @@ def parse_record(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"not JSON ({type(exc).__name__})"
     if not isinstance(record, dict):
         return None, f"a JSON {type(record).__name__}, not a run record"
+    if _MAY_HOLD_NON_FINITE.search(text):  # (pagesim writes none: a figure the report must not draw)
+        where = first_non_finite(record)
+        if where is not None:
+            return None, f"{where} is not a finite number (NaN or an infinity)"
     why = problem(record)
     if why is None and record["id"] != run_id(record["config"]):
         why = f"id {_short(record['id'])} is not its config's ({run_id(record['config'])})"

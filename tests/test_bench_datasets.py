@@ -354,7 +354,7 @@ def test_custom_errors(tmp_path, word_tokenizer):
 
 
 def test_custom_line_limit(tmp_path, monkeypatch, word_tokenizer):
-    monkeypatch.setattr(reading, "MAX_ENTRY_CHARS", 100)
+    monkeypatch.setattr(reading, "MAX_LINE_CHARS", 100)  # (a JSONL line's cap: a trace line's, 4 MiB)
     path = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "w1 w2 w3"}, {"prompt": SECRET * 20}])
     with pytest.raises(TraceFormatError, match=r"c.jsonl:2: line longer than the 100 characters limit") as info:
         custom_trace(path, word_tokenizer, num_prompts=1)

@@ -100,7 +100,8 @@ def _custom_spec(args: argparse.Namespace):
         columns = ColumnMap.parse(args.columns) if args.columns else None
         fields["pairs"] = LengthPairs.from_file(args.lengths, format=args.format, columns=columns)
     elif args.prompt_len and args.output_len:
-        fields["prompt"], fields["output"] = parse_lengths(args.prompt_len), parse_lengths(args.output_len)
+        fields["prompt"] = _flagged("--prompt-len", lambda: parse_lengths(args.prompt_len))
+        fields["output"] = _flagged("--output-len", lambda: parse_lengths(args.output_len))
     else:
         raise ValueError("a custom workload needs --prompt-len and --output-len, or --lengths PATH")
     if args.system_prompts:
@@ -109,20 +110,27 @@ def _custom_spec(args: argparse.Namespace):
             k, tokens, fraction = int(k), int(tokens), float(fraction)
         except ValueError:
             raise ValueError(f"--system-prompts: expected K:TOKENS:FRACTION, got {args.system_prompts!r}") from None
-        fields["system_prompts"] = SystemPrompts(k, tokens, fraction)
+        fields["system_prompts"] = _flagged("--system-prompts", lambda: SystemPrompts(k, tokens, fraction))
     if args.turns is not None:
-        fields["conversations"] = Conversations(args.turns, _given(args, "think_time", 30.0),
-                                                _given(args, "max_context", 32768), args.warmup)
+        fields["conversations"] = _flagged("--turns / --think-time / --max-context / --warmup", lambda: Conversations(
+            args.turns, _given(args, "think_time", 30.0), _given(args, "max_context", 32768), args.warmup))
     else:
         for flag in ("think_time", "max_context", "warmup"):
             if getattr(args, flag) is not None:
                 raise ValueError(f"--{flag.replace('_', '-')} applies to conversations (--turns MEAN)")
-    return WorkloadSpec(
-        num_requests=args.num_requests,
-        sampling=Sampling(_given(args, "n", 1), _given(args, "beam_width", 1), _given(args, "sampling_fraction", 1.0)),
-        priority_levels=_given(args, "priority_levels", 1),
-        identity_block_tokens=_given(args, "identity_block_tokens", 64),
-        seed=args.seed, name="custom", **fields)
+    sampling = _flagged("--n / --beam-width / --sampling-fraction", lambda: Sampling(
+        _given(args, "n", 1), _given(args, "beam_width", 1), _given(args, "sampling_fraction", 1.0)))
+    return _flagged("--num-requests / --priority-levels / --identity-block-tokens", lambda: WorkloadSpec(
+        num_requests=args.num_requests, sampling=sampling, priority_levels=_given(args, "priority_levels", 1),
+        identity_block_tokens=_given(args, "identity_block_tokens", 64), seed=args.seed, name="custom", **fields))
+
+
+def _flagged(flags: str, build):
+    """``build()``, its ``ValueError`` (a bound it checks) restated as one naming the flags it came from."""
+    try:
+        return build()
+    except ValueError as exc:
+        raise ValueError(f"{flags}: {exc}") from None
 
 
 def run_gen(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ a Llama of the wrong size.
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ FAMILY_DEFAULTS["gemma3"] = FAMILY_DEFAULTS["gemma3_text"]
 
 
 MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is a few KiB
+# ModelPreset's field -> the config.json key it is read from, where they differ (for messages)
+CONFIG_KEYS = {"num_kv_heads": "num_key_value_heads", "num_layers": "num_hidden_layers"}
 
 #: The ``model_type`` values and ``architectures`` whose keys this module reads (the families above).
 KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
@@ -87,7 +90,16 @@ def preset_from_hf_config(path: str | Path) -> ModelPreset:
     # Multimodal configs (Gemma 3) nest the language model under text_config.
     config = outer["text_config"] if isinstance(outer.get("text_config"), dict) else outer
     _check_architecture(path, config, outer)
-    return _Reader(path, config, outer).preset()
+    try:
+        return _Reader(path, config, outer).preset()
+    except ValueError as exc:  # ModelPreset's own checks speak of a "model preset NAME": this is the file
+        message = str(exc)
+        if message.startswith("model preset "):
+            problem = message.partition(": ")[2] or message
+            for field, key in CONFIG_KEYS.items():  # the preset's names for what the file calls otherwise
+                problem = re.sub(rf"\b{field}\b", key, problem)
+            raise ValueError(f"model config {path}: {problem}") from None
+        raise
 
 
 def _check_architecture(path: Path, config: dict, outer: dict) -> None:

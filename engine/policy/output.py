@@ -33,7 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any
 
-from engine.files import InputFileError, open_regular
+from engine.files import MAX_NESTING, InputFileError, nesting_exceeds, open_regular
 from engine.policy.request import seq_id_of
 
 Pair = tuple[int, int]
@@ -263,6 +263,8 @@ class DecisionLog:
                                          "not a decision record", line_no)
                 if not line.strip():
                     continue
+                if nesting_exceeds(line):  # (before json.loads, which recurses: engine.files)
+                    raise InputFileError(source, f"JSON nested more than {MAX_NESTING} levels deep", line_no)
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:

@@ -9,12 +9,33 @@ from collections.abc import Callable
 import numpy as np
 
 from traces.bench.identities import PREFIX_CHUNK_TOKENS, chunk_identities
+from traces.bench.tokenizer import MAX_TEXT_CHARS
+from traces.errors import TraceFormatError
+from traces.generate.lengths import MAX_LENGTH_TOKENS
+from traces.loaders.stream import limit_text
 from traces.trace import Trace
 
 # vLLM 0.33 is_valid_sequence's defaults (datasets.py:340-346)
 MIN_LEN_TOKENS = 4
 MAX_PROMPT_TOKENS = 1024
 MAX_TOTAL_TOKENS = 2048
+
+
+def checked_text(path, text: str, where: str, line: int | None = None) -> str:
+    """``text`` (a prompt or a completion, ``where`` naming it), or a ``TraceFormatError`` if it is
+    longer than ``MAX_TEXT_CHARS``: no tokenizer is handed a longer one."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise TraceFormatError(path, f"{where} is longer than the {limit_text(MAX_TEXT_CHARS)} limit for one text "
+                               "(no tokenizer is handed a longer one)", line)
+    return text
+
+
+def count_problem(value: int | None, what: str) -> str | None:
+    """Why ``value`` (a whole number read from a dataset, or None) is not a token count in
+    ``[1, MAX_LENGTH_TOKENS]``, or None."""
+    if value is None or not 1 <= value <= MAX_LENGTH_TOKENS:
+        return f"{what} must be a whole number from 1 to {MAX_LENGTH_TOKENS:,}"
+    return None
 
 
 def invalid_reason(prompt_len: int, output_len: int, *, skip_min_output_len_check: bool = False) -> str | None:

@@ -15,7 +15,8 @@ Deviations: vLLM applies the tokenizer's chat template to the prompt before coun
 ``--skip-chat-template``), and the trace says so. A prompt of 0 tokens, which a Trace cannot
 hold, is skipped and counted. A line missing ``prompt``, or whose ``output_tokens`` is not a
 whole number >= 1, is an error naming the line, checked on every line (vLLM checks the lines it
-samples, and truncates ``12.7`` to 12).
+samples, and truncates ``12.7`` to 12); so is an ``output_tokens`` above ``MAX_LENGTH_TOKENS``
+(16,777,216; ``1e300`` is not a count). A line may be at most 4 MiB, as a trace's line.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import os
 
 import numpy as np
 
-from traces.bench.common import dataset_trace, oversample_rows, shuffled
+from traces.bench.common import count_problem, dataset_trace, oversample_rows, shuffled
 from traces.bench.reading import iter_jsonl
-from traces.bench.tokenizer import Tokenizer
+from traces.bench.tokenizer import Tokenizer, warn_if_one_id
 from traces.errors import TraceFormatError
 from traces.trace import Trace
 
@@ -60,8 +61,9 @@ def custom_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prom
     if not name.endswith((".jsonl", ".jsonl.gz")):
         raise ValueError(f"{name}: the custom dataset reads JSONL files named *.jsonl (as vLLM's CustomDataset)")
     from_file = output_len is None or output_len == -1
-    if not from_file and output_len < 1:
-        raise ValueError(f"--custom-output-len must be >= 1 (or -1 for each line's output_tokens), got {output_len}")
+    problem = None if from_file else count_problem(output_len, "--custom-output-len")
+    if problem is not None:
+        raise ValueError(f"{problem} (or -1 for each line's output_tokens), got {output_len}")
     rows: list[tuple[int, str, int]] = []  # (line, prompt, output length)
     for line, obj in iter_jsonl(path, what="line"):
         prompt = obj.get("prompt")
@@ -73,8 +75,9 @@ def custom_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prom
                 raise TraceFormatError(path, "missing key 'output_tokens' (needed when --custom-output-len "
                                        "is -1)", line)
             count = whole_count(obj["output_tokens"])
-            if count is None or count < 1:
-                raise TraceFormatError(path, "output_tokens must be a whole number >= 1", line)
+            problem = count_problem(count, "output_tokens")
+            if problem is not None:
+                raise TraceFormatError(path, problem, line)
         else:
             count = output_len
         rows.append((line, prompt, count))
@@ -84,6 +87,7 @@ def custom_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prom
     taken = [rows[i] for i in order[:num_prompts]]
     prompt_ids = tokenizer.encode_batch([prompt for _, prompt, _ in taken])
     kept = [(ids, count) for ids, (_, _, count) in zip(prompt_ids, taken) if len(ids) > 0]
+    warn_if_one_id(tokenizer, [ids for ids, _ in kept], path)
     empty = len(taken) - len(kept)
     extra = oversample_rows(len(kept), num_prompts, seed) if oversample else []
     kept += [kept[row] for row in extra]

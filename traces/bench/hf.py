@@ -28,11 +28,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from traces.bench.common import dataset_trace, invalid_reason, oversample_rows, shuffled, take_valid
+from traces.bench.common import (checked_text, count_problem, dataset_trace, invalid_reason, oversample_rows,
+                                 shuffled, take_valid)
 from traces.bench.custom import whole_count
 from traces.bench.reading import iter_jsonl
-from traces.bench.tokenizer import Tokenizer
+from traces.bench.tokenizer import Tokenizer, warn_if_one_id
 from traces.errors import TraceFormatError
+from traces.generate.lengths import MAX_LENGTH_TOKENS
 from traces.loaders.stream import require_regular_file
 from traces.trace import Trace
 
@@ -55,9 +57,8 @@ def _rows(path: str | os.PathLike[str], columns: list[str]) -> Iterator[tuple[st
         present = set(table.schema_arrow.names)
         missing = [c for c in columns if c not in present]
         if missing:
-            names = ", ".join(sorted(present))
-            raise TraceFormatError(path, f"no column {missing[0]!r} (columns: "
-                                   f"{names if len(names) <= 80 else names[:79] + '…'})")
+            # (the file's own column names are not quoted: a message never holds what a file holds)
+            raise TraceFormatError(path, f"no column {missing[0]!r} among its {len(present)} columns")
         row = 0
         for batch in table.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
             for item in batch.to_pylist():
@@ -74,7 +75,7 @@ def _rows(path: str | os.PathLike[str], columns: list[str]) -> Iterator[tuple[st
 def _text(path, where: str, value, what: str) -> str:
     if not isinstance(value, str):
         raise TraceFormatError(path, f"{where}: {what} must be text")
-    return value
+    return checked_text(path, value, f"{where}: {what}")
 
 
 def hf_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prompts: int, seed: int = 0,
@@ -83,8 +84,9 @@ def hf_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prompts:
     """The requests a local Hugging Face dataset file gives, sampled as vLLM's conversation datasets."""
     if num_prompts < 1:
         raise ValueError(f"the number of prompts must be >= 1, got {num_prompts}")
-    if output_len is not None and output_len < 1:
-        raise ValueError(f"--hf-output-len must be >= 1, got {output_len}")
+    problem = None if output_len is None else count_problem(output_len, "--hf-output-len")
+    if problem is not None:
+        raise ValueError(f"{problem}, got {output_len}")
     if output_column is not None and prompt_column is None:
         raise ValueError("--hf-output-column goes with --hf-prompt-column")
     if prompt_column is not None and output_column is None and output_len is None:
@@ -116,9 +118,9 @@ def hf_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prompts:
             target = None if output_column is None else item[output_column]
             if target is not None and not isinstance(target, str):
                 target = whole_count(target)
-                if target is None or target < 1:
+                if count_problem(target, "the count") is not None:
                     raise TraceFormatError(path, f"{where}: column {output_column!r} must be text or a whole "
-                                           "number >= 1")
+                                           f"number from 1 to {MAX_LENGTH_TOKENS:,}")
             rows.append((prompt, target))
     # vLLM shuffles the whole dataset (load_data), then drops short conversations while sampling
     order = shuffled(len(rows), seed) if shuffle else list(range(len(rows)))
@@ -141,6 +143,7 @@ def hf_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prompts:
         return reason
 
     prompts, outputs, examined = take_valid(candidates, num_prompts, encode, reason_of, skipped)
+    warn_if_one_id(tokenizer, prompts, path)
     num_sampled = len(prompts)
     extra = oversample_rows(num_sampled, num_prompts, seed) if oversample else []
     prompts += [prompts[row] for row in extra]

@@ -4,10 +4,15 @@ quote the file.
 
 vLLM 0.33 reads a ShareGPT file with ``json.load`` (datasets.py:1344) and a custom JSONL file
 with ``pandas.read_json`` (:2457): the whole file at once. Here a file of any size is read in
-chunks of ``READ_CHARS`` characters; one element (one conversation, one line) may be at most
-``MAX_ENTRY_CHARS`` characters, so memory stays bounded by what is kept, not by the file.
-Files may be gzip-compressed (by their magic bytes, within the decompression cap); FIFOs and
-devices are refused by name (``traces.loaders.stream``).
+chunks of ``READ_CHARS`` characters; one array element (one conversation) may be at most
+``MAX_ENTRY_CHARS`` characters and one JSONL line at most ``MAX_LINE_CHARS`` (4 MiB, as a trace's
+line), so memory stays bounded by what is kept, not by the file. Files may be gzip-compressed (by
+their magic bytes, within the decompression cap); FIFOs and devices are refused by name
+(``traces.loaders.stream``).
+
+No element may nest more than ``engine.files.MAX_NESTING`` levels (below the array): every text
+read is measured (``engine.files.JsonNesting``, each character once) before the decoder, which
+recurses, sees it, and an element that goes too deep is refused by its index.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import re
 import zlib
 from collections.abc import Iterator
 
+from engine.files import MAX_NESTING, JsonNesting
 from traces.errors import TraceFormatError
-from traces.loaders.stream import PathArg, limit_text, open_text
+from traces.loaders.stream import MAX_LINE_CHARS, PathArg, limit_text, open_text
 from traces.loaders.text import read_jsonl
 
-MAX_ENTRY_CHARS = 64 * 2**20  # one JSON array element or one JSONL line, in characters
+MAX_ENTRY_CHARS = 64 * 2**20  # one JSON array element (a whole conversation), in characters
 READ_CHARS = 2**20  # characters read per refill
 _SPACE = re.compile(r"[ \t\r\n]*")
 # a decode error this close to the end of what is buffered may be a cut, not a mistake
@@ -33,7 +39,13 @@ def _kind(char: str) -> str:
 
 
 class _Buffer:
-    """Text read so far from ``handle``, with the line and column of every position."""
+    """Text read so far from ``handle``, with the line and column of every position.
+
+    ``too_deep_at`` is the position in ``text`` of the first bracket that opens more levels than
+    an element may have (None: none does), and ``decodable`` the text before it: all the decoder
+    may see. Each read is measured as it comes (``nesting``: the array's ``[`` is one level more
+    than an element may open).
+    """
 
     def __init__(self, path: PathArg, handle):
         self.path, self.handle = path, handle
@@ -41,6 +53,9 @@ class _Buffer:
         self.eof = False
         self.line_at_start = 1  # line of text[0]
         self.column_at_start = 1  # column of text[0]
+        self.nesting = JsonNesting(MAX_NESTING + 1)
+        self.too_deep_at: int | None = None
+        self.decodable = ""
         self._forget()
 
     def read_more(self, at_least: int) -> None:
@@ -51,7 +66,11 @@ class _Buffer:
         except UnicodeDecodeError:
             raise TraceFormatError(self.path, "not UTF-8 text") from None
         if more:
+            if self.too_deep_at is None:
+                deep = self.nesting.feed(more)
+                self.too_deep_at = None if deep is None else len(self.text) + deep
             self.text += more
+            self._cut_decodable()
         else:
             self.eof = True
 
@@ -75,7 +94,13 @@ class _Buffer:
     def drop_before(self, pos: int) -> None:
         self.line_at_start, self.column_at_start = self.where(pos)
         self.text = self.text[pos:]
+        if self.too_deep_at is not None:
+            self.too_deep_at -= pos
+        self._cut_decodable()
         self._forget()
+
+    def _cut_decodable(self) -> None:
+        self.decodable = self.text if self.too_deep_at is None else self.text[:self.too_deep_at]
 
     def skip_space(self, pos: int) -> int:
         """The first non-space position at or after ``pos`` (reading on as needed), or
@@ -144,12 +169,20 @@ def iter_json_array(path: PathArg, *, what: str = "entry") -> Iterator[tuple[int
 
 
 def _decode_element(buf: _Buffer, decoder: json.JSONDecoder, pos: int, index: int, limit: int, what: str):
-    """One element starting at ``buf.text[pos]``: ``(value, end)``, reading on while it may be cut."""
+    """One element starting at ``buf.text[pos]``: ``(value, end)``, reading on while it may be cut.
+
+    The decoder sees no text past ``buf.too_deep_at``: an element that does not end before it
+    is the one that nests too deeply (unless it is not JSON before that point)."""
     while True:
+        deep, text = buf.too_deep_at, buf.decodable
         try:
-            value, end = decoder.raw_decode(buf.text, pos)
+            value, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            cut = exc.pos >= len(buf.text) - _CUT_MARGIN or exc.msg.startswith("Unterminated string")
+            cut = exc.pos >= len(text) - _CUT_MARGIN or exc.msg.startswith("Unterminated string")
+            if deep is not None and cut:
+                line, column = buf.where(deep)
+                raise TraceFormatError(buf.path, f"{what} {index}: JSON nested more than {MAX_NESTING} levels "
+                                       f"deep (column {column})", line) from None
             if not cut or buf.eof:
                 line, column = buf.where(exc.pos)
                 raise TraceFormatError(buf.path, f"{what} {index}: not valid JSON ({exc.msg}, column {column})",
@@ -173,6 +206,6 @@ def _too_large(buf: _Buffer, pos: int, index: int, limit: int, what: str):
 
 def iter_jsonl(path: PathArg, *, what: str = "line") -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` for each non-blank line, read a block of lines at a time
-    (``traces.loaders.text.read_jsonl``); a line longer than ``MAX_ENTRY_CHARS`` or that is not
-    a JSON object is an error naming the line."""
-    return read_jsonl(path, max_line_chars=MAX_ENTRY_CHARS, what=what, cut_off_ok=False)
+    (``traces.loaders.text.read_jsonl``); a line longer than ``MAX_LINE_CHARS`` (as a trace's),
+    nested too deeply or that is not a JSON object is an error naming the line."""
+    return read_jsonl(path, max_line_chars=MAX_LINE_CHARS, what=what, cut_off_ok=False)

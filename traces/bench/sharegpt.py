@@ -19,7 +19,9 @@ read streamed: ``traces.bench.reading``). Following ``ShareGPTDataset`` (dataset
 
 Deviation, stricter than vLLM: an entry that is not an object, whose ``conversations`` is not a
 list, or whose first two turns lack a string ``value`` is an error naming the entry (vLLM would
-crash on it, or silently drop a non-object); vLLM only reads plain JSON, gzip is accepted here.
+crash on it, or silently drop a non-object); so is a first or second turn longer than
+``MAX_TEXT_CHARS`` (4 MiB), which no tokenizer is handed (vLLM would tokenize it, and drop it as
+over 1024 tokens); vLLM only reads plain JSON, gzip is accepted here.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import os
 
 import numpy as np
 
-from traces.bench.common import dataset_trace, invalid_reason, oversample_rows, shuffled, take_valid
+from traces.bench.common import checked_text, dataset_trace, invalid_reason, oversample_rows, shuffled, take_valid
 from traces.bench.reading import iter_json_array
-from traces.bench.tokenizer import Tokenizer
+from traces.bench.tokenizer import Tokenizer, warn_if_one_id
 from traces.errors import TraceFormatError
 from traces.trace import Trace
 
@@ -59,7 +61,7 @@ def read_sharegpt_pairs(path: str | os.PathLike[str], counts: dict) -> list[tupl
             if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
                 raise TraceFormatError(path, f"entry {index}: turn {k} must be an object with a string \"value\"",
                                        line)
-            texts.append(turn["value"])
+            texts.append(checked_text(path, turn["value"], f"entry {index}: turn {k}'s \"value\"", line))
         pairs.append((texts[0], texts[1]))
     return pairs
 
@@ -97,6 +99,7 @@ def sharegpt_trace(
     prompts, outputs, examined = take_valid(
         [pairs[i] for i in order], wanted, encode,
         lambda ids, out: invalid_reason(len(ids), out, skip_min_output_len_check=output_len is not None), skipped)
+    warn_if_one_id(tokenizer, prompts, path)
     num_sampled = len(prompts)
     extra = oversample_rows(num_sampled, wanted, seed) if oversample and num_prompts is not None else []
     prompts += [prompts[row] for row in extra]

@@ -11,6 +11,12 @@ Without a tokenizer, ``EstimateTokenizer`` gives one token per 4 characters (rou
 pseudo-id per 4-character piece (a hash of the piece), so equal texts give equal ids and
 prompts that start alike share their first ids. It is an estimate, and every trace says so in
 ``metadata["tokenizer"]``.
+
+Two guards: no tokenizer is handed a text longer than ``MAX_TEXT_CHARS`` (the datasets refuse
+one by its entry first; ``tokenizers`` aborts the process on some 60 MB texts), and
+``warn_if_one_id`` warns when a tokenizer maps most of the prompts' tokens to one id (a
+tokenizer for another vocabulary turns nearly every word into ``[UNK]``: every prompt then
+looks alike, and prefix caching hits on text that shares nothing).
 """
 
 from __future__ import annotations
@@ -22,10 +28,18 @@ from typing import Protocol
 import numpy as np
 
 from engine.files import InputFileError, read_small_text
+from traces.errors import warn
+from traces.loaders.stream import MAX_LINE_CHARS, limit_text
 from traces.tokens import splitmix64
 
 CHARS_PER_TOKEN = 4  # the estimate's characters per token
 MAX_TOKENIZER_BYTES = 256 * 2**20  # tokenizer.json files are a few MiB (Llama 3's: 9 MB)
+# The longest text a tokenizer is handed: a trace's line cap. (``tokenizers`` aborts the process on
+# some 60 MB texts; vLLM would drop any prompt that long as over 1024 tokens anyway.)
+MAX_TEXT_CHARS = MAX_LINE_CHARS
+ONE_ID_SHARE = 0.5  # a tokenizer that gives one id this share of the tokens is warned about ...
+ONE_ID_MIN_TOKENS = 100  # ... once it has given this many (the commonest word of English text: ~5%)
+ONE_ID_SAMPLE = 2**17  # tokens judged: enough to tell, cheap on a whole ShareGPT file
 _PSEUDO_ID_MASK = np.uint64(2**31 - 1)  # estimate ids lie in [0, 2**31)
 
 
@@ -52,6 +66,7 @@ class EstimateTokenizer:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """Each text's int64 ids, one per 4-character piece: the piece's code points mixed by
         splitmix64 (all texts in one numpy pass)."""
+        texts = _bounded(texts)
         lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
         pieces = -(-lengths // CHARS_PER_TOKEN)
         offsets = np.zeros(len(texts) + 1, np.int64)
@@ -91,16 +106,51 @@ class HFTokenizer:
         self.describe = f"tokenizer.json: {file} (special tokens added, as vLLM's tokenizer(text).input_ids)"
 
     def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text).ids
+        return self._tokenizer.encode(_bounded([text])[0]).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(_bounded(texts))]
 
     def count(self, text: str) -> int:
-        return len(self._tokenizer.encode(text).ids)
+        return len(self.encode(text))
 
     def count_batch(self, texts: list[str]) -> list[int]:
-        return [len(encoding.ids) for encoding in self._tokenizer.encode_batch(texts)]
+        return [len(ids) for ids in self.encode_batch(texts)]
+
+
+def _bounded(texts: list[str]) -> list[str]:
+    """``texts``, each at most ``MAX_TEXT_CHARS`` long (a ``ValueError`` otherwise: the datasets
+    refuse a longer text by its entry before it gets here)."""
+    if any(len(text) > MAX_TEXT_CHARS for text in texts):
+        raise ValueError(f"a text longer than {limit_text(MAX_TEXT_CHARS)} was about to be tokenized; "
+                         "no tokenizer is handed one")
+    return texts
+
+
+def warn_if_one_id(tokenizer: Tokenizer, prompt_ids: list, path) -> None:
+    """A ``TraceWarning`` about ``path`` when ``tokenizer`` (a Hugging Face one: the estimate
+    hashes text, it has no vocabulary) gave one id more than ``ONE_ID_SHARE`` of the tokens of
+    ``prompt_ids`` (each prompt's ids; the first ``ONE_ID_SAMPLE`` tokens are judged), special
+    tokens it adds to every text left out."""
+    if not isinstance(tokenizer, HFTokenizer) or not prompt_ids:
+        return
+    judged, total = [], 0
+    for ids in prompt_ids:  # the first prompts (in sampling order) holding ONE_ID_SAMPLE tokens
+        judged.append(np.asarray(ids, dtype=np.int64))
+        total += len(ids)
+        if total >= ONE_ID_SAMPLE:
+            break
+    ids = np.concatenate(judged)
+    added = tokenizer.num_special_tokens * len(judged)  # (a BOS per prompt is not the text's)
+    if len(ids) - added < ONE_ID_MIN_TOKENS:
+        return
+    values, counts = np.unique(ids, return_counts=True)
+    top = int(np.argmax(counts))
+    share = (int(counts[top]) - added) / (len(ids) - added)
+    if share > ONE_ID_SHARE:
+        warn(path, f"the tokenizer {tokenizer.path} maps {share:.0%} of the prompts' tokens to one id "
+             f"({int(values[top])}), so prompts look alike (and share cached prefixes) whatever their text; "
+             "is it the model's tokenizer?")
 
 
 def load_tokenizer(path: str | os.PathLike[str] | None) -> Tokenizer:

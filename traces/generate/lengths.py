@@ -13,6 +13,10 @@
   file such as the ShareGPT table, keeping their correlation.
 
 ``parse_lengths("lognormal:mean=161.31,cv=1")`` builds one from a CLI flag.
+
+Every length lies in ``[1, MAX_LENGTH_TOKENS]``: a bound that asks for more (a fixed length of
+1e14 tokens, a uniform or lognormal reaching past it) is refused, and a lognormal without a
+``high`` is cut at it, so a generated trace never holds a length no model could take.
 """
 
 from __future__ import annotations
@@ -22,14 +26,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+#: The longest prompt or output a generator draws: past any model's context (Llama 4 Scout's is 10M
+#: tokens), and small enough that a sum over a trace's lengths stays far inside int64.
+MAX_LENGTH_TOKENS = 2**24
+
+
+def _check_tokens(what: str, tokens: int) -> None:
+    if not 1 <= tokens <= MAX_LENGTH_TOKENS:
+        raise ValueError(f"{what} must be from 1 to {MAX_LENGTH_TOKENS:,} tokens, got {tokens:,}")
+
 
 @dataclass(frozen=True)
 class Fixed:
     tokens: int
 
     def __post_init__(self) -> None:
-        if self.tokens < 1:
-            raise ValueError(f"a fixed length must be >= 1 token, got {self.tokens}")
+        _check_tokens("a fixed length", self.tokens)
 
     def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
         return np.full(count, self.tokens, dtype=np.int64)
@@ -47,6 +59,7 @@ class Uniform:
     def __post_init__(self) -> None:
         if not 1 <= self.low <= self.high:
             raise ValueError(f"uniform lengths need 1 <= low <= high, got {self.low}..{self.high}")
+        _check_tokens("a uniform length's high end", self.high)
 
     def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
         return rng.integers(self.low, self.high + 1, count, dtype=np.int64)
@@ -64,18 +77,22 @@ class LogNormal:
     high: int | None = None
 
     def __post_init__(self) -> None:
-        if not (np.isfinite(self.mean) and self.mean >= 1):
-            raise ValueError(f"a lognormal length needs mean >= 1 token, got {self.mean}")
-        if not (np.isfinite(self.cv) and self.cv > 0):
-            raise ValueError(f"a lognormal length needs cv > 0, got {self.cv}")
+        if not (np.isfinite(self.mean) and 1 <= self.mean <= MAX_LENGTH_TOKENS):
+            raise ValueError(f"a lognormal length needs a mean from 1 to {MAX_LENGTH_TOKENS:,} tokens, got {self.mean}")
+        if not (np.isfinite(self.cv) and 0 < self.cv <= 1000):
+            raise ValueError(f"a lognormal length needs 0 < cv <= 1000, got {self.cv}")
         if self.low < 1 or (self.high is not None and self.high < self.low):
             raise ValueError(f"lognormal bounds need 1 <= low <= high, got {self.low}..{self.high}")
+        _check_tokens("a lognormal length's low end", self.low)
+        if self.high is not None:
+            _check_tokens("a lognormal length's high end", self.high)
 
     def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
         sigma2 = np.log1p(self.cv**2)
         mu = np.log(self.mean) - sigma2 / 2
-        values = np.rint(rng.lognormal(mu, np.sqrt(sigma2), count)).astype(np.int64)
-        return np.clip(values, self.low, self.high if self.high is not None else None)
+        # NOTE: clipped as floats: a draw past int64 must not wrap around before it is cut
+        draws = np.clip(rng.lognormal(mu, np.sqrt(sigma2), count), self.low, self.high or MAX_LENGTH_TOKENS)
+        return np.rint(draws).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -143,8 +160,8 @@ class Empirical:
     values: np.ndarray
 
     def __post_init__(self) -> None:
-        if len(self.values) == 0 or np.min(self.values) < 1:
-            raise ValueError("empirical lengths need at least one value, all >= 1")
+        if len(self.values) == 0 or np.min(self.values) < 1 or np.max(self.values) > MAX_LENGTH_TOKENS:
+            raise ValueError(f"empirical lengths need at least one value, all from 1 to {MAX_LENGTH_TOKENS:,}")
 
     def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
         return np.asarray(self.values, dtype=np.int64)[rng.integers(0, len(self.values), count)]

@@ -43,12 +43,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from traces.generate.arrivals import Poisson
-from traces.generate.lengths import LengthPairs, LogNormal
+from traces.generate.lengths import MAX_LENGTH_TOKENS, LengthPairs, LogNormal
 from traces.trace import Trace
 
 
 MAX_REQUESTS = 100_000_000  # ~5 GB of columns: beyond that, generate in parts
 MAX_MEAN_TURNS = 1000
+MAX_SYSTEM_PROMPTS = 1_000_000  # distinct shared system prompts (their identities are laid out up front)
+MAX_SAMPLES = 1024  # parallel samples (n) or beams per request
+MAX_PRIORITY_LEVELS = 2**31
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,9 @@ class SystemPrompts:
     fraction: float  # of requests (or conversations) that start with one
 
     def __post_init__(self) -> None:
-        if self.count < 1 or self.tokens < 1:
-            raise ValueError("system prompts need count >= 1 and tokens >= 1")
+        if not 1 <= self.count <= MAX_SYSTEM_PROMPTS or not 1 <= self.tokens <= MAX_LENGTH_TOKENS:
+            raise ValueError(f"system prompts need a count from 1 to {MAX_SYSTEM_PROMPTS:,} and tokens from 1 to "
+                             f"{MAX_LENGTH_TOKENS:,}, got {self.count:,} and {self.tokens:,}")
         if not 0 <= self.fraction <= 1:
             raise ValueError(f"system prompt fraction must be in [0, 1], got {self.fraction}")
 
@@ -84,8 +88,8 @@ class Conversations:
             raise ValueError(f"mean turns per conversation must be in [1, {MAX_MEAN_TURNS}], got {self.mean_turns}")
         if not 0 <= self.think_time_s < 1e9:
             raise ValueError(f"think time must be finite and >= 0 s, got {self.think_time_s}")
-        if self.max_context_tokens < 2:
-            raise ValueError("max_context_tokens must be >= 2")
+        if not 2 <= self.max_context_tokens <= MAX_LENGTH_TOKENS:
+            raise ValueError(f"max_context_tokens must be from 2 to {MAX_LENGTH_TOKENS:,}, got {self.max_context_tokens:,}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.n < 1 or self.beam_width < 1 or (self.n > 1 and self.beam_width > 1):
             raise ValueError("sampling needs n >= 1 and beam_width >= 1, not both > 1")
+        if max(self.n, self.beam_width) > MAX_SAMPLES:
+            raise ValueError(f"sampling needs n and beam_width of at most {MAX_SAMPLES}")
         if not 0 <= self.fraction <= 1:
             raise ValueError(f"sampling fraction must be in [0, 1], got {self.fraction}")
 
@@ -119,10 +125,10 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         if not 1 <= self.num_requests <= MAX_REQUESTS:
             raise ValueError(f"the number of requests must be in [1, {MAX_REQUESTS:,}], got {self.num_requests}")
-        if self.priority_levels < 1:
-            raise ValueError("priority levels must be >= 1")
-        if self.identity_block_tokens < 1:
-            raise ValueError("identity block size must be >= 1 token")
+        if not 1 <= self.priority_levels <= MAX_PRIORITY_LEVELS:
+            raise ValueError(f"priority levels must be from 1 to {MAX_PRIORITY_LEVELS:,}")
+        if not 1 <= self.identity_block_tokens <= MAX_LENGTH_TOKENS:
+            raise ValueError(f"identity block size must be from 1 to {MAX_LENGTH_TOKENS:,} tokens")
 
 
 def _lengths(spec: WorkloadSpec, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

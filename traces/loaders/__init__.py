@@ -9,11 +9,11 @@ named, or detected from the first line (a JSON object's keys, a CSV header's nam
 from __future__ import annotations
 
 import gc
-import json
 import zlib
 from contextlib import contextmanager
 from os import PathLike
 
+from engine.files import InputFileError, loads_json
 from traces.errors import TraceFormatError
 from traces.loaders.azure import load_azure
 from traces.loaders.burstgpt import load_burstgpt
@@ -50,9 +50,11 @@ def detect_format(path: PathArg) -> str:
     number, line = numbered_first_line(path)
     if line.lstrip().startswith("{"):
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            raise TraceFormatError(path, "looks like JSON but does not parse", number) from None
+            obj = loads_json(line, path=path, line=number)
+        except InputFileError as exc:
+            if exc.problem.startswith("not JSON"):
+                raise TraceFormatError(path, "looks like JSON but does not parse", number) from None
+            raise TraceFormatError(path, exc.problem, number) from None
         if not isinstance(obj, dict):
             return "jsonl"
         if is_header(obj):

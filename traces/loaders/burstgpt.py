@@ -16,10 +16,14 @@ import numpy as np
 
 from traces.errors import TraceFormatError, warn
 from traces.loaders.build import build_trace
-from traces.loaders.columns import Numbers, Texts, clip
+from traces.loaders.columns import Numbers, Texts, names_said
 from traces.loaders.stream import PathArg
 from traces.loaders.text import read_csv
 from traces.trace import Trace
+
+# The values BurstGPT's release has: an error may name these (never the file's other values)
+KNOWN_VALUES = {"Model": ("ChatGPT", "GPT-4"), "Log Type": ("Conversation log", "API log")}
+
 
 @dataclass(frozen=True)
 class _Present:
@@ -48,8 +52,8 @@ def load_burstgpt(path: PathArg, *, model: str | None = None, log_type: str | No
             values = cols[column]
             keep &= values == wanted
             if not (values == wanted).any():
-                seen = ", ".join(np.unique(values).tolist()[:8])
-                raise TraceFormatError(path, f"no row has {column} {wanted!r} (the file has: {clip(seen)})")
+                seen = names_said(np.unique(values).tolist(), KNOWN_VALUES[column], noun="value")
+                raise TraceFormatError(path, f"no row has {column} {wanted!r} (the file has {seen})")
     arrival, prompt, output = cols["arrival"], cols["prompt"], cols["output"]
     failed = keep & (output == 0)
     if failed.any():

@@ -10,32 +10,48 @@ column at once with its ``Column`` kind and keeps only the result:
   joined into CSR (``values``, ``offsets``) at the end.
 
 Conversion takes a fast path over a whole chunk (numpy) and only walks the rows when that
-fails, to name the first bad line, so every error is ``FILE:LINE: column: problem``.
+fails, to name the first bad line, so every error is ``FILE:LINE: column: problem``. The problem
+describes the value (``found text that is not one``, ``found NaN``) and never quotes it: a file
+named by mistake may hold a secret, and an error may end up in a study's results.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from engine.files import describe_value
 from traces.errors import TraceFormatError
 from traces.loaders.stream import PathArg
 
 CHUNK_ROWS = 1 << 16  # rows gathered as Python objects before they are converted
-MAX_ECHO_CHARS = 80  # file content quoted in an error message is cut to this many characters
+MAX_ECHO_CHARS = 80  # a name (of a column, a key) quoted in an error message is cut to this many characters
 INT64_MAX = 2**63 - 1
 EXACT_FLOAT_INT = 2**53  # beyond this a float no longer holds every whole number
 
 
 def clip(text, limit: int = MAX_ECHO_CHARS) -> str:
-    """``text`` (made a string) cut to ``limit`` characters, an ellipsis marking the cut: file
-    content quoted in an error stays one short line, whatever the file holds."""
+    """``text`` (made a string) cut to ``limit`` characters, an ellipsis marking the cut: a name
+    quoted in an error (one the user or pagesim gave, never the file's) stays one short line."""
     text = str(text)
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def names_said(names: Iterable[str], known: Iterable[str], *, noun: str = "column") -> str:
+    """``names`` (a header's, the keys of a line, a column's values) as an error may give them:
+    those pagesim knows itself (``known``: names it reads or was given) by name, the others
+    counted, never quoted (``TIMESTAMP, ContextTokens and 1 other column``)."""
+    names = list(dict.fromkeys(names))
+    known = set(known)
+    said = [name for name in names if name in known]
+    others = len(names) - len(said)
+    other = f"{others} {'other ' if said else ''}{noun}{'s' if others != 1 else ''}"
+    if not said:
+        return f"{other}, none that pagesim knows" if others else f"no {noun}s"
+    return ", ".join(said) + (f" and {other}" if others else "")
 
 
 class Column(Protocol):
@@ -206,8 +222,10 @@ def _fast_numbers(values: Sequence, *, integer: bool) -> np.ndarray | None:
 
 
 def _number_problem(value, *, integer: bool, minimum: float | None) -> str | None:
+    """What is wrong with one value (a CSV field or a JSON value), described, never quoted: a file
+    named by mistake may hold a secret where a number belongs."""
     if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
-        return f"expected a number, found {clip(json.dumps(value))}"
+        return f"expected a number, found {describe_value(value)}"
     number: int | float
     if isinstance(value, int):
         number = value
@@ -219,21 +237,22 @@ def _number_problem(value, *, integer: bool, minimum: float | None) -> str | Non
             try:
                 number = float(text)
             except ValueError:
-                return f"expected a number, found {clip(repr(value))}"
+                return "expected a number, found text that is not one" if text else "expected a number, found nothing"
     if not integer:
         try:
             number = float(number)
         except OverflowError:
-            return f"expected a finite number, found {clip(repr(value))}"
+            return "expected a finite number, found one too large for a float"
     if isinstance(number, float):
         if not np.isfinite(number):
-            return f"expected a finite number, found {clip(repr(value))}"
+            return f"expected a finite number, found {'NaN' if np.isnan(number) else 'an infinity'}"
         if integer and number != int(number):
-            return f"expected a whole number, found {clip(repr(value))}"
+            return "expected a whole number, found a fraction"
         if integer and abs(number) > EXACT_FLOAT_INT:
-            return f"{clip(repr(value))} is too large to be an exact whole number (write it without a decimal point)"
+            return "a number too large to be an exact whole number (write it without a decimal point)"
     if integer and not -INT64_MAX - 1 <= number <= INT64_MAX:
-        return f"{clip(repr(value))} is out of range (at most {INT64_MAX})"
+        return f"a number out of range (at most {INT64_MAX})"
     if minimum is not None and number < minimum:
-        return f"must be >= {minimum:g}, found {clip(repr(value))}"
+        found = "a negative number" if number < 0 else "0" if number == 0 else "a smaller number"
+        return f"must be >= {minimum:g}, found {found}"
     return None

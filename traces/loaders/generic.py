@@ -16,9 +16,9 @@ import numpy as np
 
 from traces.errors import TraceFormatError
 from traces.loaders.build import build_trace
-from traces.loaders.columns import ChunkedColumns, Column, Identities, Numbers, clip
+from traces.loaders.columns import ChunkedColumns, Column, Identities, Numbers, clip, names_said
 from traces.loaders.stream import PathArg
-from traces.loaders.text import csv_header, read_csv, read_jsonl
+from traces.loaders.text import csv_header, known_column_names, read_csv, read_jsonl
 from traces.trace import Trace
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -138,8 +138,9 @@ def _guess_csv_columns(path: PathArg, *, time_unit: str = "s") -> ColumnMap:
     line, header = csv_header(path)
     columns = ColumnMap.guess(header, time_unit=time_unit)
     if columns is None:
-        raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths "
-                               f"(header: {clip(', '.join(header))}); pass --columns prompt=COL,output=COL", line)
+        raise TraceFormatError(path, f"cannot tell which columns hold prompt and output lengths (the header has "
+                               f"{names_said(header, known_column_names())}); pass --columns prompt=COL,output=COL",
+                               line)
     return columns
 
 
@@ -165,8 +166,9 @@ def load_jsonl(path: PathArg, columns: ColumnMap | None = None, *, arrivals=None
             if columns is None:
                 columns = ColumnMap.guess(obj.keys(), time_unit=time_unit)
                 if columns is None:
-                    raise TraceFormatError(path, f"cannot tell which keys hold prompt and output lengths (keys: "
-                                           f"{clip(', '.join(obj))}); pass --columns prompt=KEY,output=KEY", line)
+                    raise TraceFormatError(path, "cannot tell which keys hold prompt and output lengths (the line "
+                                           f"has {names_said(obj, known_column_names(), noun='key')}); pass "
+                                           "--columns prompt=KEY,output=KEY", line)
             kinds = field_kinds(columns)
             table, keys = ChunkedColumns(path, kinds), [kind.column for kind in kinds.values()]
         try:

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.outputs import OutputFile
 from traces.errors import TraceFormatError
-from traces.loaders.columns import ChunkedColumns, clip
+from traces.loaders.columns import ChunkedColumns
 from traces.loaders.generic import ColumnMap, columns_to_trace, field_kinds
 from traces.loaders.stream import PathArg
 from traces.loaders.text import read_jsonl
@@ -78,8 +78,8 @@ def load_pagesim(path: PathArg) -> Trace:
     if not is_header(header):
         raise TraceFormatError(path, f"expected a {HEADER_KEY!r} header line", line)
     if header[HEADER_KEY] != VERSION:
-        raise TraceFormatError(path, f"{HEADER_KEY} version {clip(repr(header[HEADER_KEY]))} is not supported "
-                               f"(this pagesim reads version {VERSION})", line)
+        raise TraceFormatError(path, f"its {HEADER_KEY} version is not one this pagesim reads (it reads version "
+                               f"{VERSION})", line)
     block_tokens = header.get("prefix_block_tokens", 0)
     if type(block_tokens) is not int or block_tokens < 0:
         raise TraceFormatError(path, "prefix_block_tokens must be a non-negative integer", line)

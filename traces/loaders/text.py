@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import chain
 
+from engine.files import InputFileError, describe_value, loads_json
 from traces.errors import TraceFormatError, warn
-from traces.loaders.columns import CHUNK_ROWS, ChunkedColumns, Column, clip
+from traces.loaders.columns import CHUNK_ROWS, ChunkedColumns, Column, clip, names_said
 from traces.loaders.stream import MAX_LINE_CHARS, LineBlocks, PathArg, limit_text
 
 
@@ -171,8 +171,18 @@ def _column_index(path: PathArg, header: list[str], kinds: dict[str, Column], li
     if missing:
         raise TraceFormatError(
             path, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-            f"(the header has: {clip(', '.join(header)) or 'nothing'})", line)
+            f"(the header has {names_said(header, known_column_names(wanted))})", line)
     return {name: header.index(kind.column) for name, kind in kinds.items()}
+
+
+def known_column_names(given: Iterable[str] = ()) -> set[str]:
+    """Column and key names an error may quote: those of the formats pagesim reads, the names it
+    recognises (``ALIASES``) and ``given`` (the user's ``--columns``)."""
+    from traces.loaders import AZURE_COLUMNS, BURSTGPT_COLUMNS, MOONCAKE_KEYS
+    from traces.loaders.generic import ALIASES
+
+    return {*AZURE_COLUMNS, *BURSTGPT_COLUMNS, *MOONCAKE_KEYS, *given,
+            *(name for names in ALIASES.values() for name in names)}
 
 
 def _add_rows(table: ChunkedColumns, rows: list[list[str]], starts: list[int], index: dict[str, int]) -> None:
@@ -212,9 +222,10 @@ def read_jsonl(path: PathArg, *, max_line_chars: int = MAX_LINE_CHARS, what: str
     """``(line number, object)`` for every non-blank line, read one block of lines at a time.
 
     Each line must be a JSON object of at most ``max_line_chars`` characters (``what`` names a
-    line in messages). With ``cut_off_ok``, a last line that is not complete JSON and has no
-    line end after it was cut off: it is dropped with a warning. A file of blank lines only is
-    an error (``empty file``).
+    line in messages), parsed by ``engine.files.loads_json`` (so nested at most ``MAX_NESTING``
+    levels deep). With ``cut_off_ok``, a last line that is not complete JSON and has no line end
+    after it was cut off: it is dropped with a warning. A file of blank lines only is an error
+    (``empty file``).
     """
     blocks = LineBlocks(path, max_line_chars=max_line_chars, what=what)
     empty = True
@@ -230,20 +241,17 @@ def read_jsonl(path: PathArg, *, max_line_chars: int = MAX_LINE_CHARS, what: str
                 continue
             empty = False
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if cut_off_ok and number == last and not text.endswith(("\n", "\r")):
-                    warn(path, "last line is cut off (not complete JSON); dropped it", number)
-                    return
-                raise TraceFormatError(path, f"not valid JSON ({exc.msg}, column {exc.colno})", number) from None
+                obj = loads_json(line, path=path, line=number)
+            except InputFileError as exc:
+                if exc.problem.startswith("not JSON"):
+                    if cut_off_ok and number == last and not text.endswith(("\n", "\r")):
+                        warn(path, "last line is cut off (not complete JSON); dropped it", number)
+                        return
+                    raise TraceFormatError(path, "not valid JSON" + exc.problem.removeprefix("not JSON"),
+                                           number) from None
+                raise TraceFormatError(path, exc.problem, number) from None
             if not isinstance(obj, dict):
-                raise TraceFormatError(path, f"expected a JSON object, found {json_kind(obj)}", number)
+                raise TraceFormatError(path, f"expected a JSON object, found {describe_value(obj)}", number)
             yield number, obj
     if empty:
         raise TraceFormatError(path, "empty file")
-
-
-def json_kind(value) -> str:
-    """What a JSON value is, in words (``an array``), never the value itself."""
-    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number",
-            type(None): "null", dict: "an object"}.get(type(value), type(value).__name__)
