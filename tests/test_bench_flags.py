@@ -235,7 +235,8 @@ def test_append_result_refuses_a_fifo_with_no_reader_before_any_work(tmp_path):
     (["--random-output-len", "-1"], "--random-output-len must be >= 0"),
     (["--backend", "vllm-pooling"], "benchmarks a pooling model"),
     (["--backend", "tgi"], "is not one of vllm bench serve's"),
-], ids=["metadata", "label-without-file", "warmups", "output-len", "pooling", "unknown-backend"])
+    (["--random-range-ratio", "[" * 20000 + "]" * 20000], "--random-range-ratio: expected a number or a JSON object"),
+], ids=["metadata", "label-without-file", "warmups", "output-len", "pooling", "unknown-backend", "deep-range-ratio"])
 def test_bench_flag_refusals(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
         main(["simulate", "--no-progress", *RANDOM, *argv])

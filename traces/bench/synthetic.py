@@ -39,9 +39,11 @@ def parse_range_ratio(value) -> tuple[float, float]:
         try:
             ratios = (float(text), float(text))
         except ValueError:
-            try:
-                given = json.loads(text)
-            except json.JSONDecodeError:
+            from engine.files import InputFileError, loads_json
+
+            try:  # (the guarded reader: a flag's value nested 20,000 deep is refused, not a RecursionError)
+                given = loads_json(text, path="--random-range-ratio")
+            except InputFileError:
                 raise ValueError(f"--random-range-ratio: expected a number or a JSON object "
                                  f"{{\"input\": R, \"output\": R}}, got {text[:40]!r}") from None
             if not isinstance(given, dict) or not {"input", "output"} <= given.keys():
