@@ -160,8 +160,8 @@ def _write_folder(tmp_path, mutate_config=None, drop=None):
     (lambda c: c.update(model_type="opt"), None, "model_type is 'opt'; the engine runs Llama models"),
     (lambda c: c.update(rope_scaling={"rope_type": "llama3", "factor": 8.0}), None, "RoPE scaling is not supported"),
     (lambda c: c.pop("hidden_size"), None, "missing key 'hidden_size'"),
-    (lambda c: c.update(num_key_value_heads=3), None, "must be a multiple of num_kv_heads"),
-    (lambda c: c.update(num_key_value_heads=0), None, "num_kv_heads must be a positive int"),
+    (lambda c: c.update(num_key_value_heads=3), None, r"num_attention_heads \(4\) must be a multiple of num_key_value_heads \(3\)"),
+    (lambda c: c.update(num_key_value_heads=0), None, "config.json: num_key_value_heads must be a positive int, got 0"),
 ])
 def test_bad_model_folders_are_refused_by_name(tmp_path, mutate, drop, message):
     folder = _write_folder(tmp_path, mutate, drop)
