@@ -214,7 +214,7 @@ def test_spread_ties_keeps_batches_in_their_interval():
     "argv, message",
     [
         (["gen", "--prompt-len", "9", "--output-len", "9", "--rate", "1", "--num-requests", "5",
-          "-o", "afile/x.jsonl"], "cannot write"),  # the parent is a file
+          "-o", "afile/x.jsonl"], "afile/x.jsonl: cannot be written (Not a directory)"),  # the parent is a file
         (["gen", "--workload", "kwon2023-alpaca", "--rate", "1", "--num-requests", "5", "--n", "4", "-o", "x"],
          "--n describes a custom workload"),
         (["gen", "--workload", "kwon2023-alpaca", "--rate", "1", "--num-requests", "5",
