@@ -32,7 +32,19 @@ Summary definitions (all times in seconds):
   ``avg_running_requests``: requests admitted and holding KV memory (the running set a step
   draws its batch from; under vLLM v0 a prompt-only step pauses the others without evicting
   them), likewise (the paper's Fig. 13 "batched requests");
-- ``sharing_saved`` = 1 - allocated / unshared slots, time-averaged (Fig. 15).
+- ``sharing_saved`` = 1 - allocated / unshared slots, time-averaged (Fig. 15);
+- ``prefix_evictions``: cached blocks taken for a new owner (a free block that still held a
+  cached block's content); of those, ``prefix_evictions_asked_again`` were asked for by a later
+  prefix lookup that missed them (each a hit lost to the eviction; ``BlockPool.count_lost_hits``,
+  counted if asked within about 32 cache-fulls of later evictions) and ``prefix_blocks_recycled`` the
+  rest (plain recycling: the content was never asked for again);
+- with prefix caching on, what the trace allows (``sim.ideal_cache``, over the admitted requests
+  in arrival order): ``ideal_hit_rate``, the prefix hit rate of an ideal cache of
+  ``ideal_cache_blocks`` blocks (the replica's GPU blocks, plus its offload store's; Belady's MIN,
+  knowing the future: the best any eviction policy could do at this cache size);
+  ``infinite_cache_hit_rate``, a cache that never evicts; ``prefix_reusable_blocks``, the distinct
+  blocks a later request could hit (the working set to compare with the cache); all ``None`` with
+  prefix caching off or a hybrid (sliding-window) cache.
 
 With KV offloading on (``engine.policy.offload``; ``OffloadTotals``), also:
 - ``offload_hit_tokens``: first admissions' prefix-hit tokens loaded from the offload store;
@@ -58,6 +70,7 @@ import numpy as np
 
 from sim import bench_metrics
 from sim.bench_metrics import DEFAULT_PERCENTILES, Slo, _r, latency_stats
+from sim.ideal_cache import IdealCache
 from sim.step_metrics import STEP_COLUMNS, StepMetrics
 from sim.step_sums import total_sums
 from sim.token_runs import ItlSample
@@ -147,6 +160,10 @@ class OffloadTotals:
         }
 
 
+def _r_or_none(x: float | None) -> float | None:
+    return None if x is None else _r(x)
+
+
 def _ratio(numerator: float, denominator: float) -> float | None:
     return None if denominator <= 0 else _r(numerator / denominator)
 
@@ -160,11 +177,13 @@ def step_sums(steps) -> dict[str, float]:
 
 
 def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preemptions: dict[str, int],
-              prefix_hit_rate: float | None, num_evictions: int, itl: ItlSample | None = None,
+              prefix_hit_rate: float | None, num_evictions: int, num_evictions_asked_again: int = 0,
+              ideal: IdealCache | None = None, itl: ItlSample | None = None,
               percentiles=DEFAULT_PERCENTILES, offload: OffloadTotals | None = None,
               block_bytes: int | None = None) -> dict:
     """The run's summary (module docstring); the offload keys only with ``offload`` (offloading
-    on), its bytes from ``block_bytes``, one KV block over a replica's GPUs."""
+    on), its bytes from ``block_bytes``, one KV block over a replica's GPUs; the ideal cache's
+    from ``ideal`` (``None``: not computed)."""
     done = requests.status == COMPLETED
     completed = int(done.sum())
     submitted = len(requests.status)
@@ -221,6 +240,12 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preempt
         "cow_copies": int(sums["cow_blocks"]),
         "prefix_hit_rate": None if prefix_hit_rate is None else _r(prefix_hit_rate),
         "prefix_evictions": num_evictions,
+        "prefix_evictions_asked_again": num_evictions_asked_again,
+        "prefix_blocks_recycled": num_evictions - num_evictions_asked_again,
+        "ideal_hit_rate": None if ideal is None else _r_or_none(ideal.ideal_hit_rate),
+        "infinite_cache_hit_rate": None if ideal is None else _r_or_none(ideal.infinite_hit_rate),
+        "prefix_reusable_blocks": None if ideal is None else ideal.reusable_blocks,
+        "ideal_cache_blocks": None if ideal is None else ideal.capacity_blocks,
         "steps": len(steps),
         "busy_s": _r(busy),
         "time_by_term_s": {t: _r(v) for t, v in steps.term_totals_s.items()},

@@ -8,7 +8,9 @@ What it does for one sequence:
   (the pool's ``(src, dst)`` pairs are returned: the executor copies ``src`` into ``dst``);
 - **prefix hit** at admission: the longest run of leading full blocks whose keys are cached, capped
   so the last known token is always recomputed (vLLM v1: a prompt of exactly ``k`` cached blocks
-  hits ``k - 1``); hit blocks are touched (taken out of the eviction order);
+  hits ``k - 1``); hit blocks are touched (taken out of the eviction order); at admission, the
+  run of blocks past the hit that the pool evicted lately is counted as hits lost to evictions
+  (``count_lost_hits``: a statistic, no decision reads it);
 - **register** full blocks in the prefix cache as their tokens are scheduled (vLLM v1 registers at
   schedule time, so a request admitted later in the same step can hit them). A block whose content
   is unique to its sequence (``lazy_from``: a prompt with no token ids and no prefix identity, or
@@ -30,7 +32,7 @@ most ``block_size - 1`` slots per sequence are idle; only full blocks carry keys
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import ClassVar, Protocol, cast
 
 from mypy_extensions import mypyc_attr
@@ -202,6 +204,32 @@ class KVCacheManager:
             if canonical is not key:
                 self.adopt_key(seq, j, canonical)
         return hits
+
+    def count_lost_hits(self, seq: Sequence, first: int) -> int:
+        """At ``seq``'s admission, whose prefix hit (from either tier) ends at block ``first``:
+        count the run of its blocks from there that the pool evicted lately as hits lost to
+        evictions (``BlockPool.count_lost_hits``; a statistic, no decision reads it); returns
+        how many. Counted at admission, not at every lookup: a waiting request looks its prefix
+        up again each step it stays at the head, and a router probes every replica."""
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        if not self.enable_prefix_caching or not self.pool.evicted or first >= max_blocks:
+            return 0
+        return self.pool.count_lost_hits(self._keys_from(seq, first, max_blocks))
+
+    def _keys_from(self, seq: Sequence, first: int, stop: int) -> Iterator[BlockKey]:
+        """``seq``'s keys of blocks ``first .. stop - 1``, each made only when asked for, from
+        ``seq.block_keys`` where it holds them; those made here are not kept there (a statistic
+        leaves the sequence as it found it)."""
+        keys = seq.block_keys
+        made = len(keys)
+        start = min(first, made)
+        key = keys[start - 1] if start else None
+        bs = self.block_size
+        content, hash_fn = seq.request.block_content, self.hash_fn
+        for j in range(start, stop):
+            key = keys[j] if j < made else BlockKey(key, content(seq, j * bs, j * bs + bs), hash_fn)
+            if j >= first:
+                yield key
 
     def adopt_key(self, seq: Sequence, index: int, canonical: BlockKey) -> None:
         """Use ``canonical``, a stored key equal to ``seq``'s key of block ``index``, in its place."""
