@@ -28,7 +28,8 @@ COLUMNS = (
     ("e2e_s.p99", "E2E\np99 (s)"),
     ("preemptions_total", "preemp-\ntions"),
     ("prefix_hit_rate", "prefix\nhit rate"),
-    ("memory_utilization", "memory\nutil."),
+    ("memory_allocated_fraction", "KV cache\nallocated"),
+    ("memory_utilization", "allocated\nholding\ntokens"),
 )
 OFFLOAD_COLUMNS = (
     ("hbm_hit_rate", "HBM\nhits"),
