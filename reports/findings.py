@@ -185,31 +185,30 @@ def eviction_tie_words(records: list[dict[str, Any]], threshold: float) -> str |
     """Why eviction policies that tie on prefix hit rate tie (``ideal_words``); ``None`` without
     the ideal cache's figures."""
     f = ideal_figures(records)
-    return None if f is None else f"eviction policies tie on prefix hit rate: {ideal_words(f, threshold)}"
+    return None if f is None else f"eviction policies tie on prefix hit rate at {ideal_words(f, threshold)}"
 
 
 def ideal_words(f: dict[str, float], threshold: float, got: str | None = None) -> str:
-    """The best any eviction policy could do at this cache size against what the policies got
-    (``got``, default ``f["hit"]``), and what the gap means, from ``ideal_figures``' ``f``.
-    ``threshold``: the study's, in points for a rate."""
+    """What the policies got (``got``, default ``f["hit"]``) against the best any eviction policy
+    could do at this cache size and a cache that never evicts, and what the gap means, from
+    ``ideal_figures``' ``f``. ``threshold``: the study's, in points for a rate."""
     rate = M["prefix_hit_rate"].with_unit
     reusable, cache = int(round(f["reusable"])), int(round(f["cache"]))
-    bound = (f"the best any eviction policy could do at this cache size is {rate(f['ideal'])} of prompt tokens "
-             f"(Belady's MIN over the trace, knowing the future), and a cache that never evicts {rate(f['infinite'])}; "
-             f"the policies got {got or rate(f['hit'])}")
+    bound = (f"{got or rate(f['hit'])} of prompt tokens, where the best any policy could do at this cache size is "
+             f"{rate(f['ideal'])} (Belady's MIN over the trace) and a cache that never evicts gets {rate(f['infinite'])}")
     if f["infinite"] <= threshold:
         why = "the trace offers almost no prefix reuse, so no eviction order can matter"
     elif f["infinite"] - f["hit"] <= threshold:
         room = (f"its {reusable:,} reusable blocks fit in the cache's {cache:,}" if reusable <= cache else
                 f"its reuse comes soon enough for the cache's {cache:,} blocks to hold it")
-        why = f"every policy already gets nearly every hit the trace offers: {room}, so eviction order cannot matter"
+        why = f"nearly every hit the trace offers is taken: {room}, so eviction order cannot matter"
     elif f["ideal"] - f["hit"] <= threshold:
-        why = (f"even a perfect policy gains nothing here: the trace's {reusable:,} reusable blocks are "
-               f"{plain(reusable / cache, 2)}x the cache's {cache:,}, and too far apart to keep")
+        why = (f"even a perfect policy gains nothing: the {reusable:,} reusable blocks are {plain(reusable / cache, 2)}x "
+               f"the cache's {cache:,} and too far apart to keep")
     else:
-        why = (f"the {plain((f['ideal'] - f['hit']) * 100, 2)} points between are what running requests' memory "
-               f"costs (the cache was {rate(f['allocated'])} allocated to them on average, room the ideal cache keeps "
-               f"for reuse; {reusable:,} reusable blocks against the cache's {cache:,}) and what no policy tried finds")
+        why = (f"the {plain((f['ideal'] - f['hit']) * 100, 2)} points between are running requests' memory ("
+               f"{rate(f['allocated'])} of the cache allocated to them on average, room the ideal cache keeps; "
+               f"{reusable:,} reusable blocks against {cache:,} in the cache) and what no policy tried finds")
     return f"{bound}; {why}"
 
 

@@ -299,7 +299,7 @@ def eviction_page(study: Study) -> Page | None:
         got = (f"{100 * hits[0]:.1f}%" if hits[-1] - hits[0] < 0.0005 else
                f"{100 * hits[0]:.1f}% to {100 * hits[-1]:.1f}%")
         where = f"{axis_label(other)} {value_label(x)}: " if other else ""
-        notes.append(where + ideal_words(f, study.threshold, got))
+        notes.append(f"{where}the policies got {ideal_words(f, study.threshold, got)}")
     return Page(title, caption, fig, notes=notes)
 
 
