@@ -14,8 +14,9 @@ step table. Definitions, beyond ``sim.metrics``:
   average 10, not 40);
 - preemptions, prefix hits and evictions are summed over replicas; the prefix hit rate is all
   replicas' hit tokens over all their admitted prompt tokens; the ideal cache's figures
-  (``sim.ideal_cache``) are each replica's over the requests routed to it, at its own cache's
-  size, summed likewise (``None`` if any replica has none); so are the offload tier's counts
+  (``sim.ideal_cache``) and the hit blocks missed (``missed_hit_blocks``) are each replica's over
+  the requests routed to it, at its own cache's size, summed likewise (``None`` if any replica
+  has none); so are the offload tier's counts
   and rates (``OffloadTotals``), each replica having its own store and host link
   (``host_link_busy_fraction`` is the links' mean);
 - each replica's entry in ``replicas`` is ``sim.metrics.summarize`` over the requests routed to
@@ -93,14 +94,25 @@ def requests_subset(requests: RequestMetrics, mask: np.ndarray) -> RequestMetric
     return subset
 
 
-def scheduler_figures(scheduler) -> dict:
-    """``prefix_hit_rate``, ``num_evictions`` and ``num_evictions_asked_again`` of one scheduler,
-    as ``summarize`` takes them."""
+def scheduler_figures(scheduler, ideal: IdealCache | None = None) -> dict:
+    """``prefix_hit_rate``, ``num_evictions`` and ``hit_blocks_missed`` (``missed_hit_blocks``,
+    given the scheduler's ``ideal_figures``) of one scheduler, as ``summarize`` takes them."""
     admitted = scheduler.num_prompt_tokens_admitted
-    pool = getattr(scheduler, "pool", None)
     return {"prefix_hit_rate": (scheduler.num_prefix_hit_tokens / admitted) if admitted and _caches(scheduler) else None,
-            "num_evictions": getattr(pool, "num_evictions", 0),
-            "num_evictions_asked_again": getattr(pool, "num_evictions_asked_again", 0)}
+            "num_evictions": getattr(getattr(scheduler, "pool", None), "num_evictions", 0),
+            "hit_blocks_missed": missed_hit_blocks(scheduler, ideal)}
+
+
+def missed_hit_blocks(scheduler, ideal: IdealCache | None) -> int | None:
+    """Prefix-hit blocks the scheduler's requests asked for, that had been cached, and missed:
+    on first admissions, what a cache that never evicts would have hit beyond the run's own hits
+    (``ideal.infinite_hit_tokens``: every re-reference of a block in the trace); on returns after
+    a recompute preemption, the blocks the request had cached and did not find
+    (``KVCacheManager.num_resume_blocks_lost``). ``None`` without ``ideal``."""
+    if ideal is None:
+        return None
+    first = max(0, ideal.infinite_hit_tokens - scheduler.num_prefix_hit_tokens) // scheduler.config.block_size
+    return first + getattr(scheduler.kv, "num_resume_blocks_lost", 0)
 
 
 def _caches(scheduler) -> bool:
@@ -140,18 +152,19 @@ def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np
     if len(replicas) == 1:
         (only,) = replicas
         return summarize(requests, only.steps, **common, preemptions=only.preemptions, itl=replica_itl(only),
-                         offload=only.offload_totals(), ideal=ideals[0], **scheduler_figures(only.scheduler))
+                         offload=only.offload_totals(), ideal=ideals[0], **scheduler_figures(only.scheduler, ideals[0]))
     schedulers = [r.scheduler for r in replicas]
     admitted = sum(s.num_prompt_tokens_admitted for s in schedulers)
     caches = any(_caches(s) for s in schedulers)
     preemptions = {mode: sum(r.preemptions[mode] for r in replicas) for mode in replicas[0].preemptions}
     itls = [replica_itl(r, np.flatnonzero(replica_of == k)) for k, r in enumerate(replicas)]
-    figures = [scheduler_figures(s) for s in schedulers]
+    figures = [scheduler_figures(s, ideal) for s, ideal in zip(schedulers, ideals)]
+    missed = [f["hit_blocks_missed"] for f in figures]
     summary = summarize(
         requests, ClusterSteps([r.steps for r in replicas]), **common, preemptions=preemptions,
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in schedulers) / admitted) if admitted and caches else None,
         num_evictions=sum(f["num_evictions"] for f in figures),
-        num_evictions_asked_again=sum(f["num_evictions_asked_again"] for f in figures),
+        hit_blocks_missed=None if None in missed else sum(missed),
         ideal=None if None in ideals else reduce(operator.add, ideals), itl=ItlSample.merge(itls),
         offload=offload_totals(replicas),
     )
@@ -169,5 +182,5 @@ def replica_summary(index: int, replica, requests: RequestMetrics, common: dict,
         "replica": index, "tp": tp, "requests_routed": len(requests.status),
         "num_gpu_blocks": sched.config.num_gpu_blocks, "kv_cache_slots": sched.kv_usage().total_slots,
         **summarize(requests, replica.steps, **common, preemptions=replica.preemptions, itl=itl,
-                    offload=replica.offload_totals(), ideal=ideal, **scheduler_figures(sched)),
+                    offload=replica.offload_totals(), ideal=ideal, **scheduler_figures(sched, ideal)),
     }

@@ -74,10 +74,10 @@ def ideal_cache(trace: Trace, block_size: int, capacity_blocks: int, rows: np.nd
     mask; default all) at ``block_size`` tokens a block, the ideal one holding ``capacity_blocks``."""
     if block_size < 1 or capacity_blocks < 0:
         raise ValueError(f"block_size must be >= 1 and capacity_blocks >= 0, got {block_size}, {capacity_blocks}")
-    if rows is not None:
-        trace = trace.take(rows)
-    prompt_tokens = int(trace.prompt_len.sum())
-    intervals = reuse_intervals(trace, block_size)
+    prompt_tokens = int(trace.prompt_len.sum() if rows is None else trace.prompt_len[rows].sum())
+    if trace.prefix_id_values is None:  # (no prompt shares anything: no copy of a million rows to learn it)
+        return IdealCache(capacity_blocks, prompt_tokens, 0, 0, 0)
+    intervals = reuse_intervals(trace if rows is None else trace.take(rows), block_size)
     return IdealCache(capacity_blocks=capacity_blocks, prompt_tokens=prompt_tokens,
                       ideal_hit_tokens=block_size * belady_hits(intervals, capacity_blocks),
                       infinite_hit_tokens=block_size * int(intervals.weights.sum()),

@@ -34,10 +34,16 @@ Summary definitions (all times in seconds):
   them), likewise (the paper's Fig. 13 "batched requests");
 - ``sharing_saved`` = 1 - allocated / unshared slots, time-averaged (Fig. 15);
 - ``prefix_evictions``: cached blocks taken for a new owner (a free block that still held a
-  cached block's content); of those, ``prefix_evictions_asked_again`` were asked for by a later
-  prefix lookup that missed them (each a hit lost to the eviction; ``BlockPool.count_lost_hits``,
-  counted if asked within about 32 cache-fulls of later evictions) and ``prefix_blocks_recycled`` the
-  rest (plain recycling: the content was never asked for again);
+  cached block's content). What they cost: ``prefix_hit_blocks_missed``, the prefix-hit blocks a
+  later request asked for that had been cached and were gone (``sim.cluster_metrics.
+  missed_hit_blocks``: on first admissions, the hits a cache that never evicts would have served
+  beyond the run's own, which also counts a block asked for while the request computing it was
+  still being prefilled; on returns after a recompute preemption, the blocks the request had
+  cached and did not find); each such miss traces back to an eviction (its own block's, or one
+  that cut the chain before it), so ``prefix_evictions_costing_hits`` = min(evictions, missed)
+  bounds the evictions that cost a hit from above and ``prefix_evictions_recycled`` = evictions
+  - missed (at least 0) the plain recycling (a free block whose content nobody asked for again)
+  from below; all three ``None`` where the ideal cache's figures are (below);
 - with prefix caching on, what the trace allows (``sim.ideal_cache``, over the admitted requests
   in arrival order): ``ideal_hit_rate``, the prefix hit rate of an ideal cache of
   ``ideal_cache_blocks`` blocks (the replica's GPU blocks, plus its offload store's; Belady's MIN,
@@ -177,7 +183,7 @@ def step_sums(steps) -> dict[str, float]:
 
 
 def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preemptions: dict[str, int],
-              prefix_hit_rate: float | None, num_evictions: int, num_evictions_asked_again: int = 0,
+              prefix_hit_rate: float | None, num_evictions: int, hit_blocks_missed: int | None = None,
               ideal: IdealCache | None = None, itl: ItlSample | None = None,
               percentiles=DEFAULT_PERCENTILES, offload: OffloadTotals | None = None,
               block_bytes: int | None = None) -> dict:
@@ -240,8 +246,9 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preempt
         "cow_copies": int(sums["cow_blocks"]),
         "prefix_hit_rate": None if prefix_hit_rate is None else _r(prefix_hit_rate),
         "prefix_evictions": num_evictions,
-        "prefix_evictions_asked_again": num_evictions_asked_again,
-        "prefix_blocks_recycled": num_evictions - num_evictions_asked_again,
+        "prefix_hit_blocks_missed": hit_blocks_missed,
+        "prefix_evictions_costing_hits": None if hit_blocks_missed is None else min(num_evictions, hit_blocks_missed),
+        "prefix_evictions_recycled": None if hit_blocks_missed is None else max(0, num_evictions - hit_blocks_missed),
         "ideal_hit_rate": None if ideal is None else _r_or_none(ideal.ideal_hit_rate),
         "infinite_cache_hit_rate": None if ideal is None else _r_or_none(ideal.infinite_hit_rate),
         "prefix_reusable_blocks": None if ideal is None else ideal.reusable_blocks,

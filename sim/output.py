@@ -214,8 +214,8 @@ def memory_words(s: dict) -> str:
 
 def prefix_lines(s: dict) -> list[str]:
     """The prefix cache's lines: the hit rate beside the best any eviction policy could do at this
-    cache size (``sim.ideal_cache``), and the evictions split into those a later request asked
-    for (each a lost hit) and plain recycling."""
+    cache size (``sim.ideal_cache``), and the evictions beside what they cost: the hit blocks
+    later requests asked for and missed, against plain recycling (``sim.metrics``)."""
     hit = f"prefix     hit rate {pct(s['prefix_hit_rate'])} of admitted prompt tokens"
     if s.get("ideal_hit_rate") is not None:
         hit += (f"; the best any eviction policy could do at this cache size {pct(s['ideal_hit_rate'])} (an ideal "
@@ -223,11 +223,16 @@ def prefix_lines(s: dict) -> list[str]:
                 f"{pct(s['infinite_cache_hit_rate'])} ({s['prefix_reusable_blocks']:,} blocks a later request "
                 "could hit)")
     evicted = s["prefix_evictions"]
+    missed = s.get("prefix_hit_blocks_missed")
+    if missed is None:
+        return [hit, f"           {evicted:,} cached blocks evicted" if evicted else "           no cached block evicted"]
     if not evicted:
-        return [hit, "           no cached block evicted"]
-    asked = s.get("prefix_evictions_asked_again", 0)
-    return [hit, f"           {evicted:,} cached blocks evicted: {asked:,} asked for again later (hits lost), "
-                 f"{evicted - asked:,} recycled, never asked for again"]
+        return [hit, "           no cached block evicted" + (
+            f"; {missed:,} hit blocks missed, asked for while the request computing them was still being prefilled"
+            if missed else "")]
+    return [hit, f"           {evicted:,} cached blocks evicted; {missed:,} hit blocks lost (asked for again after an "
+                 f"eviction), so at least {s['prefix_evictions_recycled']:,} evictions were plain recycling (content "
+                 "never asked for again)"]
 
 
 def _offload_line(s: dict, deployment: dict, pct) -> str:

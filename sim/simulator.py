@@ -107,11 +107,11 @@ class Simulation:
             raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished")
         from sim.cluster_metrics import ideal_figures, scheduler_figures
 
+        ideal = ideal_figures(self.trace, sched, self.request_metrics.status != REJECTED)
         summary = summarize(
             self.request_metrics, self.step_metrics, slo=self.options.slo, percentiles=self.options.percentiles,
-            itl=replica_itl(self.replica), preemptions=self.replica.preemptions, **scheduler_figures(sched),
-            ideal=ideal_figures(self.trace, sched, self.request_metrics.status != REJECTED),
-            offload=self.replica.offload_totals(), block_bytes=self.block_bytes,
+            itl=replica_itl(self.replica), preemptions=self.replica.preemptions, **scheduler_figures(sched, ideal),
+            ideal=ideal, offload=self.replica.offload_totals(), block_bytes=self.block_bytes,
         )
         return SimResult(summary, self.request_metrics, self.step_metrics, sched, wall_s)
 

@@ -32,15 +32,6 @@ joins the eviction order when released, and taking it counts as an eviction), bu
 index, because nobody else could look it up. Its owner asks for the real key (``materialize``)
 before it could look the block up itself (a recompute), so a lookup never sees a difference.
 
-**Evictions that cost a hit.** ``num_evictions`` counts every cached block taken for a new
-owner. Of those, ``num_evictions_asked_again`` are the ones a later lookup missed: the pool
-records each evicted key (``evicted``, ``engine/policy/evicted_keys.py``: hashes, bounded to the
-last ``EVICTED_WINDOW_CACHES`` cache-fulls of evictions), and the KV manager, at a lookup's miss,
-counts the run of evicted keys from the missed one on (``count_lost_hits``). The rest were plain
-recycling: their content was never asked for again (within the window). Lazily keyed blocks are
-unique to a finished request (a preempted one's get their real keys first), so their evictions
-are never recorded: nobody can ask for them.
-
 ``on_release`` (default ``None``) is called with a block id whenever the pool stops caring what
 the block holds: it went back to the free list, or its cached content was evicted. The engine's
 validation mode fills such blocks with NaN; the policy itself never looks at contents.
@@ -57,16 +48,8 @@ from typing import ClassVar
 
 from engine.policy.block_key import LAZY_KEY, BlockKey, CacheKey
 from engine.policy.errors import NoFreeBlocksError
-from engine.policy.evicted_keys import EvictedKeys
 from engine.policy.eviction import EvictionPolicy, make_eviction_policy
 from engine.policy.prefix_cache import PrefixCacheIndex
-
-
-#: How long an evicted key is remembered, in evictions: this many times the pool's blocks (at
-#: least ``EVICTED_WINDOW_MIN``), i.e. a key asked for again before the cache turned over this
-#: many times counts as a lost hit; later, as recycled (``engine/policy/evicted_keys.py``).
-EVICTED_WINDOW_CACHES = 32
-EVICTED_WINDOW_MIN = 1 << 16
 
 
 class BlockPool:
@@ -99,8 +82,6 @@ class BlockPool:
         self.cache = PrefixCacheIndex(track_children=self.eviction.uses_key_tree)
         self._stats = self.eviction.reads_block_stats  # keep release_tick, cached_tick, hit_count
         self.num_evictions = 0
-        self.num_evictions_asked_again = 0  # of those, evictions whose key a later lookup missed
-        self.evicted = EvictedKeys(max(EVICTED_WINDOW_MIN, EVICTED_WINDOW_CACHES * self.num_usable_blocks))
         self.on_release: Callable[[int], None] | None = None
 
     # ----------------------------------------------------------------- counts
@@ -172,7 +153,6 @@ class BlockPool:
             new_leaf = self.cache.remove(key, block_id)
             if new_leaf is not None:
                 self.eviction.on_leaf(new_leaf)
-            self.evicted.add(hash(key), self.num_evictions)
         self.num_evictions += 1
         if self.on_release is not None:
             self.on_release(block_id)
@@ -200,7 +180,6 @@ class BlockPool:
         if victim_keys is not None:
             self.cache.remove_many([(block_id, key) for block_id, key in zip(blocks, victim_keys)
                                     if key is not LAZY_KEY])
-            self.evicted.add_many([None if key is LAZY_KEY else hash(key) for key in victim_keys], self.num_evictions)
         if hook is not None:
             for block_id in blocks:
                 hook(block_id)
@@ -317,25 +296,6 @@ class BlockPool:
     # --------------------------------------------------------- prefix cache
     def lookup(self, key: CacheKey) -> int | None:
         return self.cache.lookup(key)
-
-    def count_lost_hits(self, keys: Iterable[CacheKey]) -> int:
-        """``keys``: the key a lookup just missed, then the keys after it in its chain (taken one
-        at a time, so a caller may make them as asked). The leading run of them that the pool
-        does not hold and evicted lately are hits this lookup lost to evictions: they are counted
-        in ``num_evictions_asked_again`` and forgotten (each eviction counts once). Returns how
-        many. O(1) when nothing was evicted lately."""
-        evicted = self.evicted
-        if not evicted:
-            return 0
-        lookup = self.cache.lookup
-        now = self.num_evictions
-        lost = 0
-        for key in keys:
-            if lookup(key) is not None or not evicted.take(hash(key), now):
-                break
-            lost += 1
-        self.num_evictions_asked_again += lost
-        return lost
 
     def touch(self, block_id: int) -> None:
         """A prefix-cache hit: take a reference on a cached block (pulling it out of the eviction

@@ -22,8 +22,6 @@ tokens, and a sequence holds a table per group, all of one length. This follows 
   hit for a set of groups only if every one of them has it cached; a group's key is the block's
   content key tagged with the group (``GroupKey``, vLLM's ``BlockHashWithGroupId``). Of a sliding
   group's hit only the blocks the window still needs are touched; the entries before are ``None``.
-  Hits lost to evictions (``count_lost_hits``, at admission) are counted in the full groups
-  only: a sliding group misses most blocks by design (the window left them), not by eviction.
 - **Which sliding blocks are kept findable** (``SlidingWindowManager.reachable_block_mask`` under
   ``prefix_cache_retention_interval``, 0 by default): a full-attention group keys every full
   block; a sliding group only the ``ceil((window - 1) / block_size)`` blocks that end at a point a
@@ -270,15 +268,6 @@ class HybridKVCacheManager(KVCacheManager):
         # vLLM: the longest single-type hit, where the sliding groups lag, is a junction to key.
         seq.request.shared_prefix_boundary = longest * self.block_size if longest > length else 0
         return HybridHit(tuple(tuple(hits[g][:length]) for g in range(self.num_groups)))
-
-    def count_lost_hits(self, seq: Sequence, first: int) -> int:
-        """``KVCacheManager.count_lost_hits`` in each full-attention group (the module docstring)."""
-        max_blocks = (seq.num_tokens - 1) // self.block_size
-        if not self.enable_prefix_caching or not self.pool.evicted or first >= max_blocks:
-            return 0
-        return sum(self.pool.count_lost_hits(key if g == 0 else GroupKey(key, g)
-                                             for key in self._keys_from(seq, first, max_blocks))
-                   for g in self.full_groups)
 
     def _lookup(self, key: BlockKey, groups: list[int]) -> list[int] | None:
         """The block carrying ``key`` in each of ``groups``, or None unless all have one."""

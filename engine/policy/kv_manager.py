@@ -8,9 +8,7 @@ What it does for one sequence:
   (the pool's ``(src, dst)`` pairs are returned: the executor copies ``src`` into ``dst``);
 - **prefix hit** at admission: the longest run of leading full blocks whose keys are cached, capped
   so the last known token is always recomputed (vLLM v1: a prompt of exactly ``k`` cached blocks
-  hits ``k - 1``); hit blocks are touched (taken out of the eviction order); at admission, the
-  run of blocks past the hit that the pool evicted lately is counted as hits lost to evictions
-  (``count_lost_hits``: a statistic, no decision reads it);
+  hits ``k - 1``); hit blocks are touched (taken out of the eviction order);
 - **register** full blocks in the prefix cache as their tokens are scheduled (vLLM v1 registers at
   schedule time, so a request admitted later in the same step can hit them). A block whose content
   is unique to its sequence (``lazy_from``: a prompt with no token ids and no prefix identity, or
@@ -19,6 +17,9 @@ What it does for one sequence:
   its key is made (``materialize``) when its table is released with the request unfinished.
   Eviction order, counts and every lookup are as with eager keys; one key per full block was the
   simulator's largest cost (issue 23). Only with a built-in eviction policy that never reads keys.
+- **count** the blocks a request preempted by recompute had cached when it was released and did
+  not find again when it came back (``num_resume_blocks_lost``: hits lost to evictions; a
+  statistic, O(1) per preemption, no decision reads it);
 - **fork** a child that shares every block (reference count + 1);
 - **free** a table (last block first; see ``BlockPool``);
 - **swap out / in** a request's sequences to and from CPU blocks, with the mappings the executor
@@ -32,7 +33,7 @@ most ``block_size - 1`` slots per sequence are idle; only full blocks carry keys
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import ClassVar, Protocol, cast
 
 from mypy_extensions import mypyc_attr
@@ -90,6 +91,10 @@ class KVCacheManager:
         # the pool's keys, where full blocks are registered (None: no prefix caching): what
         # settling a batch of implicit decoders brings up to date (bulk_decode.settle_one)
         self.registered_keys = block_pool.keys if enable_prefix_caching else None
+        # Blocks recomputed requests had cached at their preemption and missed at their return
+        # (count_resume_loss); each preempted sequence's cached blocks until it is back.
+        self.num_resume_blocks_lost = 0
+        self._cached_at_preemption: dict[Sequence, int] = {}
 
     # ------------------------------------------------------------ counting
     def blocks_to_reserve(self, seq: Sequence, start: int, end: int) -> int:
@@ -205,31 +210,18 @@ class KVCacheManager:
                 self.adopt_key(seq, j, canonical)
         return hits
 
-    def count_lost_hits(self, seq: Sequence, first: int) -> int:
-        """At ``seq``'s admission, whose prefix hit (from either tier) ends at block ``first``:
-        count the run of its blocks from there that the pool evicted lately as hits lost to
-        evictions (``BlockPool.count_lost_hits``; a statistic, no decision reads it); returns
-        how many. Counted at admission, not at every lookup: a waiting request looks its prefix
-        up again each step it stays at the head, and a router probes every replica."""
-        max_blocks = (seq.num_tokens - 1) // self.block_size
-        if not self.enable_prefix_caching or not self.pool.evicted or first >= max_blocks:
+    def count_resume_loss(self, seq: Sequence, num_hit_blocks: int) -> int:
+        """At the return of ``seq``, preempted by recompute, whose prefix hit (from either tier)
+        is ``num_hit_blocks`` long: count the blocks it had cached when it was released, up to
+        the lookup's cap, that it did not find (evicted since, or cut off behind an evicted one:
+        hits a cache that never evicts would have served) in ``num_resume_blocks_lost``; returns
+        how many."""
+        cached = self._cached_at_preemption.pop(seq, 0) if self._cached_at_preemption else 0
+        lost = min(cached, (seq.num_tokens - 1) // self.block_size) - num_hit_blocks
+        if lost <= 0:
             return 0
-        return self.pool.count_lost_hits(self._keys_from(seq, first, max_blocks))
-
-    def _keys_from(self, seq: Sequence, first: int, stop: int) -> Iterator[BlockKey]:
-        """``seq``'s keys of blocks ``first .. stop - 1``, each made only when asked for, from
-        ``seq.block_keys`` where it holds them; those made here are not kept there (a statistic
-        leaves the sequence as it found it)."""
-        keys = seq.block_keys
-        made = len(keys)
-        start = min(first, made)
-        key = keys[start - 1] if start else None
-        bs = self.block_size
-        content, hash_fn = seq.request.block_content, self.hash_fn
-        for j in range(start, stop):
-            key = keys[j] if j < made else BlockKey(key, content(seq, j * bs, j * bs + bs), hash_fn)
-            if j >= first:
-                yield key
+        self.num_resume_blocks_lost += lost
+        return lost
 
     def adopt_key(self, seq: Sequence, index: int, canonical: BlockKey) -> None:
         """Use ``canonical``, a stored key equal to ``seq``'s key of block ``index``, in its place."""
@@ -371,6 +363,11 @@ class KVCacheManager:
         """Release ``seq``'s GPU table (its cached blocks stay findable until evicted). Unless the
         sequence is leaving for good (``final``: finished, aborted, rejected), its lazily keyed
         blocks get their real keys first: it may look them up when it is recomputed."""
+        if final:
+            if self._cached_at_preemption:  # (a preempted request that leaves without coming back)
+                self._cached_at_preemption.pop(seq, None)
+        elif seq.num_registered_blocks:
+            self._cached_at_preemption[seq] = seq.num_registered_blocks
         if seq.block_table:
             if not final and 0 <= seq.lazy_from < seq.num_registered_blocks:
                 self._materialize(seq)
@@ -416,6 +413,8 @@ class KVCacheManager:
             cpu_table = _move_table(seq.block_table, moved, preserve_sharing, self.swap.allocate, self.swap.incref, mapping)
             filled = seq.num_filled_tokens
             self.free(seq)
+            if self._cached_at_preemption:  # (swapped, not recomputed: it comes back with its blocks)
+                self._cached_at_preemption.pop(seq, None)
             seq.num_filled_tokens = filled
             seq.cpu_block_table = cpu_table
         return mapping

@@ -168,9 +168,9 @@ class VllmV1StepOrder(StepOrder):
                 st.waiting_stop = "blocks"
                 break
             s.waiting.popleft()
-            for k, (seq, h) in enumerate(zip(seqs, hits)):  # (before any load or allocation evicts)
-                if not seq.parked:
-                    kv.count_lost_hits(seq, len(h) + (len(loads[k]) if loads is not None else 0))
+            if request.was_preempted:  # (back after a recompute preemption: what it lost to evictions)
+                for k, (seq, h) in enumerate(zip(seqs, hits)):
+                    kv.count_resume_loss(seq, 0 if seq.parked else len(h) + (len(loads[k]) if loads is not None else 0))
             hit_tokens = 0
             for seq, h in zip(seqs, hits):
                 if h:
