@@ -26,19 +26,23 @@ stream in arrival order; a scheduler that admits out of order sees another strea
 cache keeps every interval: every scoring reference but each block's first is a hit.
 
 Blocks travel in groups: a prefix identity's blocks are referred to by the same requests, apart
-from where a prompt ends inside it, so the blocks of one identity node are cut into *classes* at
-every prompt end (and cap) that falls inside it; a class's blocks have identical intervals and
-are handled as one interval of that weight (MIN may keep part of one).
+from where a prompt ends inside it, so a node every reference of which covers (and may hit) all
+its blocks is one *unit* of that many blocks, with one interval of that weight per reuse (MIN may
+keep part of one); a node some prompt ends inside is cut, at every such end, into classes of
+blocks with identical references, each a unit. A node only one request refers to is dropped
+first: nothing can hit it.
 
-Cost: numpy over the ``E`` identity entries and the block classes (``O(E log E)``; a per-depth
-loop of at most the longest prompt's identity count), then one Python loop with two heaps over
-the ``I`` reuse intervals (``O(I log I)``, about a microsecond each): the Mooncake conversation
-trace's hour (12,031 requests, 289k identities) has about 10^5 intervals. Memory ``O(E + I)``.
+Cost: numpy over the ``E`` identity entries and the units (``O(E log E)``; a per-depth loop of at
+most the longest prompt's identity count), then, unless every interval fits at once, one Python
+loop with a heap over the ``I`` reuse intervals (``O(I log I)``, about a microsecond each). The
+Mooncake conversation trace's hour (12,031 requests, 289k identities) has about 10^5 intervals.
+Memory ``O(E + I)``: a few 4- and 8-byte columns per identity entry, at the end of a run.
 """
 
 from __future__ import annotations
 
 import heapq
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,9 +90,9 @@ def ideal_cache(trace: Trace, block_size: int, capacity_blocks: int, rows: np.nd
 
 @dataclass(frozen=True)
 class ReuseIntervals:
-    """Reuse intervals ``[starts, ends)`` (request positions, ``start < end``), each ending at a
-    scoring reference, of ``weights`` blocks each; ``reusable_blocks``: the distinct blocks they
-    cover (those some later request could hit)."""
+    """Reuse intervals ``[starts, ends)`` (request positions, ``start < end``; int32), each ending
+    at a scoring reference, of ``weights`` blocks each (int32); ``reusable_blocks``: the distinct
+    blocks they cover (those some later request could hit)."""
 
     starts: np.ndarray
     ends: np.ndarray
@@ -98,48 +102,65 @@ class ReuseIntervals:
 
 def reuse_intervals(trace: Trace, block_size: int) -> ReuseIntervals:
     """The reuse intervals of ``trace``'s block references (module docstring)."""
-    empty = np.zeros(0, np.int64)
+    empty = np.zeros(0, np.int32)
     none = ReuseIntervals(empty, empty, empty, 0)
     if trace.prefix_id_values is None or not len(trace) or not int(trace.prefix_id_offsets[-1]):
         return none
     ident = trace.prefix_block_tokens
     offsets = trace.prefix_id_offsets
     counts = np.diff(offsets)
-    row = np.repeat(np.arange(len(trace), dtype=np.int64), counts)  # each identity entry's request
-    depth = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], counts)
-    node = _prefix_nodes(trace.prefix_id_values, depth)
+    row = np.repeat(np.arange(len(trace), dtype=np.int32), counts)  # each identity entry's request
+    depth = (np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], counts)).astype(np.int32)
+    node = _prefix_nodes(trace.prefix_id_values, offsets)
+    shared = np.bincount(node)[node] > 1  # (a prefix only one request has can never be hit)
+    node, row, depth = node[shared], row[shared], depth[shared]
     # the blocks of node (depth d): those whose last token lies in identity d
-    lo = depth * ident // block_size
-    width = (depth + 1) * ident // block_size - lo
-    full = trace.prompt_len // block_size  # full blocks of each prompt
-    cap = (trace.prompt_len - 1) // block_size  # blocks a lookup may hit
-    covered = np.clip(full[row] - lo, 0, width)  # of the node's blocks, those this request refers to
-    scored = np.clip(cap[row] - lo, 0, width)  # and those it may hit
+    lo = depth.astype(np.int64) * ident // block_size
+    width = ((depth.astype(np.int64) + 1) * ident // block_size - lo).astype(np.int32)
+    covered = np.clip(trace.prompt_len[row] // block_size - lo, 0, width).astype(np.int32)  # the node's blocks it refers to
+    scored = np.clip((trace.prompt_len[row] - 1) // block_size - lo, 0, width).astype(np.int32)  # and may hit
+    del lo, depth
     keep = covered > 0
-    node, row, covered, scored = node[keep], row[keep], covered[keep], scored[keep]
+    node, row, width, covered, scored = node[keep], row[keep], width[keep], covered[keep], scored[keep]
     if not len(node):
         return none
-    # classes: each node's blocks cut at every covered / scored count inside it
-    span = int(width.max()) + 1
-    cuts = _distinct(np.concatenate([node * span + covered, (node * span + scored)[scored > 0]]))
-    cut_node, cut_at = cuts // span, cuts % span
-    new_node = np.r_[True, cut_node[1:] != cut_node[:-1]]
-    class_weight = cut_at - np.where(new_node, 0, np.r_[0, cut_at[:-1]])
-    first = np.searchsorted(cuts, node * span)  # the node's first class
-    last = np.searchsorted(cuts, node * span + covered)  # the class ending at covered
-    last_scored = np.searchsorted(cuts, node * span + scored, side="right") - 1
-    per_entry = last - first + 1
-    total = int(per_entry.sum())
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(per_entry) - per_entry, per_entry)
-    ref_class = np.repeat(first, per_entry) + within
-    ref_time = np.repeat(row, per_entry)
-    ref_scores = ref_class <= np.repeat(last_scored, per_entry)
-    order = np.lexsort((ref_time, ref_class))
-    ref_class, ref_time, ref_scores = ref_class[order], ref_time[order], ref_scores[order]
-    pair = (ref_class[1:] == ref_class[:-1]) & ref_scores[1:]
-    reused = ref_class[1:][pair]
-    return ReuseIntervals(ref_time[:-1][pair], ref_time[1:][pair], class_weight[reused],
-                          int(class_weight[_distinct(reused)].sum()))
+    # Units: a node every reference of which covers and may hit all its blocks is one unit of
+    # `width` blocks; a node some reference covers or may hit in part is cut into classes of
+    # blocks with the same references (at every covered / scored count inside it).
+    whole = (covered == width) & (scored == width)
+    cut = np.zeros(int(node.max()) + 1, bool)
+    cut[node[~whole]] = True
+    cut_ref = cut[node]
+    units = [node[~cut_ref].astype(np.int64)]
+    times = [row[~cut_ref]]
+    scores = [np.ones(int((~cut_ref).sum()), bool)]
+    weights = [width[~cut_ref]]
+    if cut_ref.any():  # these references by class: a node's blocks cut at every covered / scored count in it
+        c_node, c_row, c_cov, c_sc = node[cut_ref].astype(np.int64), row[cut_ref], covered[cut_ref], scored[cut_ref]
+        span = int(width.max()) + 1
+        cuts = _distinct(np.concatenate([c_node * span + c_cov, (c_node * span + c_sc)[c_sc > 0]]))
+        cut_node, cut_at = cuts // span, cuts % span
+        class_weight = (cut_at - np.where(np.r_[True, cut_node[1:] != cut_node[:-1]], 0, np.r_[0, cut_at[:-1]]))
+        first = np.searchsorted(cuts, c_node * span)  # the node's first class
+        per_ref = np.searchsorted(cuts, c_node * span + c_cov) - first + 1  # its classes up to covered
+        last_scored = np.searchsorted(cuts, c_node * span + c_sc, side="right") - 1
+        within = np.arange(int(per_ref.sum()), dtype=np.int64) - np.repeat(np.cumsum(per_ref) - per_ref, per_ref)
+        ref_class = np.repeat(first, per_ref) + within
+        units.append(len(cut) + ref_class)
+        times.append(np.repeat(c_row, per_ref))
+        scores.append(ref_class <= np.repeat(last_scored, per_ref))
+        weights.append(class_weight[ref_class].astype(np.int32))
+    del node, row, width, covered, scored, whole, cut, cut_ref  # (memory: what is left is the references)
+    unit = np.concatenate(units)
+    order = np.lexsort((np.concatenate(times), unit))  # by unit, then time
+    unit = unit[order]
+    pair = (unit[1:] == unit[:-1]) & np.concatenate(scores)[order][1:]
+    reused = unit[1:][pair]
+    del unit
+    time = np.concatenate(times)[order]
+    reused_weight = np.concatenate(weights)[order][1:][pair]
+    first = np.r_[True, reused[1:] != reused[:-1]]  # (each unit's first interval: its distinct blocks once)
+    return ReuseIntervals(time[:-1][pair], time[1:][pair], reused_weight, int(reused_weight[first].sum()) if len(reused) else 0)
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:
@@ -148,20 +169,22 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     return ordered[np.r_[True, ordered[1:] != ordered[:-1]]] if len(ordered) else ordered
 
 
-def _prefix_nodes(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """For each identity entry (CSR order: a request's entries consecutive, depth 0 first), the id
-    of its prefix: entries get equal ids exactly when their requests' identities agree from the
-    first through this one. One ``np.unique`` per depth."""
-    _, rank = np.unique(values, return_inverse=True)
-    rank = rank.astype(np.int64).reshape(-1)
-    num_values = int(rank.max()) + 1
-    node = np.empty(len(values), np.int64)
-    by_depth = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
+def _prefix_nodes(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """For each identity entry (CSR: request ``i``'s identities are ``values[offsets[i]:offsets[i
+    + 1]]``), the id of its prefix: entries get equal ids exactly when their requests' identities
+    agree from the first through this one. Depth by depth (at most the longest prompt's identity
+    count), over the requests that long: two ``np.unique`` each, no array of all entries but
+    the answer (int32)."""
+    counts = np.diff(offsets)
+    starts = offsets[:-1]
+    longest_first = np.argsort(-counts, kind="stable")
+    alive = np.searchsorted(-counts[longest_first], -np.arange(int(counts.max())), side="left")  # (rows deeper than d)
+    node = np.empty(int(offsets[-1]), np.int32)
     next_id = 0
-    for d in range(len(bounds) - 1):
-        at = by_depth[bounds[d]:bounds[d + 1]]
-        key = rank[at] if d == 0 else node[at - 1] * num_values + rank[at]  # (entry at - 1: the parent)
+    for d, num_rows in enumerate(alive.tolist()):
+        at = starts[longest_first[:num_rows]] + d
+        _, value = np.unique(values[at], return_inverse=True)
+        key = value.reshape(-1) if d == 0 else node[at - 1].astype(np.int64) * (int(value.max()) + 1) + value.reshape(-1)
         _, ids = np.unique(key, return_inverse=True)
         node[at] = ids.reshape(-1) + next_id
         next_id += int(ids.max()) + 1
@@ -171,7 +194,9 @@ def _prefix_nodes(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
 def belady_hits(intervals: ReuseIntervals, capacity: int) -> int:
     """The most interval weight held with at most ``capacity`` held at any time (``[start, end)``
     half open; part of an interval's weight may be held): Belady's MIN, by start, dropping the
-    held intervals that end last. ``O(I log I)`` for ``I`` intervals, one heap push each."""
+    held intervals that end last. ``O(I log I)`` for ``I`` intervals, one heap push each; the
+    columns are C arrays (4 bytes an interval) and the heap is pruned of what ended or was dropped,
+    so memory follows the cache, not the trace."""
     starts, ends, weights = intervals.starts, intervals.ends, intervals.weights
     if capacity <= 0 or not len(starts):
         return 0
@@ -183,13 +208,15 @@ def belady_hits(intervals: ReuseIntervals, capacity: int) -> int:
     if int(np.cumsum(load).max()) <= capacity:
         return total  # (everything fits: the infinite cache's hits)
     order = np.lexsort((ends, starts))
-    start_list, end_list, left = starts[order].tolist(), ends[order].tolist(), weights[order].tolist()
+    start_of, end_of, left = (_c_ints(column[order]) for column in (starts, ends, weights))  # left: weight still held
     ending = [0] * horizon  # weight held that stops being held at each time (its interval's end)
     farthest: list[tuple[int, int]] = []  # (-end, i) of intervals added: the latest end first
+    prune_at = 1024
     held = dropped = 0
     now = 0  # held counts what ends after now
     push, pop = heapq.heappush, heapq.heappop
-    for i, (start, end) in enumerate(zip(start_list, end_list)):
+    for i in range(len(start_of)):
+        start, end = start_of[i], end_of[i]
         if start != now:
             held -= sum(ending[now + 1:start + 1])
             now = start
@@ -204,8 +231,19 @@ def belady_hits(intervals: ReuseIntervals, capacity: int) -> int:
             cut = min(left[j], held - capacity)
             left[j] -= cut
             held -= cut
-            ending[end_list[j]] -= cut
+            ending[end_of[j]] -= cut
             dropped += cut
             if not left[j]:
                 pop(farthest)
+        if len(farthest) > prune_at:  # (what ended or was dropped whole can never be popped usefully)
+            farthest = [entry for entry in farthest if left[entry[1]] and -entry[0] > now]
+            heapq.heapify(farthest)
+            prune_at = max(1024, 2 * len(farthest))
     return total - dropped
+
+
+def _c_ints(column: np.ndarray) -> array:
+    """``column`` as a C array of 32-bit ints (no Python int held per element)."""
+    out = array("i")
+    out.frombytes(np.ascontiguousarray(column, dtype=np.int32).tobytes())
+    return out
