@@ -215,12 +215,17 @@ def belady_hits(intervals: ReuseIntervals, capacity: int) -> int:
     held = dropped = 0
     now = 0  # held counts what ends after now
     push, pop = heapq.heappush, heapq.heappop
-    for i in range(len(start_of)):
-        start, end = start_of[i], end_of[i]
+    for i, (start, end, weight) in enumerate(zip(start_of, end_of, left)):
         if start != now:
-            held -= sum(ending[now + 1:start + 1])
+            held -= ending[start] if start == now + 1 else sum(ending[now + 1:start + 1])
             now = start
-        weight = left[i]
+        if held + weight > capacity and (not farthest or end >= -farthest[0][0]):
+            # the new interval ends last of all: what does not fit of it is dropped at once
+            cut = min(weight, held + weight - capacity)
+            left[i] = weight = weight - cut
+            dropped += cut
+            if not weight:
+                continue
         held += weight
         ending[end] += weight
         push(farthest, (-end, i))
