@@ -217,7 +217,9 @@ def prefix_lines(s: dict) -> list[str]:
     cache size (``sim.ideal_cache``), and the evictions beside what they cost: the hit blocks
     later requests asked for and missed, against plain recycling (``sim.metrics``)."""
     hit = f"prefix     hit rate {pct(s['prefix_hit_rate'])} of admitted prompt tokens"
-    if s.get("ideal_hit_rate") is not None:
+    if s.get("prefix_reusable_blocks") == 0:
+        hit += "; no prompt shares a block with a later one (nothing to hit, whatever the eviction policy)"
+    elif s.get("ideal_hit_rate") is not None:
         hit += (f"; the best any eviction policy could do at this cache size {pct(s['ideal_hit_rate'])} (an ideal "
                 f"cache of {s['ideal_cache_blocks']:,} blocks), with no evictions at all "
                 f"{pct(s['infinite_cache_hit_rate'])} ({s['prefix_reusable_blocks']:,} blocks a later request "
