@@ -300,6 +300,12 @@ def eviction_page(study: Study) -> Page | None:
                f"{100 * hits[0]:.1f}% to {100 * hits[-1]:.1f}%")
         where = f"{axis_label(other)} {value_label(x)}: " if other else ""
         notes.append(f"{where}the policies got {ideal_words(f, study.threshold, got)}")
+        costs = [f"{value_label(r['config'].get('eviction'))} {int(metric(r, 'prefix_evictions') or 0):,} evicted, "
+                 f"{int(missed):,} hit blocks lost" for r in members
+                 if (missed := metric(r, "prefix_hit_blocks_missed")) is not None]
+        if costs:
+            notes.append(f"{where}cached blocks evicted and the hit blocks later requests asked for after an eviction "
+                         f"(the rest of the evictions were plain recycling): {'; '.join(costs)}")
     return Page(title, caption, fig, notes=notes)
 
 
