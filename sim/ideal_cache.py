@@ -36,7 +36,13 @@ Cost: numpy over the ``E`` identity entries and the units (``O(E log E)``; a per
 most the longest prompt's identity count), then, unless every interval fits at once, one Python
 loop with a heap over the ``I`` reuse intervals (``O(I log I)``, about a microsecond each). The
 Mooncake conversation trace's hour (12,031 requests, 289k identities) has about 10^5 intervals.
-Memory ``O(E + I)``: a few 4- and 8-byte columns per identity entry, at the end of a run.
+Memory ``O(E + I)``: a few 4- and 8-byte columns per identity entry, at the end of a run. Measured
+on a busy 2-core machine: that hour at 16-token blocks, 0.14 s and 7 MiB at peak; 100,000
+multi-turn-chat requests (1.4 hours, 2.6M identities, 2.1M intervals), 0.9 s and 147 MiB with a
+cache that holds every interval, 3 s with one of 2,000 blocks.
+
+The summary reads the infinite cache's hits for one more figure: the hit blocks a run missed that
+had been cached (``sim.cluster_metrics.missed_hit_blocks``).
 """
 
 from __future__ import annotations
