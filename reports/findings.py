@@ -21,6 +21,7 @@ from typing import Any
 
 from reports.load import REGIMES, nominal_rps, run_load
 from reports.noise import Estimate, compare, rule_words
+from sim.output import plain
 from reports.results import (HEADLINE, METRICS, RATE_AXES, SEED, M, Metric, Setting, Study, describe_config, metric,
                              order, settings, value_label)
 
@@ -63,16 +64,27 @@ def rank(group: list[Setting], metric: Metric, threshold: float) -> Ranking | No
     return Ranking(metric, scored, tied)
 
 
-def _gap(metric: Metric, a: float, b: float) -> str:
-    """How far ``a`` is from ``b``, in words (enough digits to compare with a 2% threshold)."""
+def compared(metric: Metric, a: float, b: float, other: str | None = None) -> str:
+    """How ``a`` compares with ``b``, in words with plain numbers, ``other`` naming what ``b`` is
+    ("the next", "the best"; ``None``: left unsaid, as in "x -> y (60% higher)"). A rate's gap is
+    in percentage points; otherwise "2.5x the next" from twice as high on, "60% higher than the
+    next" below that, "60% lower than the next" for anything lower (never "0x": 0 against a
+    positive ``b`` is 100% lower); and "12 against 0 for the next" when ``b`` is 0. Digits
+    enough to compare with a 2% threshold."""
+    than = f" than {other}" if other else ""
     if metric.fraction:
-        return f"{abs(a - b) * 100:.2g} points {'higher' if a > b else 'lower'}"
+        return f"{plain(abs(a - b) * 100, 2)} points {'higher' if a > b else 'lower'}{than}"
+    if a == b:
+        return f"equal to {other}" if other else "no change"
     if b == 0:
-        return f"{'higher' if a > b else 'lower'}: {metric.format(a)} vs 0"
-    rel = abs(a - b) / abs(b)  # relative to the value compared with: 2.5x is "150% higher"
-    if rel >= 1:
-        return f"{a / b:.3g}x as {'high' if a > b else 'low'}"
-    return f"{rel:.{2 if rel < 0.1 else 1}%} {'higher' if a > b else 'lower'}"
+        return f"{metric.with_unit(a)} against 0{f' for {other}' if other else ''}"
+    if a > b and b > 0 and a >= 2 * b:
+        return f"{plain(a / b, 3)}x {other}" if other else f"{plain(a / b, 3)}x"
+    rel = abs(a - b) / abs(b)  # relative to the value compared with
+    if rel > 1:  # (a sign change: a ratio or a percentage would mislead)
+        return f"{metric.with_unit(a)} against {metric.with_unit(b)}{f' for {other}' if other else ''}"
+    percent = f"{rel:.{2 if rel < 0.1 else 1}%}"
+    return f"{percent} {'higher' if a > b else 'lower'}{than}"
 
 
 def _regimes(records: list[dict[str, Any]]) -> str:
@@ -86,7 +98,7 @@ def _regimes(records: list[dict[str, Any]]) -> str:
         regime = f"all {words[next(iter(counts))]}"
     else:
         regime = ", ".join(f"{v} {words[k]}" for k, v in counts.items())
-    at = f"at {', '.join(f'{r:.3g}' for r in rates)} requests/s, " if rates else ""
+    at = f"at {', '.join(plain(r, 3) for r in rates)} requests/s, " if rates else ""
     return at + regime
 
 
@@ -95,7 +107,7 @@ VALUE_UNITS = {"kv_cache_gb": " GiB", "swap_space_gb": " GiB", "kv_offloading_si
 
 def _name(axis: str, setting: Setting) -> str:
     value = setting.config.get(axis)
-    return f"{value:g}{VALUE_UNITS[axis]}" if value is not None and axis in VALUE_UNITS else value_label(value)
+    return f"{plain(value)}{VALUE_UNITS[axis]}" if value is not None and axis in VALUE_UNITS else value_label(value)
 
 
 @dataclass
@@ -135,20 +147,69 @@ def axis_finding_items(study: Study) -> list[Finding]:
             if ranking.unique:
                 second, second_e = ranking.scored[1]
                 claims.append(f"{metric.label} best at {_name(axis, best)} ({metric.with_unit(best_e.mean)}; "
-                              f"{_gap(metric, best_e.mean, second_e.mean)} than the next, {_name(axis, second)})")
+                              f"{compared(metric, best_e.mean, second_e.mean, 'the next')}, {_name(axis, second)})")
             else:
                 tied = ", ".join(_name(axis, s) for s, _ in ranking.tied)
                 claims.append(f"{metric.label} best at {_name(axis, best)} ({metric.with_unit(best_e.mean)}) with "
-                              f"{tied} within noise; {_name(axis, worst)} {_gap(metric, worst_e.mean, best_e.mean)} "
+                              f"{tied} within noise; {_name(axis, worst)} {compared(metric, worst_e.mean, best_e.mean, 'the best')} "
                               f"({metric.with_unit(worst_e.mean)})")
         if flat:
             claims.append(f"no measurable difference in {_join(flat)}")
         records = [r for s in group for r in s.records]
+        if axis == "eviction" and M["prefix_hit_rate"].label in flat:
+            why = eviction_tie_words(records, study.threshold)
+            if why:
+                claims.append(why)
         held = "".join(f"{k}={value_label(v)}, " for k, v in fixed.items())
         head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {_runs(len(records))} {_regimes(records)}, {held}every "
                 "other setting at the base)")
         out.append(Finding(head, claims))
     return out + offload
+
+
+def ideal_figures(records: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The ideal cache's figures of these runs (``sim.ideal_cache``, in each run's summary),
+    averaged over them: ``ideal``, ``infinite`` (hit rates), ``reusable`` and ``cache`` (blocks),
+    ``hit`` (the runs' own mean prefix hit rate), ``allocated`` (the cache's share allocated to
+    running requests, time-averaged); ``None`` where a run lacks them (prefix caching
+    off, a hybrid cache, or a run recorded by an earlier pagesim)."""
+    keys = {"ideal": "ideal_hit_rate", "infinite": "infinite_cache_hit_rate", "reusable": "prefix_reusable_blocks",
+            "cache": "ideal_cache_blocks", "hit": "prefix_hit_rate", "allocated": "memory_allocated_fraction"}
+    values = {name: [metric(r, key) for r in records] for name, key in keys.items()}
+    if not records or any(v is None for vs in values.values() for v in vs):
+        return None
+    return {name: sum(vs) / len(vs) for name, vs in values.items()}  # type: ignore[arg-type]
+
+
+def eviction_tie_words(records: list[dict[str, Any]], threshold: float) -> str | None:
+    """Why eviction policies that tie on prefix hit rate tie (``ideal_words``); ``None`` without
+    the ideal cache's figures."""
+    f = ideal_figures(records)
+    return None if f is None else f"eviction policies tie on prefix hit rate at {ideal_words(f, threshold)}"
+
+
+def ideal_words(f: dict[str, float], threshold: float, got: str | None = None) -> str:
+    """What the policies got (``got``, default ``f["hit"]``) against the best any eviction policy
+    could do at this cache size and a cache that never evicts, and what the gap means, from
+    ``ideal_figures``' ``f``. ``threshold``: the study's, in points for a rate."""
+    rate = M["prefix_hit_rate"].with_unit
+    reusable, cache = int(round(f["reusable"])), int(round(f["cache"]))
+    bound = (f"{got or rate(f['hit'])} of prompt tokens, where the best any policy could do at this cache size is "
+             f"{rate(f['ideal'])} (Belady's MIN over the trace) and a cache that never evicts gets {rate(f['infinite'])}")
+    if f["infinite"] <= threshold:
+        why = "the trace offers almost no prefix reuse, so no eviction order can matter"
+    elif f["infinite"] - f["hit"] <= threshold:
+        room = (f"its {reusable:,} reusable blocks fit in the cache's {cache:,}" if reusable <= cache else
+                f"its reuse comes soon enough for the cache's {cache:,} blocks to hold it")
+        why = f"nearly every hit the trace offers is taken: {room}, so eviction order cannot matter"
+    elif f["ideal"] - f["hit"] <= threshold:
+        why = (f"even a perfect policy gains nothing: the {reusable:,} reusable blocks are {plain(reusable / cache, 2)}x "
+               f"the cache's {cache:,} and too far apart to keep")
+    else:
+        why = (f"the {plain((f['ideal'] - f['hit']) * 100, 2)} points between are running requests' memory ("
+               f"{rate(f['allocated'])} of the cache allocated to them on average, room the ideal cache keeps; "
+               f"{reusable:,} reusable blocks against {cache:,} in the cache) and what no policy tried finds")
+    return f"{bound}; {why}"
 
 
 def _anchor(study: Study, axis: str) -> dict[str, Any]:
@@ -192,7 +253,7 @@ def best_settings(study: Study) -> list[dict[str, Any]]:
             verdict, setting = f"no measurable difference among the {n} settings", "-"
         elif ranking.unique:
             second_e = ranking.scored[1][1]
-            verdict = f"best, {_gap(metric, est.mean, second_e.mean)} than the next"
+            verdict = f"best, {compared(metric, est.mean, second_e.mean, 'the next')}"
             setting = describe_config(best.config, study.base, seed=False)
         else:
             verdict = f"best with {len(ranking.tied)} other setting(s) within noise"
@@ -216,9 +277,9 @@ def _rate_words(key: float | None, records: list[dict[str, Any]]) -> str:
         return "an unknown rate"
     offered = sorted({round(o, 2) for r in records if (o := run_load(r).offered_rps)})
     if not offered or nominal_rps(records[0]) is None:
-        return f"{key:.3g} requests/s"
-    drawn = f"{offered[0]:.3g}" if len(offered) == 1 else f"{offered[0]:.3g}-{offered[-1]:.3g}"
-    return f"{key:.3g} requests/s ({drawn} offered as drawn)"
+        return f"{plain(key, 3)} requests/s"
+    drawn = plain(offered[0], 3) if len(offered) == 1 else f"{plain(offered[0], 3)}-{plain(offered[-1], 3)}"
+    return f"{plain(key, 3)} requests/s ({drawn} offered as drawn)"
 
 
 def _runs(n: int) -> str:

@@ -121,7 +121,7 @@ def _head(study: Study, grid: dict[str, list], facet: dict[str, Any], sweep: Swe
 
 def _size_claims(study: Study, sweep: Sweep) -> list[str]:
     """Per policy, the largest size against HBM only (size 0), where the sweep has both."""
-    from reports.findings import _gap, _join
+    from reports.findings import _join, compared
 
     smallest, largest = sweep.sizes[0], sweep.sizes[-1]
     if not sweep.shared(smallest):
@@ -141,7 +141,7 @@ def _size_claims(study: Study, sweep: Sweep) -> list[str]:
                 flat.append(metric.label)
             else:
                 changed.append(f"{metric.label} {metric.with_unit(b.mean)} -> {metric.with_unit(a.mean)} "
-                               f"({_gap(metric, a.mean, b.mean)})")
+                               f"({compared(metric, a.mean, b.mean)})")
         cpu = top.estimate("offload_hit_rate")
         where = f"{largest:g} GiB {policy_label(policy, study)} against HBM only"
         if cpu is not None and "prefix hit rate" not in flat:
@@ -154,7 +154,7 @@ def _size_claims(study: Study, sweep: Sweep) -> list[str]:
 
 def _policy_claims(study: Study, sweep: Sweep) -> list[str]:
     """The policies at the largest size, per metric: the best where it is ahead by more than noise."""
-    from reports.findings import _gap, _join, rank
+    from reports.findings import _join, compared, rank
 
     largest = sweep.sizes[-1]
     group = [s for p in sweep.policies if p is not None and (s := sweep.cells.get((largest, p))) is not None]
@@ -172,13 +172,13 @@ def _policy_claims(study: Study, sweep: Sweep) -> list[str]:
         if ranking.unique:
             second, second_e = ranking.scored[1]
             claims.append(f"at {largest:g} GiB, {metric.label} best with policy {best.config.get(POLICY)} "
-                          f"({metric.with_unit(best_e.mean)}; {_gap(metric, best_e.mean, second_e.mean)} than "
-                          f"{second.config.get(POLICY)})")
+                          f"({metric.with_unit(best_e.mean)}; "
+                          f"{compared(metric, best_e.mean, second_e.mean, str(second.config.get(POLICY)))})")
         else:
             tied = ", ".join(str(s.config.get(POLICY)) for s, _ in ranking.tied)
             claims.append(f"at {largest:g} GiB, {metric.label} best with policy {best.config.get(POLICY)} "
                           f"({metric.with_unit(best_e.mean)}) with {tied} within noise; {worst.config.get(POLICY)} "
-                          f"{_gap(metric, worst_e.mean, best_e.mean)} ({metric.with_unit(worst_e.mean)})")
+                          f"{compared(metric, worst_e.mean, best_e.mean, 'the best')} ({metric.with_unit(worst_e.mean)})")
     if flat:
         claims.append(f"at {largest:g} GiB, no measurable difference between the policies in {_join(flat)}")
     return claims

@@ -203,11 +203,13 @@ def prefix_cache_page(study: Study) -> Page | None:
     per_policy = study.varies("eviction")
     title = "Prefix hit rate and throughput vs cache size" + (" per eviction policy" if per_policy else "")
     caption = ("Share of admitted prompt tokens served from the prefix cache, and the resulting throughput, as the "
-               "KV cache grows" + (", one line per eviction policy." if per_policy else ".") + elsewhere(study, len(runs)))
+               "KV cache grows" + (", one line per eviction policy" if per_policy else "") + "; where the runs report "
+               "it, the best any eviction policy could do at each size (Belady's MIN over the trace, black) and a "
+               "cache that never evicts (grey, dashed)." + elsewhere(study, len(runs)))
     groups: dict[Any, list] = {}
     for r in runs:
         groups.setdefault(r["config"].get("eviction"), []).append(r)
-    fig, panels = new_page(title, caption, legend_rows=legend_rows(len(groups)))
+    fig, panels = new_page(title, caption, legend_rows=legend_rows(len(groups) + 2))
     for ax, key, ylabel, scale in zip(panels, ("prefix_hit_rate", "throughput_tokens_s"),
                                       ("prefix hit rate (%)", "throughput (output tokens/s)"), (100.0, 1.0)):
         for k, (policy, members) in enumerate(sorted(groups.items(), key=lambda kv: order(kv[0]))):
@@ -220,6 +222,8 @@ def prefix_cache_page(study: Study) -> Page | None:
             # NOTE: offset markers so policies with identical values stay visible
             ax.plot(xs, [np.mean(by_size[x]) for x in xs], marker="osD^v<>"[k % 7], ms=7 - k, alpha=0.85,
                     label=f"eviction {value_label(policy)}" if per_policy else "base settings")
+        if key == "prefix_hit_rate":  # what the trace allows at each size (sim.ideal_cache), where the runs say
+            _ideal_lines(ax, runs)
         ax.set(xlabel="KV cache (GiB per GPU)", ylabel=ylabel, title=ylabel.split(" (")[0])
         ax.grid(alpha=0.3)
         from_zero(ax, x=True)
@@ -228,6 +232,95 @@ def prefix_cache_page(study: Study) -> Page | None:
             ax.set_ylim(0, 100)
     page_legend(fig, panels)
     return Page(title, caption, fig)
+
+
+EVICTION_TITLE = "Eviction policies against the best any policy could do"
+
+
+def eviction_page(study: Study) -> Page | None:
+    """Per eviction policy, its prefix hit rate beside the trace's bounds at the run's cache size
+    (``sim.ideal_cache``: Belady's MIN, knowing the future, and a cache that never evicts), per
+    value of the other axis the study varies (cache size, block size, load), so a tie shows why."""
+    from reports.findings import ideal_figures, ideal_words
+
+    if not study.varies("eviction"):
+        return None
+    other = next((a for a in ("kv_cache_gb", "num_gpu_blocks", "block_size", "rate_scale", "rate") if study.varies(a)), None)
+    runs = [r for r in (study.slice("eviction", other) if other else study.slice("eviction"))
+            if ideal_figures([r]) is not None]
+    if not runs:
+        return None
+    policies = sorted({r["config"].get("eviction") for r in runs}, key=order)
+    xs = sorted({r["config"].get(other) for r in runs}, key=order) if other else [None]
+    title = EVICTION_TITLE
+    caption = ("Share of admitted prompt tokens each eviction policy served from the prefix cache (bars), against "
+               "what the trace allows at the run's cache size: the best any eviction policy could do (Belady's MIN "
+               "over the trace's prefix blocks, knowing the future; black) and a cache that never evicts (grey, "
+               "dashed). Policies that tie near the grey line have nothing left to win; near the black line far "
+               "below the grey, the reusable blocks (right) outnumber the cache and no order keeps them."
+               + (f" One group per {axis_label(other).lower()}." if other else "") + elsewhere(study, len(runs)))
+    fig, (hits_ax, blocks_ax) = new_page(title, caption, legend_rows=legend_rows(len(policies) + 2))
+    width = 0.8 / len(policies)
+    for k, policy in enumerate(policies):
+        heights = []
+        for x in xs:
+            members = [r for r in runs if r["config"].get("eviction") == policy and (other is None or r["config"].get(other) == x)]
+            heights.append(100 * np.mean([metric(r, "prefix_hit_rate") for r in members]) if members else 0.0)
+        hits_ax.bar(np.arange(len(xs)) + (k - (len(policies) - 1) / 2) * width, heights, width,
+                    label=f"eviction {value_label(policy)}")
+    for i, x in enumerate(xs):
+        f = ideal_figures([r for r in runs if other is None or r["config"].get(other) == x])
+        if f is None:
+            continue
+        hits_ax.hlines(100 * f["ideal"], i - 0.45, i + 0.45, colors="black", lw=2.5,
+                       label="best any policy could do (MIN)")
+        hits_ax.hlines(100 * f["infinite"], i - 0.45, i + 0.45, colors="#868e96", lw=2, linestyles="dashed",
+                       label="a cache that never evicts")
+        blocks_ax.bar([i - 0.2], [f["reusable"]], 0.4, color="#1c7ed6", label="reusable blocks in the trace")
+        blocks_ax.bar([i + 0.2], [f["cache"]], 0.4, color="#adb5bd", label="blocks the cache holds")
+    labels = [value_label(x) for x in xs] if other else ["base settings"]
+    for ax in (hits_ax, blocks_ax):
+        ax.set_xticks(np.arange(len(xs)), labels)
+        ax.set_xlabel(axis_label(other) if other else "")
+        ax.grid(alpha=0.3, axis="y")
+        from_zero(ax)
+        plain_ticks(ax)
+    hits_ax.set(ylabel="prefix hit rate (%)", title="Prefix hit rate per eviction policy")
+    hits_ax.set_ylim(0, 100)
+    blocks_ax.set(ylabel="blocks (count)", title="Reusable blocks vs the cache")
+    page_legend(fig, [hits_ax, blocks_ax])
+    notes = []
+    for x in xs:
+        members = [r for r in runs if other is None or r["config"].get(other) == x]
+        f = ideal_figures(members)
+        if f is None:
+            continue
+        hits = sorted(metric(r, "prefix_hit_rate") or 0.0 for r in members)
+        got = (f"{100 * hits[0]:.1f}%" if hits[-1] - hits[0] < 0.0005 else
+               f"{100 * hits[0]:.1f}% to {100 * hits[-1]:.1f}%")
+        where = f"{axis_label(other)} {value_label(x)}: " if other else ""
+        notes.append(f"{where}the policies got {ideal_words(f, study.threshold, got)}")
+        costs = [f"{value_label(r['config'].get('eviction'))} {int(metric(r, 'prefix_evictions') or 0):,} evicted, "
+                 f"{int(missed):,} hit blocks lost" for r in members
+                 if (missed := metric(r, "prefix_hit_blocks_missed")) is not None]
+        if costs:
+            notes.append(f"{where}cached blocks evicted and the hit blocks later requests asked for after an eviction "
+                         f"(the rest of the evictions were plain recycling): {'; '.join(costs)}")
+    return Page(title, caption, fig, notes=notes)
+
+
+def _ideal_lines(ax, runs: list[dict[str, Any]]) -> None:
+    """On a hit-rate-vs-cache-size panel: the best any eviction policy could do at each size and
+    a cache that never evicts (``reports.findings.ideal_figures``), for the sizes whose runs have them."""
+    from reports.findings import ideal_figures
+
+    sizes = sorted({r["config"]["kv_cache_gb"] for r in runs})
+    points = [(x, f) for x in sizes if (f := ideal_figures([r for r in runs if r["config"]["kv_cache_gb"] == x]))]
+    if points:
+        ax.plot([x for x, _ in points], [100 * f["ideal"] for _, f in points], color="black", lw=2,
+                label="best any policy could do (MIN)")
+        ax.plot([x for x, _ in points], [100 * f["infinite"] for _, f in points], color="#868e96", lw=1.5,
+                linestyle="dashed", label="a cache that never evicts")
 
 
 FIGURE_PAGES = (
@@ -239,4 +332,6 @@ FIGURE_PAGES = (
     ("Preemptions: swap vs recompute, and what they cost", preemption_page,
      "no run at the base settings (or along the preemption and block-size axes) was preempted"),
     ("Prefix hit rate vs cache size", prefix_cache_page, "needs a kv_cache_gb axis"),
+    (EVICTION_TITLE, eviction_page, "needs an eviction axis and runs with prefix caching that report the ideal "
+     "cache's figures (runs recorded by an earlier pagesim lack them)"),
 )

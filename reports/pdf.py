@@ -166,8 +166,9 @@ def findings_page(study: Study) -> Page:
     fig.suptitle(title, fontsize=15, fontweight="bold", x=0.02, ha="left", y=0.975)
     fig.text(0.02, 0.925, caption, fontsize=10, wrap=True, va="top")
     wrapped = outline_lines(study, 165)
-    size = 9.5 if len(wrapped) <= 44 else 8
-    limit = 44 if size == 9.5 else 56
+    # (the 85% of the page below the caption holds 41 lines of 9.5 points, 48 of 8)
+    size = 9.5 if len(wrapped) <= 41 else 8
+    limit = 41 if size == 9.5 else 47
     body = wrapped[:limit] + ([f"... {len(wrapped) - limit} more lines: the HTML report and `pagesim study` print "
                                "them all"] if len(wrapped) > limit else [])
     fig.text(0.02, 0.85, "\n".join(body), fontsize=size, va="top")

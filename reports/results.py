@@ -72,7 +72,9 @@ M = {m.key: m for m in (
     Metric("e2e_s.p50", "E2E p50", "s", "min"),
     Metric("e2e_s.p99", "E2E p99", "s", "min"),
     Metric("normalized_latency_s_per_token", "normalized latency", "s/token", "min"),
-    Metric("memory_utilization", "KV memory utilization", "fraction", "max"),
+    # (a share of the *allocated* slots, not of the cache: 99% is no full cache; the cache's share allocated is next)
+    Metric("memory_utilization", "allocated KV slots holding tokens", "fraction", "max"),
+    Metric("memory_allocated_fraction", "KV cache allocated", "fraction", "max"),
     Metric("prefix_hit_rate", "prefix hit rate", "fraction", "max"),
     Metric("preemptions_total", "preemptions", "count", "min"),
     Metric("ttft_s.mean", "TTFT mean", "s", "min"),

@@ -28,7 +28,8 @@ COLUMNS = (
     ("e2e_s.p99", "E2E\np99 (s)"),
     ("preemptions_total", "preemp-\ntions"),
     ("prefix_hit_rate", "prefix\nhit rate"),
-    ("memory_utilization", "memory\nutil."),
+    ("memory_allocated_fraction", "KV cache\nallocated"),
+    ("memory_utilization", "allocated\nholding\ntokens"),
 )
 OFFLOAD_COLUMNS = (
     ("hbm_hit_rate", "HBM\nhits"),
@@ -80,7 +81,8 @@ def table_pages(study: Study) -> Iterator[Page]:
         caption = (f"Every run of the study, one row each: rows {first}-{first + len(rows) - 1} of {len(table.rows)} "
                    f"({len(study.ok)} completed, {len(study.failed)} failed). Settings columns are the axes the "
                    "study varies; load is the run's regime (below, near or past saturation); latencies are "
-                   "percentiles over the run's completed requests.")
+                   "percentiles over the run's completed requests; KV cache allocated is the cache's share allocated "
+                   "on average, and allocated holding tokens the share of those allocated slots that hold a token.")
         fig, (ax,) = new_page(title, caption, ncols=1)
         ax.axis("off")
         if rows:

@@ -215,6 +215,6 @@ class Cluster:
                 raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished on replica {k}")
         summary = cluster_summary(self.request_metrics, self.replicas, self.replica_of, slo=self.options.slo,
                                   percentiles=self.options.percentiles, router_name=self.router.name, tp=self.tp,
-                                  block_bytes=self.block_bytes)
+                                  block_bytes=self.block_bytes, trace=self.trace)
         return ClusterResult(summary, self.request_metrics, ClusterSteps([r.steps for r in self.replicas]),
                              self.replica_of, self.replicas, wall_s)

@@ -13,7 +13,10 @@ step table. Definitions, beyond ``sim.metrics``:
   are the average *per replica* while it computes (4 replicas each batching 10 requests
   average 10, not 40);
 - preemptions, prefix hits and evictions are summed over replicas; the prefix hit rate is all
-  replicas' hit tokens over all their admitted prompt tokens; so are the offload tier's counts
+  replicas' hit tokens over all their admitted prompt tokens; the ideal cache's figures
+  (``sim.ideal_cache``) and the hit blocks missed (``missed_hit_blocks``) are each replica's over
+  the requests routed to it, at its own cache's size, summed likewise (``None`` if any replica
+  has none); so are the offload tier's counts
   and rates (``OffloadTotals``), each replica having its own store and host link
   (``host_link_busy_fraction`` is the links' mean);
 - each replica's entry in ``replicas`` is ``sim.metrics.summarize`` over the requests routed to
@@ -34,7 +37,8 @@ from functools import reduce
 import numpy as np
 
 from sim.bench_metrics import DEFAULT_PERCENTILES, Slo
-from sim.metrics import OffloadTotals, RequestMetrics, StepMetrics, summarize
+from sim.ideal_cache import IdealCache, ideal_cache
+from sim.metrics import REJECTED, OffloadTotals, RequestMetrics, StepMetrics, summarize
 from sim.step_metrics import STEP_COLUMNS
 from sim.token_runs import ItlSample
 
@@ -90,12 +94,41 @@ def requests_subset(requests: RequestMetrics, mask: np.ndarray) -> RequestMetric
     return subset
 
 
-def scheduler_figures(scheduler) -> dict:
-    """``prefix_hit_rate`` and ``num_evictions`` of one scheduler, as ``summarize`` takes them."""
+def scheduler_figures(scheduler, ideal: IdealCache | None = None) -> dict:
+    """``prefix_hit_rate``, ``num_evictions`` and ``hit_blocks_missed`` (``missed_hit_blocks``,
+    given the scheduler's ``ideal_figures``) of one scheduler, as ``summarize`` takes them."""
     admitted = scheduler.num_prompt_tokens_admitted
-    caches = getattr(scheduler, "paged", True) and scheduler.config.enable_prefix_caching
-    return {"prefix_hit_rate": (scheduler.num_prefix_hit_tokens / admitted) if admitted and caches else None,
-            "num_evictions": getattr(getattr(scheduler, "pool", None), "num_evictions", 0)}
+    return {"prefix_hit_rate": (scheduler.num_prefix_hit_tokens / admitted) if admitted and _caches(scheduler) else None,
+            "num_evictions": getattr(getattr(scheduler, "pool", None), "num_evictions", 0),
+            "hit_blocks_missed": missed_hit_blocks(scheduler, ideal)}
+
+
+def missed_hit_blocks(scheduler, ideal: IdealCache | None) -> int | None:
+    """Prefix-hit blocks the scheduler's requests asked for, that had been cached, and missed:
+    on first admissions, what a cache that never evicts would have hit beyond the run's own hits
+    (``ideal.infinite_hit_tokens``: every re-reference of a block in the trace); on returns after
+    a recompute preemption, the blocks the request had cached and did not find
+    (``KVCacheManager.num_resume_blocks_lost``). ``None`` without ``ideal``."""
+    if ideal is None:
+        return None
+    first = max(0, ideal.infinite_hit_tokens - scheduler.num_prefix_hit_tokens) // scheduler.config.block_size
+    return first + getattr(scheduler.kv, "num_resume_blocks_lost", 0)
+
+
+def _caches(scheduler) -> bool:
+    return getattr(scheduler, "paged", True) and scheduler.config.enable_prefix_caching
+
+
+def ideal_figures(trace, scheduler, rows: np.ndarray) -> IdealCache | None:
+    """The ideal and infinite caches on the trace's ``rows`` (a mask: the requests this scheduler
+    was given and admitted), at the scheduler's block size and its cache's size (GPU blocks plus
+    the offload store's); ``None`` without a trace, with prefix caching off, or for a hybrid
+    cache (several layer groups share its blocks, so its size in one chain's blocks is not known)."""
+    pool = getattr(scheduler, "pool", None)
+    if trace is None or pool is None or not _caches(scheduler) or getattr(scheduler.kv, "num_groups", 1) > 1:
+        return None
+    config = scheduler.config
+    return ideal_cache(trace, config.block_size, pool.num_usable_blocks + config.num_offload_blocks, rows)
 
 
 def offload_totals(replicas: Sequence) -> OffloadTotals | None:
@@ -106,39 +139,48 @@ def offload_totals(replicas: Sequence) -> OffloadTotals | None:
 
 def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np.ndarray, *, slo: Slo,
                     percentiles=DEFAULT_PERCENTILES, router_name: str, tp: int = 1,
-                    block_bytes: int | None = None) -> dict:
+                    block_bytes: int | None = None, trace=None) -> dict:
     """The cluster-wide summary, with ``router`` and per-replica ``replicas`` for two or more
     replicas (``replicas``: ``sim.replica.Replica`` objects); ``block_bytes``: one KV block over
-    a replica's GPUs."""
+    a replica's GPUs; ``trace``: the run's, for the ideal cache's figures (each replica's over the
+    requests routed to it; the cluster's their sum)."""
     from sim.simulator import replica_itl
 
     common = {"slo": slo, "percentiles": percentiles, "block_bytes": block_bytes}
+    admitted_rows = requests.status != REJECTED
+    ideals = [ideal_figures(trace, r.scheduler, admitted_rows & (replica_of == k)) for k, r in enumerate(replicas)]
     if len(replicas) == 1:
         (only,) = replicas
         return summarize(requests, only.steps, **common, preemptions=only.preemptions, itl=replica_itl(only),
-                         offload=only.offload_totals(), **scheduler_figures(only.scheduler))
+                         offload=only.offload_totals(), ideal=ideals[0], **scheduler_figures(only.scheduler, ideals[0]))
     schedulers = [r.scheduler for r in replicas]
     admitted = sum(s.num_prompt_tokens_admitted for s in schedulers)
-    caches = any(getattr(s, "paged", True) and s.config.enable_prefix_caching for s in schedulers)
+    caches = any(_caches(s) for s in schedulers)
     preemptions = {mode: sum(r.preemptions[mode] for r in replicas) for mode in replicas[0].preemptions}
     itls = [replica_itl(r, np.flatnonzero(replica_of == k)) for k, r in enumerate(replicas)]
+    figures = [scheduler_figures(s, ideal) for s, ideal in zip(schedulers, ideals)]
+    missed = [f["hit_blocks_missed"] for f in figures]
     summary = summarize(
         requests, ClusterSteps([r.steps for r in replicas]), **common, preemptions=preemptions,
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in schedulers) / admitted) if admitted and caches else None,
-        num_evictions=sum(scheduler_figures(s)["num_evictions"] for s in schedulers), itl=ItlSample.merge(itls),
+        num_evictions=sum(f["num_evictions"] for f in figures),
+        hit_blocks_missed=None if None in missed else sum(missed),
+        ideal=None if None in ideals else reduce(operator.add, ideals), itl=ItlSample.merge(itls),
         offload=offload_totals(replicas),
     )
     summary["router"] = router_name
-    summary["replicas"] = [replica_summary(k, r, requests_subset(requests, replica_of == k), common, tp, itls[k])
+    summary["replicas"] = [replica_summary(k, r, requests_subset(requests, replica_of == k), common, tp, itls[k],
+                                           ideals[k])
                            for k, r in enumerate(replicas)]
     return summary
 
 
-def replica_summary(index: int, replica, requests: RequestMetrics, common: dict, tp: int, itl: ItlSample) -> dict:
+def replica_summary(index: int, replica, requests: RequestMetrics, common: dict, tp: int, itl: ItlSample,
+                    ideal: IdealCache | None = None) -> dict:
     sched = replica.scheduler
     return {
         "replica": index, "tp": tp, "requests_routed": len(requests.status),
         "num_gpu_blocks": sched.config.num_gpu_blocks, "kv_cache_slots": sched.kv_usage().total_slots,
         **summarize(requests, replica.steps, **common, preemptions=replica.preemptions, itl=itl,
-                    offload=replica.offload_totals(), **scheduler_figures(sched)),
+                    offload=replica.offload_totals(), ideal=ideal, **scheduler_figures(sched, ideal)),
     }

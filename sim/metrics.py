@@ -32,7 +32,25 @@ Summary definitions (all times in seconds):
   ``avg_running_requests``: requests admitted and holding KV memory (the running set a step
   draws its batch from; under vLLM v0 a prompt-only step pauses the others without evicting
   them), likewise (the paper's Fig. 13 "batched requests");
-- ``sharing_saved`` = 1 - allocated / unshared slots, time-averaged (Fig. 15).
+- ``sharing_saved`` = 1 - allocated / unshared slots, time-averaged (Fig. 15);
+- ``prefix_evictions``: cached blocks taken for a new owner (a free block that still held a
+  cached block's content). What they cost: ``prefix_hit_blocks_missed``, the prefix-hit blocks a
+  later request asked for that had been cached and were gone (``sim.cluster_metrics.
+  missed_hit_blocks``: on first admissions, the hits a cache that never evicts would have served
+  beyond the run's own, which also counts a block asked for while the request computing it was
+  still being prefilled; on returns after a recompute preemption, the blocks the request had
+  cached and did not find); each such miss traces back to an eviction (its own block's, or one
+  that cut the chain before it), so ``prefix_evictions_costing_hits`` = min(evictions, missed)
+  bounds the evictions that cost a hit from above and ``prefix_evictions_recycled`` = evictions
+  - missed (at least 0) the plain recycling (a free block whose content nobody asked for again)
+  from below; all three ``None`` where the ideal cache's figures are (below);
+- with prefix caching on, what the trace allows (``sim.ideal_cache``, over the admitted requests
+  in arrival order): ``ideal_hit_rate``, the prefix hit rate of an ideal cache of
+  ``ideal_cache_blocks`` blocks (the replica's GPU blocks, plus its offload store's; Belady's MIN,
+  knowing the future: the best any eviction policy could do at this cache size);
+  ``infinite_cache_hit_rate``, a cache that never evicts; ``prefix_reusable_blocks``, the distinct
+  blocks a later request could hit (the working set to compare with the cache); all ``None`` with
+  prefix caching off or a hybrid (sliding-window) cache.
 
 With KV offloading on (``engine.policy.offload``; ``OffloadTotals``), also:
 - ``offload_hit_tokens``: first admissions' prefix-hit tokens loaded from the offload store;
@@ -58,6 +76,7 @@ import numpy as np
 
 from sim import bench_metrics
 from sim.bench_metrics import DEFAULT_PERCENTILES, Slo, _r, latency_stats
+from sim.ideal_cache import IdealCache
 from sim.step_metrics import STEP_COLUMNS, StepMetrics
 from sim.step_sums import total_sums
 from sim.token_runs import ItlSample
@@ -147,6 +166,10 @@ class OffloadTotals:
         }
 
 
+def _r_or_none(x: float | None) -> float | None:
+    return None if x is None else _r(x)
+
+
 def _ratio(numerator: float, denominator: float) -> float | None:
     return None if denominator <= 0 else _r(numerator / denominator)
 
@@ -160,11 +183,13 @@ def step_sums(steps) -> dict[str, float]:
 
 
 def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preemptions: dict[str, int],
-              prefix_hit_rate: float | None, num_evictions: int, itl: ItlSample | None = None,
+              prefix_hit_rate: float | None, num_evictions: int, hit_blocks_missed: int | None = None,
+              ideal: IdealCache | None = None, itl: ItlSample | None = None,
               percentiles=DEFAULT_PERCENTILES, offload: OffloadTotals | None = None,
               block_bytes: int | None = None) -> dict:
     """The run's summary (module docstring); the offload keys only with ``offload`` (offloading
-    on), its bytes from ``block_bytes``, one KV block over a replica's GPUs."""
+    on), its bytes from ``block_bytes``, one KV block over a replica's GPUs; the ideal cache's
+    from ``ideal`` (``None``: not computed)."""
     done = requests.status == COMPLETED
     completed = int(done.sum())
     submitted = len(requests.status)
@@ -221,6 +246,13 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preempt
         "cow_copies": int(sums["cow_blocks"]),
         "prefix_hit_rate": None if prefix_hit_rate is None else _r(prefix_hit_rate),
         "prefix_evictions": num_evictions,
+        "prefix_hit_blocks_missed": hit_blocks_missed,
+        "prefix_evictions_costing_hits": None if hit_blocks_missed is None else min(num_evictions, hit_blocks_missed),
+        "prefix_evictions_recycled": None if hit_blocks_missed is None else max(0, num_evictions - hit_blocks_missed),
+        "ideal_hit_rate": None if ideal is None else _r_or_none(ideal.ideal_hit_rate),
+        "infinite_cache_hit_rate": None if ideal is None else _r_or_none(ideal.infinite_hit_rate),
+        "prefix_reusable_blocks": None if ideal is None else ideal.reusable_blocks,
+        "ideal_cache_blocks": None if ideal is None else ideal.capacity_blocks,
         "steps": len(steps),
         "busy_s": _r(busy),
         "time_by_term_s": {t: _r(v) for t, v in steps.term_totals_s.items()},

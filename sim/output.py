@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -127,32 +128,51 @@ def write_timeline(path: Path, result, request_ids: list[str], *, max_requests: 
     atomic_write(path, write)
 
 
+def plain(x, digits: int = 4) -> str:
+    """``x`` in plain digits, grouped by thousands, to about ``digits`` significant figures and
+    never in exponent notation: 21,030; 1,166; 5.522; 0.05188; 0 (``-`` for ``None``)."""
+    if x is None:
+        return "-"
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return f"{int(x):,}"
+    x = float(x)
+    if not np.isfinite(x):
+        return str(x)
+    magnitude = abs(x)
+    if magnitude >= 10 ** (digits - 1) or magnitude == 0:
+        return f"{x:,.0f}"
+    decimals = digits - 1 - math.floor(math.log10(magnitude))
+    text = f"{x:,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def pct(x) -> str:
+    """A fraction as a percentage with one decimal (``-`` for ``None``)."""
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def summary_table(summary: dict, info: dict, wall_s: float) -> str:
-    """The readable summary ``pagesim simulate`` prints without ``--json``."""
+    """The readable summary ``pagesim simulate`` prints without ``--json`` (every number in plain,
+    grouped digits: ``plain``)."""
     s = summary
-
-    def num(x, fmt=".4g") -> str:
-        return "-" if x is None else format(x, fmt)
-
-    def pct(x) -> str:
-        return "-" if x is None else f"{100 * x:.1f}%"
-
+    num = plain
     d = info["deployment"]
     rejected = rejection_words(s)
     lines = [
         *([f"NOTE: {rejected}", ""] if rejected else []),
         f"{info['trace']}",
-        f"{d['model']} on {d['gpu']} x{d['tp']}{_cluster_words(s)}, {d['allocator']} KV cache: {d['num_gpu_blocks']} blocks of "
-        f"{d['block_size']} tokens ({d['kv_cache_source']}), policy {d['policy']}",
+        f"{d['model']} on {d['gpu']} x{d['tp']}{_cluster_words(s)}, {d['allocator']} KV cache: {d['num_gpu_blocks']:,} blocks "
+        f"of {d['block_size']} tokens ({d['kv_cache_source']}), policy {d['policy']}",
         "",
-        f"requests   {s['requests_completed']} completed, {s['requests_rejected']} rejected, over "
-        f"{num(s['duration_s'], '.1f')} s simulated",
-        *(f"           rejected x{count}: {reason}" for reason, count in s["rejection_reasons"].items()),
+        f"requests   {s['requests_completed']:,} completed, {s['requests_rejected']:,} rejected, over "
+        f"{num(s['duration_s'])} s simulated",
+        *(f"           rejected x{count:,}: {reason}" for reason, count in s["rejection_reasons"].items()),
         f"throughput {num(s['throughput_rps'])} req/s; output {num(s['throughput_tokens_s'])} tokens/s, input "
         f"{num(s['throughput_input_tokens_s'])}, total {num(s['throughput_total_tokens_s'])}; peak "
-        f"{s['max_concurrent_requests']} requests in flight, {num(s['max_output_tokens_per_s'])} output tokens in one second",
-        f"goodput    {num(s['goodput_rps'])} req/s ({slo_words(s['slo'])}: met by {s['slo']['met']} of "
-        f"{s['requests_total']} requests submitted, {pct(s['slo']['attained'])})",
+        f"{s['max_concurrent_requests']:,} requests in flight, {num(s['max_output_tokens_per_s'])} output tokens in one "
+        "second",
+        f"goodput    {num(s['goodput_rps'])} req/s ({slo_words(s['slo'])}: met by {s['slo']['met']:,} of "
+        f"{s['requests_total']:,} requests submitted, {pct(s['slo']['attained'])})",
         "",
         f"{'latency (s)':<14}{'mean':>10}{'median':>10}{'std':>10}{'p90':>10}{'p99':>10}",
     ]
@@ -163,14 +183,12 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
     lines += [
         f"normalized latency {num(s['normalized_latency_s_per_token'])} s/token",
         "",
-        f"memory     {pct(s['memory_utilization'])} of allocated slots hold tokens; "
-        f"{pct(s['memory_allocated_fraction'])} of the cache allocated on average; sharing saved "
-        f"{pct(s['sharing_saved'])}",
+        f"memory     {memory_words(s)}",
         f"batch      {num(s['avg_batched_requests'])} requests computing per step, {num(s['avg_running_requests'])} "
-        f"running, on average over {s['steps']} steps",
-        f"preemption {s['preemptions']['swap']} swap, {s['preemptions']['recompute']} recompute; blocks swapped "
-        f"out {s['swapped_blocks']['out']}, in {s['swapped_blocks']['in']}; copy-on-write copies {s['cow_copies']}",
-        f"prefix     hit rate {pct(s['prefix_hit_rate'])} of admitted prompt tokens; {s['prefix_evictions']} evictions",
+        f"running, on average over {s['steps']:,} steps",
+        f"preemption {s['preemptions']['swap']:,} swap, {s['preemptions']['recompute']:,} recompute; blocks swapped "
+        f"out {s['swapped_blocks']['out']:,}, in {s['swapped_blocks']['in']:,}; copy-on-write copies {s['cow_copies']:,}",
+        *prefix_lines(s),
         *([_offload_line(s, d, pct)] if "offload_blocks" in s else []),
     ]
     busy = sum(s["time_by_term_s"].values()) or 1.0
@@ -184,15 +202,48 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
     return "\n".join(lines)
 
 
+def memory_words(s: dict) -> str:
+    """The memory line: how much of the cache was allocated, and how much of that held tokens
+    (``memory_utilization`` is the second: a share of the *allocated* slots, not of the cache)."""
+    return (f"{pct(s['memory_allocated_fraction'])} of the cache's slots allocated on average; "
+            f"{pct(s['memory_utilization'])} of allocated slots holding tokens; prefix sharing saved "
+            f"{pct(s['sharing_saved'])}")
+
+
+def prefix_lines(s: dict) -> list[str]:
+    """The prefix cache's lines: the hit rate beside the best any eviction policy could do at this
+    cache size (``sim.ideal_cache``), and the evictions beside what they cost: the hit blocks
+    later requests asked for and missed, against plain recycling (``sim.metrics``)."""
+    hit = f"prefix     hit rate {pct(s['prefix_hit_rate'])} of admitted prompt tokens"
+    if s.get("prefix_reusable_blocks") == 0:
+        hit += "; no prompt shares a block with a later one (nothing to hit, whatever the eviction policy)"
+    elif s.get("ideal_hit_rate") is not None:
+        hit += (f"; the best any eviction policy could do at this cache size {pct(s['ideal_hit_rate'])} (an ideal "
+                f"cache of {s['ideal_cache_blocks']:,} blocks), with no evictions at all "
+                f"{pct(s['infinite_cache_hit_rate'])} ({s['prefix_reusable_blocks']:,} blocks a later request "
+                "could hit)")
+    evicted = s["prefix_evictions"]
+    missed = s.get("prefix_hit_blocks_missed")
+    if missed is None:
+        return [hit, f"           {evicted:,} cached blocks evicted" if evicted else "           no cached block evicted"]
+    if not evicted:
+        return [hit, "           no cached block evicted" + (
+            f"; {missed:,} hit blocks missed, asked for while the request computing them was still being prefilled"
+            if missed else "")]
+    return [hit, f"           {evicted:,} cached blocks evicted; {missed:,} hit blocks lost (asked for again after an "
+                 f"eviction), so at least {s['prefix_evictions_recycled']:,} evictions were plain recycling (content "
+                 "never asked for again)"]
+
+
 def _offload_line(s: dict, deployment: dict, pct) -> str:
     """The offload tier's line: its size, the hits per tier, the copies and the host link."""
     blocks = deployment["scheduler"]["num_offload_blocks"]  # one replica's store
     gib = blocks * deployment["kv_cache"]["block_bytes"] * deployment["tp"] / 2**30
-    size = f"{blocks:,} blocks ({gib:.4g} GiB){' per replica' if 'replicas' in s else ''}"
+    size = f"{blocks:,} blocks ({plain(gib)} GiB){' per replica' if 'replicas' in s else ''}"
     return (f"offload    {size}: hits HBM {pct(s['hbm_hit_rate'])} + CPU {pct(s['offload_hit_rate'])} of admitted "
             f"prompt tokens; loaded {s['offload_loaded_blocks']:,} / stored {s['offload_stored_blocks']:,} blocks, "
             f"{s['offload_evictions']:,} evicted, {s['offload_refused_blocks']:,} refused; link busy "
-            f"{pct(s['host_link_busy_fraction'])}, loads waited {s['offload_load_wait_s']:.4g} s")
+            f"{pct(s['host_link_busy_fraction'])}, loads waited {plain(s['offload_load_wait_s'])} s")
 
 
 def rejection_words(summary: dict) -> str | None:
@@ -201,7 +252,7 @@ def rejection_words(summary: dict) -> str | None:
     if not rejected:
         return None
     example = next(iter(summary["rejection_reasons"]), "")
-    return (f"{rejected} of {total} requests ({100 * rejected / total:.1f}%) were rejected by the policy and never "
+    return (f"{rejected:,} of {total:,} requests ({100 * rejected / total:.1f}%) were rejected by the policy and never "
             f"served; they count as failed and as missing every SLO" + (f" (e.g. {example})" if example else ""))
 
 
@@ -223,8 +274,8 @@ def _replica_lines(summary: dict, num, pct) -> list[str]:
     lines = [header]
     for r in summary["replicas"]:
         preempted = r["preemptions"]["swap"] + r["preemptions"]["recompute"]
-        lines.append(f"{r['replica']:<8}{r['tp']:>3}{r['requests_routed']:>8}{r['requests_completed']:>7}"
-                     f"{num(r['throughput_rps'], '.3g'):>8}{num(r['ttft_s']['p50']):>10}{num(r['ttft_s']['p99']):>10}"
-                     f"{num(r['e2e_s']['mean']):>10}{preempted:>9}{r['steps']:>8}{num(r['avg_batched_requests'], '.3g'):>7}"
+        lines.append(f"{r['replica']:<8}{r['tp']:>3}{r['requests_routed']:>8,}{r['requests_completed']:>7,}"
+                     f"{num(r['throughput_rps'], 3):>8}{num(r['ttft_s']['p50']):>10}{num(r['ttft_s']['p99']):>10}"
+                     f"{num(r['e2e_s']['mean']):>10}{preempted:>9,}{r['steps']:>8,}{num(r['avg_batched_requests'], 3):>7}"
                      f"{pct(r['memory_allocated_fraction']):>10}{pct(r['prefix_hit_rate']):>11}")
     return lines

@@ -23,7 +23,7 @@ from sim.bench_metrics import DEFAULT_PERCENTILES, Slo
 from sim.client import ClosedLoopClient
 from sim.cost.base import CostModel
 from sim.gc_policy import collecting_less
-from sim.metrics import COMPLETED, RequestMetrics, StepMetrics, summarize
+from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics, summarize
 from sim.replica import Replica, arrival_process
 from sim.token_runs import ItlSample, itl_sample
 from sim.workload import BeamModel, RequestFactory
@@ -105,14 +105,13 @@ class Simulation:
         sched = self.scheduler
         if sched.has_unfinished_requests:  # the event queue ran dry with work left: a policy bug
             raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished")
-        admitted = sched.num_prompt_tokens_admitted
-        caches = getattr(sched, "paged", True) and sched.config.enable_prefix_caching
+        from sim.cluster_metrics import ideal_figures, scheduler_figures
+
+        ideal = ideal_figures(self.trace, sched, self.request_metrics.status != REJECTED)
         summary = summarize(
             self.request_metrics, self.step_metrics, slo=self.options.slo, percentiles=self.options.percentiles,
-            itl=replica_itl(self.replica), preemptions=self.replica.preemptions,
-            prefix_hit_rate=(sched.num_prefix_hit_tokens / admitted) if admitted and caches else None,
-            num_evictions=getattr(getattr(sched, "pool", None), "num_evictions", 0),
-            offload=self.replica.offload_totals(), block_bytes=self.block_bytes,
+            itl=replica_itl(self.replica), preemptions=self.replica.preemptions, **scheduler_figures(sched, ideal),
+            ideal=ideal, offload=self.replica.offload_totals(), block_bytes=self.block_bytes,
         )
         return SimResult(summary, self.request_metrics, self.step_metrics, sched, wall_s)
 

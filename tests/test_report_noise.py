@@ -101,14 +101,17 @@ def test_seeds_that_change_nothing_and_one_sided_seeds_fall_back_to_the_threshol
 
 
 def test_gaps_are_relative_to_the_value_compared_with():
-    from reports.findings import _gap
+    from reports.findings import compared
     from reports.results import M
 
     thr = M["throughput_tokens_s"]
-    assert _gap(thr, 1270.0, 507.5) == "2.5x as high"
-    assert _gap(thr, 110.0, 100.0) == "10.0% higher" and _gap(thr, 90.0, 100.0) == "10.0% lower"
-    assert _gap(M["preemptions_total"], 105.0, 0.0) == "higher: 105 vs 0"
-    assert _gap(M["prefix_hit_rate"], 0.824, 0.764) == "6 points higher"
+    assert compared(thr, 1270.0, 507.5, "the next") == "2.5x the next"
+    assert compared(thr, 110.0, 100.0, "the next") == "10.0% higher than the next"
+    assert compared(thr, 90.0, 100.0, "the best") == "10.0% lower than the best"
+    assert compared(M["preemptions_total"], 105.0, 0.0, "the next") == "105 against 0 for the next"
+    assert compared(M["preemptions_total"], 0.0, 12.0, "the next") == "100.0% lower than the next"  # (never "0x")
+    assert compared(M["prefix_hit_rate"], 0.824, 0.764, "the next") == "6 points higher than the next"
+    assert compared(thr, 1270.0, 507.5) == "2.5x" and compared(thr, 90.0, 100.0) == "10.0% lower"
 
 
 def test_a_run_without_preemption_counts_has_none_not_zero():

@@ -17,6 +17,9 @@ What it does for one sequence:
   its key is made (``materialize``) when its table is released with the request unfinished.
   Eviction order, counts and every lookup are as with eager keys; one key per full block was the
   simulator's largest cost (issue 23). Only with a built-in eviction policy that never reads keys.
+- **count** the blocks a request preempted by recompute had cached when it was released and did
+  not find again when it came back (``num_resume_blocks_lost``: hits lost to evictions; a
+  statistic, O(1) per preemption, no decision reads it);
 - **fork** a child that shares every block (reference count + 1);
 - **free** a table (last block first; see ``BlockPool``);
 - **swap out / in** a request's sequences to and from CPU blocks, with the mappings the executor
@@ -88,6 +91,10 @@ class KVCacheManager:
         # the pool's keys, where full blocks are registered (None: no prefix caching): what
         # settling a batch of implicit decoders brings up to date (bulk_decode.settle_one)
         self.registered_keys = block_pool.keys if enable_prefix_caching else None
+        # Blocks recomputed requests had cached at their preemption and missed at their return
+        # (count_resume_loss); each preempted sequence's cached blocks until it is back.
+        self.num_resume_blocks_lost = 0
+        self._cached_at_preemption: dict[Sequence, int] = {}
 
     # ------------------------------------------------------------ counting
     def blocks_to_reserve(self, seq: Sequence, start: int, end: int) -> int:
@@ -202,6 +209,19 @@ class KVCacheManager:
             if canonical is not key:
                 self.adopt_key(seq, j, canonical)
         return hits
+
+    def count_resume_loss(self, seq: Sequence, num_hit_blocks: int) -> int:
+        """At the return of ``seq``, preempted by recompute, whose prefix hit (from either tier)
+        is ``num_hit_blocks`` long: count the blocks it had cached when it was released, up to
+        the lookup's cap, that it did not find (evicted since, or cut off behind an evicted one:
+        hits a cache that never evicts would have served) in ``num_resume_blocks_lost``; returns
+        how many."""
+        cached = self._cached_at_preemption.pop(seq, 0) if self._cached_at_preemption else 0
+        lost = min(cached, (seq.num_tokens - 1) // self.block_size) - num_hit_blocks
+        if lost <= 0:
+            return 0
+        self.num_resume_blocks_lost += lost
+        return lost
 
     def adopt_key(self, seq: Sequence, index: int, canonical: BlockKey) -> None:
         """Use ``canonical``, a stored key equal to ``seq``'s key of block ``index``, in its place."""
@@ -343,6 +363,11 @@ class KVCacheManager:
         """Release ``seq``'s GPU table (its cached blocks stay findable until evicted). Unless the
         sequence is leaving for good (``final``: finished, aborted, rejected), its lazily keyed
         blocks get their real keys first: it may look them up when it is recomputed."""
+        if final:
+            if self._cached_at_preemption:  # (a preempted request that leaves without coming back)
+                self._cached_at_preemption.pop(seq, None)
+        elif seq.num_registered_blocks:
+            self._cached_at_preemption[seq] = seq.num_registered_blocks
         if seq.block_table:
             if not final and 0 <= seq.lazy_from < seq.num_registered_blocks:
                 self._materialize(seq)
@@ -388,6 +413,8 @@ class KVCacheManager:
             cpu_table = _move_table(seq.block_table, moved, preserve_sharing, self.swap.allocate, self.swap.incref, mapping)
             filled = seq.num_filled_tokens
             self.free(seq)
+            if self._cached_at_preemption:  # (swapped, not recomputed: it comes back with its blocks)
+                self._cached_at_preemption.pop(seq, None)
             seq.num_filled_tokens = filled
             seq.cpu_block_table = cpu_table
         return mapping

@@ -168,6 +168,10 @@ class VllmV1StepOrder(StepOrder):
                 st.waiting_stop = "blocks"
                 break
             s.waiting.popleft()
+            if request.was_preempted:  # (back after a recompute preemption: what it lost to evictions)
+                for k, (seq, h) in enumerate(zip(seqs, hits)):
+                    if not seq.parked:  # (a parked sample shares its leader's prompt blocks again)
+                        kv.count_resume_loss(seq, len(h) + (len(loads[k]) if loads is not None else 0))
             hit_tokens = 0
             for seq, h in zip(seqs, hits):
                 if h:
