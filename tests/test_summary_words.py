@@ -324,3 +324,20 @@ def test_each_example_study_runs_from_a_fresh_clone(path, monkeypatch):
         assert resolved.is_relative_to(ROOT) and resolved.is_file(), trace
     record = run_one(runs[0])
     assert record["status"] == "ok", record.get("error")
+
+
+def test_the_examples_sample_trace_is_pagesims_own_and_made_again_the_same(tmp_path, capsys):
+    """``examples/traces/long-conversations.jsonl.gz`` is what the command in its README generates,
+    byte for byte once decompressed: a synthetic trace, nothing copied from ``../shared``."""
+    import gzip
+    import re
+
+    from engine.cli import main
+
+    readme = (ROOT / "examples" / "traces" / "README.md").read_text()
+    command = re.search(r"pagesim trace gen (.*?) -o long-conversations\.jsonl", readme, re.S).group(1)
+    argv = command.replace("\\\n", " ").split()
+    assert main(["trace", "gen", *argv, "-o", str(tmp_path / "made.jsonl")]) == 0
+    capsys.readouterr()
+    shipped = gzip.decompress((ROOT / "examples" / "traces" / "long-conversations.jsonl.gz").read_bytes())
+    assert (tmp_path / "made.jsonl").read_bytes() == shipped
