@@ -42,6 +42,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.bad_inputs_harness import MAX_RSS_BYTES, Outcome, error_line, run_pagesim
+from tests.test_bad_inputs import ORACLE_SPEC, Files as BadInputFiles
 
 LIMIT_S = 30.0
 QUICK_S = 10.0  # a FIFO must be refused at once
@@ -59,13 +60,6 @@ num_requests = 20
 block_size = [8, 16]
 """
 SIM = ["simulate", "--no-progress", "--num-prompts", "5"]
-ORACLE_SPEC = {
-    "config": {"block_size": 4, "enable_chunked_prefill": True, "enable_prefix_caching": True, "max_model_len": 64,
-               "max_num_batched_tokens": 16, "max_num_seqs": 2, "num_blocks": 20, "watermark": 0.0},
-    "requests": [{"arrival_step": 0, "id": "r0", "ignore_eos": True, "max_tokens": 4,
-                  "prompt_token_ids": [101, 102, 103, 104, 105]}],
-    "vllm_version": "0.32.0",
-}
 
 
 def deep_array(levels: int = DEEP) -> str:
@@ -100,32 +94,11 @@ def bench_result(**changes) -> dict:
     return result
 
 
-class Files:
-    """Makes a case's files in its own folder; each method returns the path to pass to pagesim."""
-
-    def __init__(self, root: Path, shared: dict[str, Path]):
-        self.root = root
-        self.shared = shared
-
-    def write(self, name: str, content: str | bytes) -> str:
-        path = self.root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, str):
-            path.write_text(content, encoding="utf-8")
-        else:
-            path.write_bytes(content)
-        return str(path)
-
-    def json(self, name: str, obj) -> str:
-        return self.write(name, json.dumps(obj))  # NaN and Infinity written as Python writes them
+class Files(BadInputFiles):
+    """``tests/test_bad_inputs.py``'s case files, and the readers' own: JSONL, specs, tokenizers, studies."""
 
     def jsonl(self, name: str, lines: list[str]) -> str:
         return self.write(name, "".join(line + "\n" for line in lines))
-
-    def fifo(self, name: str) -> str:
-        path = self.root / name
-        os.mkfifo(path)
-        return str(path)
 
     def spec(self, name: str, text: str) -> str:
         return self.write(name, text)

@@ -23,27 +23,15 @@ import pytest
 from engine.cli import build_parser, main, nearest_flag, typo_distance, unknown_flags_message
 from reports.bench_result import PerRequest, bench_result, load_result
 from tests.bad_inputs_harness import error_line, run_pagesim
+from tests.test_bench_datasets import word_tokenizer  # noqa: F401 (a fixture, shared with the datasets' tests)
 from tests.test_bench_metrics import vllm_per_second
-from traces.bench import burstgpt_trace, load_tokenizer, sonnet_trace
+from traces.bench import burstgpt_trace, sonnet_trace
 from traces.bench.burstgpt import sample_rows
 from traces.bench.ramp_up import RampUp, ramp_up_from_args
 from traces.bench.sonnet import BASE_PROMPT
 
 
 # ---------------------------------------------------------------- helpers
-@pytest.fixture
-def word_tokenizer(tmp_path):
-    """A WordLevel tokenizer (words and punctuation split on whitespace; no special tokens)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[UNK]": 0, **{f"w{k}": k + 1 for k in range(2000)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    path = tmp_path / "tok"
-    path.mkdir()
-    tok.save(str(path / "tokenizer.json"))
-    return load_tokenizer(path)
-
 
 def write_poem(path, num_lines: int = 40) -> list[str]:
     """Lines of 2 to 12 words, so a prompt's length varies with the lines drawn."""

@@ -34,6 +34,7 @@ import pytest
 
 from tests import bad_inputs_harness as harness
 from tests.bad_inputs_harness import ROOT, error_line, run_pagesim
+from tests.test_bad_inputs import ORACLE_SPEC
 
 CLASSES = ("device", "fifo", "symlink", "foreign folder", "dangerous folder", "stray tmp")
 LIMIT_S = 120.0  # generous: a refusal takes a second; the watchdog only guards against a hang
@@ -61,13 +62,6 @@ kv_cache_gb = 1.0
 block_size = [8, 16]
 """
 
-ORACLE_SPEC = {
-    "config": {"block_size": 4, "enable_chunked_prefill": True, "enable_prefix_caching": True, "max_model_len": 64,
-               "max_num_batched_tokens": 16, "max_num_seqs": 2, "num_blocks": 20, "watermark": 0.0},
-    "requests": [{"arrival_step": 0, "id": "r0", "ignore_eos": True, "max_tokens": 4,
-                  "prompt_token_ids": [101, 102, 103, 104, 105]}],
-    "vllm_version": "0.32.0",
-}
 
 NULL, FULL = (1, 3), (1, 7)  # Linux's /dev/null and /dev/full
 
