@@ -24,7 +24,7 @@ Invariant: a folder is replaced only when everything in it is a file the command
 (``owned``, shell patterns; ``NAME.tmp`` leftovers of older versions and staged leftovers too), so
 ``--out`` never deletes a file pagesim did not write; a folder holding anything else is refused
 before any work, as are ``/``, the home folder and the current folder or one holding it
-(``engine.outputs.refuse_unsafe_folder``), and a symbolic link to nothing. Where pagesim may
+(``engine.output_folders.refuse_unsafe_folder``), and a symbolic link to nothing. Where pagesim may
 write at all is ``engine.outputs``'s to say; this module makes what it writes whole or nothing.
 """
 
@@ -38,8 +38,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine.outputs import (STAGING_PATTERN, OutputFile, fsync_path as _fsync_path, naming as _naming,
-                            refuse_unsafe_folder, stage_beside, writing)
+from engine.output_folders import refuse_unsafe_folder
+from engine.outputs import (STAGING_PATTERN, OutputFile, fsync_path as _fsync_path, naming as _naming, stage_beside,
+                            writing)
 
 __all__ = ["OutputFolder", "staged_files", "writing"]
 

@@ -23,17 +23,9 @@ pagesim writes only what the user named, and replaces only a regular file (or no
   ``OutputFile.open`` writes the file whole; ``OutputFile.append`` appends to it in place (a
   regular file, or a link's file, opened without following a link made since; or the stream).
 
-- **A folder pagesim fills** (``study -o``, ``demo -o``, ``simulate`` / ``run`` / ``validate
-  --out``): ``refuse_unsafe_folder`` refuses ``/``, the home folder and the current folder's
-  ancestors (and the current folder itself where the whole folder is replaced);
-  ``check_fill_folder`` refuses one holding an entry pagesim did not write (its own names, as
-  regular files: a symbolic link, a FIFO or a folder under one of those names is someone else's).
-
-- **A file pagesim makes or changes inside its own folder** (``.lock``, ``results.jsonl``,
-  ``study.json``): ``own_opener`` opens it with ``O_NOFOLLOW | O_NONBLOCK`` and refuses it unless
-  ``fstat`` says it is a regular file, so a link planted there never redirects a write; an
-  ``OutputFile(..., own=True)`` is replaced whole the same way but refuses a link instead of
-  following it.
+- **A folder pagesim fills, and the files it makes inside it**: ``engine.output_folders``. An
+  ``OutputFile(..., own=True)`` (``study.json``, ``results.jsonl`` rewritten) is replaced whole as
+  above but refuses a link instead of following it.
 
 Every check happens when the object is made, so a command makes its outputs' objects before its
 work and a bad path is refused before, not after, a long run. A file's kind can still change
@@ -47,16 +39,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fnmatch
 import io
 import os
-import pwd
 import secrets
 import stat
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, BinaryIO, Callable
+from typing import IO, BinaryIO
 
 PathArg = str | os.PathLike[str]
 
@@ -90,7 +80,7 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def _lstat(path: PathArg) -> os.stat_result | None:
+def lstat_or_none(path: PathArg) -> os.stat_result | None:
     try:
         return os.lstat(path)
     except FileNotFoundError:
@@ -157,7 +147,7 @@ class OutputFile:
 
     def _lstat(self) -> os.stat_result | None:
         try:
-            return _lstat(self.path)
+            return lstat_or_none(self.path)
         except OSError as exc:  # e.g. a file where a folder of the path should be
             raise self.refusal(f"cannot be written ({exc.strerror})") from None
 
@@ -245,7 +235,7 @@ class OutputFile:
     def replace_with(self, tmp: Path) -> None:
         """The staged ``tmp`` renamed over the target, if that is still a regular file or nothing
         (and, for a link, the link still names it); else both are left and the error says where."""
-        st = _lstat(self.target)
+        st = lstat_or_none(self.target)
         moved = None
         if st is not None and not stat.S_ISREG(st.st_mode):
             moved = f"became {kind_of(st.st_mode)}"
@@ -352,39 +342,6 @@ def create_file(path: PathArg, mode: int = 0o666) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
 
-def create_text(path: PathArg, *, encoding: str = "utf-8", newline: str | None = None) -> IO[str]:
-    """``create_file`` as a text file object (files of a folder pagesim has just made)."""
-    return open(path, "x", encoding=encoding, newline=newline, opener=_create_opener)
-
-
-def _create_opener(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-
-
-def own_opener(path: str, flags: int) -> int:
-    """An ``opener`` for ``open()``: a file of pagesim's own folder, never through a link, and
-    only a regular file (a FIFO or device under its name is refused, without blocking)."""
-    st = _lstat(path)
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise _not_own(path, st.st_mode)
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):  # made a link or a FIFO since the lstat
-            raise _not_own(path, os.lstat(path).st_mode) from None
-        raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise _not_own(path, mode)
-    return fd
-
-
-def _not_own(path: PathArg, mode: int) -> ValueError:
-    return ValueError(f"{path}: is {kind_of(mode)}, not a file pagesim wrote (pagesim does not write through it "
-                      "inside its own folder): remove it, or give another folder")
-
-
 # ---------------------------------------------------------------------- folders
 def require_writable_folder(folder: PathArg, label: str) -> None:
     """``folder`` (or its nearest existing ancestor, where the missing ones will be made) is a
@@ -404,70 +361,6 @@ def require_writable_folder(folder: PathArg, label: str) -> None:
         raise ValueError(f"{label}: {folder} is not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{label}: folder {folder} cannot be written to")
-
-
-def refuse_unsafe_folder(path: PathArg, flag: str, *, replaces_whole: bool = False) -> None:
-    """A ``ValueError`` when ``path`` is ``/``, the home folder, or holds the current folder
-    (or, with ``replaces_whole``, is it): no place for pagesim to fill or replace."""
-    real = Path(os.path.realpath(path))
-    label = f"{flag} {path}"
-    if real == Path(real.anchor):
-        raise ValueError(f"{label}: is the root folder; give a folder of its own for pagesim's files")
-    if real in _homes():
-        raise ValueError(f"{label}: is the home folder; give a folder of its own for pagesim's files, e.g. {path}/out")
-    with contextlib.suppress(OSError):  # (a current folder removed meanwhile holds nothing)
-        cwd = Path(os.path.realpath(os.getcwd()))
-        if real in cwd.parents or (replaces_whole and real == cwd):
-            what = "is the current folder or holds it" if replaces_whole else "holds the current folder"
-            why = "pagesim replaces the whole folder" if replaces_whole else "pagesim fills it with its own files"
-            raise ValueError(f"{label}: {what}; {why}, so give one below it")
-
-
-def _homes() -> set[Path]:
-    homes = {Path(os.path.realpath(os.path.expanduser("~")))}
-    with contextlib.suppress(KeyError, OSError):
-        homes.add(Path(os.path.realpath(pwd.getpwuid(os.getuid()).pw_dir)))
-    return homes
-
-
-FolderCheck = Callable[[Path], None]
-
-
-def check_fill_folder(path: PathArg, flag: str, files: tuple[str, ...],
-                      folders: Mapping[str, FolderCheck] | None = None, *, what: str = "folder") -> None:
-    """``path`` as a folder pagesim fills: refused if unsafe (``refuse_unsafe_folder``), if it is
-    not a folder, or if it holds an entry pagesim did not write: a regular file matching one of
-    ``files`` (shell patterns; staged leftovers are pagesim's too), or a folder of ``folders``
-    (each checked by its function). Nothing there is fine: it will be made."""
-    p = Path(path)
-    refuse_unsafe_folder(p, flag)
-    st = _lstat(p)
-    if st is None:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        try:
-            st = os.stat(p)
-        except FileNotFoundError:
-            raise ValueError(f"{flag} {p}: is a symbolic link to nothing ({os.readlink(p)}); give the folder "
-                             "itself") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise ValueError(f"{flag} {p}: exists and is not a folder")
-    folders = folders or {}
-    patterns = (*files, STAGING_PATTERN)
-    foreign = []
-    with os.scandir(p) as entries:
-        for entry in sorted(entries, key=lambda e: e.name):
-            if entry.name in folders and entry.is_dir(follow_symlinks=False):
-                folders[entry.name](Path(entry.path))
-            elif not (entry.is_file(follow_symlinks=False) and any(fnmatch.fnmatchcase(entry.name, pat)
-                                                                    for pat in patterns)):
-                foreign.append(entry)
-    if foreign:
-        entry = foreign[0]
-        kind = kind_of(entry.stat(follow_symlinks=False).st_mode)
-        entries_words = "an entry" if len(foreign) == 1 else f"{len(foreign)} entries"
-        raise ValueError(f"{flag} {p}: holds {entries_words} pagesim did not write ({entry.name[:80]!r}, {kind}); "
-                         f"a {what} holds only pagesim's own files, so give a new or empty folder")
 
 
 # ---------------------------------------------------------------------- errors and flushing

@@ -134,7 +134,7 @@ DEMO_FILES = ("report.pdf", "report.html", "report.pdf.*.tmp", "report.html.*.tm
 def _demo_folder(path: Path) -> Path:
     """``demo -o DIR`` checked before any work: DIR new, or holding only what the demo writes
     (its report and ``demo-study/``, itself a study folder), and never an unsafe place."""
-    from engine.outputs import check_fill_folder
+    from engine.output_folders import check_fill_folder
 
     check_fill_folder(path, "-o", DEMO_FILES, {"demo-study": lambda p: _study_folder(p, "the demo's study folder")},
                       what="demo folder")

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog.hf_config import ModelConfigWarning
-from engine.outputs import OutputFile, check_fill_folder, own_opener
+from engine.output_folders import check_fill_folder, own_opener
+from engine.outputs import OutputFile
 from reports.runner import run_one
 from reports.spec import RunConfig, StudySpec, run_id
 from reports.store import ResultsStore

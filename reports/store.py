@@ -16,7 +16,7 @@ with its line number, its problem and the line whole (``text``, or ``bytes_base6
 not UTF-8), then ``results.jsonl`` is rewritten without it (temporary file,
 flushed, renamed), so the next load is clean. Loading to read (a report) writes nothing.
 
-Both files are opened to write with ``engine.outputs.own_opener``: never through a symbolic link
+Both files are opened to write with ``engine.output_folders.own_opener``: never through a symbolic link
 (one planted in the study folder would redirect the records to the file it names), and only as
 regular files; ``results.jsonl`` is rewritten under a fresh staging name (``staged_files``).
 """
@@ -36,7 +36,7 @@ from typing import Any
 
 from engine.atomic import staged_files, writing
 from engine.files import first_non_finite, open_regular
-from engine.outputs import own_opener
+from engine.output_folders import own_opener
 from reports.spec import run_id
 
 STATUSES = ("ok", "error")

@@ -217,7 +217,7 @@ def _check_profile(args: argparse.Namespace, tolerance: float) -> None:
 def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     """Build and run the deployment, writing ``--out``'s files into ``out`` (the partial folder);
     returns the cluster, its result, the run's description and the wall seconds it took."""
-    from engine.outputs import create_text
+    from engine.output_folders import create_text
     from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
     from sim.bench_args import summary_slo
     from sim.cluster import Cluster, build_replicas

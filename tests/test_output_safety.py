@@ -503,7 +503,7 @@ def test_an_output_that_changes_kind_during_the_work_is_kept_and_named(tmp_path)
 
 
 def test_an_own_file_is_never_opened_through_a_link_or_as_a_fifo(tmp_path):
-    from engine.outputs import own_opener
+    from engine.output_folders import own_opener
 
     victim = tmp_path / "victim"
     victim.write_text("keep me\n")

@@ -158,7 +158,7 @@ def print_summary(summary: dict) -> None:
 def write_out(out: Path, engine, summary: dict) -> None:
     """``OUT_FILES`` into ``out``, an existing (partial) folder, each a new file (``create_text``:
     never through a link, never over a file already there)."""
-    from engine.outputs import create_text
+    from engine.output_folders import create_text
     from engine.policy.output import dump_record
 
     with create_text(out / "decisions.jsonl", encoding="ascii") as f:

@@ -190,7 +190,7 @@ def _write_out(out: Path, report: dict, result, profile) -> None:
     """``OUT_FILES`` into ``out``, a new (partial) folder: each a new file, never through a link."""
     import csv
 
-    from engine.outputs import create_text
+    from engine.output_folders import create_text
     from reports.validation import plots
 
     with create_text(out / "validation.json") as f:
