@@ -29,6 +29,7 @@ def add_parser(subparsers) -> None:
     from sim.hardware import GPU_PRESETS
     from sim.bench_args import add_bench_args
     from sim.router import ROUTERS
+    from sim.serving_path import add_serving_path_args
     from sim.setup import ALLOCATORS
     from traces.source import add_source_args
 
@@ -99,6 +100,7 @@ def add_parser(subparsers) -> None:
     o.add_argument("--out", metavar="DIR", help="write summary, tables, decision log and timeline here")
     o.add_argument("--no-progress", action="store_true",
                    help="no progress bar (on a terminal), nor a progress line a minute (otherwise)")
+    add_serving_path_args(p)
     add_bench_args(p)
     p.set_defaults(func=run)
 
@@ -223,6 +225,7 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     from sim.cluster import Cluster, build_replicas
     from sim.output import write_json, write_tables, write_timeline
     from sim.errors import SimulationStalled
+    from sim.serving_path import serving_path_from_args
     from sim.simulator import SimOptions
 
     builts = build_replicas(run_spec_from_args(args), args.replicas)
@@ -231,9 +234,10 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     options = SimOptions(seed=args.seed, sample_lengths=args.sample_lengths, overlap_swaps=args.overlap_swaps,
                          slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s, slo_e2el_s=slo.e2el_s,
                          percentiles=bench.summary_percentiles, max_concurrency=bench.max_concurrency,
-                         skip_ahead=args.skip_ahead, step_rows=out is not None)
+                         skip_ahead=args.skip_ahead, step_rows=out is not None,
+                         serving_path=serving_path_from_args(args, args.policy))
     info = {"trace": f"{len(trace)} requests from {trace.source}" + _trace_words(trace), "deployment": built.describe(),
-            "options": {k: getattr(options, k) for k in options.__slots__}, "command": sys.argv[1:]}
+            "options": {k: _plain(getattr(options, k)) for k in options.__slots__}, "command": sys.argv[1:]}
     clustered = args.replicas > 1
     if clustered:
         info["cluster"] = {"replicas": args.replicas, "router": router.describe()}
@@ -281,6 +285,11 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
         write_timeline(out / "timeline.json", result, ids,
                        step_replica=result.steps.replica_index() if clustered else None)
     return cluster, result, info, wall_s
+
+
+def _plain(value):
+    """An option as run_info.json holds it (a serving path as its settings)."""
+    return value.describe() if hasattr(value, "describe") else value
 
 
 def replica_block_bytes(built) -> int:

@@ -127,7 +127,8 @@ class Cluster:
             Replica(self.env, sched, cost_model, requests=self.request_metrics, steps=StepMetrics(keep_rows=opts.step_rows),
                     beam_model=BeamModel(opts.seed, opts.beam_stay_prob, replica=k),
                     overlap_swaps=opts.overlap_swaps, decision_sink=sinks[k], on_done=progress,
-                    skip_ahead=skip_ahead, replica_index=k, token_runs=token_runs)
+                    skip_ahead=skip_ahead, replica_index=k, token_runs=token_runs,
+                    serving_path=opts.serving_path)
             for k, (sched, cost_model) in enumerate(replicas)
         ]
         self.schedulers = [r.scheduler for r in self.replicas]

@@ -19,6 +19,12 @@ The link moves one copy at a time, whichever direction.
 The scheduler is any object with the policy's interface (``Scheduler`` or the contiguous
 baseline); it is never told it is simulated.
 
+With a serving path (``sim.serving_path``), the time outside the forward pass: its frontend
+terms are added to each request's recorded times (first scheduling, first token, finish), the
+engine's own clock (the step table, the timeline) staying as it was; with asynchronous scheduling a
+request that reaches the engine while a step runs is held back and handed to the scheduler one step
+later than it would be otherwise (``_release``), as vLLM V1's two-batch queue does.
+
 Invariant: a step that schedules, moves, rejects and preempts nothing while requests are unfinished is
 a policy bug, not a wait: the replica raises rather than spin (``engine.policy.progress`` says
 when). A step that only preempts (vLLM v0 does this when the last running request cannot grow)
@@ -44,6 +50,7 @@ from sim.cost.base import CostModel, StepWork
 from sim.decode_spans import DecodeSpanLog
 from sim.errors import SimulationStalled
 from sim.metrics import COMPLETED, REJECTED, OffloadTotals, RequestMetrics, StepMetrics
+from sim.serving_path import ServingPath
 from sim.skip_ahead import decode_step_work, plan_skip, skip, timeout_until
 from sim.token_runs import TokenRuns
 from sim.workload import BeamModel
@@ -55,7 +62,8 @@ class Replica:
                  overlap_swaps: bool = False, decision_sink: Callable[[str], object] | None = None,
                  on_done: Callable[[int], object] | None = None, skip_ahead: bool = True,
                  replica_index: int = 0, token_runs: TokenRuns | None = None,
-                 on_request_done: Callable[[int], object] | None = None):
+                 on_request_done: Callable[[int], object] | None = None,
+                 serving_path: ServingPath | None = None):
         self.env = env
         self.scheduler = scheduler
         self.cost_model = cost_model
@@ -112,6 +120,18 @@ class Replica:
         self._decode_terms: dict = {}  # plan_skip's, for this replica's cost model
         # the skipped steps' rows, until self.steps writes them (sim/decode_spans.py)
         self.span_log = DecodeSpanLog(scheduler.block_size) if self.skip_ahead else None
+        # The serving path (sim/serving_path.py): seconds the frontend adds to a request's clock
+        # on its way in (``_in_offset_s``) and in and out (``_client_offset_s``), and, with
+        # asynchronous scheduling, the requests held back a step: those that reached the engine
+        # while the step in flight ran (``_held``) and those that will join at the next step
+        # boundary (``_ready``), each (row, request) in arrival order.
+        self.serving_path = serving_path
+        self._async = serving_path is not None and serving_path.async_scheduling
+        self._in_offset_s = serving_path.frontend_in_s if serving_path is not None else 0.0
+        self._client_offset_s = serving_path.client_offset_s if serving_path is not None else 0.0
+        self._held: list[tuple[int, Request]] = []
+        self._ready: list[tuple[int, Request]] = []
+        self._in_flight = False  # a step (or a skipped stretch) is running, or has just ended at this instant
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------- arrivals
@@ -124,6 +144,14 @@ class Replica:
         m.prompt_tokens[row] = request.prompt_len
         m.n[row] = request.n
         m.beam_width[row] = request.beam_width
+        if self._in_flight and self._async:  # the batch that runs next was scheduled already (vLLM V1's queue)
+            self._held.append((row, request))
+            return
+        self._add(row, request)
+
+    def _add(self, row: int, request: Request) -> None:
+        """Hand ``request`` to the scheduler now (its next ``schedule()`` sees it)."""
+        m = self.requests
         m.release_step[row] = self.scheduler.next_step  # what an engine in lockstep needs to replay this run
         if not self.scheduler.add_request(request):
             m.status[row] = REJECTED
@@ -151,12 +179,18 @@ class Replica:
         log = sched.decision_log.records
         progress = ProgressWatch()
         while True:
-            if not sched.has_unfinished_requests:
+            if not sched.has_unfinished_requests and not (self._ready or self._held):
+                self._in_flight = False
                 self._wake = env.event()
                 yield self._wake
                 continue
             while self.next_arrival_s <= env.now:  # same-instant arrivals first
                 yield env.timeout(0)
+            self._in_flight = False
+            if self._ready or self._held:
+                self._release()
+                if not sched.has_unfinished_requests:
+                    continue
             batch = None
             if self.skip_ahead:
                 refused = queues_stay_refused(sched)
@@ -165,7 +199,9 @@ class Replica:
                     batch = decode_batch(sched)
                     if batch is None and self._decode_steps and not self._has_beams:
                         batch = preempting_batch(sched)  # (a batch whose next step must preempt, if any)
-                if batch is not None and refused and batch.max_steps and (yield from self._skip(batch)):
+                # (not while requests are held back: one joins at the next step boundary)
+                if (batch is not None and refused and batch.max_steps and not (self._ready or self._held)
+                        and (yield from self._skip(batch))):
                     continue
             decode_step = None
             if batch is not None and self._decode_steps and not self._has_beams:  # decodes at once, the rest as usual
@@ -195,8 +231,9 @@ class Replica:
             num_running, num_waiting = len(sched.running), len(sched.waiting)
             cost = cost_model.step_cost(work)
             start = env.now
+            self._in_flight = True
             for rid in out.new:
-                m.first_scheduled_s[rows[rid]] = start
+                m.first_scheduled_s[rows[rid]] = start + self._in_offset_s
             for rid, mode in out.preempted:
                 m.preemptions[rows[rid]] += 1
                 self.preemptions[mode] += 1
@@ -219,7 +256,7 @@ class Replica:
                     runs.token(self.index, rows[s.request_id], step_row)
                     if s.request_id in awaiting:
                         awaiting.discard(s.request_id)
-                        m.first_token_s[rows[s.request_id]] = end
+                        m.first_token_s[rows[s.request_id]] = end + self._client_offset_s
             if decode_step is not None:  # the batch's decodes are not listed in out.scheduled
                 if decode_step.preempted:  # (its victims got no token: they leave the followed batch first)
                     self._leave_batch(decode_step.preempted)
@@ -246,7 +283,7 @@ class Replica:
         for request in finished:
             row = self._rows.pop(request.request_id)
             done_rows.append(row)
-            m.finish_s[row] = end
+            m.finish_s[row] = end + self._client_offset_s
             m.status[row] = COMPLETED
             lengths = [s.num_output_tokens for s in request.seqs if s.finish_reason != "pruned"]
             m.output_tokens[row] = sum(lengths)
@@ -297,11 +334,25 @@ class Replica:
             run = decode_batch(sched)  # (None when nothing runs any more)
             self.skips_past_finish += run is not None
         if ran:
+            self._in_flight = True
             yield timeout_until(self.env, now)
             for finished, end in completions:
                 self._completed(finished, end)
             self._flush_decisions()
         return ran
+
+    def _release(self) -> None:
+        """At a step boundary, under asynchronous scheduling: hand the scheduler the requests that
+        reached the engine before the previous boundary (vLLM scheduled the step starting now
+        there, so they are the ones it saw), and hold those that arrived since for one more step;
+        if that leaves the scheduler nothing to do, the engine was idle and schedules them at once."""
+        ready, self._ready, self._held = self._ready, self._held, []
+        for row, request in ready:
+            self._add(row, request)
+        if not self.scheduler.has_unfinished_requests:
+            ready, self._ready = self._ready, []
+            for row, request in ready:
+                self._add(row, request)
 
     def _decoded(self, run: DecodeRun, first_row: int, last_row: int) -> None:
         """Every request of a decode batch received a token in each of steps ``first_row..last_row``.

@@ -24,6 +24,7 @@ from sim.client import ClosedLoopClient
 from sim.cost.base import CostModel
 from sim.gc_policy import collecting_less
 from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics, summarize
+from sim.serving_path import ServingPath
 from sim.replica import Replica, arrival_process
 from sim.token_runs import ItlSample, itl_sample
 from sim.workload import BeamModel, RequestFactory
@@ -46,6 +47,9 @@ class SimOptions:
     # keep every step's row (the --out tables, reports); False: only what the summary reads
     # (StepMetrics(keep_rows=False): start and duration per step, sums per chunk), same summary
     step_rows: bool = True
+    # the time outside the forward pass (sim/serving_path.py); None: none (a request enters the next
+    # step, its tokens reach the client as the step ends)
+    serving_path: ServingPath | None = None
 
     def __post_init__(self) -> None:
         self.slo  # checks the SLOs
@@ -87,7 +91,7 @@ class Simulation:
             self.env, scheduler, cost_model, requests=self.request_metrics, steps=self.step_metrics,
             beam_model=BeamModel(self.options.seed, self.options.beam_stay_prob),
             overlap_swaps=self.options.overlap_swaps, decision_sink=decision_sink, on_done=progress,
-            skip_ahead=self.options.skip_ahead,
+            skip_ahead=self.options.skip_ahead, serving_path=self.options.serving_path,
         )
         send = self.replica.submit
         self.client = None
