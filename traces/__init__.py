@@ -8,6 +8,8 @@
 - ``traces.generate``: arrival processes, length distributions, shared system prompts,
   multi-turn conversations, parallel sampling and beam search, and named workloads such as the
   PagedAttention paper's ``kwon2023-sharegpt`` and ``kwon2023-alpaca``;
+- ``traces.inference_perf``: an inference-perf output folder read back: the workload it sent as a
+  ``Trace`` (its stages, shared-prefix groups, random lengths) and the latencies it measured;
 - ``traces.tokens``: pseudo-token ids for prompts known by prefix identities only;
 - ``traces.stats``: what ``pagesim trace stats`` prints, including prefix reuse;
 - ``traces.source``: the ``--trace`` / ``--workload`` flags every replaying command shares.

@@ -258,7 +258,7 @@ def generate(spec: WorkloadSpec) -> Trace:
 
     ids = offsets = None
     if system is not None or spec.conversations is not None:
-        ids, offsets = _identities(prompt, which_system, chain, block, system_blocks,
+        ids, offsets = prefix_identities(prompt, which_system, chain, block, system_blocks,
                                    0 if system is None else system.count)
     return Trace(
         arrival_s=arrival, prompt_len=prompt, output_len=output, n=n, beam_width=beam_width,
@@ -269,8 +269,13 @@ def generate(spec: WorkloadSpec) -> Trace:
     )
 
 
-def _identities(prompt, which_system, chain, block: int, system_blocks: int, num_systems: int):
+def prefix_identities(prompt, which_system, chain, block: int, system_blocks: int, num_systems: int):
     """CSR identities: a system prompt's run of ids (if any), then the request's chain's ids.
+
+    Per request: ``prompt`` tokens, ``which_system`` (its system prompt, -1 for none) and ``chain``
+    (who owns the rest of its blocks). ``block`` tokens per identity; each system prompt is
+    ``system_blocks`` identities long (its first ``system_blocks * block`` tokens), one of
+    ``num_systems``. (``traces.inference_perf`` builds its shared-prefix prompts with this too.)
 
     Ids ``[0, num_systems * system_blocks)`` are the system prompts'; chain ``c``'s ids start at
     ``num_systems * system_blocks + c * stride`` with a stride larger than any prompt's block
