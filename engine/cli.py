@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "oracle": "engine.oracle.cli",
     "trace": "traces.cli",
     "simulate": "sim.cli",
+    "replay": "sim.replay_cli",
     "run": "engine.runtime.cli",
     "calibrate": "engine.calibrate.cli",
     "validate": "reports.validation.cli",

@@ -138,7 +138,7 @@ def _run_spec(config: RunConfig):
                    scheduler=(config.get("scheduler") if config["allocator"] == "paged" else None) or "default")
     overhead_s = _engine_overhead_s(config["engine_overhead_ms"], spec)
     if overhead_s:
-        spec = replace(spec, cost_params={"cpu_step_s": RooflineParams().cpu_step_s + overhead_s})
+        spec = replace(spec, cost_params={**spec.cost_params, "cpu_step_s": RooflineParams().cpu_step_s + overhead_s})
     return spec
 
 

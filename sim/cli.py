@@ -23,14 +23,9 @@ DEFAULT_GPU = "a100-40gb"
 
 
 def add_parser(subparsers) -> None:
-    from engine.catalog.kv_layout import KV_CACHE_DTYPES
-    from engine.catalog.model import WEIGHT_FORMATS
-    from engine.policy.cli_args import add_policy_args
-    from sim.hardware import GPU_PRESETS
     from sim.bench_args import add_bench_args
     from sim.router import ROUTERS
     from sim.serving_path import add_serving_path_args
-    from sim.setup import ALLOCATORS
     from traces.source import add_source_args
 
     p = subparsers.add_parser(
@@ -38,34 +33,7 @@ def add_parser(subparsers) -> None:
         description=__doc__.splitlines()[0],
     )
     add_source_args(p)
-    g = p.add_argument_group("deployment")
-    g.add_argument("--model", default="llama3-8b", help="catalog name (pagesim presets lists them; Hugging Face ids "
-                   "such as meta-llama/Llama-3.1-8B-Instruct resolve) or a config.json / folder (default llama3-8b)")
-    g.add_argument("--gpu", default=DEFAULT_GPU, metavar="GPU",
-                   help=f"{', '.join(GPU_PRESETS)}, or an alias such as h100 or a100 (default {DEFAULT_GPU})")
-    g.add_argument("--tp", "-tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
-                   help="tensor-parallel GPUs per replica (default 1; vLLM's --tensor-parallel-size)")
-    g.add_argument("--ep", type=int, default=1, metavar="N",
-                   help="expert parallelism: spread an MoE model's experts over the replica's N = --tp GPUs "
-                        "(vLLM's --enable-expert-parallel; default 1: each expert sliced over the GPUs)")
-    g.add_argument("--dtype", default="auto", choices=["auto", *WEIGHT_FORMATS],
-                   help="weight format (default auto: as the checkpoint ships, e.g. DeepSeek V3 fp8, gpt-oss "
-                        "mxfp4 experts); fp8 stores linear-layer weights in one byte")
-    g.add_argument("--kv-cache-dtype", default="auto", choices=[k for k in KV_CACHE_DTYPES if "32" not in k],
-                   help="KV-cache element type (default auto: the model's; fp8 halves it, as vLLM's)")
-    g.add_argument("--disable-hybrid-kv-cache-manager", dest="hybrid_kv", action="store_false",
-                   help="keep sliding-window layers' whole context in full-attention groups (vLLM's flag)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
-                   help="share of GPU memory for weights, activations and KV cache (default 0.9)")
-    g.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int, metavar="N",
-                   help="KV-cache blocks (overrides the memory budget; vLLM's --num-gpu-blocks-override)")
-    g.add_argument("--kv-cache-gb", type=float, metavar="GIB", help="KV-cache GiB per GPU (overrides the budget)")
-    g.add_argument("--swap-space", type=float, default=4.0, metavar="GIB", help="CPU swap GiB per GPU (default 4)")
-    s = add_policy_args(p)
-    s.add_argument("--allocator", default="paged", choices=list(ALLOCATORS),
-                   help="paged blocks, or a contiguous baseline reserving max / pow2 / oracle lengths")
-    s.add_argument("--placement", choices=["buddy", "first-fit"], default="buddy",
-                   help="contiguous baselines: where slabs go (default buddy, as the PagedAttention paper assumed)")
+    add_deployment_args(p)
     o = p.add_argument_group("simulation")
     o.add_argument("--sample-lengths", choices=["drawn", "same"], default="drawn",
                    help="parallel samples end at lengths drawn from the workload (default) or all at the trace's")
@@ -75,8 +43,7 @@ def add_parser(subparsers) -> None:
                    "steps, exactly)")
     o.add_argument("--slo-ttft", type=float, metavar="S", help="goodput SLO on TTFT (default 2 s; or vLLM's --goodput)")
     o.add_argument("--slo-tpot", type=float, metavar="S", help="goodput SLO on TPOT (default 0.1 s)")
-    o.add_argument("--cost-param", action="append", default=[], metavar="NAME=VALUE",
-                   help="roofline parameter override, e.g. cpu_step_s=0.004 (repeatable)")
+    add_cost_args(o)
     o.add_argument("--profile", metavar="FILE", help="calibration profile (pagesim calibrate): step times measured on "
                    "the real kernels instead of the roofline model")
     o.add_argument("--check-profile", action="store_true",
@@ -105,6 +72,45 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def add_deployment_args(p) -> None:
+    """The deployment (model, GPU, parallelism, memory) and policy flags ``simulate`` and
+    ``replay`` share."""
+    from engine.catalog.kv_layout import KV_CACHE_DTYPES
+    from engine.catalog.model import WEIGHT_FORMATS
+    from engine.policy.cli_args import add_policy_args
+    from sim.hardware import GPU_PRESETS
+    from sim.setup import ALLOCATORS
+
+    g = p.add_argument_group("deployment")
+    g.add_argument("--model", default="llama3-8b", help="catalog name (pagesim presets lists them; Hugging Face ids "
+                   "such as meta-llama/Llama-3.1-8B-Instruct resolve) or a config.json / folder (default llama3-8b)")
+    g.add_argument("--gpu", default=DEFAULT_GPU, metavar="GPU",
+                   help=f"{', '.join(GPU_PRESETS)}, or an alias such as h100 or a100 (default {DEFAULT_GPU})")
+    g.add_argument("--tp", "-tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                   help="tensor-parallel GPUs per replica (default 1; vLLM's --tensor-parallel-size)")
+    g.add_argument("--ep", type=int, default=1, metavar="N",
+                   help="expert parallelism: spread an MoE model's experts over the replica's N = --tp GPUs "
+                        "(vLLM's --enable-expert-parallel; default 1: each expert sliced over the GPUs)")
+    g.add_argument("--dtype", default="auto", choices=["auto", *WEIGHT_FORMATS],
+                   help="weight format (default auto: as the checkpoint ships, e.g. DeepSeek V3 fp8, gpt-oss "
+                        "mxfp4 experts); fp8 stores linear-layer weights in one byte")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=[k for k in KV_CACHE_DTYPES if "32" not in k],
+                   help="KV-cache element type (default auto: the model's; fp8 halves it, as vLLM's)")
+    g.add_argument("--disable-hybrid-kv-cache-manager", dest="hybrid_kv", action="store_false",
+                   help="keep sliding-window layers' whole context in full-attention groups (vLLM's flag)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                   help="share of GPU memory for weights, activations and KV cache (default 0.9)")
+    g.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int, metavar="N",
+                   help="KV-cache blocks (overrides the memory budget; vLLM's --num-gpu-blocks-override)")
+    g.add_argument("--kv-cache-gb", type=float, metavar="GIB", help="KV-cache GiB per GPU (overrides the budget)")
+    g.add_argument("--swap-space", type=float, default=4.0, metavar="GIB", help="CPU swap GiB per GPU (default 4)")
+    s = add_policy_args(p)
+    s.add_argument("--allocator", default="paged", choices=list(ALLOCATORS),
+                   help="paged blocks, or a contiguous baseline reserving max / pow2 / oracle lengths")
+    s.add_argument("--placement", choices=["buddy", "first-fit"], default="buddy",
+                   help="contiguous baselines: where slabs go (default buddy, as the PagedAttention paper assumed)")
+
+
 def run_spec_from_args(args):
     from engine.policy.cli_args import policy_overrides
     from sim.setup import RunSpec
@@ -117,9 +123,37 @@ def run_spec_from_args(args):
         block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks, kv_cache_gb=args.kv_cache_gb,
         gpu_memory_utilization=args.gpu_memory_utilization, swap_space_gb=args.swap_space,
         kv_offloading_gb=args.kv_offloading_size, num_offload_blocks=args.num_offload_blocks,
-        max_model_len=args.max_model_len, overrides=overrides, cost_params=_cost_params(args.cost_param),
+        max_model_len=args.max_model_len, overrides=overrides, cost_params=cost_params_from_args(args),
         record_decisions=args.out is not None, profile=args.profile, plugins=tuple(args.plugin), scheduler=args.scheduler or "default",
     )
+
+
+def add_cost_args(group) -> None:
+    """``--attention-kernel`` and ``--cost-param``: the roofline's settings."""
+    from sim.cost.roofline import ATTENTION_KERNELS
+
+    group.add_argument("--attention-kernel", choices=list(ATTENTION_KERNELS), default="flash",
+                       help="paged decode kernel the roofline times: flash (default: FlashAttention / FlashInfer "
+                            "paged KV, as vLLM runs today, no per-block cost) or paged-2023 (the PagedAttention "
+                            "paper's kernel, 1.25x at 16-token blocks)")
+    group.add_argument("--cost-param", action="append", default=[], metavar="NAME=VALUE",
+                       help="roofline parameter override, e.g. cpu_step_s=0.004 (repeatable; wins over "
+                            "--attention-kernel)")
+
+
+def cost_params_from_args(args) -> dict[str, float]:
+    """The roofline overrides of the serving path (``sim.serving_path.roofline_overrides``),
+    ``--attention-kernel`` and then ``--cost-param``; none with ``--profile`` (measured costs)."""
+    from sim.cost.roofline import ATTENTION_KERNELS
+    from sim.serving_path import roofline_overrides, serving_path_from_args
+
+    kernel = getattr(args, "attention_kernel", "flash")
+    if getattr(args, "profile", None) is not None:
+        if kernel != "flash":
+            raise ValueError("--attention-kernel chooses the roofline's kernel; with --profile the costs are measured")
+        return _cost_params(args.cost_param)
+    params = roofline_overrides(serving_path_from_args(args, args.policy)) if hasattr(args, "serving_path") else {}
+    return {**params, **(ATTENTION_KERNELS[kernel] if kernel != "flash" else {}), **_cost_params(args.cost_param)}
 
 
 def _cost_params(items: list[str]) -> dict[str, float]:

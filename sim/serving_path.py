@@ -100,6 +100,18 @@ def serving_path(name: str, *, async_scheduling: bool | None = None) -> ServingP
     return path if async_scheduling is None else path.with_async_scheduling(async_scheduling)
 
 
+def roofline_overrides(path: ServingPath | None) -> dict[str, float]:
+    """What the path changes in the roofline's step time: with asynchronous scheduling the
+    scheduler's and the input preparation's per-request CPU work for a step runs while the previous
+    step computes (vLLM V1's ``step_with_batch_queue``: ``schedule()`` and ``execute_model`` of
+    step k + 1 are issued before step k's output is awaited), so the roofline's per-sequence CPU
+    term (``cpu_per_seq_s``) is hidden; its per-step term (``cpu_step_s``: the sampler's
+    synchronisation, launch gaps between the step's kernels, output handling) is not."""
+    if path is not None and path.async_scheduling:
+        return {"cpu_per_seq_s": 0.0}
+    return {}
+
+
 def add_serving_path_args(parser) -> None:
     """``--serving-path`` and vLLM's ``--async-scheduling`` / ``--no-async-scheduling``."""
     g = parser.add_argument_group("serving path (time outside the forward pass: sim/serving_path.py)")

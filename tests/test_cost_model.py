@@ -20,7 +20,7 @@ from engine.model_presets import MODEL_PRESETS
 from engine.policy import ContiguousScheduler, make_config
 from engine.policy.output import ScheduledSequence, SchedulerOutput
 from sim.cost.base import TERMS, StepCost, StepWork
-from sim.cost.roofline import RooflineCostModel, RooflineParams
+from sim.cost.roofline import ATTENTION_KERNELS, RooflineCostModel, RooflineParams
 from sim.deployment import Deployment, GiB
 from sim.hardware import GPU_PRESETS, get_gpu_preset
 from sim.simulator import SimOptions, Simulation
@@ -81,7 +81,7 @@ def test_decode_step_by_hand():
     expected = {
         "linear": bytes_s,  # 15.0 GB of weights at 1,244 GB/s: 12.07 ms
         "prefill_attention": 0.0,
-        "decode_attention": 404 * KV_TOKEN / BW * (1 + 4 / 16),
+        "decode_attention": 404 * KV_TOKEN / BW,  # today's paged kernel (flash): no per-block term
         "cache_write": 4 * KV_TOKEN / BW,
         "cow_copy": 0.0,
         "tp_comm": 0.0,
@@ -96,6 +96,11 @@ def test_decode_step_by_hand():
         assert cost.terms[term] == pytest.approx(expected[term], rel=1e-12, abs=0.0), term
     assert cost.terms["linear"] == pytest.approx(0.0120654, rel=1e-5)
     assert cost.total_s == pytest.approx(sum(expected.values()), rel=1e-12)
+    # the PagedAttention paper's kernel pays 4 tokens' worth per 16-token block
+    paper = llama(**ATTENTION_KERNELS["paged-2023"]).step_cost(work)
+    assert paper.terms["decode_attention"] == pytest.approx(404 * KV_TOKEN / BW * (1 + 4 / 16), rel=1e-12)
+    assert {k: v for k, v in paper.terms.items() if k != "decode_attention"} == {
+        k: v for k, v in cost.terms.items() if k != "decode_attention"}
 
 
 def test_prefill_step_by_hand():
@@ -199,8 +204,16 @@ def test_deployment_rejects_a_bad_tensor_parallel_degree():
 
 
 # ------------------------------------------------------------------------ monotonicity
-def test_decode_attention_strictly_decreases_with_block_size():
+def test_todays_kernel_reads_paged_kv_as_fast_as_contiguous():
     model = llama()
+    costs = {bs: model.step_cost(StepWork(num_seqs=8, num_tokens=8, num_decode_seqs=8, decode_context_tokens=4000,
+                                          num_sampled=8, block_size=bs)).terms["decode_attention"]
+             for bs in (None, 1, 16, 256)}
+    assert len(set(costs.values())) == 1 and costs[16] == pytest.approx(4000 * KV_TOKEN / BW)
+
+
+def test_decode_attention_strictly_decreases_with_block_size():
+    model = llama(**ATTENTION_KERNELS["paged-2023"])  # (today's kernel has no per-block term: next test)
     costs = [model.step_cost(StepWork(num_seqs=8, num_tokens=8, num_decode_seqs=8, decode_context_tokens=8 * 500,
                                       num_sampled=8, block_size=bs)).terms["decode_attention"]
              for bs in (1, 2, 4, 8, 16, 32, 64, 128, 256)]

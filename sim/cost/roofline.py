@@ -23,11 +23,17 @@ Per step, on one GPU of a ``tp``-way replica (each GPU does ``1/tp`` of the work
   up-projected to keys and values (``2 x kv_lora_rank x heads x (qk_nope + v)`` FLOPs per token).
 - ``decode_attention``: memory-bound: the K/V of every token each decoding sequence attends to
   (sliding-window layers: at most the window, also when the cache holds the whole context), read at ``mem_efficiency`` of bandwidth, times
-  ``1 + block_overhead_tokens / block_size`` (1 for a contiguous cache, which has no blocks): a
-  paged kernel pays a fixed cost per block (a table lookup, a short, less coalesced read), so
-  small blocks cost more. With the default 4 tokens, a 16-token block costs 1.25x a contiguous
-  read, in line with the 20-26% that the PagedAttention paper (Kwon et al., SOSP 2023, §7.1,
-  Fig. 18a) measured for its kernel over FasterTransformer's, and 1-token blocks 5x. MLA decodes in
+  ``1 + block_overhead_tokens / block_size`` (1 for a contiguous cache, which has no blocks): the
+  cost a paged kernel pays per block (a table lookup, a short, less coalesced read), which makes
+  small blocks cost more. Which kernel is a named setting (``ATTENTION_KERNELS``,
+  ``--attention-kernel``): ``flash`` (the default) is today's paged decode as vLLM runs it
+  (FlashAttention 2/3 with a paged KV cache, vLLM V1's default backend on Hopper, or FlashInfer),
+  which gathers a block's K/V through the table inside the same pipelined tile loop as a
+  contiguous read: no per-block term (0 tokens); ``paged-2023`` is the PagedAttention paper's own
+  kernel (vLLM's 2023 ``paged_attention_v1``), 4 tokens: a 16-token block costs 1.25x a
+  contiguous read, in line with the 20-26% that the paper (Kwon et al., SOSP 2023, §7.1, Fig.
+  18a) measured for it over FasterTransformer's, and 1-token blocks 5x (``reproduce kwon2023``
+  uses it). MLA decodes in
   its absorbed form (vLLM's): all heads read one latent per token, ``2 x heads x (2 kv_lora_rank +
   qk_rope)`` FLOPs per token and layer, which on Hopper is about as compute- as memory-bound, so
   the term is the larger of the two.
@@ -66,7 +72,7 @@ class RooflineParams:
     mfu: float = 0.7  # achievable fraction of peak FLOP/s in the linear layers
     attention_efficiency: float = 0.5  # of peak FLOP/s in prefill attention
     mem_efficiency: float = 0.8  # achievable fraction of HBM bandwidth
-    block_overhead_tokens: float = 4.0  # paged decode: per-block cost, in tokens' worth of reading
+    block_overhead_tokens: float = 0.0  # paged decode: per-block cost, in tokens' worth of reading (ATTENTION_KERNELS)
     pcie_efficiency: float = 0.8  # of the host link's bandwidth for swaps
     interconnect_efficiency: float = 0.7
     allreduce_latency_s: float = 8e-6
@@ -89,6 +95,13 @@ class RooflineParams:
         if unknown:
             raise ValueError(f"unknown roofline parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return replace(self, **overrides)
+
+
+#: Paged decode kernels by name: the roofline parameters each sets (see the module docstring).
+ATTENTION_KERNELS: dict[str, dict[str, float]] = {
+    "flash": {"block_overhead_tokens": 0.0},  # FlashAttention / FlashInfer paged KV (vLLM V1's backends)
+    "paged-2023": {"block_overhead_tokens": 4.0},  # the PagedAttention paper's kernel (Kwon et al., 2023)
+}
 
 
 class RooflineCostModel(CostModel):
