@@ -151,6 +151,20 @@ def pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _path_words(info: dict) -> str:
+    """The serving path and the attention kernel, in words (``sim.serving_path``)."""
+    path = info.get("options", {}).get("serving_path")
+    kernel = info["deployment"].get("cost_model", {}).get("params", {}).get("block_overhead_tokens")
+    words = ("serving path none (a request enters the next step; no frontend)" if not path else
+             f"serving path {path['name']} (async scheduling {'on' if path['async_scheduling'] else 'off'}, "
+             f"frontend {path['frontend_in_s'] * 1e3:g} ms in + {path['frontend_out_s'] * 1e3:g} ms out)")
+    if kernel == 0:
+        words += "; paged decode as today's kernels run it (no per-block cost)"
+    elif kernel is not None:
+        words += f"; paged decode paying {kernel:g} tokens' worth of reading per block"
+    return words
+
+
 def summary_table(summary: dict, info: dict, wall_s: float) -> str:
     """The readable summary ``pagesim simulate`` prints without ``--json`` (every number in plain,
     grouped digits: ``plain``)."""
@@ -163,6 +177,7 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
         f"{info['trace']}",
         f"{d['model']} on {d['gpu']} x{d['tp']}{_cluster_words(s)}, {d['allocator']} KV cache: {d['num_gpu_blocks']:,} blocks "
         f"of {d['block_size']} tokens ({d['kv_cache_source']}), policy {d['policy']}",
+        *([f"settings   {d['batch_limits']}; {_path_words(info)}"] if "batch_limits" in d else []),
         "",
         f"requests   {s['requests_completed']:,} completed, {s['requests_rejected']:,} rejected, over "
         f"{num(s['duration_s'])} s simulated",

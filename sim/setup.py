@@ -35,6 +35,7 @@ from sim.cost.base import CostModel
 from sim.cost.calibrated import CalibratedCostModel
 from sim.cost.profile import load_profile
 from sim.cost.roofline import RooflineCostModel, RooflineParams
+from sim.vllm_defaults import vllm_serve_batch_limits
 from sim.deployment import GiB, Deployment
 from sim.hardware import get_gpu_preset
 
@@ -142,10 +143,21 @@ class Built:
                         "gib_per_gpu": round(self.deployment.weight_bytes_per_gpu / GiB, 3)},
             **({"ep": self.deployment.ep} if self.deployment.ep > 1 else {}),
             "scheduler": {k: v for k, v in asdict(cfg).items() if k != "extra"},
+            "batch_limits": self.batch_limits_words(),
             **({"plugins": list(self.spec.plugins), "scheduler_class": self.spec.scheduler} if self.spec.plugins else {}),
             "cost_model": self.cost_model.describe(),
         }
 
+
+    def batch_limits_words(self) -> str:
+        """``max_num_seqs`` and ``max_num_batched_tokens``, and where they came from."""
+        cfg, given = self.scheduler.config, self.spec.overrides
+        limits = f"max_num_seqs {cfg.max_num_seqs:,}, max_num_batched_tokens {cfg.max_num_batched_tokens:,}"
+        if "max_num_seqs" in given and "max_num_batched_tokens" in given:
+            return f"{limits} (given)"
+        if self.spec.policy == "vllm-v1":
+            return f"{limits} (vllm serve's defaults on {self.deployment.gpu.name}, vLLM 0.33, where not given)"
+        return f"{limits} (the {self.spec.policy} preset's, where not given)"
 
     def kv_cache_description(self) -> dict:
         """Bytes per token and per block on one GPU, and the layer groups (vLLM v1's layout)."""
@@ -197,6 +209,7 @@ def plan(spec: RunSpec) -> Plan:
                          f"({model.max_position_embeddings} tokens)")
     deployment.check_weights_fit(spec.gpu_memory_utilization)
     base = dict(block_size=spec.block_size, max_model_len=max_model_len, **_fit_budget(spec, max_model_len))
+    base.update(_vllm_serve_limits(spec, deployment, max_model_len))
     if deployment.layout.is_hybrid and spec.allocator != "paged":
         raise ValueError(f"the contiguous {spec.allocator!r} baseline reserves full-attention slabs; "
                          f"{model.name}'s sliding-window layers need the paged allocator")
@@ -276,6 +289,18 @@ def _cost_model(spec: RunSpec, model: ModelPreset, deployment: Deployment) -> Co
     cost_model = CalibratedCostModel(load_profile(spec.profile))
     cost_model.check_model(model)
     return cost_model
+
+
+def _vllm_serve_limits(spec: RunSpec, deployment: Deployment, max_model_len: int) -> dict[str, Any]:
+    """Under ``--policy vllm-v1``, the batch limits ``vllm serve`` picks on this GPU where none was
+    given (``sim.vllm_defaults``); nothing for the other presets."""
+    if spec.policy != "vllm-v1":
+        return {}
+    limits = {k: v for k, v in vllm_serve_batch_limits(deployment.gpu).items() if k not in spec.overrides}
+    chunked = spec.overrides.get("enable_chunked_prefill", make_config(spec.policy).enable_chunked_prefill)
+    if "max_num_batched_tokens" in limits and not chunked:
+        limits["max_num_batched_tokens"] = max(limits["max_num_batched_tokens"], max_model_len)
+    return limits
 
 
 def _fit_budget(spec: RunSpec, max_model_len: int) -> dict[str, Any]:
