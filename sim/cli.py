@@ -231,7 +231,8 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     options = SimOptions(seed=args.seed, sample_lengths=args.sample_lengths, overlap_swaps=args.overlap_swaps,
                          slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s, slo_e2el_s=slo.e2el_s,
                          percentiles=bench.summary_percentiles, max_concurrency=bench.max_concurrency,
-                         skip_ahead=args.skip_ahead, step_rows=out is not None)
+                         skip_ahead=args.skip_ahead, step_rows=out is not None,
+                         request_timeout_s=bench.request_timeout_s)
     info = {"trace": f"{len(trace)} requests from {trace.source}" + _trace_words(trace), "deployment": built.describe(),
             "options": {k: getattr(options, k) for k in options.__slots__}, "command": sys.argv[1:]}
     clustered = args.replicas > 1
