@@ -28,13 +28,15 @@ from reports.results import (HEADLINE, METRICS, RATE_AXES, SEED, M, Metric, Sett
 # Not policy choices: load, workload, resources, baselines and seeds. The summary ranks only runs that
 # have these at the base, so "best" never means "less traffic" or "a bigger GPU".
 CONTEXT_KEYS = ("rate_scale", "rate", "workload", "n", "beam_width", "seed", "kv_cache_gb", "num_gpu_blocks",
-                "gpu", "tp", "model", "allocator", "swap_space_gb", "replicas", "sample_lengths", "kv_offloading_size")
+                "gpu", "tp", "model", "allocator", "swap_space_gb", "replicas", "sample_lengths", "kv_offloading_size",
+                "request_timeout_s")
 AXIS_METRICS = (*HEADLINE, M["memory_utilization"], M["prefix_hit_rate"], M["preemptions_total"])
 AXIS_NAMES = {"block_size": "Block size", "eviction": "Eviction policy", "preemption": "Preemption mode",
               "kv_cache_gb": "KV cache size", "allocator": "Allocator", "victim": "Victim policy",
               "scheduler": "Scheduler", "policy": "Policy preset", "router": "Router", "replicas": "Replicas",
               "max_num_seqs": "max_num_seqs", "rate_scale": "Rate scale", "rate": "Request rate (requests/s)", "max_num_batched_tokens": "max_num_batched_tokens",
-              "kv_offloading_size": "Offload size", "kv_offloading_policy": "Offload policy"}
+              "kv_offloading_size": "Offload size", "kv_offloading_policy": "Offload policy",
+              "request_timeout_s": "Client timeout (s)"}
 
 
 @dataclass

@@ -29,6 +29,7 @@ import numpy as np
 
 from reports.spec import RunConfig, moot_settings, offloading, run_id
 from sim.cost.roofline import RooflineParams
+from sim.metrics import COMPLETED
 
 QUANTILES = np.linspace(0.0, 1.0, 101)
 MEMORY_POINTS = 400
@@ -177,7 +178,8 @@ def _simulate(config: RunConfig) -> dict[str, Any]:
     trace = build_trace(config)
     builts = build_replicas(_run_spec(config), config["replicas"])
     built = builts[0]
-    options = SimOptions(seed=config["seed"], sample_lengths=config["sample_lengths"])
+    options = SimOptions(seed=config["seed"], sample_lengths=config["sample_lengths"],
+                         request_timeout_s=config.get("request_timeout_s"))
     result = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router(config["router"]), options,
                      tp=config["tp"], block_bytes=replica_block_bytes(built)).run()
     return {
@@ -210,8 +212,10 @@ def _quantiles(values: np.ndarray) -> list[float] | None:
 
 
 def _latency_quantiles(requests) -> dict[str, list[float] | None]:
-    return {"ttft_s": _quantiles(requests.ttft_s()), "tpot_s": _quantiles(requests.tpot_s()),
-            "e2e_s": _quantiles(requests.e2e_s())}
+    """Over completed requests (a timed-out one may have a first token, but is a failure)."""
+    done = requests.status == COMPLETED
+    return {"ttft_s": _quantiles(requests.ttft_s()[done]), "tpot_s": _quantiles(requests.tpot_s()[done]),
+            "e2e_s": _quantiles(requests.e2e_s()[done])}
 
 
 def _sampled_steps(steps) -> np.ndarray:

@@ -35,6 +35,11 @@ offload store the policy means nothing, so a run of size 0 carries no policy (``
 ``kv_offloading_size = [0, 64]`` x ``kv_offloading_policy = ["lru", "arc"]`` is three runs, the
 HBM-only one shared by both policies.
 
+``request_timeout_s`` (a setting, in ``[base]`` or a grid axis; inference-perf's ``request_timeout``
+is accepted for it): the benchmark client gives up on a request unfinished that many seconds after
+sending it, and the server aborts it (``sim.replica``); absent: no timeout. Like the seed and the
+sample lengths it changes how the run's requests are served, not what it builds.
+
 ``seed = [0, 1, 2]`` in ``[base]`` repeats every grid once per seed (a grid may also list its own
 ``seed`` axis); the report then gives each setting's metrics as a mean with a 95% interval and calls
 a difference only where intervals separate (``reports.noise``). A run's seed seeds the simulator and
@@ -75,7 +80,8 @@ SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int
 # NOTE: settings added after studies were first run stay out of a run's config at their default,
 # so the run ids of a study that does not use them (and resuming it) outlive their addition.
 LATER_SETTINGS = {"scheduler": (None, "default"), "ep": (None, 1), "dtype": (None, "auto"),
-                  "kv_cache_dtype": (None, "auto"), "kv_offloading_size": (None,), "kv_offloading_policy": (None,)}
+                  "kv_cache_dtype": (None, "auto"), "kv_offloading_size": (None,), "kv_offloading_policy": (None,),
+                  "request_timeout_s": (None,)}
 # (setting -> the values that mean its default)
 # Settings a run has (base or grid axis) and their defaults; None = the preset's / the deployment's.
 SETTINGS: dict[str, Any] = {
@@ -91,6 +97,8 @@ SETTINGS: dict[str, Any] = {
     "ep": None, "dtype": None, "kv_cache_dtype": None,
     # KV offloading: GiB of CPU memory for the offload store (None or 0: off) and its eviction policy
     "kv_offloading_size": None, "kv_offloading_policy": None,
+    # the benchmark client's timeout in seconds (None: none; sim.replica aborts a request past it)
+    "request_timeout_s": None,
 }
 SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
                  "eviction": str, "preemption": str, "victim": str, "kv_cache_gb": float, "num_gpu_blocks": int,
@@ -99,7 +107,7 @@ SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator"
                  "beam_width": int, "sample_lengths": str, "placement": str, "max_model_len": int,
                  "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str),
                  "scheduler": str, "ep": int, "dtype": str, "kv_cache_dtype": str, "kv_offloading_size": float,
-                 "kv_offloading_policy": str}
+                 "kv_offloading_policy": str, "request_timeout_s": float}
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper", "plugins"}
 # vLLM's names (``vllm serve`` / ``vllm bench serve`` flags, dashes as underscores) -> pagesim's: a spec may
 # use either; they are renamed before anything else, so a run's config (and id) is the same either way.
@@ -107,8 +115,8 @@ VLLM_SOURCE_NAMES = {"num_prompts": "num_requests", "request_rate": "rate"}
 VLLM_SETTING_NAMES = {"tensor_parallel_size": "tp", "num_gpu_blocks_override": "num_gpu_blocks",
                       "enable_prefix_caching": "prefix_caching", "enable_chunked_prefill": "chunked_prefill",
                       "request_rate": "rate", "swap_space": "swap_space_gb"}
-# pagesim's other names for a setting (``RunSpec``'s field), renamed the same way
-SETTING_ALIASES = {"kv_offloading_gb": "kv_offloading_size"}
+# pagesim's other names for a setting (``RunSpec``'s field; inference-perf's request_timeout), renamed the same way
+SETTING_ALIASES = {"kv_offloading_gb": "kv_offloading_size", "request_timeout": "request_timeout_s"}
 PAPERS = ("kwon2023",)
 MAX_RUNS = 10_000  # runs a study may make unless --max-runs says more
 MAX_SPEC_BYTES = 4 * 2**20  # a study spec is a page of TOML; a bigger file is not one
@@ -436,6 +444,9 @@ def _check_run(config: RunConfig, origin: str) -> None:
     if config["sample_lengths"] not in ("drawn", "same"):
         raise SpecError(f"{origin}: sample_lengths must be 'drawn' or 'same', got {config['sample_lengths']!r}")
     _check_offloading(config, origin)
+    timeout_s = config.get("request_timeout_s")
+    if timeout_s is not None and not 0 < timeout_s < math.inf:
+        raise SpecError(f"{origin}: request_timeout_s must be a positive, finite number of seconds, got {timeout_s:g}")
     overhead = config["engine_overhead_ms"]
     if not isinstance(overhead, str) and not 0 <= overhead < math.inf:
         raise SpecError(f"{origin}: engine_overhead_ms must be a finite number of milliseconds >= 0, got {overhead:g}")
@@ -447,7 +458,7 @@ def _check_run(config: RunConfig, origin: str) -> None:
 #: Settings that change neither what a run builds nor how its requests arrive (the seed draws other
 #: requests of the same kind): runs differing only in them are planned once (a new setting is
 #: planned per value until it is listed here).
-NOT_BUILT = frozenset({"seed", "sample_lengths", "router"})
+NOT_BUILT = frozenset({"seed", "sample_lengths", "router", "request_timeout_s"})
 
 
 def _check_plan(config: RunConfig, base: dict[str, Any], origin: str, planned: set[str]) -> None:

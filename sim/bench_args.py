@@ -1,6 +1,10 @@
 """vLLM bench's benchmark flags, shared by ``simulate`` and ``run`` (one definition, one meaning).
 
 - ``--max-concurrency N``: a closed-loop client (``sim.client``; the engine's wall-clock loop);
+- ``--request-timeout S``: the client gives up on a request unfinished S seconds after sending it,
+  and the server aborts it between steps (``sim.replica``; the engine's ``Engine.run``), as
+  inference-perf's ``request_timeout`` (300 s in the shared ground-truth runs); vLLM bench's own
+  client timeout (aiohttp's, ``AIOHTTP_TIMEOUT``: 6 hours) is not modelled. Default: none;
 - ``--percentile-metrics ttft,tpot,itl,e2el`` and ``--metric-percentiles 50,90,99``: what the
   result file reports (vLLM's defaults: ttft,tpot,itl at 99); the summary always has p50, p90
   and p99 besides;
@@ -25,6 +29,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 
@@ -56,6 +61,7 @@ class BenchSettings:
     metadata: tuple[tuple[str, str], ...] = ()  # --metadata KEY=VALUE, in order
     num_warmups: int = 0
     ramp_up: RampUp | None = None
+    request_timeout_s: float | None = None  # --request-timeout (None: the client never gives up)
 
 
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +69,10 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-concurrency", type=int, metavar="N",
                    help="closed loop: at most N requests in flight, the next sent when one finishes (with "
                         "--request-rate, as vllm bench serve combines them)")
+    g.add_argument("--request-timeout", metavar="S",  # (read by bench_settings: a bad value is one line)
+                   help="the client gives up on a request still unfinished S seconds after sending it; the server "
+                        "aborts it between steps, frees its KV blocks, and it counts as failed (inference-perf's "
+                        "request_timeout; default: none)")
     g.add_argument("--percentile-metrics", default="ttft,tpot,itl", metavar="LIST",
                    help="metrics the result file gives percentiles of: ttft,tpot,itl,e2el (default ttft,tpot,itl)")
     g.add_argument("--metric-percentiles", default="99", metavar="LIST",
@@ -102,6 +112,8 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
     """The flags checked and parsed (bad values are one-line errors)."""
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    timeout_s = seconds_of(args.request_timeout, "--request-timeout")
+    check_request_timeout(timeout_s)
     asked = parse_percentiles(args.metric_percentiles)
     goodput = Slo.parse(args.goodput) if args.goodput else None
     if goodput is not None and (getattr(args, "slo_ttft", None) is not None or getattr(args, "slo_tpot", None) is not None):
@@ -120,10 +132,28 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
         goodput=goodput, save_result=saves, result_dir=args.result_dir,
         result_filename=args.result_filename, save_detailed=args.save_detailed, append_result=args.append_result,
         label=args.label, metadata=parse_metadata(args.metadata or []), num_warmups=args.num_warmups,
-        ramp_up=ramp_up_from_args(args),
+        ramp_up=ramp_up_from_args(args), request_timeout_s=timeout_s,
     )
     _irrelevant_flags(args)
     return settings
+
+
+def seconds_of(text: str | float | None, flag: str) -> float | None:
+    """A flag's value as a number of seconds (``None`` stays ``None``)."""
+    if text is None or isinstance(text, (int, float)):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{flag} takes a number of seconds, got {text!r}") from None
+
+
+def check_request_timeout(timeout_s: float | None) -> None:
+    """A client timeout is a positive, finite number of seconds (or ``None``: none)."""
+    if timeout_s is None:
+        return
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ValueError(f"--request-timeout must be a positive, finite number of seconds, got {timeout_s!r}")
 
 
 def parse_metadata(items: list[str]) -> tuple[tuple[str, str], ...]:

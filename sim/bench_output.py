@@ -2,8 +2,10 @@
 
 Each request's send time, TTFT, end-to-end latency and inter-token gaps come from the run's
 per-request table and token runs (``sim.token_runs``: a gap is a step time the request lived
-through); a rejected request is a failed one (output 0, its reason in ``errors``). The summary
-pagesim printed goes under the file's ``pagesim`` key, with the run's settings.
+through); a rejected request is a failed one (output 0, its reason in ``errors``), and so is
+one aborted when its client's timeout passed (``timeout after S s``: vLLM bench's ``failed``
+counts both). The summary pagesim printed goes under the file's ``pagesim`` key, with the run's
+settings.
 
 ``write_vllm_result`` is what ``simulate`` and ``run`` share: the file's keys in vLLM 0.33's
 order (benchmarks/serve.py:2300-2339: ``date`` ... ``num_prompts``, the ``--metadata`` keys,
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.metrics import COMPLETED
+from sim.metrics import COMPLETED, TIMED_OUT
 from sim.token_runs import request_itls
 
 
@@ -52,8 +54,17 @@ def per_request(result, replicas, *, with_itls: bool):
         ttfts=np.where(ok, m.ttft_s(), zero).tolist(),
         latencies=np.where(ok, m.e2e_s(), zero).tolist(),
         itls=[gaps.get(i, []) for i in range(n)] if with_itls else None,
-        errors=[("" if ok[i] else f"rejected: {m.reject_reasons.get(i, 'not served')}") for i in range(n)],
+        errors=[_error(m, i, ok[i]) for i in range(n)],
     )
+
+
+def _error(m, row: int, ok: bool) -> str:
+    """A request's ``errors`` entry: empty when it completed, else why it failed."""
+    if ok:
+        return ""
+    if m.status[row] == TIMED_OUT:
+        return f"timed out: {m.timeout_reasons.get(row, 'the client gave up')}"
+    return f"rejected: {m.reject_reasons.get(row, 'not served')}"
 
 
 def _replica_of(result, n: int) -> np.ndarray:
@@ -74,6 +85,8 @@ def save_bench_result(args, bench, trace, result, replicas, summary: dict, info:
     pagesim = {"summary": summary, "run": info, "tokenizer": trace.metadata.get("tokenizer"),
                "trace": trace.source, "rejected": {
                    "count": int(summary["requests_rejected"]), "reasons": summary["rejection_reasons"]}}
+    if summary.get("requests_timed_out"):
+        pagesim["timed_out"] = {"count": int(summary["requests_timed_out"]), "timeout_s": summary["request_timeout_s"]}
     start = float(np.nanmin(m.arrival_s)) if len(m.arrival_s) else 0.0
     done = m.status == COMPLETED
     end = float(np.nanmax(m.finish_s[done])) if done.any() else start

@@ -269,7 +269,8 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
                          slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s, slo_e2el_s=slo.e2el_s,
                          percentiles=bench.summary_percentiles, max_concurrency=bench.max_concurrency,
                          skip_ahead=args.skip_ahead, step_rows=out is not None,
-                         serving_path=serving_path_from_args(args, args.policy))
+                         serving_path=serving_path_from_args(args, args.policy),
+                         request_timeout_s=bench.request_timeout_s)
     info = {"trace": f"{len(trace)} requests from {trace.source}" + _trace_words(trace), "deployment": built.describe(),
             "options": {k: _plain(getattr(options, k)) for k in options.__slots__}, "command": sys.argv[1:]}
     clustered = args.replicas > 1

@@ -128,7 +128,7 @@ class Cluster:
                     beam_model=BeamModel(opts.seed, opts.beam_stay_prob, replica=k),
                     overlap_swaps=opts.overlap_swaps, decision_sink=sinks[k], on_done=progress,
                     skip_ahead=skip_ahead, replica_index=k, token_runs=token_runs,
-                    serving_path=opts.serving_path)
+                    serving_path=opts.serving_path, request_timeout_s=opts.request_timeout_s)
             for k, (sched, cost_model) in enumerate(replicas)
         ]
         self.schedulers = [r.scheduler for r in self.replicas]
@@ -216,6 +216,7 @@ class Cluster:
                 raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished on replica {k}")
         summary = cluster_summary(self.request_metrics, self.replicas, self.replica_of, slo=self.options.slo,
                                   percentiles=self.options.percentiles, router_name=self.router.name, tp=self.tp,
-                                  block_bytes=self.block_bytes, trace=self.trace)
+                                  block_bytes=self.block_bytes, trace=self.trace,
+                                  request_timeout_s=self.options.request_timeout_s)
         return ClusterResult(summary, self.request_metrics, ClusterSteps([r.steps for r in self.replicas]),
                              self.replica_of, self.replicas, wall_s)

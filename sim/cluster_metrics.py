@@ -38,7 +38,7 @@ import numpy as np
 
 from sim.bench_metrics import DEFAULT_PERCENTILES, Slo
 from sim.ideal_cache import IdealCache, ideal_cache
-from sim.metrics import REJECTED, OffloadTotals, RequestMetrics, StepMetrics, summarize
+from sim.metrics import OffloadTotals, RequestMetrics, StepMetrics, admitted_rows, summarize
 from sim.step_metrics import STEP_COLUMNS
 from sim.token_runs import ItlSample
 
@@ -79,8 +79,8 @@ class ClusterSteps:
 
 
 def requests_subset(requests: RequestMetrics, mask: np.ndarray) -> RequestMetrics:
-    """A copy of ``requests`` holding only the rows ``mask`` selects (in order); rejection reasons
-    are renumbered to the new rows. Every per-row array column is subset, whatever its name."""
+    """A copy of ``requests`` holding only the rows ``mask`` selects (in order); rejection and abort
+    reasons are renumbered to the new rows. Every per-row array column is subset, whatever its name."""
     num_rows = len(requests.status)
     mask = np.asarray(mask, dtype=bool)
     if mask.shape != (num_rows,):
@@ -91,6 +91,7 @@ def requests_subset(requests: RequestMetrics, mask: np.ndarray) -> RequestMetric
             setattr(subset, name, value[mask])
     new_row = np.cumsum(mask) - 1
     subset.reject_reasons = {int(new_row[row]): reason for row, reason in requests.reject_reasons.items() if mask[row]}
+    subset.timeout_reasons = {int(new_row[row]): reason for row, reason in requests.timeout_reasons.items() if mask[row]}
     return subset
 
 
@@ -139,22 +140,22 @@ def offload_totals(replicas: Sequence) -> OffloadTotals | None:
 
 def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np.ndarray, *, slo: Slo,
                     percentiles=DEFAULT_PERCENTILES, router_name: str, tp: int = 1,
-                    block_bytes: int | None = None, trace=None) -> dict:
+                    block_bytes: int | None = None, trace=None, request_timeout_s: float | None = None) -> dict:
     """The cluster-wide summary, with ``router`` and per-replica ``replicas`` for two or more
     replicas (``replicas``: ``sim.replica.Replica`` objects); ``block_bytes``: one KV block over
     a replica's GPUs; ``trace``: the run's, for the ideal cache's figures (each replica's over the
     requests routed to it; the cluster's their sum)."""
     from sim.simulator import replica_itl
 
-    common = {"slo": slo, "percentiles": percentiles, "block_bytes": block_bytes}
-    admitted_rows = requests.status != REJECTED
-    ideals = [ideal_figures(trace, r.scheduler, admitted_rows & (replica_of == k)) for k, r in enumerate(replicas)]
+    common = {"slo": slo, "percentiles": percentiles, "block_bytes": block_bytes, "request_timeout_s": request_timeout_s}
+    admitted = admitted_rows(requests)
+    ideals = [ideal_figures(trace, r.scheduler, admitted & (replica_of == k)) for k, r in enumerate(replicas)]
     if len(replicas) == 1:
         (only,) = replicas
         return summarize(requests, only.steps, **common, preemptions=only.preemptions, itl=replica_itl(only),
                          offload=only.offload_totals(), ideal=ideals[0], **scheduler_figures(only.scheduler, ideals[0]))
     schedulers = [r.scheduler for r in replicas]
-    admitted = sum(s.num_prompt_tokens_admitted for s in schedulers)
+    admitted_tokens = sum(s.num_prompt_tokens_admitted for s in schedulers)
     caches = any(_caches(s) for s in schedulers)
     preemptions = {mode: sum(r.preemptions[mode] for r in replicas) for mode in replicas[0].preemptions}
     itls = [replica_itl(r, np.flatnonzero(replica_of == k)) for k, r in enumerate(replicas)]
@@ -162,7 +163,8 @@ def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np
     missed = [f["hit_blocks_missed"] for f in figures]
     summary = summarize(
         requests, ClusterSteps([r.steps for r in replicas]), **common, preemptions=preemptions,
-        prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in schedulers) / admitted) if admitted and caches else None,
+        prefix_hit_rate=((sum(s.num_prefix_hit_tokens for s in schedulers) / admitted_tokens)
+                         if admitted_tokens and caches else None),
         num_evictions=sum(f["num_evictions"] for f in figures),
         hit_blocks_missed=None if None in missed else sum(missed),
         ideal=None if None in ideals else reduce(operator.add, ideals), itl=ItlSample.merge(itls),

@@ -3,7 +3,13 @@
 Per request (numpy columns indexed by trace row): arrival, first scheduled (end of queueing),
 first token (end of the step whose sampling produced it), finish, output tokens (every returned
 sample's or beam's tokens), generation length (the longest sequence's outputs), preemptions, and
-status (pending, completed, rejected).
+status (pending, completed, rejected, timed out). A request its client gave up on
+(``SimOptions.request_timeout_s``: still unfinished that many seconds after it was sent) has timed
+out: the server aborts it at the first step boundary at or after that instant (``sim.replica``; no
+finish time then), unless the step running at that instant finished it (a finish time after the
+deadline: the client had left). Either way its status is timed out, its reason is in
+``timeout_reasons`` ("timeout after S s"), and its output tokens are those it had generated (GPU
+work done, not output throughput).
 
 Per step (``sim.step_metrics``, rows appended as the run goes, spilled to disk past one chunk):
 start and duration, scheduled requests, sequences and tokens (prefill / decode), KV slots
@@ -14,8 +20,14 @@ Summary definitions (all times in seconds):
 - ``duration_s``: first arrival to last completion; throughput = completed requests (or generated
   tokens, ``throughput_tokens_s``; prompt tokens, ``throughput_input_tokens_s``; both,
   ``throughput_total_tokens_s``) / duration; goodput = completed requests meeting every SLO /
-  duration; ``slo.attained`` = those requests / all requests submitted (a rejected request never
-  meets an SLO);
+  duration; ``slo.attained`` = those requests / all requests submitted (a rejected or timed-out
+  request never meets an SLO);
+- ``requests_timed_out``: requests whose client's timeout (``request_timeout_s``, ``None``: none)
+  passed before they finished (aborted, or finished too late); like rejected ones they are failed
+  requests (``requests_failed`` counts both, vLLM bench's ``failed``), left out of every latency
+  statistic and of throughput, as clients leave failures out; ``timed_out_output_tokens``: the
+  tokens they had generated (computed on the GPU, so in the step figures, but delivered to no
+  one: not in ``generated_tokens``);
 - TTFT = first token - arrival; TPOT = (finish - first token) / (generation length - 1), over
   requests generating at least two tokens; e2e = finish - arrival; ITL = every gap between two
   consecutive tokens of a request (``sim.token_runs``); normalized latency = mean over requests of
@@ -81,10 +93,10 @@ from sim.step_metrics import STEP_COLUMNS, StepMetrics
 from sim.step_sums import total_sums
 from sim.token_runs import ItlSample
 
-__all__ = ["COMPLETED", "PENDING", "REJECTED", "REQUEST_COLUMNS", "STEP_COLUMNS", "OffloadTotals", "RequestMetrics",
-           "StepMetrics", "summarize"]
+__all__ = ["COMPLETED", "PENDING", "REJECTED", "REQUEST_COLUMNS", "STEP_COLUMNS", "TIMED_OUT", "OffloadTotals",
+           "RequestMetrics", "StepMetrics", "admitted_rows", "summarize", "timeout_reason"]
 
-PENDING, COMPLETED, REJECTED = 0, 1, 2
+PENDING, COMPLETED, REJECTED, TIMED_OUT = 0, 1, 2, 3
 
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "generation_len", "n",
                    "beam_width", "status", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s",
@@ -107,6 +119,7 @@ class RequestMetrics:
         self.release_step = np.zeros(num_requests, np.int64)  # the first schedule() that could see it
         self.status = np.zeros(num_requests, np.int8)
         self.reject_reasons: dict[int, str] = {}
+        self.timeout_reasons: dict[int, str] = {}  # row -> why its client gave up ("timeout after S s")
 
     def ttft_s(self) -> np.ndarray:
         return self.first_token_s - self.arrival_s
@@ -119,6 +132,18 @@ class RequestMetrics:
             tpot = (self.finish_s - self.first_token_s) / (self.generation_len - 1)
         tpot[self.generation_len < 2] = np.nan
         return tpot
+
+
+def timeout_reason(timeout_s: float) -> str:
+    """Why a request was aborted when its client's timeout passed."""
+    return f"timeout after {timeout_s:g} s"
+
+
+def admitted_rows(requests: RequestMetrics) -> np.ndarray:
+    """The rows the scheduler admitted at least once: neither rejected nor aborted while waiting
+    for their first admission (a mask)."""
+    status = requests.status
+    return (status != REJECTED) & ~((status == TIMED_OUT) & np.isnan(requests.first_scheduled_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,12 +211,15 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preempt
               prefix_hit_rate: float | None, num_evictions: int, hit_blocks_missed: int | None = None,
               ideal: IdealCache | None = None, itl: ItlSample | None = None,
               percentiles=DEFAULT_PERCENTILES, offload: OffloadTotals | None = None,
-              block_bytes: int | None = None) -> dict:
+              block_bytes: int | None = None, request_timeout_s: float | None = None) -> dict:
     """The run's summary (module docstring); the offload keys only with ``offload`` (offloading
     on), its bytes from ``block_bytes``, one KV block over a replica's GPUs; the ideal cache's
-    from ``ideal`` (``None``: not computed)."""
+    from ``ideal`` (``None``: not computed); ``request_timeout_s``: the clients' timeout (``None``:
+    none)."""
     done = requests.status == COMPLETED
     completed = int(done.sum())
+    timed_out = requests.status == TIMED_OUT
+    rejected = int((requests.status == REJECTED).sum())
     submitted = len(requests.status)
     ttft, tpot, e2e = requests.ttft_s()[done], requests.tpot_s()[done], requests.e2e_s()[done]
     start = float(np.nanmin(requests.arrival_s)) if len(requests.arrival_s) else 0.0
@@ -215,8 +243,11 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preempt
     summary = {
         "requests_total": submitted,
         "requests_completed": completed,
-        "requests_rejected": int((requests.status == REJECTED).sum()),
+        "requests_rejected": rejected,
         "rejection_reasons": dict(Counter(requests.reject_reasons.values()).most_common(3)),
+        "requests_timed_out": int(timed_out.sum()),
+        "requests_failed": rejected + int(timed_out.sum()),
+        "request_timeout_s": request_timeout_s,
         "duration_s": _r(duration),
         "throughput_rps": per_s(completed),
         "throughput_tokens_s": per_s(tokens),
@@ -232,6 +263,7 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preempt
         "normalized_latency_s_per_token": _r(normalized.mean()) if completed else None,
         "input_tokens": input_tokens,
         "generated_tokens": tokens,
+        "timed_out_output_tokens": int(requests.output_tokens[timed_out].sum()),
         "max_concurrent_requests": bench_metrics.peak_in_flight(sent, finished),
         "max_output_tokens_per_s": (bench_metrics.max_tokens_per_second(itl.token_times, itl.token_counts, float(sent.min()), end)
                                     if itl is not None and completed else None),

@@ -25,9 +25,9 @@ import numpy as np
 from engine.outputs import OutputFile
 from sim.bench_metrics import Slo
 from sim.cost.base import TERMS
-from sim.metrics import COMPLETED, REJECTED, REQUEST_COLUMNS, STEP_COLUMNS
+from sim.metrics import COMPLETED, REJECTED, REQUEST_COLUMNS, STEP_COLUMNS, TIMED_OUT
 
-_STATUS = {0: "pending", COMPLETED: "completed", REJECTED: "rejected"}
+_STATUS = {0: "pending", COMPLETED: "completed", REJECTED: "rejected", TIMED_OUT: "timed_out"}
 # what --out DIR holds (shell patterns): a DIR holding only these may be replaced by a new run's
 OUT_FILES = ("summary.json", "run_info.json", "requests.csv", "steps.csv", "decisions.jsonl",
              "decisions-replica-*.jsonl", "timeline.json")
@@ -68,7 +68,8 @@ def write_tables(out: Path, result, request_ids: list[str], *, block_bytes: int 
                         int(m.generation_len[i]), int(m.n[i]), int(m.beam_width[i]), _STATUS[int(m.status[i])],
                         fmt(m.first_scheduled_s[i]), fmt(m.first_token_s[i]), fmt(m.finish_s[i]), fmt(ttft[i]),
                         fmt(tpot[i]), fmt(e2e[i]), int(m.preemptions[i]), fmt(normalized[i]),
-                        m.reject_reasons.get(i, ""), *([int(replica_of[i])] if extra else [])])
+                        m.reject_reasons.get(i) or m.timeout_reasons.get(i, ""),  # (why it failed, either way)
+                        *([int(replica_of[i])] if extra else [])])
 
     def write_steps(f):
         steps = result.steps
@@ -172,6 +173,7 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
     num = plain
     d = info["deployment"]
     rejected = rejection_words(s)
+    timed_out = timed_out_words(s)  # "N timed out after S s", or None
     lines = [
         *([f"NOTE: {rejected}", ""] if rejected else []),
         f"{info['trace']}",
@@ -179,8 +181,8 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
         f"of {d['block_size']} tokens ({d['kv_cache_source']}), policy {d['policy']}",
         *([f"settings   {d['batch_limits']}; {_path_words(info)}"] if "batch_limits" in d else []),
         "",
-        f"requests   {s['requests_completed']:,} completed, {s['requests_rejected']:,} rejected, over "
-        f"{num(s['duration_s'])} s simulated",
+        f"requests   {s['requests_completed']:,} completed, {s['requests_rejected']:,} rejected, "
+        f"{timed_out + ', ' if timed_out else ''}over {num(s['duration_s'])} s simulated",
         *(f"           rejected x{count:,}: {reason}" for reason, count in s["rejection_reasons"].items()),
         f"throughput {num(s['throughput_rps'])} req/s; output {num(s['throughput_tokens_s'])} tokens/s, input "
         f"{num(s['throughput_input_tokens_s'])}, total {num(s['throughput_total_tokens_s'])}; peak "
@@ -259,6 +261,14 @@ def _offload_line(s: dict, deployment: dict, pct) -> str:
             f"prompt tokens; loaded {s['offload_loaded_blocks']:,} / stored {s['offload_stored_blocks']:,} blocks, "
             f"{s['offload_evictions']:,} evicted, {s['offload_refused_blocks']:,} refused; link busy "
             f"{pct(s['host_link_busy_fraction'])}, loads waited {plain(s['offload_load_wait_s'])} s")
+
+
+def timed_out_words(summary: dict) -> str | None:
+    """"N timed out after S s" when the clients' timeout aborted any request, else None."""
+    count = summary.get("requests_timed_out")
+    if not count:
+        return None
+    return f"{count:,} timed out after {plain(summary['request_timeout_s'])} s"
 
 
 def rejection_words(summary: dict) -> str | None:

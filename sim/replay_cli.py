@@ -34,6 +34,9 @@ def add_parser(subparsers) -> None:
     o.add_argument("--seed", type=int, default=0,
                    help="redraws the run's send times and prompt order (inference-perf's are not recorded; default 0)")
     add_cost_args(o)
+    o.add_argument("--request-timeout", type=float, metavar="S",
+                   help="the client's timeout in seconds (default: the run's: inference-perf's request_timeout, "
+                        "else aiohttp's 300 s)")
     o.add_argument("--no-skip-ahead", dest="skip_ahead", action="store_false",
                    help="run every step one by one (same results, slower)")
     o.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
@@ -81,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     spec = run_spec_from_args(args)
     built = build_replicas(spec, 1)[0]
     path = serving_path_from_args(args, args.policy)
-    options = SimOptions(seed=args.seed, skip_ahead=args.skip_ahead, step_rows=False, serving_path=path)
+    timeout_s = measured_run.client_timeout_s if args.request_timeout is None else args.request_timeout
+    options = SimOptions(seed=args.seed, skip_ahead=args.skip_ahead, step_rows=False, serving_path=path,
+                         request_timeout_s=timeout_s)
     progress = None
     if not args.no_progress:
         from engine.progress import progress as make_progress
@@ -98,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                 "policy": args.policy, "max_num_seqs": args.max_num_seqs,
                 "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
                 "attention_kernel": args.attention_kernel, "serving_path": _plain(path) if path else "none",
-                "client_timeout_s": measured_run.client_timeout_s, "seed": args.seed}
+                "client_timeout_s": timeout_s, "seed": args.seed}
     report = {"run": str(measured_run.results_dir), "workload": measured_run.workload, "settings": settings,
               "rows": [row.to_json() for row in rows], "median_abs_errors": median_abs_errors(rows),
               "sim_wall_s": result.wall_s}

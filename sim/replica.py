@@ -25,6 +25,20 @@ engine's own clock (the step table, the timeline) staying as it was; with asynch
 request that reaches the engine while a step runs is held back and handed to the scheduler one step
 later than it would be otherwise (``_release``), as vLLM V1's two-batch queue does.
 
+**Client timeouts** (``request_timeout_s``; ``None``, the default: none). A client gives up on a
+request still unfinished that many seconds after it sent it (inference-perf's
+``request_timeout``; vLLM bench's aiohttp timeout, ``AIOHTTP_TIMEOUT``, six hours in
+``vllm/benchmarks/lib/endpoint_request_func.py``, is not modelled). vLLM V1 (0.15 and 0.33 alike)
+then aborts it: the API server's generator is cancelled and sends an abort to the engine core,
+which applies it from its input queue before its next ``schedule()``
+(``Scheduler.finish_requests(..., FINISHED_ABORTED)`` frees its blocks); nothing else is
+disturbed. So at each step boundary, before ``schedule()``, the replica aborts every request
+whose deadline (its arrival, or when a closed-loop client sent it, plus the timeout) is at or
+before now (``_abort_due``); that step's decision record lists them. A request the step that was
+running at its deadline finished is not aborted (there is nothing left to abort), but its client
+had left: it has timed out all the same (``_completed``). A deadline is an event like an arrival:
+a skip of pure decode steps ends before the earliest pending one (``_next_event_s``).
+
 Invariant: a step that schedules, moves, rejects and preempts nothing while requests are unfinished is
 a policy bug, not a wait: the replica raises rather than spin (``engine.policy.progress`` says
 when). A step that only preempts (vLLM v0 does this when the last running request cannot grow)
@@ -35,6 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from heapq import heappop, heappush
 
 import numpy as np
 import simpy
@@ -49,7 +64,8 @@ from engine.policy.progress import ProgressWatch
 from sim.cost.base import CostModel, StepWork
 from sim.decode_spans import DecodeSpanLog
 from sim.errors import SimulationStalled
-from sim.metrics import COMPLETED, REJECTED, OffloadTotals, RequestMetrics, StepMetrics
+from sim.metrics import (COMPLETED, REJECTED, TIMED_OUT, OffloadTotals, RequestMetrics, StepMetrics,
+                         timeout_reason)
 from sim.serving_path import ServingPath
 from sim.skip_ahead import decode_step_work, plan_skip, skip, timeout_until
 from sim.token_runs import TokenRuns
@@ -62,7 +78,7 @@ class Replica:
                  overlap_swaps: bool = False, decision_sink: Callable[[str], object] | None = None,
                  on_done: Callable[[int], object] | None = None, skip_ahead: bool = True,
                  replica_index: int = 0, token_runs: TokenRuns | None = None,
-                 on_request_done: Callable[[int], object] | None = None,
+                 on_request_done: Callable[[int], object] | None = None, request_timeout_s: float | None = None,
                  serving_path: ServingPath | None = None):
         self.env = env
         self.scheduler = scheduler
@@ -109,6 +125,11 @@ class Replica:
         self._has_beams = False
         self._beam_choices = getattr(scheduler, "supports_beam_choices", True)
         self._wake: simpy.Event | None = None
+        # Client timeouts (module docstring; None: none): the (deadline, row, request id) of every
+        # request submitted here, a heap; an entry whose request has finished since is dropped
+        # when it comes up.
+        self.request_timeout_s = request_timeout_s
+        self._deadlines: list[tuple[float, int, str]] | None = None if request_timeout_s is None else []
         # When the arrival process next submits (inf: never): a request arriving at the very
         # instant a step ends is seen by the next schedule(), whatever order SimPy queued them in.
         self.next_arrival_s = math.inf
@@ -163,6 +184,9 @@ class Replica:
         rid = request.request_id
         self._rows[rid] = row
         self._awaiting_first_token.add(rid)
+        if self._deadlines is not None:
+            assert self.request_timeout_s is not None  # (set together)
+            heappush(self._deadlines, (request.arrival_time_s + self.request_timeout_s, row, rid))
         self._has_beams |= request.beam_width > 1 and self._beam_choices
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -177,6 +201,7 @@ class Replica:
         rows = self._rows
         awaiting = self._awaiting_first_token
         log = sched.decision_log.records
+        deadlines = self._deadlines  # (None without client timeouts: nothing more per step)
         progress = ProgressWatch()
         while True:
             if not sched.has_unfinished_requests and not (self._ready or self._held):
@@ -187,9 +212,11 @@ class Replica:
             while self.next_arrival_s <= env.now:  # same-instant arrivals first
                 yield env.timeout(0)
             self._in_flight = False
+            if deadlines is not None and deadlines and deadlines[0][0] <= env.now:
+                self._abort_due()  # (aborts and arrivals alike come from the engine core's input queue)
             if self._ready or self._held:
                 self._release()
-                if not sched.has_unfinished_requests:
+            if not sched.has_unfinished_requests:  # (the next schedule() lists the aborts, if one comes)
                     continue
             batch = None
             if self.skip_ahead:
@@ -280,11 +307,16 @@ class Replica:
     def _completed(self, finished: list[Request], end: float) -> None:
         m = self.requests
         done_rows = []
+        timeout_s = self.request_timeout_s
         for request in finished:
             row = self._rows.pop(request.request_id)
             done_rows.append(row)
-            m.finish_s[row] = end + self._client_offset_s
-            m.status[row] = COMPLETED
+            m.finish_s[row] = finish_s = end + self._client_offset_s
+            if timeout_s is not None and finish_s > request.arrival_time_s + timeout_s:  # (its client had left)
+                m.status[row] = TIMED_OUT
+                m.timeout_reasons[row] = timeout_reason(timeout_s)
+            else:
+                m.status[row] = COMPLETED
             lengths = [s.num_output_tokens for s in request.seqs if s.finish_reason != "pruned"]
             m.output_tokens[row] = sum(lengths)
             m.generation_len[row] = max(lengths)
@@ -311,8 +343,10 @@ class Replica:
         now = self.env.now
         ran = False
         completions = []  # (requests, end): reported once the clock is there (a client sends then)
+        # (a client's deadline is an event like an arrival: no skipped step starts at or after it)
+        bound = self.next_arrival_s if self._deadlines is None else self._next_event_s()
         while run is not None:
-            k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, now, self.next_arrival_s,
+            k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, now, bound,
                                        end_before_arrival=self.observed, decode_terms=self._decode_terms)
             if k == 0:
                 break
@@ -329,7 +363,7 @@ class Replica:
             if finished:
                 completions.append((finished, end))
             if (not finished or sched.waiting or sched.swapped or self.on_request_done is not None
-                    or not now < self.next_arrival_s):
+                    or not now < bound):
                 break
             run = decode_batch(sched)  # (None when nothing runs any more)
             self.skips_past_finish += run is not None
@@ -353,6 +387,55 @@ class Replica:
             ready, self._ready = self._ready, []
             for row, request in ready:
                 self._add(row, request)
+
+    def _next_event_s(self) -> float:
+        """When the step loop must next look (with client timeouts): the next arrival, or the
+        earliest deadline of a request still unfinished here, whichever comes first."""
+        deadlines = self._deadlines
+        assert deadlines is not None  # (asked only with timeouts)
+        rows = self._rows
+        while deadlines and deadlines[0][2] not in rows:  # (finished since: nothing to abort)
+            heappop(deadlines)
+        return min(self.next_arrival_s, deadlines[0][0]) if deadlines else self.next_arrival_s
+
+    def _abort_due(self) -> None:
+        """Abort every request here whose client has given up by now (its deadline at or before
+        now), before the next ``schedule()`` (module docstring): its blocks are freed at once, the
+        next decision record lists it, and its row says why, with the tokens it had generated.
+        Requests that finished since are passed over (``_completed`` judged them)."""
+        deadlines = self._deadlines
+        timeout_s = self.request_timeout_s
+        assert deadlines is not None and timeout_s is not None  # (asked only with timeouts)
+        now = self.env.now
+        rows = self._rows
+        sched = self.scheduler
+        m = self.requests
+        reason = timeout_reason(timeout_s)
+        aborted: list[int] = []
+        while deadlines and deadlines[0][0] <= now:
+            _, row, rid = heappop(deadlines)
+            if rows.get(rid) != row:  # completed or rejected since (_completed judged it)
+                continue
+            request = sched.requests[rid]
+            sched.abort_request(rid)  # (settles the fast path's lagging counters first)
+            del rows[rid]
+            self._awaiting_first_token.discard(rid)
+            lengths = [s.num_output_tokens for s in request.seqs if s.finish_reason != "pruned"]
+            m.status[row] = TIMED_OUT
+            m.timeout_reasons[row] = reason
+            m.output_tokens[row] = sum(lengths)
+            m.generation_len[row] = max(lengths)
+            request.seqs.clear()  # (as _completed: no cycle left for the cyclic collector)
+            aborted.append(row)
+        if not aborted:
+            return
+        runs = self.token_runs
+        if runs.followed(self.index) is not None:  # (they got their tokens through the batch's latest row)
+            runs.leave(self.index, aborted)
+        self.on_done(len(aborted))
+        if self.on_request_done is not None:  # their client slots free now (a closed loop sends the next)
+            for row in aborted:
+                self.on_request_done(row)
 
     def _decoded(self, run: DecodeRun, first_row: int, last_row: int) -> None:
         """Every request of a decode batch received a token in each of steps ``first_row..last_row``.

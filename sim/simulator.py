@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.bench_args import check_request_timeout
 from sim.bench_metrics import DEFAULT_PERCENTILES, Slo
 from sim.client import ClosedLoopClient
 from sim.cost.base import CostModel
 from sim.gc_policy import collecting_less
-from sim.metrics import COMPLETED, REJECTED, RequestMetrics, StepMetrics, summarize
+from sim.metrics import COMPLETED, RequestMetrics, StepMetrics, admitted_rows, summarize
 from sim.serving_path import ServingPath
 from sim.replica import Replica, arrival_process
 from sim.token_runs import ItlSample, itl_sample
@@ -44,6 +45,9 @@ class SimOptions:
     slo_e2el_s: float | None = None  # and end-to-end latency at most this
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of every latency in the summary
     max_concurrency: int | None = None  # a closed-loop client (sim/client.py): at most this many in flight
+    # the client gives up on a request unfinished this many seconds after sending it; the replica
+    # aborts it at the next step boundary (sim/replica.py; None: no timeout)
+    request_timeout_s: float | None = None
     # keep every step's row (the --out tables, reports); False: only what the summary reads
     # (StepMetrics(keep_rows=False): start and duration per step, sums per chunk), same summary
     step_rows: bool = True
@@ -57,6 +61,7 @@ class SimOptions:
             raise ValueError(f"beam stay probability must be in [0, 1], got {self.beam_stay_prob}")
         if self.max_concurrency is not None and (isinstance(self.max_concurrency, bool) or self.max_concurrency < 1):
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency!r}")
+        check_request_timeout(self.request_timeout_s)
 
     @property
     def slo(self) -> Slo:
@@ -92,6 +97,7 @@ class Simulation:
             beam_model=BeamModel(self.options.seed, self.options.beam_stay_prob),
             overlap_swaps=self.options.overlap_swaps, decision_sink=decision_sink, on_done=progress,
             skip_ahead=self.options.skip_ahead, serving_path=self.options.serving_path,
+            request_timeout_s=self.options.request_timeout_s,
         )
         send = self.replica.submit
         self.client = None
@@ -111,11 +117,12 @@ class Simulation:
             raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished")
         from sim.cluster_metrics import ideal_figures, scheduler_figures
 
-        ideal = ideal_figures(self.trace, sched, self.request_metrics.status != REJECTED)
+        ideal = ideal_figures(self.trace, sched, admitted_rows(self.request_metrics))
         summary = summarize(
             self.request_metrics, self.step_metrics, slo=self.options.slo, percentiles=self.options.percentiles,
             itl=replica_itl(self.replica), preemptions=self.replica.preemptions, **scheduler_figures(sched, ideal),
             ideal=ideal, offload=self.replica.offload_totals(), block_bytes=self.block_bytes,
+            request_timeout_s=self.options.request_timeout_s,
         )
         return SimResult(summary, self.request_metrics, self.step_metrics, sched, wall_s)
 

@@ -217,7 +217,8 @@ def test_a_preemption_mode_and_a_scheduler_subclass_are_guarded(tmp_path, capsys
                      rf"'no_such_setting' \(.*others\.py line {line_of(OTHERS, 'no_such_setting')}\)$", err), err
     # raised in pagesim code the plug-in called: both lines
     err = refused(capsys, [*SIM, "--plugin", f"{path}:Misuses", "--scheduler", "misuses"])
-    assert re.search(r"plugin '.*:Misuses': schedule\(\) raised KeyError: 'no-such-request' \(in "
+    assert re.search(r"plugin '.*:Misuses': schedule\(\) raised ValueError: cannot abort request 'no-such-request': "
+                     r"it is not unfinished in this scheduler \(in "
                      rf"engine/policy/scheduler\.py line \d+, called from .*others\.py line "
                      rf"{line_of(OTHERS, 'no-such-request')}\)$", err), err
 

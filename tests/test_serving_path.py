@@ -71,18 +71,20 @@ def test_async_scheduling_arrivals_during_the_last_running_step_join_at_once_whe
 @settings(max_examples=25, deadline=None)
 @given(arrivals=st.lists(st.floats(0.0, 20.0, allow_nan=False), min_size=1, max_size=8),
        outputs=st.lists(st.integers(1, 12), min_size=8, max_size=8),
-       prompts=st.lists(st.integers(1, 12), min_size=8, max_size=8))
-def test_async_scheduling_changes_no_decision_with_or_without_skip_ahead(arrivals, outputs, prompts):
+       prompts=st.lists(st.integers(1, 12), min_size=8, max_size=8),
+       timeout=st.one_of(st.none(), st.floats(2.0, 30.0)))
+def test_async_scheduling_changes_no_decision_with_or_without_skip_ahead(arrivals, outputs, prompts, timeout):
     # Skip-ahead passes over pure decode stretches; held-back requests must stop it exactly where
     # the step-by-step loop would let them in.
     arrivals = sorted(arrivals)
     n = len(arrivals)
     tr = trace(arrivals, prompts[:n], outputs[:n])
     path = ServingPath("t", async_scheduling=True, frontend_in_s=0.01, frontend_out_s=0.02)
-    fast, fast_log = simulate(tr, serving_path=path)
-    slow, slow_log = simulate(tr, serving_path=path, skip_ahead=False)
+    fast, fast_log = simulate(tr, serving_path=path, request_timeout_s=timeout)
+    slow, slow_log = simulate(tr, serving_path=path, skip_ahead=False, request_timeout_s=timeout)
     assert fast_log == slow_log
     assert timeline(fast) == timeline(slow)
+    assert list(fast.requests.status) == list(slow.requests.status)
     for column in ("first_scheduled_s", "first_token_s", "finish_s"):
         assert times(getattr(fast.requests, column)) == times(getattr(slow.requests, column))
 

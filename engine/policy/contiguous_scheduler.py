@@ -80,6 +80,8 @@ class ContiguousScheduler:
         self.num_prompt_tokens_admitted = 0
         self.num_prefix_hit_tokens = 0  # always 0: no prefix cache
         self._pending_rejections: dict[str, str] = {}
+        self.num_aborted_requests = 0
+        self._pending_aborts: list[str] = []  # aborted since the last schedule(), in order
         self._num_admissions = 0
         self._last_record: dict | None = None
 
@@ -133,8 +135,12 @@ class ContiguousScheduler:
         return None
 
     def abort_request(self, request_id: str) -> None:
-        """Drop an unfinished request wherever it is, freeing its slabs."""
-        request = self.requests.pop(request_id)
+        """Drop an unfinished request wherever it is, freeing its slabs, between steps (as
+        ``Scheduler.abort_request``); the next decision record lists it under ``aborted``."""
+        request = self.requests.get(request_id)
+        if request is None:
+            raise ValueError(f"cannot abort request {request_id!r}: it is not unfinished in this scheduler")
+        del self.requests[request_id]
         for queue in (self.waiting, self.running):
             if request in queue:
                 queue.remove(request)
@@ -143,6 +149,8 @@ class ContiguousScheduler:
         for seq in list(request.live_seqs):
             request.retire_seq(seq, "aborted")
         request.status = RequestStatus.FINISHED
+        self.num_aborted_requests += 1
+        self._pending_aborts.append(request_id)
 
     @property
     def has_unfinished_requests(self) -> bool:
@@ -178,8 +186,10 @@ class ContiguousScheduler:
             # nothing is resumed, swapped, preempted, copied or cached here
             resumed=frozen_map({}), swapped_in=(), preempted=(), blocks_to_copy=(),
             blocks_to_swap_out=(), blocks_to_swap_in=(), num_free_cpu_blocks=0, num_cached_free_blocks=0,
+            aborted=tuple(self._pending_aborts),
         )
         self._pending_rejections = {}
+        self._pending_aborts = []
         if cfg.record_decisions:
             record = output.to_record()
             record["slabs"] = slabs

@@ -54,7 +54,9 @@ running the prefills alone through ``schedule()``; then the decodes, then its sw
 ``update_decode_step`` appends the decodes' tokens and finishes them in scheduling order before
 the added sequences' samples are processed (``OutputProcessor.process``), the order ``update()``
 uses. So a step with an arrival costs O(admitted + blocks), not O(running). The decision record,
-when kept, lists the whole step.
+when kept, lists the whole step. Requests aborted since the last step (``abort_request``, which
+drops the carried batch) are listed in the record of the next step, whichever path makes it
+(``schedule()``, ``schedule_decode_step`` or the first step ``advance`` applies).
 
 **The batch carries over.** ``advance`` and ``update_decode_step`` know the batch they leave:
 the survivors' counters moved together, the finished sequences left, the admitted ones joined
@@ -648,6 +650,9 @@ def advance(run: DecodeRun, k: int) -> Advanced:
     kv = s.kv
     pool = s.pool
     first_step = s.next_step
+    aborted = s._pending_aborts  # (aborts since the last step: the first step's record lists them)
+    if aborted:
+        s._pending_aborts = []
     seqs = run.seqs
     recording = s.config.record_decisions
     bulk = run.buckets is not None
@@ -693,6 +698,8 @@ def advance(run: DecodeRun, k: int) -> Advanced:
                 e = apply(e, j)
                 record = _decode_record(first_step + j - 1, run.requests, pool.num_free_blocks, free_cpu,
                                         free_offload, hybrid=hybrid is not None)
+                if j == 1 and aborted:
+                    record["aborted"] = list(aborted)
                 s.decision_log.append(record)
                 s._last_record = record
         else:
@@ -1021,8 +1028,11 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
         blocks_to_swap_in=tuple(st.swap_in), num_free_blocks=s.pool.num_free_blocks,
         num_free_cpu_blocks=s.swap_pool.num_free_blocks, num_cached_free_blocks=s.pool.num_cached_free_blocks,
         **({} if offload is None else offload.output_fields(st.loads, st.offload_hits, stores)),
+        aborted=tuple(s._pending_aborts) if s._pending_aborts else (),
     )
     s._pending_rejections = {}
+    if s._pending_aborts:
+        s._pending_aborts = []
     if cfg.record_decisions:  # the whole step's record, decodes listed
         bs = s.block_size
         decodes = tuple(ScheduledSequence(seq.request.request_id, seq.index, c, 1, seq.block_table_tuple(), bs, True,

@@ -18,7 +18,11 @@ offloading on, also ``blocks_to_load`` (``[slot, GPU block]``), ``blocks_to_stor
 block, slot]``), ``offload_hits`` (``{request: tokens loaded}``) and ``num_free_offload_blocks``. With a
 hybrid KV cache (sliding-window layer groups) ``block_ids`` is group 0's table and
 ``group_block_ids`` holds groups 1.. (``{request: {sequence index: [[ids of group 1], ...]}}``);
-entries a window dropped are vLLM's null block, 0.
+entries a window dropped are vLLM's null block, 0. A step preceded by aborts (a client that gave up:
+``Scheduler.abort_request`` between steps, as vLLM V1's engine core applies an abort from its input
+queue before the next ``schedule()``) lists them in ``aborted`` (request ids, in abort order), a
+key written only when some request was aborted, so logs of runs without aborts keep the oracle's
+format byte for byte.
 """
 
 from __future__ import annotations
@@ -115,6 +119,8 @@ class SchedulerOutput:
     blocks_to_load: tuple[Pair, ...] = ()
     blocks_to_store: tuple[Pair, ...] = ()
     offload_hits: Mapping[str, int] = field(default_factory=lambda: EMPTY)
+    # requests aborted since the last step, before this one was scheduled (their blocks already freed)
+    aborted: tuple[str, ...] = ()
 
     # (Written out as ScheduledSequence's is.)
     def __init__(self, step: int, scheduled: tuple[ScheduledSequence, ...], num_scheduled_tokens: Mapping[str, int],
@@ -123,7 +129,7 @@ class SchedulerOutput:
                  blocks_to_swap_out: tuple[Pair, ...], blocks_to_swap_in: tuple[Pair, ...], num_free_blocks: int,
                  num_free_cpu_blocks: int, num_cached_free_blocks: int, num_free_offload_blocks: int | None = None,
                  blocks_to_load: tuple[Pair, ...] = (), blocks_to_store: tuple[Pair, ...] = (),
-                 offload_hits: Mapping[str, int] | None = None) -> None:
+                 offload_hits: Mapping[str, int] | None = None, aborted: tuple[str, ...] = ()) -> None:
         object.__setattr__(self, "step", step)
         object.__setattr__(self, "scheduled", scheduled)
         object.__setattr__(self, "num_scheduled_tokens", num_scheduled_tokens)
@@ -142,6 +148,7 @@ class SchedulerOutput:
         object.__setattr__(self, "blocks_to_load", blocks_to_load)
         object.__setattr__(self, "blocks_to_store", blocks_to_store)
         object.__setattr__(self, "offload_hits", EMPTY if offload_hits is None else offload_hits)
+        object.__setattr__(self, "aborted", aborted)
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -186,6 +193,8 @@ class SchedulerOutput:
             record["blocks_to_load"] = [list(p) for p in self.blocks_to_load]
             record["blocks_to_store"] = [list(p) for p in self.blocks_to_store]
             record["offload_hits"] = dict(self.offload_hits)
+        if self.aborted:  # (only then: logs without aborts stay byte for byte the oracle's format)
+            record["aborted"] = list(self.aborted)
         return record
 
 

@@ -10,6 +10,8 @@ admitting and rejecting, the frozen output and the decision log.
 
 Requests that can never be served are rejected with a reason when added (admission.py), or at
 the head of their queue in the rare case a preemption made them unservable; nothing waits forever.
+A request whose client gave up is aborted between steps (``abort_request``: its blocks freed
+before the next ``schedule()``, whose record lists it under ``aborted``).
 
 A recompute preemption of a multi-sequence request (parallel samples, beams) keeps the samples
 sharing the prompt: the first live sequence (the leader) re-prefills, the others wait *parked*
@@ -101,6 +103,9 @@ class Scheduler:
         self.num_prefix_hit_tokens = 0  # of those, served from the prefix cache (either tier)
         self.num_offload_hit_tokens = 0  # of those, loaded from the offload store (engine/policy/offload)
         self._pending_rejections: dict[str, str] = {}
+        self.num_aborted_requests = 0
+        # aborted since the last schedule(), in order: the next decision record lists them
+        self._pending_aborts: list[str] = []
         self._num_admissions = 0
         self._last_record: dict | None = None
         # For skip-ahead (fast_forward.py): (step, waiting- and swapped-pass stops) of the last
@@ -141,16 +146,24 @@ class Scheduler:
         self.num_rejected_requests += 1
 
     def abort_request(self, request_id: str) -> None:
-        """Drop an unfinished request wherever it is, releasing its GPU and CPU blocks."""
-        self.settle()
-        request = self.requests.pop(request_id)
+        """Drop an unfinished request wherever it is (waiting, running, swapped), releasing its GPU
+        and CPU blocks, between steps: vLLM V1 (0.15 and 0.33 alike) applies a client's abort from
+        the engine core's input queue before the next ``schedule()``, through
+        ``Scheduler.finish_requests(..., FINISHED_ABORTED)``, and disturbs nothing else. Its
+        sequences keep the tokens they generated (``finish_reason`` "aborted"); the next
+        decision record lists it under ``aborted``."""
+        request = self.requests.get(request_id)
+        if request is None:
+            raise ValueError(f"cannot abort request {request_id!r}: it is not unfinished in this scheduler")
+        self.settle()  # (the fast path's lagging counters and lazy keys, before its blocks are freed)
+        del self.requests[request_id]
         self._decode_run = None
         self._pure_decode_step = None  # (its blocks and batch room free up: no queue head stays refused)
         for queue in (self.waiting, self.swapped):
             if request in queue:
                 queue.remove(request)
-        if request in self.running:
-            self.running.remove(request)
+        if request in self.running:  # (a new list, as retire_finished makes: a caller may hold the old one)
+            self.running = [r for r in self.running if r is not request]
         for seq in list(request.live_seqs):
             self.kv.free(seq, final=True)
             self.kv.free_cpu(seq)
@@ -158,6 +171,8 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         if self.offload is not None:
             self.offload.request_finished(request)
+        self.num_aborted_requests += 1
+        self._pending_aborts.append(request_id)
 
     @property
     def has_unfinished_requests(self) -> bool:
@@ -208,8 +223,11 @@ class Scheduler:
             num_free_cpu_blocks=self.swap_pool.num_free_blocks,
             num_cached_free_blocks=self.pool.num_cached_free_blocks,
             **({} if offload is None else offload.output_fields(st.loads, st.offload_hits, stores)),
+            aborted=tuple(self._pending_aborts) if self._pending_aborts else (),
         )
         self._pending_rejections = {}
+        if self._pending_aborts:
+            self._pending_aborts = []
         if cfg.record_decisions:
             self._last_record = output.to_record()
             self.decision_log.append(self._last_record)

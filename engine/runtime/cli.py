@@ -160,11 +160,12 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
     started = time.perf_counter()
     interrupted: KeyboardInterrupt | None = None
     try:
+        timeout_s = args.bench.request_timeout_s
         if offline:
-            engine.run_lockstep(served, on_finish=progress.update if progress else None)
+            engine.run_lockstep(served, on_finish=progress.update if progress else None, request_timeout_s=timeout_s)
         else:
             engine.run(served, on_finish=progress.update if progress else None,
-                       max_concurrency=args.bench.max_concurrency)
+                       max_concurrency=args.bench.max_concurrency, request_timeout_s=timeout_s)
     except EngineStalled as exc:
         raise ValueError(f"the scheduler stopped making progress: {exc}") from None
     except VLLM_V0_ABORTS as exc:  # the vllm-v0 preset stops where vLLM 0.6.3 aborts (as simulate does)

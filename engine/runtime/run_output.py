@@ -48,10 +48,17 @@ def summarize(engine, wall_s, report, reference_wall_s, args, offline, *, slo, p
         return round(x / duration, 6) if duration > 0 else None
 
     admitted = sched.num_prompt_tokens_admitted
+    rejected = sum(r.status == "rejected" for r in records)
+    timed_out = [r for r in records if r.status == "timed_out"]
     summary = {
         "requests": len(records), "requests_total": len(records), "requests_completed": len(done),
-        "requests_rejected": sum(r.status == "rejected" for r in records),
+        "requests_rejected": rejected,
         "rejection_reasons": dict(Counter(r.reject_reason for r in records if r.status == "rejected").most_common(3)),
+        # (the simulator's keys: requests aborted when the client's --request-timeout passed, failed as
+        # rejected ones are; the tokens they had generated, not counted in tokens_generated)
+        "requests_timed_out": len(timed_out), "requests_failed": rejected + len(timed_out),
+        "request_timeout_s": args.bench.request_timeout_s,
+        "timed_out_output_tokens": sum(r.output_tokens for r in timed_out),
         "tokens_generated": stats.tokens_generated, "prompt_tokens": prompt_tokens,
         "steps": len(engine.steps),
         "preemptions": dict(stats.preemptions), "cow_copies": stats.cow_copies,
@@ -123,13 +130,16 @@ def per_request_times(done) -> dict:
 
 
 def print_summary(summary: dict) -> None:
+    from sim.output import timed_out_words
+
     match = summary["outputs_match_reference"]
+    timed_out = timed_out_words(summary)  # "N timed out after S s", or None
     lines = [
         f"model {summary['model']} ({summary['dtype']}, {summary['device']}, {summary['backend']} kernels, "
         f"{summary.get('threads')} CPU thread{'' if summary.get('threads') == 1 else 's'}), "
         f"{summary['num_gpu_blocks']} GPU + {summary['num_cpu_blocks']} CPU blocks of {summary['block_size']} tokens",
-        f"requests     {summary['requests_completed']} completed, {summary['requests_rejected']} rejected "
-        f"({summary['arrivals']})",
+        f"requests     {summary['requests_completed']} completed, {summary['requests_rejected']} rejected"
+        f"{', ' + timed_out if timed_out else ''} ({summary['arrivals']})",
         f"tokens       {summary['tokens_generated']} generated in {summary['steps']} steps, {summary['wall_s']:.3f} s "
         f"({summary['throughput_tokens_s']} tokens/s; peak {summary['max_concurrent_requests']} requests in flight)",
         f"preemptions  {summary['preemptions']['swap']} swap, {summary['preemptions']['recompute']} recompute; "
@@ -169,8 +179,9 @@ def write_out(out: Path, engine, summary: dict) -> None:
         cols = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "beam_width", "status",
                 "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "reject_reason"]
         w.writerow(cols)
-        for r in engine.records.values():
-            w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in cols])
+        for r in engine.records.values():  # (reject_reason: why it failed, rejected or aborted)
+            w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in cols[:-1]]
+                       + [r.reject_reason or r.timeout_reason])
     with create_text(out / "steps.csv", newline="") as f:
         rows = []
         for s in engine.steps:
@@ -211,7 +222,7 @@ def save_bench_result(args, engine, summary: dict, num_prompts: int):
         ttfts=[r.first_token_s - r.arrival_s if good else 0.0 for r, good in zip(records, ok)],
         latencies=[r.finish_s - r.arrival_s if good else 0.0 for r, good in zip(records, ok)],
         itls=[np.diff(r.token_times_s).tolist() if good else [] for r, good in zip(records, ok)],
-        errors=["" if good else f"{r.status}: {r.reject_reason}" for r, good in zip(records, ok)],
+        errors=["" if good else f"{r.status}: {r.reject_reason or r.timeout_reason}" for r, good in zip(records, ok)],
     )
     rate = math.inf if args.rate is None or summary["arrivals"].startswith("offline") else args.rate
     return write_vllm_result(bench, per, duration_s=summary["duration_s"], model_id=str(args.model),
