@@ -86,7 +86,8 @@ def test_async_scheduling_changes_no_decision_with_or_without_skip_ahead(arrival
     assert timeline(fast) == timeline(slow)
     assert list(fast.requests.status) == list(slow.requests.status)
     for column in ("first_scheduled_s", "first_token_s", "finish_s"):
-        assert times(getattr(fast.requests, column)) == times(getattr(slow.requests, column))
+        assert np.array_equal(np.round(getattr(fast.requests, column), 9), np.round(getattr(slow.requests, column), 9),
+                              equal_nan=True), column  # (NaN: never scheduled, or aborted before its first token)
 
 
 def test_named_paths_and_the_cli_default():
