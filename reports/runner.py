@@ -137,10 +137,32 @@ def _run_spec(config: RunConfig):
                    kv_offloading_gb=config.get("kv_offloading_size") if offloading(config) else None,
                    overrides=overrides, plugins=_plugins(config),
                    scheduler=(config.get("scheduler") if config["allocator"] == "paged" else None) or "default")
+    spec = replace(spec, cost_params=_cost_params(config))
     overhead_s = _engine_overhead_s(config["engine_overhead_ms"], spec)
     if overhead_s:
         spec = replace(spec, cost_params={**spec.cost_params, "cpu_step_s": RooflineParams().cpu_step_s + overhead_s})
     return spec
+
+
+def _serving_path(config: RunConfig):
+    """The run's serving path (``sim.serving_path``; None: the plain one)."""
+    from sim.serving_path import SERVING_PATHS, serving_path
+
+    name = config.get("serving_path") or ("vllm" if config["policy"] == "vllm-v1" else "none")
+    path = serving_path(name, async_scheduling=config.get("async_scheduling"))
+    return None if path == SERVING_PATHS["none"] else path
+
+
+def _cost_params(config: RunConfig) -> dict[str, float]:
+    """The roofline's overrides: the serving path's, then the attention kernel's (the paper's own
+    kernel when the run reproduces the 2023 engine, ``engine_overhead_ms = "kwon2023"``)."""
+    from sim.cost.roofline import ATTENTION_KERNELS
+    from sim.serving_path import roofline_overrides
+
+    if config.get("profile"):
+        return {}
+    kernel = config.get("attention_kernel") or ("paged-2023" if config["engine_overhead_ms"] == "kwon2023" else "flash")
+    return {**roofline_overrides(_serving_path(config)), **ATTENTION_KERNELS[kernel]}
 
 
 def _plugins(config: RunConfig) -> tuple[str, ...]:
@@ -179,7 +201,7 @@ def _simulate(config: RunConfig) -> dict[str, Any]:
     builts = build_replicas(_run_spec(config), config["replicas"])
     built = builts[0]
     options = SimOptions(seed=config["seed"], sample_lengths=config["sample_lengths"],
-                         request_timeout_s=config.get("request_timeout_s"))
+                         request_timeout_s=config.get("request_timeout_s"), serving_path=_serving_path(config))
     result = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router(config["router"]), options,
                      tp=config["tp"], block_bytes=replica_block_bytes(built)).run()
     return {

@@ -81,7 +81,8 @@ SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int
 # so the run ids of a study that does not use them (and resuming it) outlive their addition.
 LATER_SETTINGS = {"scheduler": (None, "default"), "ep": (None, 1), "dtype": (None, "auto"),
                   "kv_cache_dtype": (None, "auto"), "kv_offloading_size": (None,), "kv_offloading_policy": (None,),
-                  "request_timeout_s": (None,)}
+                  "request_timeout_s": (None,), "serving_path": (None,), "async_scheduling": (None,),
+                  "attention_kernel": (None, "flash")}
 # (setting -> the values that mean its default)
 # Settings a run has (base or grid axis) and their defaults; None = the preset's / the deployment's.
 SETTINGS: dict[str, Any] = {
@@ -99,6 +100,10 @@ SETTINGS: dict[str, Any] = {
     "kv_offloading_size": None, "kv_offloading_policy": None,
     # the benchmark client's timeout in seconds (None: none; sim.replica aborts a request past it)
     "request_timeout_s": None,
+    # the time outside the forward pass (sim.serving_path: "vllm" or "none"; None: vllm under the vllm-v1
+    # policy, none otherwise), vLLM's --async-scheduling (None: the path's), and the roofline's paged
+    # decode kernel (sim.cost.roofline.ATTENTION_KERNELS; None: flash)
+    "serving_path": None, "async_scheduling": None, "attention_kernel": None,
 }
 SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
                  "eviction": str, "preemption": str, "victim": str, "kv_cache_gb": float, "num_gpu_blocks": int,
@@ -107,7 +112,8 @@ SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator"
                  "beam_width": int, "sample_lengths": str, "placement": str, "max_model_len": int,
                  "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str),
                  "scheduler": str, "ep": int, "dtype": str, "kv_cache_dtype": str, "kv_offloading_size": float,
-                 "kv_offloading_policy": str, "request_timeout_s": float}
+                 "kv_offloading_policy": str, "request_timeout_s": float, "serving_path": str,
+                 "async_scheduling": bool, "attention_kernel": str}
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper", "plugins"}
 # vLLM's names (``vllm serve`` / ``vllm bench serve`` flags, dashes as underscores) -> pagesim's: a spec may
 # use either; they are renamed before anything else, so a run's config (and id) is the same either way.
@@ -444,6 +450,7 @@ def _check_run(config: RunConfig, origin: str) -> None:
     if config["sample_lengths"] not in ("drawn", "same"):
         raise SpecError(f"{origin}: sample_lengths must be 'drawn' or 'same', got {config['sample_lengths']!r}")
     _check_offloading(config, origin)
+    _check_serving(config, origin)
     timeout_s = config.get("request_timeout_s")
     if timeout_s is not None and not 0 < timeout_s < math.inf:
         raise SpecError(f"{origin}: request_timeout_s must be a positive, finite number of seconds, got {timeout_s:g}")
@@ -499,6 +506,17 @@ def _check_offload_axes(base: dict[str, Any], grids: list[dict[str, list]], orig
         if not any(sizes) or "paged" not in grid.get("allocator", [base["allocator"]]):
             raise SpecError(f"{origin}: grid[{i}]: kv_offloading_policy varies, but no run of the grid has an offload "
                             "store (kv_offloading_size > 0, paged allocator) for the policy to act on")
+
+
+def _check_serving(config: RunConfig, origin: str) -> None:
+    """The serving path and the attention kernel, by name."""
+    from sim.cost.roofline import ATTENTION_KERNELS
+    from sim.serving_path import SERVING_PATHS
+
+    for key, names in (("serving_path", SERVING_PATHS), ("attention_kernel", ATTENTION_KERNELS)):
+        value = config.get(key)
+        if value is not None and value not in names:
+            raise SpecError(f"{origin}: {key} must be one of {', '.join(names)}, got {value!r}")
 
 
 def _check_offloading(config: RunConfig, origin: str) -> None:
