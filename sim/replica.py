@@ -48,6 +48,7 @@ costs the engine's per-step overhead and lets the next step admit.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterator
 from heapq import heappop, heappush
 
@@ -143,15 +144,15 @@ class Replica:
         self.span_log = DecodeSpanLog(scheduler.block_size) if self.skip_ahead else None
         # The serving path (sim/serving_path.py): seconds the frontend adds to a request's clock
         # on its way in (``_in_offset_s``) and in and out (``_client_offset_s``), and, with
-        # asynchronous scheduling, the requests held back a step: those that reached the engine
-        # while the step in flight ran (``_held``) and those that will join at the next step
-        # boundary (``_ready``), each (row, request) in arrival order.
+        # asynchronous scheduling, the requests held back: those that reached the engine while a
+        # step ran, each (when, row, request) in arrival order, until a step boundary whose
+        # previous step started at or after ``when`` (``_release``; ``_prev_start_s``).
         self.serving_path = serving_path
         self._async = serving_path is not None and serving_path.async_scheduling
         self._in_offset_s = serving_path.frontend_in_s if serving_path is not None else 0.0
         self._client_offset_s = serving_path.client_offset_s if serving_path is not None else 0.0
-        self._held: list[tuple[int, Request]] = []
-        self._ready: list[tuple[int, Request]] = []
+        self._held: deque[tuple[float, int, Request]] = deque()
+        self._prev_start_s = -math.inf  # when the latest step started (a skipped stretch's last step)
         self._in_flight = False  # a step (or a skipped stretch) is running, or has just ended at this instant
         self.process = env.process(self._run())
 
@@ -166,7 +167,7 @@ class Replica:
         m.n[row] = request.n
         m.beam_width[row] = request.beam_width
         if self._in_flight and self._async:  # the batch that runs next was scheduled already (vLLM V1's queue)
-            self._held.append((row, request))
+            self._held.append((self.env.now, row, request))
             return
         self._add(row, request)
 
@@ -204,7 +205,7 @@ class Replica:
         deadlines = self._deadlines  # (None without client timeouts: nothing more per step)
         progress = ProgressWatch()
         while True:
-            if not sched.has_unfinished_requests and not (self._ready or self._held):
+            if not sched.has_unfinished_requests and not self._held:
                 self._in_flight = False
                 self._wake = env.event()
                 yield self._wake
@@ -214,7 +215,7 @@ class Replica:
             self._in_flight = False
             if deadlines is not None and deadlines and deadlines[0][0] <= env.now:
                 self._abort_due()  # (aborts and arrivals alike come from the engine core's input queue)
-            if self._ready or self._held:
+            if self._held:
                 self._release()
             if not sched.has_unfinished_requests:  # (the next schedule() lists the aborts, if one comes)
                     continue
@@ -226,8 +227,8 @@ class Replica:
                     batch = decode_batch(sched)
                     if batch is None and self._decode_steps and not self._has_beams:
                         batch = preempting_batch(sched)  # (a batch whose next step must preempt, if any)
-                # (not while requests are held back: one joins at the next step boundary)
-                if (batch is not None and refused and batch.max_steps and not (self._ready or self._held)
+                # (not while requests are held back from a replica others read at arrivals)
+                if (batch is not None and refused and batch.max_steps and not (self._held and self.observed)
                         and (yield from self._skip(batch))):
                     continue
             decode_step = None
@@ -257,7 +258,7 @@ class Replica:
             usage = sched.kv_usage() if decode_step is None else decode_step_usage(decode_step)
             num_running, num_waiting = len(sched.running), len(sched.waiting)
             cost = cost_model.step_cost(work)
-            start = env.now
+            start = self._prev_start_s = env.now
             self._in_flight = True
             for rid in out.new:
                 m.first_scheduled_s[rows[rid]] = start + self._in_offset_s
@@ -343,13 +344,22 @@ class Replica:
         now = self.env.now
         ran = False
         completions = []  # (requests, end): reported once the clock is there (a client sends then)
-        # (a client's deadline is an event like an arrival: no skipped step starts at or after it)
-        bound = self.next_arrival_s if self._deadlines is None else self._next_event_s()
+        # (a client's deadline is an event like an arrival: no skipped step starts at or after it;
+        # under asynchronous scheduling an arrival, or a request held back, bounds the steps one
+        # step later: it joins the step after the one that starts next, plan_skip's lagged bound)
+        deadline = math.inf if self._deadlines is None else self._next_event_s(arrivals=False)
+        if self._async and not self.observed:
+            bound = deadline
+            lagged = min(self.next_arrival_s, self._held[0][0]) if self._held else self.next_arrival_s
+        else:
+            bound, lagged = min(deadline, self.next_arrival_s), math.inf
         while run is not None:
             k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, now, bound,
-                                       end_before_arrival=self.observed, decode_terms=self._decode_terms)
+                                       end_before_arrival=self.observed, decode_terms=self._decode_terms,
+                                       lagged_s=lagged, prev_start_s=self._prev_start_s)
             if k == 0:
                 break
+            self._prev_start_s = ends[k - 2] if k >= 2 else now  # (the last skipped step's start)
             first_row = len(self.steps)
             self._decoded(run, first_row, first_row + k - 1)  # (before skip(): its finishes retire the requests)
             end, finished = skip(self, run, k, terms, ends, now)
@@ -363,7 +373,7 @@ class Replica:
             if finished:
                 completions.append((finished, end))
             if (not finished or sched.waiting or sched.swapped or self.on_request_done is not None
-                    or not now < bound):
+                    or not now < bound or not self._prev_start_s < lagged):
                 break
             run = decode_batch(sched)  # (None when nothing runs any more)
             self.skips_past_finish += run is not None
@@ -376,27 +386,31 @@ class Replica:
         return ran
 
     def _release(self) -> None:
-        """At a step boundary, under asynchronous scheduling: hand the scheduler the requests that
-        reached the engine before the previous boundary (vLLM scheduled the step starting now
-        there, so they are the ones it saw), and hold those that arrived since for one more step;
-        if that leaves the scheduler nothing to do, the engine was idle and schedules them at once."""
-        ready, self._ready, self._held = self._ready, self._held, []
-        for row, request in ready:
+        """At a step boundary, under asynchronous scheduling: hand the scheduler the held requests
+        that reached the engine by the time the step that just ended started (vLLM scheduled the
+        step starting now there, so they are the ones it saw); the rest wait for a later boundary,
+        unless that leaves the scheduler nothing to do: the engine was idle, and schedules them
+        at once."""
+        held = self._held
+        while held and held[0][0] <= self._prev_start_s:
+            _, row, request = held.popleft()
             self._add(row, request)
         if not self.scheduler.has_unfinished_requests:
-            ready, self._ready = self._ready, []
-            for row, request in ready:
+            while held:
+                _, row, request = held.popleft()
                 self._add(row, request)
 
-    def _next_event_s(self) -> float:
+    def _next_event_s(self, arrivals: bool = True) -> float:
         """When the step loop must next look (with client timeouts): the next arrival, or the
-        earliest deadline of a request still unfinished here, whichever comes first."""
+        earliest deadline of a request still unfinished here, whichever comes first (without
+        ``arrivals``: the deadline alone, ``inf`` for none)."""
         deadlines = self._deadlines
         assert deadlines is not None  # (asked only with timeouts)
         rows = self._rows
         while deadlines and deadlines[0][2] not in rows:  # (finished since: nothing to abort)
             heappop(deadlines)
-        return min(self.next_arrival_s, deadlines[0][0]) if deadlines else self.next_arrival_s
+        nxt = self.next_arrival_s if arrivals else math.inf
+        return min(nxt, deadlines[0][0]) if deadlines else nxt
 
     def _abort_due(self) -> None:
         """Abort every request here whose client has given up by now (its deadline at or before

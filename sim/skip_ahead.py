@@ -164,8 +164,35 @@ def _with_context(work: StepWork, context: int, window_context: int | None) -> S
 
 
 def plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now: float,
-              next_arrival_s: float, *, end_before_arrival: bool,
-              decode_terms: dict | None = None) -> tuple[int, dict, np.ndarray | list[float]]:
+              next_arrival_s: float, *, end_before_arrival: bool, decode_terms: dict | None = None,
+              lagged_s: float = math.inf, prev_start_s: float = -math.inf) -> tuple[int, dict, np.ndarray | list[float]]:
+    """``_plan_skip``, with a second bound one step later: ``lagged_s`` (asynchronous scheduling,
+    ``sim.serving_path``: a request reaching the engine then first runs in the step after the next
+    one), which a step respects when the step before it started strictly before ``lagged_s``
+    (``prev_start_s``: the start of the step before the first). Not with ``end_before_arrival``."""
+    if lagged_s == math.inf:
+        return _plan_skip(run, cost_model, block_size, now, next_arrival_s, end_before_arrival=end_before_arrival,
+                          decode_terms=decode_terms)
+    assert not end_before_arrival  # (a replica others read at arrivals gives no lagged bound)
+    if not prev_start_s < lagged_s:
+        return 0, {}, []
+    if not now < lagged_s:  # only the first step: the one before it started in time
+        bound = min(next_arrival_s, math.nextafter(now, math.inf))
+        return _plan_skip(run, cost_model, block_size, now, bound, end_before_arrival=False, decode_terms=decode_terms)
+    k, terms, ends = _plan_skip(run, cost_model, block_size, now, min(next_arrival_s, lagged_s),
+                                end_before_arrival=False, decode_terms=decode_terms)
+    if not lagged_s < next_arrival_s or k >= min(run.max_steps, MAX_CHUNK):
+        return k, terms, ends
+    start = ends[k - 1]  # (the next step's: the k-th started before lagged_s, so it qualifies if in time)
+    if not start < next_arrival_s:
+        return k, terms, ends
+    return _plan_skip(run, cost_model, block_size, now, math.nextafter(start, math.inf), end_before_arrival=False,
+                      decode_terms=decode_terms)
+
+
+def _plan_skip(run: DecodeRun, cost_model: CostModel, block_size: int | None, now: float,
+               next_arrival_s: float, *, end_before_arrival: bool,
+               decode_terms: dict | None = None) -> tuple[int, dict, np.ndarray | list[float]]:
     """How many of the run's steps start (or end, with ``end_before_arrival``) strictly before
     ``next_arrival_s`` (the caller's ``now`` is before it), with their terms (a value for all,
     or an array or list of exactly those ``k`` steps') and end times (at least ``k``).

@@ -261,7 +261,8 @@ def test_skipping_past_a_deadline_is_caught(monkeypatch):
     and the abort lands steps late."""
     from sim.replica import Replica
 
-    monkeypatch.setattr(Replica, "_next_event_s", lambda self: self.next_arrival_s)
+    monkeypatch.setattr(Replica, "_next_event_s",  # (deadlines ignored)
+                        lambda self, arrivals=True: self.next_arrival_s if arrivals else math.inf)
     tr = trace([0.0] * 6 + [0.95], [8] * 7, [200] * 6 + [20])
     settings_ = dict(block_size=4, num_gpu_blocks=600, max_model_len=512)
     _, plain_log, _, _ = run(tr, "pagesim", settings_, roofline(), skip_ahead=False, timeout_s=1.0)

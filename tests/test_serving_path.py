@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from sim.serving_path import SERVING_PATHS, ServingPath, roofline_overrides, serving_path, serving_path_from_args
+from tests.conftest import scaled_examples
 from tests.test_sim_timeline import LinearCost, paged, r9, simulate, timeline, times, trace
 
 FRONT = ServingPath("test", async_scheduling=False, frontend_in_s=0.25, frontend_out_s=0.125)
@@ -68,7 +69,7 @@ def test_async_scheduling_arrivals_during_the_last_running_step_join_at_once_whe
     assert timeline(result) == [(0.0, 1.4, 4, 1), (1.4, 1.4, 4, 1)]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=scaled_examples(40), deadline=None)
 @given(arrivals=st.lists(st.floats(0.0, 20.0, allow_nan=False), min_size=1, max_size=8),
        outputs=st.lists(st.integers(1, 12), min_size=8, max_size=8),
        prompts=st.lists(st.integers(1, 12), min_size=8, max_size=8),
