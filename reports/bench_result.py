@@ -124,7 +124,12 @@ def bench_result(per: PerRequest, *, duration_s: float, percentile_metrics=DEFAU
         for p in percentiles:
             result[f"{percentile_key(p)}_{metric}_ms"] = float(np.percentile(v, p)) * 1000
     if pagesim is not None:  # the exact peak of requests in flight at once, beside vLLM's per-second count
-        result["pagesim"] = {**pagesim, "max_concurrent_requests_exact": bench_metrics.peak_in_flight(start, start + e2el)}
+        # (the run's own count where it has one: start + e2el can miss a finish by an ulp, and a
+        # closed loop's next send is at that very instant)
+        exact = pagesim.get("summary", {}).get("max_concurrent_requests")
+        if exact is None:
+            exact = bench_metrics.peak_in_flight(start, start + e2el)
+        result["pagesim"] = {**pagesim, "max_concurrent_requests_exact": exact}
     return result
 
 

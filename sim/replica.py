@@ -180,7 +180,7 @@ class Replica:
             m.reject_reasons[row] = request.reject_reason or ""
             self.on_done(1)
             if self.on_request_done is not None:
-                self.on_request_done(row)
+                self._client_done(row)
             return
         rid = request.request_id
         self._rows[rid] = row
@@ -303,7 +303,7 @@ class Replica:
                 self._flush_decisions()
             if rejected_rows and self.on_request_done is not None:  # their client slots free now
                 for row in rejected_rows:
-                    self.on_request_done(row)
+                    self._client_done(row)
 
     def _completed(self, finished: list[Request], end: float) -> None:
         m = self.requests
@@ -329,7 +329,7 @@ class Replica:
         self.on_done(len(finished))
         if self.on_request_done is not None:
             for row in done_rows:
-                self.on_request_done(row)
+                self._client_done(row)
 
     def _skip(self, run: DecodeRun | None):
         """Run, at once, the pure decode steps of ``run`` before the next arrival (skip_ahead.py);
@@ -384,6 +384,19 @@ class Replica:
                 self._completed(finished, end)
             self._flush_decisions()
         return ran
+
+    def _client_done(self, row: int) -> None:
+        """Tell the closed-loop client that request ``row`` is done, when its response reaches it:
+        the frontend's in and out terms after the step's end (``sim.serving_path``; at once
+        without them), so that its next request is sent then."""
+        if self._client_offset_s > 0:
+            self.env.process(self._client_done_later(row))
+        else:
+            self.on_request_done(row)
+
+    def _client_done_later(self, row: int):
+        yield self.env.timeout(self._client_offset_s)
+        self.on_request_done(row)
 
     def _release(self) -> None:
         """At a step boundary, under asynchronous scheduling: hand the scheduler the held requests
@@ -449,7 +462,7 @@ class Replica:
         self.on_done(len(aborted))
         if self.on_request_done is not None:  # their client slots free now (a closed loop sends the next)
             for row in aborted:
-                self.on_request_done(row)
+                self._client_done(row)
 
     def _decoded(self, run: DecodeRun, first_row: int, last_row: int) -> None:
         """Every request of a decode batch received a token in each of steps ``first_row..last_row``.

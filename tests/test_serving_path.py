@@ -132,3 +132,14 @@ def test_simulate_cli_states_the_path(tmp_path, capsys):
     # no async lag: the same engine, every latency 3 ms later (2 ms in + 1 ms out)
     assert shifted["ttft_s"]["mean"] == pytest.approx(plain["ttft_s"]["mean"] + 3e-3, abs=1e-6)
     assert np.isclose(shifted["tpot_s"]["mean"], plain["tpot_s"]["mean"])
+
+
+def test_a_closed_loop_client_sends_its_next_request_when_the_response_reaches_it():
+    # max_concurrency 1: B is due at 0 but sent when A's last token reaches the client, the
+    # frontend's 0.375 s after A's last step ends (3.6): so at 3.975, never two in flight.
+    result, _ = simulate(trace([0.0, 0.0], [4, 4], [3, 3]), serving_path=FRONT, max_concurrency=1)
+    m = result.requests
+    assert times(m.finish_s)[0] == r9(3.6 + 0.375)
+    assert times(m.arrival_s) == [0.0, r9(3.6 + 0.375)]
+    assert result.summary["max_concurrent_requests"] == 1
+    assert times(m.ttft_s()) == [r9(0.25 + 1.4 + 0.125)] * 2  # each alone on an idle engine
