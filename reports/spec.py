@@ -40,6 +40,12 @@ is accepted for it): the benchmark client gives up on a request unfinished that 
 sending it, and the server aborts it (``sim.replica``); absent: no timeout. Like the seed and the
 sample lengths it changes how the run's requests are served, not what it builds.
 
+``serving_path`` (``"vllm"`` or ``"none"``; absent: ``vllm`` under the ``vllm-v1`` policy, ``none``
+otherwise), ``async_scheduling`` (absent: the path's) and ``attention_kernel`` (``"flash"``, the
+default, or ``"paged-2023"``, which a run with ``engine_overhead_ms = "kwon2023"`` gets unless told):
+the time outside the forward pass and the paged decode kernel, as ``simulate``'s flags of the same
+names (``sim.serving_path``, ``sim.cost.roofline``).
+
 ``seed = [0, 1, 2]`` in ``[base]`` repeats every grid once per seed (a grid may also list its own
 ``seed`` axis); the report then gives each setting's metrics as a mean with a 95% interval and calls
 a difference only where intervals separate (``reports.noise``). A run's seed seeds the simulator and

@@ -389,14 +389,16 @@ class Replica:
         """Tell the closed-loop client that request ``row`` is done, when its response reaches it:
         the frontend's in and out terms after the step's end (``sim.serving_path``; at once
         without them), so that its next request is sent then."""
+        done = self.on_request_done
+        assert done is not None  # (asked only with a closed-loop client)
         if self._client_offset_s > 0:
-            self.env.process(self._client_done_later(row))
+            self.env.process(self._client_done_later(done, row))
         else:
-            self.on_request_done(row)
+            done(row)
 
-    def _client_done_later(self, row: int):
+    def _client_done_later(self, done: Callable[[int], object], row: int):
         yield self.env.timeout(self._client_offset_s)
-        self.on_request_done(row)
+        done(row)
 
     def _release(self) -> None:
         """At a step boundary, under asynchronous scheduling: hand the scheduler the held requests
