@@ -272,16 +272,11 @@ def test_skipping_past_a_deadline_is_caught(monkeypatch):
 
 @pytest.mark.parametrize("extra", [[], ["--replicas", "3", "--router", "least-kv"]])
 def test_cli_summary_with_a_timeout_is_the_same_without_skip_ahead(capsys, extra):
-    from engine.cli import main
+    from tests.test_skip_ahead_hybrid import summaries_with_and_without_skip_ahead
 
-    args = ["simulate", "--workload", "kwon2023-sharegpt", "--rate", "8", "--num-requests", "60", "--json",
-            "--no-progress", "--request-timeout", "3", *extra]
-    summaries = []
-    for flags in ([], ["--no-skip-ahead"]):
-        assert main(args + flags) == 0
-        summary = json.loads(capsys.readouterr().out)
-        summary.pop("sim_wall_s")
-        summaries.append(summary)
+    summaries = summaries_with_and_without_skip_ahead(
+        capsys, ["simulate", "--workload", "kwon2023-sharegpt", "--rate", "8", "--num-requests", "60", "--json",
+                 "--no-progress", "--request-timeout", "3", *extra])
     assert summaries[0] == summaries[1]
     assert 0 < summaries[0]["requests_timed_out"] < 60 and summaries[0]["request_timeout_s"] == 3.0
 

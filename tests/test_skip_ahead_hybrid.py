@@ -197,18 +197,25 @@ def test_roofline_windowed_decode_forms_match_step_cost():
     assert model.decode_attention_s(work, np.array([5])) is None  # (no windowed contexts: no form)
 
 
-@pytest.mark.parametrize("extra", [[], ["--disable-hybrid-kv-cache-manager"], ["--enable-prefix-caching",
-                                                                                 "--kv-cache-gb", "0.3"]])
-def test_cli_summary_of_a_sliding_window_model_is_the_same_without_skip_ahead(capsys, extra):
+def summaries_with_and_without_skip_ahead(capsys, args: list[str]) -> list[dict]:
+    """``pagesim`` ``args`` (a ``--json`` simulate) run twice, skip-ahead on then off: both summaries,
+    less the wall time."""
     from engine.cli import main
 
-    args = ["simulate", "--model", "gpt-oss-20b", "--gpu", "h200", "--workload", "kwon2023-sharegpt", "--rate", "8",
-            "--num-requests", "60", "--json", "--no-progress", *extra]
     summaries = []
     for flags in ([], ["--no-skip-ahead"]):
         assert main(args + flags) == 0
         summary = json.loads(capsys.readouterr().out)
         summary.pop("sim_wall_s")
         summaries.append(summary)
+    return summaries
+
+
+@pytest.mark.parametrize("extra", [[], ["--disable-hybrid-kv-cache-manager"], ["--enable-prefix-caching",
+                                                                                 "--kv-cache-gb", "0.3"]])
+def test_cli_summary_of_a_sliding_window_model_is_the_same_without_skip_ahead(capsys, extra):
+    summaries = summaries_with_and_without_skip_ahead(
+        capsys, ["simulate", "--model", "gpt-oss-20b", "--gpu", "h200", "--workload", "kwon2023-sharegpt", "--rate",
+                 "8", "--num-requests", "60", "--json", "--no-progress", *extra])
     assert summaries[0] == summaries[1]
     assert set(TERMS) >= set(summaries[0]["time_by_term_s"])
