@@ -123,6 +123,9 @@ def add_serving_path_args(parser) -> None:
                    help="vLLM's flag: the next batch is scheduled while the current one runs, so a request "
                         "reaching a busy engine joins one step later (default: the serving path's; vllm: on, "
                         "as vLLM 0.15 and 0.33 default to)")
+    g.add_argument("--frontend-latency-ms", nargs=2, type=float, metavar=("IN", "OUT"),
+                   help="the path's frontend terms in ms: client send -> engine core, and step end -> client "
+                        "(default: the path's; vllm: 2 and 1), e.g. to add a gateway in front of the server")
 
 
 def serving_path_from_args(args, policy: str | None = None) -> ServingPath | None:
@@ -130,4 +133,11 @@ def serving_path_from_args(args, policy: str | None = None) -> ServingPath | Non
     plain path); ``--serving-path``'s default follows ``policy``."""
     name = args.serving_path or ("vllm" if policy == "vllm-v1" else "none")
     path = serving_path(name, async_scheduling=args.async_scheduling)
+    frontend_ms = getattr(args, "frontend_latency_ms", None)
+    if frontend_ms is not None:
+        try:
+            path = replace(path, frontend_in_s=frontend_ms[0] / 1e3, frontend_out_s=frontend_ms[1] / 1e3)
+        except ValueError:
+            raise ValueError(f"--frontend-latency-ms takes two finite numbers of milliseconds >= 0, got "
+                             f"{frontend_ms[0]:g} and {frontend_ms[1]:g}") from None
     return None if path == SERVING_PATHS["none"] else path

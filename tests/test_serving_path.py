@@ -103,11 +103,17 @@ def test_named_paths_and_the_cli_default():
     class Args:
         serving_path = None
         async_scheduling = None
+        frontend_latency_ms = None
 
     assert serving_path_from_args(Args(), "vllm-v1") == SERVING_PATHS["vllm"]
     assert serving_path_from_args(Args(), "pagesim") is None  # the plain path
     Args.async_scheduling = True
     assert serving_path_from_args(Args(), "pagesim") == ServingPath("none", async_scheduling=True)
+    Args.frontend_latency_ms = [5.0, 0.5]  # a gateway in front of the server
+    assert serving_path_from_args(Args(), "vllm-v1") == ServingPath("vllm", True, 5e-3, 5e-4)
+    Args.frontend_latency_ms = [-1.0, 0.0]
+    with pytest.raises(ValueError, match="--frontend-latency-ms takes two finite numbers"):
+        serving_path_from_args(Args(), "vllm-v1")
     # asynchronous scheduling hides the scheduler's per-request CPU work, not the per-step time
     assert roofline_overrides(SERVING_PATHS["vllm"]) == {"cpu_per_seq_s": 0.0}
     assert roofline_overrides(None) == {}

@@ -85,12 +85,28 @@ def read_yaml(path: Path, *, what: str) -> Node:
         raise InferencePerfError(f"{path}: not valid YAML") from None
     except ValueError:  # an integer of more digits than int() reads (sys.get_int_max_str_digits)
         raise InferencePerfError(f"{path}: not valid YAML (a number with too many digits to read)") from None
-    except RecursionError:
-        raise InferencePerfError(f"{path}: YAML nested too deeply to read") from None
+    except RecursionError:  # (block style deeper than Python's stack: the limit below, far past it)
+        raise InferencePerfError(f"{path}: YAML nested more than {MAX_NESTING} levels deep") from None
+    if _depth_exceeds(document, MAX_NESTING):  # block style ("k:" indented level by level) the scan does not see
+        raise InferencePerfError(f"{path}: YAML nested more than {MAX_NESTING} levels deep")
     top = Node(document, "", path)
     if not isinstance(document, dict):
         raise top.error(f"must hold a mapping of keys to values (an inference-perf {what})")
     return top
+
+
+def _depth_exceeds(document, limit: int) -> bool:
+    """Whether ``document`` (parsed YAML: dicts, lists, scalars) nests containers more than
+    ``limit`` deep; iterative, so a deep document cannot exhaust the stack here."""
+    stack = [(document, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth >= limit:
+                return True
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def read_json(path: Path, *, what: str) -> Node:
