@@ -151,14 +151,20 @@ def format_table(rows: list[Comparison]) -> str:
         else:
             head += f"; {row.predicted_counts[0]:,} succeeded, {row.predicted_counts[1]:,} failed (predicted)"
         lines.append(head)
-        lines.append(f"  {'':<16}{'measured':>12}{'predicted':>12}{'error':>9}")
+        measured = any(row.measured[figure] and any(v is not None for v in row.measured[figure].values())
+                       for figure in FIGURES)
+        lines.append(f"  {'':<16}{'measured':>12}{'predicted':>12}{'error':>9}" if measured
+                     else f"  {'':<16}{'predicted':>12}")
         for figure in FIGURES:
             for stat in (STATS if figure != "per_token" else ("mean",)):
                 m, p = row.measured[figure].get(stat), row.predicted[figure].get(stat)
                 if m is None and p is None:
                     continue
-                error = row.error(figure, stat)
                 label = f"{_LABELS[figure]} {stat}"
+                if not measured:
+                    lines.append(f"  {label:<16}{_seconds(p):>12}")
+                    continue
+                error = row.error(figure, stat)
                 lines.append(f"  {label:<16}{_seconds(m):>12}{_seconds(p):>12}"
                              f"{'' if error is None else f'{error:+.1%}':>9}")
         lines.append("")

@@ -100,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
             progress.close()
     rows = compare(measured_run, trace, result.requests)
     settings = {"model": built.deployment.model.name, "gpu": built.deployment.gpu.name, "tp": args.tp,
-                "policy": args.policy, "max_num_seqs": args.max_num_seqs,
-                "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
+                "policy": args.policy, "max_num_seqs": built.scheduler.config.max_num_seqs,
+                "max_num_batched_tokens": built.scheduler.config.max_num_batched_tokens,
+                "max_model_len": built.scheduler.config.max_model_len,
                 "attention_kernel": args.attention_kernel, "serving_path": _plain(path) if path else "none",
                 "client_timeout_s": timeout_s, "seed": args.seed}
     report = {"run": str(measured_run.results_dir), "workload": measured_run.workload, "settings": settings,
@@ -120,8 +121,7 @@ def run(args: argparse.Namespace) -> int:
                   f"serving path {path.name} (async scheduling {'on' if path.async_scheduling else 'off'}, "
                   f"frontend {path.frontend_in_s * 1e3:g} ms in + {path.frontend_out_s * 1e3:g} ms out)")
     print(f"simulated: {settings['model']} on {settings['gpu']} x{args.tp}, policy {args.policy}, "
-          f"max_num_seqs {args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}, "
-          f"attention kernel {args.attention_kernel}, {path_words}; seed {args.seed}; "
+          f"{built.batch_limits_words()}, attention kernel {args.attention_kernel}, {path_words}; seed {args.seed}; "
           f"{result.wall_s:.1f} s wall\n")
     print(format_table(rows))
     sys.stdout.flush()

@@ -91,7 +91,7 @@ def test_replay_command_reads_the_experiment_and_prints_the_table(tmp_path, caps
     folder = small_run(tmp_path)
     assert main(["replay", str(folder / "results"), "--gpu", "h100", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "llama3.1-8b on h100-sxm x1, policy vllm-v1, max_num_seqs 16, max_num_batched_tokens 1024" in out
+    assert "llama3.1-8b on h100-sxm x1, policy vllm-v1, max_num_seqs 16, max_num_batched_tokens 1,024 (given)" in out
     assert "serving path vllm (async scheduling on" in out
     for head in ("stage 0: 2 requests/s, 10 requests sent", "stage 1: 4 requests/s, 12 requests sent",
                  "whole run, 22 requests sent"):
@@ -123,6 +123,7 @@ def test_replay_without_measurements_predicts_alone(tmp_path, capsys):
     assert main(["replay", str(folder), "--gpu", "a100-80gb", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "succeeded, 0 failed (predicted)" in out and "median absolute error" not in out
+    assert "measured" not in out  # (no column of dashes)
 
 
 @pytest.mark.parametrize(("argv", "words"), [
