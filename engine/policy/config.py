@@ -162,6 +162,11 @@ class SchedulerConfig:
             raise ValueError(f"{why} chooses its victims by its own rule (the largest (priority, arrival time) "
                              f"among all running requests); the victim plug-in ({victim!r}) is for "
                              f"scheduling_policy 'fcfs'")
+        if self.preemption_mode != "recompute":
+            # (an un-scheduled victim has its step's tokens counted computed and its blocks keyed: recompute
+            # drops both, as vLLM does; a swap would keep them)
+            raise ValueError(f"{why} preempts by recompute only (vLLM v1 has no swap space); got preemption mode "
+                             f"{self.preemption_mode if isinstance(self.preemption_mode, str) else self.preemption_mode.name!r}")
         if self.num_offload_blocks:
             raise ValueError(f"{why} may un-schedule a request whose blocks were offered to the offload store: "
                              f"priority scheduling with KV offloading is not modelled yet")

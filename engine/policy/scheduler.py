@@ -140,7 +140,13 @@ class Scheduler:
             self._reject(request, reason)
             return False
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        waiting = self.waiting
+        waiting.append(request)
+        if waiting[0] is request and len(waiting) > 1:
+            # Priority scheduling: a newcomer can go ahead of a head the last step refused, so that
+            # refusal says nothing of the new head (the fast path's queues_stay_refused reads it).
+            # (FCFS: it joins behind; a newcomer alone at the head needs no hint, the queue was empty.)
+            self._pure_decode_step = None
         return True
 
     def _reject(self, request: Request, reason: str) -> None:
