@@ -37,7 +37,7 @@ MEMORY_POINTS = 400
 SCHEDULER_SETTINGS = {"eviction": "eviction_policy", "preemption": "preemption_mode", "victim": "victim_policy",
                       "prefix_caching": "enable_prefix_caching", "max_num_seqs": "max_num_seqs",
                       "max_num_batched_tokens": "max_num_batched_tokens", "chunked_prefill": "enable_chunked_prefill",
-                      "kv_offloading_policy": "offload_eviction_policy"}
+                      "kv_offloading_policy": "offload_eviction_policy", "scheduling_policy": "scheduling_policy"}
 
 
 def run_one(config: RunConfig) -> dict[str, Any]:

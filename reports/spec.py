@@ -88,7 +88,7 @@ SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int
 LATER_SETTINGS = {"scheduler": (None, "default"), "ep": (None, 1), "dtype": (None, "auto"),
                   "kv_cache_dtype": (None, "auto"), "kv_offloading_size": (None,), "kv_offloading_policy": (None,),
                   "request_timeout_s": (None,), "serving_path": (None,), "async_scheduling": (None,),
-                  "attention_kernel": (None, "flash")}
+                  "attention_kernel": (None, "flash"), "scheduling_policy": (None, "fcfs")}
 # (setting -> the values that mean its default)
 # Settings a run has (base or grid axis) and their defaults; None = the preset's / the deployment's.
 SETTINGS: dict[str, Any] = {
@@ -110,6 +110,8 @@ SETTINGS: dict[str, Any] = {
     # policy, none otherwise), vLLM's --async-scheduling (None: the path's), and the roofline's paged
     # decode kernel (sim.cost.roofline.ATTENTION_KERNELS; None: flash)
     "serving_path": None, "async_scheduling": None, "attention_kernel": None,
+    # vLLM's --scheduling-policy: "fcfs" (None: the default) or "priority" (vLLM 0.33's: engine/policy/config.py)
+    "scheduling_policy": None,
 }
 SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
                  "eviction": str, "preemption": str, "victim": str, "kv_cache_gb": float, "num_gpu_blocks": int,
@@ -119,7 +121,7 @@ SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator"
                  "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str),
                  "scheduler": str, "ep": int, "dtype": str, "kv_cache_dtype": str, "kv_offloading_size": float,
                  "kv_offloading_policy": str, "request_timeout_s": float, "serving_path": str,
-                 "async_scheduling": bool, "attention_kernel": str}
+                 "async_scheduling": bool, "attention_kernel": str, "scheduling_policy": str}
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper", "plugins"}
 # vLLM's names (``vllm serve`` / ``vllm bench serve`` flags, dashes as underscores) -> pagesim's: a spec may
 # use either; they are renamed before anything else, so a run's config (and id) is the same either way.
@@ -400,6 +402,7 @@ def _check_run(config: RunConfig, origin: str) -> None:
     from engine.catalog.model import WEIGHT_FORMATS
     from engine.model_presets import MODEL_PRESETS, nearest_names, resolve_model_name
     from engine.policy import EVICTION_POLICIES, PREEMPTION_MODES, VICTIM_POLICIES
+    from engine.policy.waiting_queue import SCHEDULING_POLICIES
     from engine.policy.contiguous import PLACEMENTS
     from engine.policy.presets import PRESETS
     from engine.policy.user_plugins import SCHEDULERS
@@ -420,7 +423,8 @@ def _check_run(config: RunConfig, origin: str) -> None:
     for key, allowed in (("allocator", ALLOCATORS), ("policy", PRESETS),
                          ("eviction", EVICTION_POLICIES), ("preemption", PREEMPTION_MODES),
                          ("victim", VICTIM_POLICIES), ("placement", PLACEMENTS), ("router", ROUTERS),
-                         ("workload", WORKLOADS), ("scheduler", SCHEDULERS)):
+                         ("workload", WORKLOADS), ("scheduler", SCHEDULERS),
+                         ("scheduling_policy", SCHEDULING_POLICIES)):
         if config.get(key) is not None and config[key] not in allowed:
             raise SpecError(f"{origin}: {key} = {config[key]!r} is not one of {', '.join(allowed)}")
     if "workload" in config["source"] and config["source"]["workload"] not in WORKLOADS:

@@ -42,7 +42,8 @@ from sim.hardware import get_gpu_preset
 ALLOCATORS = ("paged", *RESERVATION_MODES)
 #: Settings that mean nothing to a contiguous baseline (no blocks to cache, evict or preempt).
 PAGED_ONLY = {"eviction_policy": "--eviction", "preemption_mode": "--preemption", "victim_policy": "--victim",
-              "enable_prefix_caching": "--prefix-caching", "offload_eviction_policy": "--kv-offloading-policy"}
+              "enable_prefix_caching": "--prefix-caching", "offload_eviction_policy": "--kv-offloading-policy",
+              "scheduling_policy": "--scheduling-policy"}
 #: The most KV blocks, GPU plus CPU swap over all replicas, a run builds. The policy keeps about
 #: 80 bytes of bookkeeping per block (reference count, key, three ticks, free-list entry), so
 #: this caps it near 4 GiB; a real GPU's cache is at most a few million blocks.

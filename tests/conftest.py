@@ -73,10 +73,13 @@ def _oracle_version(spec_path: Path) -> str:
     return json.loads(spec_path.read_text())["vllm_version"]
 
 
-#: the shared oracle's cases of the vLLM versions pagesim's presets follow (0.32 v1, 0.6.3 v0)
-ORACLE_CASES = [p for p in _ALL_ORACLE_CASES if _oracle_version(p) in ("0.32.0", "0.6.3")]
-#: the cases of later versions (vLLM 0.33's hybrid, priority and offload folders): issue 58 teaches the
-#: oracle to read them; until then ``tests/test_oracle.py`` holds them as strict expected failures
+#: the vLLM 0.33 folders the oracle replay reads (priority scheduling; issue 58)
+ORACLE_033_FOLDERS = ("vllm-0.33-v1-priority",)
+#: the shared oracle's cases the presets reproduce: 0.32 v1, 0.6.3 v0, and 0.33's priority folder
+ORACLE_CASES = [p for p in _ALL_ORACLE_CASES
+                if _oracle_version(p) in ("0.32.0", "0.6.3") or p.parent.name in ORACLE_033_FOLDERS]
+#: the other cases (vLLM 0.33's hybrid and offload folders): issue 58 teaches the oracle to read them;
+#: until then ``tests/test_oracle.py`` holds them as strict expected failures
 ORACLE_CASES_PENDING = [p for p in _ALL_ORACLE_CASES if p not in ORACLE_CASES]
 
 

@@ -447,19 +447,50 @@ def _v0_spec() -> dict:
 
 @pytest.mark.skipif(not SHARED_ORACLE.exists(), reason="needs ../shared/oracle")
 def test_every_shared_oracle_spec_loads():
-    """Every spec of a vLLM version pagesim has a preset for loads; a spec of another version (the
-    0.33 folders, issue 58's) is refused with one message naming its version and the known ones,
-    never read as a version it is not."""
+    """Every spec of a vLLM version pagesim has a preset for loads; of vLLM 0.33's folders, the
+    priority one's; the hybrid and offload folders' specs (issue 58's rest) are refused with one
+    message naming the key the replay does not model yet, never read without it."""
     specs = sorted(SHARED_ORACLE.glob("*/case_*.spec.json"))
     known = [s for s in specs if json.loads(s.read_text())["vllm_version"] in VERSION_PRESETS]
     assert len(known) >= 20
     for spec in specs:
         version = json.loads(spec.read_text())["vllm_version"]
-        if version in VERSION_PRESETS:
+        if spec.parent.name in ("vllm-0.33-v1-hybrid", "vllm-0.33-v1-offload"):
+            with pytest.raises(ValueError, match=r"config\.(kv_group_windows|num_offload_blocks) is .* not model yet"):
+                load_spec(spec)
+        elif version in VERSION_PRESETS:
             load_spec(spec).scheduler_config()
         else:
             with pytest.raises(ValueError, match=f"vllm_version '{version}' has no preset; known: 0.32.0"):
                 load_spec(spec)
+
+
+def _priority_spec() -> dict:
+    return json.loads((SHARED_ORACLE / "vllm-0.33-v1-priority" / "case_000.spec.json").read_text())
+
+
+@pytest.mark.skipif(not SHARED_ORACLE.exists(), reason="needs ../shared/oracle")
+@pytest.mark.parametrize("change, words", [
+    (lambda s: s["config"].update(scheduling_policy="lottery"), ("config.scheduling_policy must be one of fcfs, priority",)),
+    (lambda s: s["config"].update(scheduling_policy=1), ("config.scheduling_policy must be str",)),
+    (lambda s: s["config"].update(kv_group_windows=[None]), ("config.kv_group_windows is the hybrid",)),
+    (lambda s: s["config"].update(offload_load_steps=2), ("config.offload_load_steps is native KV offloading",)),
+    (lambda s: s["config"].update(scheduling=1), ("config (vLLM 0.33.0): unknown key 'scheduling'",)),
+    (lambda s: s["requests"][0].update(priority="high"), ("requests[0].priority must be int",)),
+    (lambda s: s["requests"][0].update(arrival_time=float("inf")), ("requests[0].arrival_time must be a finite",)),
+    (lambda s: s["requests"][0].update(deadline=3), ("requests[0]: unknown key 'deadline'", "allowed: id,")),
+    # a 0.33 key under another version: refused by name, said to be a 0.33 key
+    (lambda s: s.update(vllm_version="0.32.0"), ("config (vLLM 0.32.0): unknown key 'scheduling_policy' (a vLLM 0.33.0 key)",)),
+])
+def test_a_v033_spec_with_a_key_it_cannot_replay_is_refused_by_name(tmp_path, change, words):
+    spec = _priority_spec()
+    change(spec)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(ValueError) as info:
+        load_spec(path)
+    message = one_line(str(info.value), path)
+    assert all(word in message for word in words), message
 
 
 @pytest.mark.skipif(not SHARED_ORACLE.exists(), reason="needs ../shared/oracle")

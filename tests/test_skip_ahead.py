@@ -3,7 +3,7 @@ measures the same metrics, bit for bit.
 
 Generated workloads (requests with long enough outputs to decode for a while, parallel samples,
 shared prefixes (the prefix identities of tests/test_sim_properties.py), arrivals at once, spread or in bursts) run under generated configurations
-(presets pagesim / vllm-v1 / vllm-v0, block sizes, pools from tight to roomy so that requests are
+(presets pagesim / vllm-v1 / vllm-v0, first come first served or priority scheduling, block sizes, pools from tight to roomy so that requests are
 preempted by swap or recompute, small batch limits and token budgets, chunked prefill on and off,
 prefix caching on and off, every eviction policy) and two cost models: the roofline (vectorized
 decode costs) and one with no vectorized form (skip-ahead asks it step by step). Each pair of runs
@@ -96,8 +96,10 @@ def workloads(draw) -> Trace:
     outputs = draw(st.lists(st.integers(1, 80), min_size=num, max_size=num))
     n = draw(st.lists(st.sampled_from([1, 1, 1, 2, 3]), min_size=num, max_size=num))
     columns = shared_prefix_columns(draw, prompts, max_shared_blocks=6) if draw(st.booleans()) else {}
+    # (priorities, read under scheduling_policy "priority"; ties common, so arrival time and id decide too)
+    priority = draw(st.lists(st.integers(0, 2), min_size=num, max_size=num))
     return Trace(arrival_s=np.array(arrivals), prompt_len=np.array(prompts), output_len=np.array(outputs),
-                 n=np.array(n), beam_width=np.ones(num, dtype=np.int64), **columns)
+                 n=np.array(n), beam_width=np.ones(num, dtype=np.int64), priority=np.array(priority), **columns)
 
 
 @st.composite
@@ -120,6 +122,8 @@ def configs(draw, trace: Trace):
         chunked = draw(st.booleans())
         settings_["enable_chunked_prefill"] = chunked
         settings_["max_num_batched_tokens"] = draw(st.sampled_from([8, 32, 512])) if chunked else 256
+        if draw(st.booleans()):  # vLLM 0.33's priority scheduling (recompute only, no offload store with it)
+            settings_.update(scheduling_policy="priority", num_offload_blocks=0, preemption_mode="recompute")
     else:  # (vLLM 0.6.3 has no prefix caching here; its own preemption mode, swap or recompute)
         settings_["preemption_mode"] = draw(st.sampled_from(["vllm-v0", "swap", "recompute"]))
         chunked = draw(st.booleans())

@@ -86,7 +86,10 @@ def replay(spec: OracleSpec, preset: str | None = None) -> ReplayResult:
     while step <= last_arrival or scheduler.has_unfinished_requests:
         while pending and pending[0].arrival_step == step:
             r = pending.pop(0)
-            request = Request(r.request_id, prompt_len=0, prompt_token_ids=list(r.prompt_token_ids), max_tokens=r.max_tokens, n=r.n)
+            # (vLLM 0.33 specs: the request's priority, and its arrival time, float(arrival_step) by default)
+            arrival_time_s = float(r.arrival_step) if r.arrival_time is None else r.arrival_time
+            request = Request(r.request_id, prompt_len=0, prompt_token_ids=list(r.prompt_token_ids),
+                              max_tokens=r.max_tokens, arrival_time_s=arrival_time_s, n=r.n, priority=r.priority)
             if not scheduler.add_request(request):
                 raise ValueError(f"{spec.path}: preset {preset} rejects request {r.request_id!r}: {request.reject_reason}")
         output = scheduler.schedule()

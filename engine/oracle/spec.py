@@ -6,9 +6,12 @@ bad spec is one error line, never a traceback. A key it does not know, at the to
 ``config`` (where v1 specs have no v0 keys) or in a request, is refused by name with the keys
 allowed there: a setting the replay would silently ignore is a setting it would get wrong. The
 file must be a regular file of at most ``MAX_SPEC_BYTES``. ``OracleSpec.scheduler_config``
-maps the settings onto a preset (``vllm-v1`` for 0.32.0, ``vllm-v0`` for 0.6.3):
+maps the settings onto a preset (``vllm-v1`` for 0.32.0 and 0.33.0, ``vllm-v0`` for 0.6.3):
 ``num_blocks`` -> ``num_gpu_blocks`` (v1 counts its null block in it, as the preset does), and v0's
-``preemption_mode: null`` -> vLLM's default rule (``vllm-v0``).
+``preemption_mode: null`` -> vLLM's default rule (``vllm-v0``). Of vLLM 0.33.0's keys
+(``README-0.33.md``) it reads priority scheduling's (config ``scheduling_policy``; per request
+``priority`` and ``arrival_time``); the hybrid and offload folders' keys are refused by name as not
+modelled by the replay yet, and a 0.33 key in a spec of another version is refused as one.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from typing import Any
 from engine.files import read_json
 from engine.policy import SchedulerConfig, make_config
 
-#: vLLM version in a spec -> the preset that reproduces it.
-VERSION_PRESETS = {"0.32.0": "vllm-v1", "0.6.3": "vllm-v0"}
+#: vLLM version in a spec -> the preset that reproduces it. vLLM 0.33.0's specs (``README-0.33.md``)
+#: replay through ``vllm-v1`` with 0.32's step loop; of their keys, those of priority scheduling.
+VERSION_PRESETS = {"0.32.0": "vllm-v1", "0.6.3": "vllm-v0", "0.33.0": "vllm-v1"}
 
 _CONFIG_KEYS = {
     "block_size": int,
@@ -36,8 +40,25 @@ _CONFIG_KEYS = {
     "watermark": (int, float),
 }
 _V0_KEYS = {"num_cpu_blocks": int, "preemption_mode": (str, type(None))}
+#: vLLM 0.33's optional config keys the replay reads (README-0.33.md, ``vllm-0.33-v1-priority/``)
+_V033_KEYS = {"scheduling_policy": str}
 _TOP_KEYS = ("config", "requests", "vllm_version")
 _REQUEST_KEYS = ("id", "arrival_step", "prompt_token_ids", "max_tokens", "n", "ignore_eos")
+#: vLLM 0.33's optional request keys: ``priority`` (lower is more important), ``arrival_time`` (seconds;
+#: default ``float(arrival_step)``, vLLM's ``Request.arrival_time``)
+_V033_REQUEST_KEYS = ("priority", "arrival_time")
+#: vLLM 0.33's config keys the replay does not model yet (README-0.33.md), refused by name
+_V033_UNSUPPORTED = {
+    "kv_group_windows": "the hybrid KV-cache manager (vllm-0.33-v1-hybrid)",
+    "prefix_cache_retention_interval": "the hybrid KV-cache manager (vllm-0.33-v1-hybrid)",
+    "num_offload_blocks": "native KV offloading (vllm-0.33-v1-offload)",
+    "offload_eviction_policy": "native KV offloading (vllm-0.33-v1-offload)",
+    "offload_prompt_only": "native KV offloading (vllm-0.33-v1-offload)",
+    "offload_sync_load_budget_bytes": "native KV offloading (vllm-0.33-v1-offload)",
+    "offload_load_steps": "native KV offloading (vllm-0.33-v1-offload)",
+    "offload_store_steps": "native KV offloading (vllm-0.33-v1-offload)",
+}
+_SCHEDULING_POLICIES = ("fcfs", "priority")
 #: the least each count in config may be
 _CONFIG_MINIMUM = {"block_size": 1, "num_blocks": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
                    "max_model_len": 1, "num_cpu_blocks": 0}
@@ -54,6 +75,8 @@ class OracleRequest:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     n: int = 1
+    priority: int = 0  # (vLLM 0.33 specs) lower is more important
+    arrival_time: float | None = None  # (vLLM 0.33 specs) seconds; None: float(arrival_step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +106,8 @@ class OracleSpec:
             enable_chunked_prefill=c["enable_chunked_prefill"],
             watermark=float(c["watermark"]),
         )
+        if "scheduling_policy" in c:
+            settings["scheduling_policy"] = c["scheduling_policy"]
         if self.is_v0:
             settings["num_cpu_blocks"] = c["num_cpu_blocks"]
             settings["preemption_mode"] = _PREEMPTION_MODES[c["preemption_mode"]]
@@ -100,11 +125,17 @@ def _check(value: Any, kind: Any, where: str) -> Any:
     return value
 
 
-def _refuse_unknown(obj: dict, allowed, where: str) -> None:
+def _refuse_unknown(obj: dict, allowed, where: str, later: str = "") -> None:
+    """Refuse the first key of ``obj`` not in ``allowed``; ``later``: what to say of a key that a
+    later vLLM version's specs have (README-0.33.md), this version's not."""
     unknown = [key for key in obj if key not in allowed]
     if unknown:
         name = unknown[0] if len(unknown[0]) <= 40 else unknown[0][:39] + "…"
-        raise ValueError(f"{where}: unknown key {name!r} (allowed: {', '.join(allowed)})")
+        if name in _V033_UNSUPPORTED or name in _V033_KEYS or name in _V033_REQUEST_KEYS:
+            later = later or " (a vLLM 0.33.0 key)"
+        else:
+            later = ""
+        raise ValueError(f"{where}: unknown key {name!r}{later} (allowed: {', '.join(allowed)})")
 
 
 def load_spec(path: str | Path) -> OracleSpec:
@@ -131,7 +162,21 @@ def load_spec(path: str | Path) -> OracleSpec:
     keys = dict(_CONFIG_KEYS)
     if VERSION_PRESETS[version] == "vllm-v0":
         keys.update(_V0_KEYS)
-    _refuse_unknown(config, tuple(keys), f"{path}: config (vLLM {version})")
+    optional = _V033_KEYS if version == "0.33.0" else {}
+    if optional:
+        for key in config:
+            if key in _V033_UNSUPPORTED:
+                raise ValueError(f"{path}: config.{key} is {_V033_UNSUPPORTED[key]}, which the oracle replay does "
+                                 f"not model yet (vLLM 0.33.0 keys it reads: {', '.join(_V033_KEYS)}; per request "
+                                 f"{', '.join(_V033_REQUEST_KEYS)})")
+    _refuse_unknown(config, (*keys, *optional), f"{path}: config (vLLM {version})")
+    for key, kind in optional.items():
+        if key in config:
+            _check(config[key], kind, f"{path}: config.{key}")
+    if config.get("scheduling_policy", "fcfs") not in _SCHEDULING_POLICIES:
+        raise ValueError(f"{path}: config.scheduling_policy must be one of {', '.join(_SCHEDULING_POLICIES)}, "
+                         f"got {config['scheduling_policy']!r}")
+    request_keys = (*_REQUEST_KEYS, *_V033_REQUEST_KEYS) if optional else _REQUEST_KEYS
     for key, kind in keys.items():
         if key not in config:
             raise ValueError(f"{path}: config is missing {key!r}")
@@ -152,7 +197,7 @@ def load_spec(path: str | Path) -> OracleSpec:
         where = f"{path}: requests[{i}]"
         if not isinstance(r, dict):
             raise ValueError(f"{where} must be an object")
-        _refuse_unknown(r, _REQUEST_KEYS, where)
+        _refuse_unknown(r, request_keys, where)
         for key in ("id", "arrival_step", "prompt_token_ids", "max_tokens"):
             if key not in r:
                 raise ValueError(f"{where} is missing {key!r}")
@@ -182,5 +227,12 @@ def load_spec(path: str | Path) -> OracleSpec:
         if len(tokens) + max_tokens > config["max_model_len"]:
             # README §1; vLLM and pagesim stop differently at max_model_len (> vs >=).
             raise ValueError(f"{where}: prompt + max_tokens exceeds max_model_len {config['max_model_len']}")
-        parsed.append(OracleRequest(rid, step, tuple(tokens), max_tokens, n))
+        priority = _check(r.get("priority", 0), int, f"{where}.priority")
+        arrival_time = r.get("arrival_time")
+        if arrival_time is not None:
+            _check(arrival_time, (int, float), f"{where}.arrival_time")
+            if not math.isfinite(arrival_time):
+                raise ValueError(f"{where}.arrival_time must be a finite number of seconds, got {arrival_time!r}")
+            arrival_time = float(arrival_time)
+        parsed.append(OracleRequest(rid, step, tuple(tokens), max_tokens, n, priority, arrival_time))
     return OracleSpec(str(path), version, dict(config), tuple(parsed))

@@ -18,7 +18,7 @@ from typing import Any
 
 #: flag attribute -> SchedulerConfig field (values taken as given)
 _DIRECT = (("eviction", "eviction_policy"), ("preemption", "preemption_mode"), ("victim", "victim_policy"),
-           ("kv_offloading_policy", "offload_eviction_policy"),
+           ("kv_offloading_policy", "offload_eviction_policy"), ("scheduling_policy", "scheduling_policy"),
            ("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens"))
 #: flag attribute -> SchedulerConfig field (on / off)
 _SWITCHES = (("prefix_caching", "enable_prefix_caching"), ("chunked_prefill", "enable_chunked_prefill"))
@@ -52,6 +52,10 @@ def add_policy_args(parser: argparse.ArgumentParser):
                         "(else the class name); select it with --victim / --eviction / --preemption / "
                         "--kv-offloading-policy / --scheduler NAME (a plug-in loaded but not selected is an error; repeatable; "
                         "see examples/)")
+    s.add_argument("--scheduling-policy", choices=["fcfs", "priority"],
+                   help="vLLM's flag: fcfs (first come first served, the default) or priority (vLLM 0.33: waiting "
+                        "requests by (priority, arrival time, id), victims the least important running request, "
+                        "recompute preemption)")
     s.add_argument("--prefix-caching", choices=["on", "off"], help="(default: the preset's)")
     s.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_const", const="on",
                    help="vLLM's name for --prefix-caching on")

@@ -17,6 +17,7 @@ from engine.policy.eviction import EVICTION_POLICIES
 from engine.policy.offload.policies import OFFLOAD_POLICIES
 from engine.policy.plugins import lookup
 from engine.policy.preemption import PreemptionMode, VictimPolicy, make_preemption_mode, make_victim_policy
+from engine.policy.waiting_queue import SCHEDULING_POLICIES
 
 #: What the ``vllm-v0`` step order assumes (vLLM 0.6.3 without prefix caching; its block manager
 #: reserves whole sequences, counts sequences against max_num_seqs and always keeps the watermark;
@@ -61,6 +62,14 @@ class SchedulerConfig:
     # prompt blocks by default (offload_prompt_only); False stores generated blocks too.
     num_offload_blocks: int = 0
     offload_prompt_only: bool = True
+
+    # Which waiting request is admitted first and which running one is preempted (vLLM's
+    # --scheduling-policy): "fcfs", first come first served (the waiting queue in arrival order,
+    # the victim the victim_policy plug-in's); or "priority", vLLM 0.33's
+    # SchedulerConfig(policy="priority"): the waiting queue (new and preempted requests alike) by
+    # (priority, arrival time, id) (engine/policy/waiting_queue.py), and the victim vLLM's own
+    # rule over every running request, scheduled this step or not (steps/vllm_v1.py).
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
 
     # --- plug-ins -----------------------------------------------------------------------------
     eviction_policy: str = "lru"
@@ -130,6 +139,7 @@ class SchedulerConfig:
 
         self._check_kv_groups()
         self._check_offload()
+        self._check_scheduling_policy()
         if self.step_order == "vllm-v0":
             for name, required in V0_REQUIRES.items():
                 if getattr(self, name) != required:
@@ -137,6 +147,29 @@ class SchedulerConfig:
                         f"step_order 'vllm-v0' reproduces vLLM 0.6.3, which needs {name}={required!r} "
                         f"(got {getattr(self, name)!r})"
                     )
+
+    def _check_scheduling_policy(self) -> None:
+        policy = self.scheduling_policy
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {policy!r}")
+        if policy == "fcfs":
+            return
+        why = "scheduling_policy 'priority' follows vLLM 0.33's v1 scheduler, which"
+        if self.step_order != "vllm-v1":
+            raise ValueError(f"{why} the vllm-v0 step order does not model; use the vllm-v1 or pagesim preset")
+        victim = self.victim_policy if isinstance(self.victim_policy, str) else self.victim_policy.name
+        if victim != "running-tail":
+            raise ValueError(f"{why} chooses its victims by its own rule (the largest (priority, arrival time) "
+                             f"among all running requests); the victim plug-in ({victim!r}) is for "
+                             f"scheduling_policy 'fcfs'")
+        if self.preemption_mode != "recompute":
+            # (an un-scheduled victim has its step's tokens counted computed and its blocks keyed: recompute
+            # drops both, as vLLM does; a swap would keep them)
+            raise ValueError(f"{why} preempts by recompute only (vLLM v1 has no swap space); got preemption mode "
+                             f"{self.preemption_mode if isinstance(self.preemption_mode, str) else self.preemption_mode.name!r}")
+        if self.num_offload_blocks:
+            raise ValueError(f"{why} may un-schedule a request whose blocks were offered to the offload store: "
+                             f"priority scheduling with KV offloading is not modelled yet")
 
     def _check_offload(self) -> None:
         n = self.num_offload_blocks

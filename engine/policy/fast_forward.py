@@ -27,7 +27,10 @@ When a run is steady (checked by ``decode_run``; any doubt answers "not steady")
   have hit; generated blocks have contents unique to their sequence, so nothing new becomes a
   hit) and a swapped head's is its CPU tables, which do not change. With sliding-window layer
   groups (a hybrid cache) the decodes also drop the blocks that leave each window, which raises
-  the free count: there a head refused for blocks does not stay refused;
+  the free count: there a head refused for blocks does not stay refused. Under priority
+  scheduling (``scheduling_policy="priority"``) the head is the waiting heap's least key, which
+  only an arrival, an abort or a preemption changes, none of which a skipped step has; a step
+  that must preempt goes through ``schedule()`` there (``preempting_decode.preempts_in_step``);
 - every running sequence is decoding (one token left to compute, nothing parked, no beam search,
   parallel samples already forked) and writes into a block only it holds, so no copy-on-write
   (a fork's first decode, which copies its siblings' shared block, is a step of its own: below).

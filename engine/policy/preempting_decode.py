@@ -81,8 +81,12 @@ def preempts_in_step(s: Scheduler) -> bool:
     """Whether a batch of implicit decoders that cannot take its next step without preempting may
     take it here (module docstring), rather than through ``schedule()``."""
     order = type(s.step_order)
+    # NOTE: not under priority scheduling: vLLM 0.33's victim there is chosen among ALL running
+    # requests, those already scheduled in the step included (un-scheduled then), which this pass,
+    # choosing among the request and those after it, does not model; schedule() does.
     return ((order is VllmV1StepOrder or order is VllmV0StepOrder and not s.config.enable_chunked_prefill)
-            and not s.kv.hybrid and s.offload is None and type(s.victim_policy) in _BUILT_IN_VICTIMS)
+            and not s.kv.hybrid and s.offload is None and type(s.victim_policy) in _BUILT_IN_VICTIMS
+            and s.config.scheduling_policy == "fcfs")
 
 
 class _Pass:

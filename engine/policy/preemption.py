@@ -15,8 +15,10 @@ Victim (``VICTIM_POLICIES``), chosen among the running requests not yet schedule
   cheapest to recompute or swap, the second frees the most memory per preemption.
 - ``priority``: the least important (largest ``priority`` value), ties latest arrival, as vLLM
   v1's priority scheduling orders victims (``max((priority, arrival_time))``); unlike vLLM, which
-  may also un-schedule a request already scheduled this step, pagesim chooses only among the
-  requests not yet scheduled.
+  may also un-schedule a request already scheduled this step, this plug-in chooses only among the
+  requests not yet scheduled (ties: admitted last, where vLLM's ``max`` takes the first in running
+  order). vLLM 0.33's own rule, with its priority waiting queue, is ``scheduling_policy="priority"``
+  (config.py, ``steps/vllm_v1.py``).
 
 Mode (``PREEMPTION_MODES``) for the chosen victim:
 

@@ -48,6 +48,7 @@ from engine.policy.sampling import BeamChoices, OutputProcessor, SampledTokens
 from engine.policy.steps import STEP_ORDERS, Step
 from engine.policy.swap_pool import SwapPool, SwapSpaceExhausted
 from engine.policy.usage import KvUsage
+from engine.policy.waiting_queue import PriorityWaitingQueue
 
 if TYPE_CHECKING:
     from engine.policy.fast_forward import DecodeRun
@@ -90,7 +91,10 @@ class Scheduler:
         self.output_processor = OutputProcessor(self.kv, max_model_len=config.max_model_len)
         self.planner = Planner(config, self.kv)
         self.step_order = STEP_ORDERS[config.step_order](self)
-        self.waiting: deque[Request] = deque()
+        # FCFS: arrival order, recompute victims at the front; priority scheduling: a heap by
+        # (priority, arrival time, id) (engine/policy/waiting_queue.py, vLLM 0.33's).
+        self.waiting: deque[Request] | PriorityWaitingQueue = (
+            PriorityWaitingQueue() if config.scheduling_policy == "priority" else deque())
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.requests: dict[str, Request] = {}  # unfinished requests by id
@@ -136,7 +140,13 @@ class Scheduler:
             self._reject(request, reason)
             return False
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        waiting = self.waiting
+        waiting.append(request)
+        if waiting[0] is request and len(waiting) > 1:
+            # Priority scheduling: a newcomer can go ahead of a head the last step refused, so that
+            # refusal says nothing of the new head (the fast path's queues_stay_refused reads it).
+            # (FCFS: it joins behind; a newcomer alone at the head needs no hint, the queue was empty.)
+            self._pure_decode_step = None
         return True
 
     def _reject(self, request: Request, reason: str) -> None:
@@ -326,7 +336,8 @@ class Scheduler:
 
     def requeue(self, victim: Request, mode: Mode) -> None:
         """A victim's place: the back of ``swapped``, or the front of ``waiting`` (victims come off
-        the running tail, so the earliest admitted of several ends up first)."""
+        the running tail, so the earliest admitted of several ends up first); under priority
+        scheduling, its place by key in ``waiting`` (vLLM 0.33's ``prepend_request`` is a push)."""
         if mode == "swap":
             self.swapped.append(victim)
         else:

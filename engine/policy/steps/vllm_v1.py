@@ -6,11 +6,15 @@ multi-sequence requests. Within a token budget and a batch limit, in this order:
 1. **Running** requests, in running-list order, each get their next tokens (one per sequence for a
    decode; the next prefill chunk otherwise). When one cannot get the blocks it needs, victims are
    preempted (victim policy: which; preemption mode: swap or recompute) until it can; if it is
-   itself the victim it is not scheduled.
+   itself the victim it is not scheduled. Under ``scheduling_policy="priority"`` (vLLM 0.33's
+   ``SchedulerConfig(policy="priority")``) the victim is vLLM's: the largest (priority, arrival
+   time) among ALL running requests, a request already scheduled this step included (it is then
+   un-scheduled: its tokens back in the budget, its blocks, new ones too, freed).
 2. **Swapped** requests, oldest first, are swapped back in while the blocks fit above the
    watermark (skipped in a step that preempted). vLLM v1 has no swapping; this pass follows v0's
    rule for it.
-3. **Waiting** requests, FIFO (recompute victims at the front): the longest cached prefix is
+3. **Waiting** requests, FIFO (recompute victims at the front; under priority scheduling by
+   (priority, arrival time, id), victims included, ``engine/policy/waiting_queue.py``): the longest cached prefix is
    reused (the GPU's, continued with blocks the offload store can load, when there is one; see
    ``engine/policy/offload``), and a request is admitted only if its whole known sequence fits
    above the watermark, minus the GPU's hits (loaded blocks take fresh GPU blocks); the head blocks everyone behind it (no overtaking). Skipped in a step that
@@ -23,8 +27,14 @@ number waiting: the waiting pass stops at the first request that does not fit.
 from __future__ import annotations
 
 from engine.policy.admission import admission_room, admission_watermark
+from engine.policy.output import Pair
 from engine.policy.request import Request
 from engine.policy.steps.base import Step, StepOrder
+
+
+def _victim_key(request: Request) -> tuple[int, float]:
+    """vLLM 0.33's priority victim order: the largest (priority, arrival_time) goes first."""
+    return (request.priority, request.arrival_time_s)
 
 
 class VllmV1StepOrder(StepOrder):
@@ -52,6 +62,8 @@ class VllmV1StepOrder(StepOrder):
         pool = s.pool
         kv = s.kv
         planner = s.planner
+        priority = self.config.scheduling_policy == "priority"
+        copies_of: dict[str, list[Pair]] = {}  # (priority: the copies on write each run made, to take back)
         i = 0
         while i < len(running) and st.token_budget > 0:
             request = running[i]
@@ -68,15 +80,47 @@ class VllmV1StepOrder(StepOrder):
             need = planner.blocks_needed(plan)
             preempted_itself = False
             while need and need > pool.num_free_blocks:  # (need 0 always fits: skip the count)
-                victim = s.victim_policy.choose(running[i:])
+                if priority:
+                    # vLLM 0.33 (vllm/v1/core/sched/scheduler.py, schedule(), policy PRIORITY): the
+                    # victim is max(self.running, key=(priority, arrival_time)), Python's max: the
+                    # first maximal one in running order, over ALL running requests; one already
+                    # scheduled this step is un-scheduled, and the index steps back past it.
+                    victim = max(running, key=_victim_key)
+                    if running.index(victim) < i:
+                        i -= 1
+                        if victim.request_id in st.tokens_per_request:
+                            self._unschedule(victim, st, copies_of.pop(victim.request_id, None))
+                else:
+                    victim = s.victim_policy.choose(running[i:])
                 self.preempt_running(victim, st)
                 if victim is request:
                     preempted_itself = True
                     break
             if preempted_itself:
+                # (FCFS: the tail preempted itself, nothing follows. Priority: vLLM 0.33 goes on with the
+                # requests after it, which are more important and may fit in the blocks it freed.)
                 continue
-            s.run(request, plan, st)
+            if priority:
+                num_copies = len(st.copies)
+                s.run(request, plan, st)
+                if len(st.copies) != num_copies:
+                    copies_of[request.request_id] = st.copies[num_copies:]
+            else:
+                s.run(request, plan, st)
             i += 1
+
+    @staticmethod
+    def _unschedule(victim: Request, st: Step, copies: list[Pair] | None) -> None:
+        """Take back what ``Scheduler.run`` added to the step for ``victim`` (its tokens, its entries,
+        its copies on write); its blocks, new ones included, go back when it is preempted. vLLM 0.33
+        (vllm/v1/core/sched/scheduler.py, schedule()): ``scheduled_running_reqs.remove``, the budget
+        restored, ``req_to_new_blocks.pop``; then ``_preempt_request`` frees every block it holds."""
+        rid = victim.request_id
+        st.token_budget += st.tokens_per_request.pop(rid)
+        st.scheduled = [entry for entry in st.scheduled if entry.request_id != rid]
+        if copies:
+            dropped = {id(pair) for pair in copies}
+            st.copies = [pair for pair in st.copies if id(pair) not in dropped]
 
     def preempt_running(self, victim: Request, st: Step) -> None:
         """Preempt a running request (the victim policy's choice) and take it off ``running`` to
