@@ -239,12 +239,23 @@ def dtype_for(choice: str, device, backend: str, TORCH_DTYPES, check_reference: 
     return TORCH_DTYPES["float32" if backend == "triton" else "float64"]
 
 
+def refuse_priority_on_the_engine(overrides: dict, command: str) -> None:
+    """``--scheduling-policy priority`` is simulated, not yet run on the engine: a request
+    un-scheduled mid-step (vLLM 0.33's priority victim) leaves blocks registered in the prefix cache
+    that its step never wrote, which vLLM does too; until the engine is checked against that
+    (``--check-reference``), it refuses the policy rather than risk serving unwritten KV."""
+    if overrides.get("scheduling_policy") == "priority":
+        raise ValueError(f"--scheduling-policy priority is simulated only for now; `pagesim {command}` runs "
+                         "the engine, which does not take it yet (use pagesim simulate)")
+
+
 def _scheduler_config(args, config, dtype, device):
     from engine.policy import make_config
     from engine.policy.cli_args import offload_blocks, policy_overrides
     from engine.runtime.kv_cache import GiB, block_bytes, blocks_for_budget, scheduler_kv_settings
 
     overrides = policy_overrides(args)
+    refuse_priority_on_the_engine(overrides, "run")
     max_model_len = args.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:
         raise ValueError(f"--max-model-len {max_model_len} exceeds {config.name}'s context "

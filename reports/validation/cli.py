@@ -59,6 +59,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.policy.cli_args import policy_overrides
+    from engine.runtime.cli import refuse_priority_on_the_engine
     from sim.cost.profile import load_profile
     from traces.source import reported_warnings, trace_from_args
 
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     out = folder.target if folder is not None else None
     profile = load_profile(args.profile)
     overrides = policy_overrides(args)  # loads --plugin files
+    refuse_priority_on_the_engine(overrides, "validate")
     with reported_warnings("validate", strict=args.strict):
         trace = trace_from_args(args)
 
