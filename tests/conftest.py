@@ -78,6 +78,9 @@ ORACLE_033_FOLDERS = ("vllm-0.33-v1-priority",)
 #: the shared oracle's cases the presets reproduce: 0.32 v1, 0.6.3 v0, and 0.33's priority folder
 ORACLE_CASES = [p for p in _ALL_ORACLE_CASES
                 if _oracle_version(p) in ("0.32.0", "0.6.3") or p.parent.name in ORACLE_033_FOLDERS]
+#: the cases of ``shared/oracle/README.md``'s own scope (0.32 v1 and 0.6.3 v0): what
+#: ``tests/oracle_reference.py``, written from that README alone, is checked against
+ORACLE_README_CASES = [p for p in ORACLE_CASES if _oracle_version(p) in ("0.32.0", "0.6.3")]
 #: the other cases (vLLM 0.33's hybrid and offload folders): issue 58 teaches the oracle to read them;
 #: until then ``tests/test_oracle.py`` holds them as strict expected failures
 ORACLE_CASES_PENDING = [p for p in _ALL_ORACLE_CASES if p not in ORACLE_CASES]

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from engine.oracle import load_spec, replay
 from engine.policy import DecisionLog
-from tests.conftest import ORACLE_CASES as CASES, golden_log, scaled_examples
+from tests.conftest import ORACLE_README_CASES as CASES, golden_log, scaled_examples
 from tests.oracle_reference import (
     StepLimitExceeded,
     SwapSpaceExhausted,
