@@ -174,8 +174,9 @@ class StudySpec:
             for values in itertools.product(*(grid[k] for k in keys)):
                 config = {"source": self.source, **self.base, **dict(zip(keys, values))}
                 for key, defaults in LATER_SETTINGS.items():
-                    if config[key] in defaults:
-                        del config[key]
+                    # (a study written before the setting existed has no value for it: its default)
+                    if config.get(key, defaults[0]) in defaults:
+                        config.pop(key, None)
                 for key in moot_settings(config):
                     config.pop(key, None)
                 configs.setdefault(run_id(config), config)
