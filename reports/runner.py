@@ -146,23 +146,18 @@ def _run_spec(config: RunConfig):
 
 def _serving_path(config: RunConfig):
     """The run's serving path (``sim.serving_path``; None: the plain one)."""
-    from sim.serving_path import SERVING_PATHS, serving_path
+    from sim.serving_path import chosen_path
 
-    name = config.get("serving_path") or ("vllm" if config["policy"] == "vllm-v1" else "none")
-    path = serving_path(name, async_scheduling=config.get("async_scheduling"))
-    return None if path == SERVING_PATHS["none"] else path
+    return chosen_path(config.get("serving_path"), config["policy"], config.get("async_scheduling"))
 
 
 def _cost_params(config: RunConfig) -> dict[str, float]:
     """The roofline's overrides: the serving path's, then the attention kernel's (the paper's own
     kernel when the run reproduces the 2023 engine, ``engine_overhead_ms = "kwon2023"``)."""
-    from sim.cost.roofline import ATTENTION_KERNELS
     from sim.serving_path import roofline_overrides
 
-    if config.get("profile"):
-        return {}
     kernel = config.get("attention_kernel") or ("paged-2023" if config["engine_overhead_ms"] == "kwon2023" else "flash")
-    return {**roofline_overrides(_serving_path(config)), **ATTENTION_KERNELS[kernel]}
+    return roofline_overrides(_serving_path(config), kernel)
 
 
 def _plugins(config: RunConfig) -> tuple[str, ...]:

@@ -144,7 +144,6 @@ def add_cost_args(group) -> None:
 def cost_params_from_args(args) -> dict[str, float]:
     """The roofline overrides of the serving path (``sim.serving_path.roofline_overrides``),
     ``--attention-kernel`` and then ``--cost-param``; none with ``--profile`` (measured costs)."""
-    from sim.cost.roofline import ATTENTION_KERNELS
     from sim.serving_path import roofline_overrides, serving_path_from_args
 
     kernel = getattr(args, "attention_kernel", "flash")
@@ -152,8 +151,8 @@ def cost_params_from_args(args) -> dict[str, float]:
         if kernel != "flash":
             raise ValueError("--attention-kernel chooses the roofline's kernel; with --profile the costs are measured")
         return _cost_params(args.cost_param)
-    params = roofline_overrides(serving_path_from_args(args, args.policy)) if hasattr(args, "serving_path") else {}
-    return {**params, **(ATTENTION_KERNELS[kernel] if kernel != "flash" else {}), **_cost_params(args.cost_param)}
+    path = serving_path_from_args(args, args.policy) if hasattr(args, "serving_path") else None
+    return {**roofline_overrides(path, kernel), **_cost_params(args.cost_param)}
 
 
 def _cost_params(items: list[str]) -> dict[str, float]:

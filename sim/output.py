@@ -154,11 +154,11 @@ def pct(x) -> str:
 
 def _path_words(info: dict) -> str:
     """The serving path and the attention kernel, in words (``sim.serving_path``)."""
-    path = info.get("options", {}).get("serving_path")
+    from sim.serving_path import ServingPath, path_words
+
+    path = info.get("options", {}).get("serving_path")  # (run_info's form: the path's settings)
     kernel = info["deployment"].get("cost_model", {}).get("params", {}).get("block_overhead_tokens")
-    words = ("serving path none (a request enters the next step; no frontend)" if not path else
-             f"serving path {path['name']} (async scheduling {'on' if path['async_scheduling'] else 'off'}, "
-             f"frontend {path['frontend_in_s'] * 1e3:g} ms in + {path['frontend_out_s'] * 1e3:g} ms out)")
+    words = path_words(ServingPath(**path) if path else None)
     if kernel == 0:
         words += "; paged decode as today's kernels run it (no per-block cost)"
     elif kernel is not None:

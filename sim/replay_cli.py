@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from sim.cli import _plain, run_spec_from_args
     from sim.cluster import Cluster, build_replicas
     from sim.replay import compare, format_table, median_abs_errors
-    from sim.serving_path import serving_path_from_args
+    from sim.serving_path import path_words, serving_path_from_args
     from sim.simulator import SimOptions
     from traces.inference_perf import read_inference_perf
 
@@ -117,11 +117,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
         return 0
     print(measured_run.describe())
-    path_words = ("serving path none" if path is None else
-                  f"serving path {path.name} (async scheduling {'on' if path.async_scheduling else 'off'}, "
-                  f"frontend {path.frontend_in_s * 1e3:g} ms in + {path.frontend_out_s * 1e3:g} ms out)")
     print(f"simulated: {settings['model']} on {settings['gpu']} x{args.tp}, policy {args.policy}, "
-          f"{built.batch_limits_words()}, attention kernel {args.attention_kernel}, {path_words}; seed {args.seed}; "
+          f"{built.batch_limits_words()}, attention kernel {args.attention_kernel}, {path_words(path)}; "
+          f"seed {args.seed}; "
           f"{result.wall_s:.1f} s wall\n")
     print(format_table(rows))
     sys.stdout.flush()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 #: Client send -> the engine core's input queue on a vLLM V1 server: an HTTP request parsed and
@@ -100,16 +101,26 @@ def serving_path(name: str, *, async_scheduling: bool | None = None) -> ServingP
     return path if async_scheduling is None else path.with_async_scheduling(async_scheduling)
 
 
-def roofline_overrides(path: ServingPath | None) -> dict[str, float]:
-    """What the path changes in the roofline's step time: with asynchronous scheduling the
-    scheduler's and the input preparation's per-request CPU work for a step runs while the previous
-    step computes (vLLM V1's ``step_with_batch_queue``: ``schedule()`` and ``execute_model`` of
-    step k + 1 are issued before step k's output is awaited), so the roofline's per-sequence CPU
-    term (``cpu_per_seq_s``) is hidden; its per-step term (``cpu_step_s``: the sampler's
+def roofline_overrides(path: ServingPath | None, kernel: str = "flash") -> dict[str, float]:
+    """The roofline parameters a run's path and paged decode ``kernel``
+    (``sim.cost.roofline.ATTENTION_KERNELS``) set. With asynchronous scheduling the scheduler's and
+    the input preparation's per-request CPU work for a step runs while the previous step computes
+    (vLLM V1's ``step_with_batch_queue``: ``schedule()`` and ``execute_model`` of step k + 1 are
+    issued before step k's output is awaited), so the roofline's per-sequence CPU term
+    (``cpu_per_seq_s``) is hidden; its per-step term (``cpu_step_s``: the sampler's
     synchronisation, launch gaps between the step's kernels, output handling) is not."""
-    if path is not None and path.async_scheduling:
-        return {"cpu_per_seq_s": 0.0}
-    return {}
+    from sim.cost.roofline import ATTENTION_KERNELS
+
+    params = {"cpu_per_seq_s": 0.0} if path is not None and path.async_scheduling else {}
+    return {**params, **(ATTENTION_KERNELS[kernel] if kernel != "flash" else {})}
+
+
+def path_words(path: ServingPath | None) -> str:
+    """The path in words, as the summaries state it."""
+    if path is None:
+        return "serving path none (a request enters the next step; no frontend)"
+    return (f"serving path {path.name} (async scheduling {'on' if path.async_scheduling else 'off'}, "
+            f"frontend {path.frontend_in_s * 1e3:g} ms in + {path.frontend_out_s * 1e3:g} ms out)")
 
 
 def add_serving_path_args(parser) -> None:
@@ -129,11 +140,16 @@ def add_serving_path_args(parser) -> None:
 
 
 def serving_path_from_args(args, policy: str | None = None) -> ServingPath | None:
-    """The path ``args`` ask for (``None`` for ``none`` without async scheduling: the simulator's
-    plain path); ``--serving-path``'s default follows ``policy``."""
-    name = args.serving_path or ("vllm" if policy == "vllm-v1" else "none")
-    path = serving_path(name, async_scheduling=args.async_scheduling)
-    frontend_ms = getattr(args, "frontend_latency_ms", None)
+    """The path ``args`` ask for (``chosen_path``)."""
+    return chosen_path(args.serving_path, policy, args.async_scheduling, getattr(args, "frontend_latency_ms", None))
+
+
+def chosen_path(name: str | None, policy: str | None, async_scheduling: bool | None = None,
+                frontend_ms: Sequence[float] | None = None) -> ServingPath | None:
+    """The path named (by default ``vllm`` under the ``vllm-v1`` policy, ``none`` otherwise), with
+    ``async_scheduling`` and the frontend terms (``frontend_ms``: in and out, milliseconds)
+    overridden when given; ``None`` for the plain path (``none`` without async scheduling)."""
+    path = serving_path(name or ("vllm" if policy == "vllm-v1" else "none"), async_scheduling=async_scheduling)
     if frontend_ms is not None:
         try:
             path = replace(path, frontend_in_s=frontend_ms[0] / 1e3, frontend_out_s=frontend_ms[1] / 1e3)
