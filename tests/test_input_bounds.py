@@ -448,15 +448,15 @@ def _v0_spec() -> dict:
 @pytest.mark.skipif(not SHARED_ORACLE.exists(), reason="needs ../shared/oracle")
 def test_every_shared_oracle_spec_loads():
     """Every spec of a vLLM version pagesim has a preset for loads; of vLLM 0.33's folders, the
-    priority one's; the hybrid and offload folders' specs (issue 58's rest) are refused with one
+    priority and hybrid ones'; the offload folder's specs (issue 58's rest) are refused with one
     message naming the key the replay does not model yet, never read without it."""
     specs = sorted(SHARED_ORACLE.glob("*/case_*.spec.json"))
     known = [s for s in specs if json.loads(s.read_text())["vllm_version"] in VERSION_PRESETS]
     assert len(known) >= 20
     for spec in specs:
         version = json.loads(spec.read_text())["vllm_version"]
-        if spec.parent.name in ("vllm-0.33-v1-hybrid", "vllm-0.33-v1-offload"):
-            with pytest.raises(ValueError, match=r"config\.(kv_group_windows|num_offload_blocks) is .* not model yet"):
+        if spec.parent.name == "vllm-0.33-v1-offload":
+            with pytest.raises(ValueError, match=r"config\.num_offload_blocks is .* not model yet"):
                 load_spec(spec)
         elif version in VERSION_PRESETS:
             load_spec(spec).scheduler_config()
@@ -473,7 +473,11 @@ def _priority_spec() -> dict:
 @pytest.mark.parametrize("change, words", [
     (lambda s: s["config"].update(scheduling_policy="lottery"), ("config.scheduling_policy must be one of fcfs, priority",)),
     (lambda s: s["config"].update(scheduling_policy=1), ("config.scheduling_policy must be str",)),
-    (lambda s: s["config"].update(kv_group_windows=[None]), ("config.kv_group_windows is the hybrid",)),
+    (lambda s: s["config"].update(kv_group_windows=[None, 0]), ("config.kv_group_windows must be a non-empty list",)),
+    (lambda s: s["config"].update(kv_group_windows=[]), ("config.kv_group_windows must be a non-empty list",)),
+    (lambda s: s["config"].update(kv_group_windows=16), ("config.kv_group_windows must be list",)),
+    (lambda s: s["config"].update(prefix_cache_retention_interval=-4),
+     ("config.prefix_cache_retention_interval must be null or >= 0",)),
     (lambda s: s["config"].update(offload_load_steps=2), ("config.offload_load_steps is native KV offloading",)),
     (lambda s: s["config"].update(scheduling=1), ("config (vLLM 0.33.0): unknown key 'scheduling'",)),
     (lambda s: s["requests"][0].update(priority="high"), ("requests[0].priority must be int",)),

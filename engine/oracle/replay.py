@@ -10,7 +10,9 @@ ends after the last arrival once nothing is unfinished. An idle step still produ
 version (README §3). pagesim's own decision log is richer (and counts every decoded token); the
 projection only renames and narrows: v0's ``scheduled`` is vLLM's ``token_chunk_size`` (1 for a
 decode however many sequences run), v0's ``ignored`` is pagesim's ``rejected``, and v1's
-``block_ids`` is the one sequence's table.
+``block_ids`` is the one sequence's table. With more than one KV-cache group (vLLM 0.33's hybrid
+specs) v1 also writes ``group_block_ids``, ``{request: [table of group 1, ...]}``, and a table
+entry a sliding window released is vLLM's null block ``0`` (pagesim's ``None``).
 """
 
 from __future__ import annotations
@@ -30,12 +32,18 @@ def fake_token(seq: Sequence, sample_index: int) -> int:
     return 10_000 + zlib.crc32(f"{seq.request.request_id}:{seq.num_tokens}".encode()) % 40_000
 
 
-def oracle_record(output: SchedulerOutput, finished: SequenceT[str], *, v0: bool) -> dict[str, Any]:
-    """The step's record in the oracle's format for vLLM v0 (0.6.3) or v1 (0.32)."""
+def _vllm_table(table) -> list[int]:
+    """A block table as vLLM logs it: the null block ``0`` where a sliding window released one."""
+    return [0 if block is None else block for block in table]
+
+
+def oracle_record(output: SchedulerOutput, finished: SequenceT[str], *, v0: bool, groups: bool = False) -> dict[str, Any]:
+    """The step's record in the oracle's format for vLLM v0 (0.6.3) or v1 (0.32, 0.33); ``groups``:
+    the cache has several KV-cache groups, whose tables after the first are ``group_block_ids``."""
     tables: dict[str, dict[str, list[int]]] = {}
     chunk: dict[str, int] = {}
     for s in output.scheduled:
-        tables.setdefault(s.request_id, {})[str(s.seq_index)] = list(s.block_table)
+        tables.setdefault(s.request_id, {})[str(s.seq_index)] = _vllm_table(s.block_table)
         chunk[s.request_id] = max(chunk.get(s.request_id, 0), s.num_new_tokens)
     record: dict[str, Any] = {
         "step": output.step,
@@ -64,6 +72,9 @@ def oracle_record(output: SchedulerOutput, finished: SequenceT[str], *, v0: bool
             block_ids={rid: seqs["0"] for rid, seqs in tables.items()},
             resumed_cached=dict(output.resumed),
         )
+        if groups:
+            record["group_block_ids"] = {s.request_id: [_vllm_table(t) for t in s.extra_block_tables]
+                                         for s in output.scheduled}
     return record
 
 
@@ -94,6 +105,7 @@ def replay(spec: OracleSpec, preset: str | None = None) -> ReplayResult:
                 raise ValueError(f"{spec.path}: preset {preset} rejects request {r.request_id!r}: {request.reject_reason}")
         output = scheduler.schedule()
         finished = scheduler.update(output, fake_token)
-        records.append(oracle_record(output, [r.request_id for r in finished], v0=spec.is_v0))
+        records.append(oracle_record(output, [r.request_id for r in finished], v0=spec.is_v0,
+                                     groups=spec.num_kv_groups > 1))
         step += 1
     return ReplayResult(spec, preset, records, scheduler)

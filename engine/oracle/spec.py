@@ -10,8 +10,11 @@ maps the settings onto a preset (``vllm-v1`` for 0.32.0 and 0.33.0, ``vllm-v0`` 
 ``num_blocks`` -> ``num_gpu_blocks`` (v1 counts its null block in it, as the preset does), and v0's
 ``preemption_mode: null`` -> vLLM's default rule (``vllm-v0``). Of vLLM 0.33.0's keys
 (``README-0.33.md``) it reads priority scheduling's (config ``scheduling_policy``; per request
-``priority`` and ``arrival_time``); the hybrid and offload folders' keys are refused by name as not
-modelled by the replay yet, and a 0.33 key in a spec of another version is refused as one.
+``priority`` and ``arrival_time``) and the hybrid KV-cache manager's (``kv_group_windows``: one entry
+per KV-cache group in vLLM's group order, ``null`` or a window in tokens;
+``prefix_cache_retention_interval``: ``null`` or a count of tokens >= 0, checked as the preset checks
+it); the offload folder's keys are refused by name as not modelled by the replay yet, and a 0.33 key
+in a spec of another version is refused as one.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ _CONFIG_KEYS = {
     "watermark": (int, float),
 }
 _V0_KEYS = {"num_cpu_blocks": int, "preemption_mode": (str, type(None))}
-#: vLLM 0.33's optional config keys the replay reads (README-0.33.md, ``vllm-0.33-v1-priority/``)
-_V033_KEYS = {"scheduling_policy": str}
+#: vLLM 0.33's optional config keys the replay reads (README-0.33.md: ``vllm-0.33-v1-priority/``,
+#: ``vllm-0.33-v1-hybrid/``)
+_V033_KEYS = {"scheduling_policy": str, "kv_group_windows": list, "prefix_cache_retention_interval": (int, type(None))}
 _TOP_KEYS = ("config", "requests", "vllm_version")
 _REQUEST_KEYS = ("id", "arrival_step", "prompt_token_ids", "max_tokens", "n", "ignore_eos")
 #: vLLM 0.33's optional request keys: ``priority`` (lower is more important), ``arrival_time`` (seconds;
@@ -49,8 +53,6 @@ _REQUEST_KEYS = ("id", "arrival_step", "prompt_token_ids", "max_tokens", "n", "i
 _V033_REQUEST_KEYS = ("priority", "arrival_time")
 #: vLLM 0.33's config keys the replay does not model yet (README-0.33.md), refused by name
 _V033_UNSUPPORTED = {
-    "kv_group_windows": "the hybrid KV-cache manager (vllm-0.33-v1-hybrid)",
-    "prefix_cache_retention_interval": "the hybrid KV-cache manager (vllm-0.33-v1-hybrid)",
     "num_offload_blocks": "native KV offloading (vllm-0.33-v1-offload)",
     "offload_eviction_policy": "native KV offloading (vllm-0.33-v1-offload)",
     "offload_prompt_only": "native KV offloading (vllm-0.33-v1-offload)",
@@ -87,6 +89,11 @@ class OracleSpec:
     requests: tuple[OracleRequest, ...]
 
     @property
+    def num_kv_groups(self) -> int:
+        """KV-cache groups (vLLM 0.33 hybrid specs: one per ``kv_group_windows`` entry; else 1)."""
+        return len(self.config.get("kv_group_windows", (None,)))
+
+    @property
     def preset(self) -> str:
         return VERSION_PRESETS[self.vllm_version]
 
@@ -108,6 +115,10 @@ class OracleSpec:
         )
         if "scheduling_policy" in c:
             settings["scheduling_policy"] = c["scheduling_policy"]
+        if "kv_group_windows" in c:
+            settings["kv_group_windows"] = tuple(c["kv_group_windows"])
+        if "prefix_cache_retention_interval" in c:
+            settings["prefix_cache_retention_interval"] = c["prefix_cache_retention_interval"]
         if self.is_v0:
             settings["num_cpu_blocks"] = c["num_cpu_blocks"]
             settings["preemption_mode"] = _PREEMPTION_MODES[c["preemption_mode"]]
@@ -173,6 +184,13 @@ def load_spec(path: str | Path) -> OracleSpec:
     for key, kind in optional.items():
         if key in config:
             _check(config[key], kind, f"{path}: config.{key}")
+    windows = config.get("kv_group_windows", [None])
+    if not windows or not all(w is None or (isinstance(w, int) and not isinstance(w, bool) and w >= 1) for w in windows):
+        raise ValueError(f"{path}: config.kv_group_windows must be a non-empty list of null (full attention) or "
+                         f"windows in tokens >= 1, got {windows!r}")
+    interval = config.get("prefix_cache_retention_interval", 0)
+    if interval is not None and interval < 0:
+        raise ValueError(f"{path}: config.prefix_cache_retention_interval must be null or >= 0, got {interval}")
     if config.get("scheduling_policy", "fcfs") not in _SCHEDULING_POLICIES:
         raise ValueError(f"{path}: config.scheduling_policy must be one of {', '.join(_SCHEDULING_POLICIES)}, "
                          f"got {config['scheduling_policy']!r}")
