@@ -73,16 +73,17 @@ def _oracle_version(spec_path: Path) -> str:
     return json.loads(spec_path.read_text())["vllm_version"]
 
 
-#: the vLLM 0.33 folders the oracle replay reads (priority scheduling, the hybrid KV-cache manager; issue 58)
-ORACLE_033_FOLDERS = ("vllm-0.33-v1-priority", "vllm-0.33-v1-hybrid")
-#: the shared oracle's cases the presets reproduce: 0.32 v1, 0.6.3 v0, and 0.33's priority and hybrid folders
+#: the vLLM 0.33 folders the oracle replay reads (priority scheduling, the hybrid KV-cache manager, KV
+#: offloading; issue 58)
+ORACLE_033_FOLDERS = ("vllm-0.33-v1-priority", "vllm-0.33-v1-hybrid", "vllm-0.33-v1-offload")
+#: the shared oracle's cases the presets reproduce: 0.32 v1, 0.6.3 v0, and 0.33's priority, hybrid and offload folders
 ORACLE_CASES = [p for p in _ALL_ORACLE_CASES
                 if _oracle_version(p) in ("0.32.0", "0.6.3") or p.parent.name in ORACLE_033_FOLDERS]
 #: the cases of ``shared/oracle/README.md``'s own scope (0.32 v1 and 0.6.3 v0): what
 #: ``tests/oracle_reference.py``, written from that README alone, is checked against
 ORACLE_README_CASES = [p for p in ORACLE_CASES if _oracle_version(p) in ("0.32.0", "0.6.3")]
-#: the other cases (vLLM 0.33's offload folder): issue 58 teaches the oracle to read them;
-#: until then ``tests/test_oracle.py`` holds them as strict expected failures
+#: the other cases (a folder of a vLLM version or path the replay does not read yet; none today):
+#: ``tests/test_oracle.py`` holds them as strict expected failures until it does
 ORACLE_CASES_PENDING = [p for p in _ALL_ORACLE_CASES if p not in ORACLE_CASES]
 
 

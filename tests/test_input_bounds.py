@@ -447,18 +447,14 @@ def _v0_spec() -> dict:
 
 @pytest.mark.skipif(not SHARED_ORACLE.exists(), reason="needs ../shared/oracle")
 def test_every_shared_oracle_spec_loads():
-    """Every spec of a vLLM version pagesim has a preset for loads; of vLLM 0.33's folders, the
-    priority and hybrid ones'; the offload folder's specs (issue 58's rest) are refused with one
-    message naming the key the replay does not model yet, never read without it."""
+    """Every spec of a vLLM version pagesim has a preset for loads (vLLM 0.33's priority, hybrid and
+    offload folders' too); a spec of another version is refused naming the versions known."""
     specs = sorted(SHARED_ORACLE.glob("*/case_*.spec.json"))
     known = [s for s in specs if json.loads(s.read_text())["vllm_version"] in VERSION_PRESETS]
     assert len(known) >= 20
     for spec in specs:
         version = json.loads(spec.read_text())["vllm_version"]
-        if spec.parent.name == "vllm-0.33-v1-offload":
-            with pytest.raises(ValueError, match=r"config\.num_offload_blocks is .* not model yet"):
-                load_spec(spec)
-        elif version in VERSION_PRESETS:
+        if version in VERSION_PRESETS:
             load_spec(spec).scheduler_config()
         else:
             with pytest.raises(ValueError, match=f"vllm_version '{version}' has no preset; known: 0.32.0"):
@@ -478,7 +474,11 @@ def _priority_spec() -> dict:
     (lambda s: s["config"].update(kv_group_windows=16), ("config.kv_group_windows must be list",)),
     (lambda s: s["config"].update(prefix_cache_retention_interval=-4),
      ("config.prefix_cache_retention_interval must be null or >= 0",)),
-    (lambda s: s["config"].update(offload_load_steps=2), ("config.offload_load_steps is native KV offloading",)),
+    (lambda s: s["config"].update(num_offload_blocks=8, offload_load_steps=0), ("config.offload_load_steps must be >= 1",)),
+    (lambda s: s["config"].update(num_offload_blocks=8, offload_eviction_policy="lfu"),
+     ("config.offload_eviction_policy must be lru or arc",)),
+    (lambda s: s["config"].update(num_offload_blocks="8"), ("config.num_offload_blocks must be int",)),
+    (lambda s: s["config"].update(offload_sync_load_budget_bytes=-1), ("config.offload_sync_load_budget_bytes must be >= 0",)),
     (lambda s: s["config"].update(scheduling=1), ("config (vLLM 0.33.0): unknown key 'scheduling'",)),
     (lambda s: s["requests"][0].update(priority="high"), ("requests[0].priority must be int",)),
     (lambda s: s["requests"][0].update(arrival_time=float("inf")), ("requests[0].arrival_time must be a finite",)),

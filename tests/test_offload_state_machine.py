@@ -14,7 +14,9 @@ sequence computes ``p``, copied by swaps, copy-on-write, loads and stores. Then:
 - every scheduled sequence reads its whole context back through its block table (a load of the
   wrong slot, a load that never came, a store of the wrong block, all read wrong KV);
 - a stored block holds exactly the content its key names (the HBM block it came from, whole);
-- a loaded block brings exactly the content of the key it is registered under in the GPU cache.
+- a loaded block brings exactly the content of the key its slot holds, which is the key of the
+  block it fills in the loading sequence's table; an asynchronous load's request is parked (never
+  scheduled) and its blocks join the GPU cache only when the load is done, a synchronous one's at once.
 
 And after every ``schedule()``: the policy's invariants (``Scheduler.check``, ``store.check``),
 every load names a pinned slot whose key is the key of the GPU block it fills, which is in use
@@ -99,13 +101,16 @@ class TwoTierShadow:
     def execute(self, out: SchedulerOutput) -> None:
         s = self.scheduler
         pool, bs = s.pool, self.bs
+        split = len(out.blocks_to_store) - out.num_finished_stores
+        for gpu, slot in out.blocks_to_store[split:]:  # finished requests' (freed) blocks: before anything
+            self._store(out, gpu, slot)
         for gpu, cpu in out.blocks_to_swap_out:
             self.cpu[cpu] = list(self.gpu[gpu])
         for cpu, gpu in out.blocks_to_swap_in:
             self.gpu[gpu] = list(self.cpu[cpu])
         for slot, gpu in out.blocks_to_load:
             content = self.slots[slot]
-            expected = key_block(pool.keys[gpu], bs)
+            expected = key_block(s.offload.store.key_of[slot], bs)
             assert content == expected, f"step {out.step}: slot {slot} loaded into block {gpu} holds other content"
             self.gpu[gpu] = list(content)
         self.num_loads += len(out.blocks_to_load)
@@ -128,57 +133,84 @@ class TwoTierShadow:
                 bad = next(p for p in range(end) if read[p] != prints[p])
                 raise AssertionError(f"step {out.step}: {sched.seq_id} reads wrong KV at position {bad} "
                                      f"(block {table[bad // bs]})")
-        for gpu, slot in out.blocks_to_store:  # after the forward pass: the blocks are written
-            content = self.gpu[gpu]
-            assert content == key_block(pool.keys[gpu], bs), (
-                f"step {out.step}: block {gpu} stored to slot {slot} does not hold its key's content")
-            self.slots[slot] = list(content)
-        self.num_stores += len(out.blocks_to_store)
+        for gpu, slot in out.blocks_to_store[:split]:  # after the forward pass: the blocks are written
+            self._store(out, gpu, slot)
+
+    def _store(self, out: SchedulerOutput, gpu: int, slot: int) -> None:
+        content = self.gpu[gpu]
+        key = self.scheduler.offload.store.key_of[slot]
+        assert content == key_block(key, self.bs), (
+            f"step {out.step}: block {gpu} stored to slot {slot} does not hold its key's content")
+        self.slots[slot] = list(content)
+        self.num_stores += 1
 
 
-def check_output(s: Scheduler, out: SchedulerOutput, refused_before: int, evicted_before: int) -> None:
+def check_output(s: Scheduler, out: SchedulerOutput, refused_before: int, evicted_before: int,
+                 loaded: set | None = None) -> None:
     """What a schedule() with offloading on promises the executor, before it runs (``*_before``:
-    the store's refused blocks and evictions before it)."""
+    the store's refused blocks and evictions before it; ``loaded``: the GPU blocks loaded from the
+    store so far, updated)."""
     store, pool = s.offload.store, s.pool
     bs = s.block_size
+    loaded = set() if loaded is None else loaded
     # Every block whose last token this step computes is offered (prompt blocks only, by
-    # default), so its key is in the store now, unless the store refused an offer or evicted.
+    # default), so its key is in the store now, unless the store refused an offer or evicted, or
+    # the block was loaded from the store (a load of every token computes the last one again).
     if store.num_refused_blocks == refused_before and store.num_evictions == evicted_before:
         for sched in out.scheduled:
             seq = s.requests[sched.request_id].seqs[sched.seq_index]
             start, end = sched.num_computed_tokens, sched.num_computed_tokens + sched.num_new_tokens
             limit = min(end, seq.request.prompt_len if s.offload.prompt_only else seq.num_tokens) // bs
             for j in range(start // bs, limit):
-                assert pool.keys[sched.block_table[j]] in store, f"{sched.seq_id}'s block {j} was never offered"
+                block = sched.block_table[j]
+                assert pool.keys[block] in store or block in loaded, f"{sched.seq_id}'s block {j} was never offered"
     assert out.num_free_offload_blocks == store.num_free_blocks
+    for slot, gpu in out.blocks_to_load:
+        loaded.add(gpu)
     loaded = [gpu for _, gpu in out.blocks_to_load]
     assert len(set(loaded)) == len(loaded), "a GPU block loaded twice in one step"
     assert not set(loaded) & ({gpu for _, gpu in out.blocks_to_swap_in} | {dst for _, dst in out.blocks_to_copy})
+    # a parked request (its load asynchronous) is never scheduled; its loaded blocks join the GPU
+    # cache when it is promoted, a synchronous load's at once
+    parked = set(out.parked)
+    assert not parked & set(out.num_scheduled_tokens), "a parked request is scheduled"
+    for rid in parked:
+        assert s.requests[rid].status is RequestStatus.LOADING
+    table_of = {b: (request, seq, j) for rid in (*out.new, *out.resumed, *parked)
+                for request in (s.requests[rid],) for seq in request.live_seqs for j, b in enumerate(seq.block_table)}
     for slot, gpu in out.blocks_to_load:
         key = store.key_of[slot]
         assert key is not None and store.state[key] >= READY + 1, f"load from slot {slot}, not pinned for loading"
         assert pool.ref_counts[gpu] > 0, f"block {gpu} is loaded into and free"
-        assert pool.keys[gpu] is key, f"block {gpu} is registered under another key than slot {slot} holds"
+        request, seq, j = table_of[gpu]
+        assert seq.block_keys[j] is key, f"block {gpu} is loaded for another key than slot {slot} holds"
+        if request.request_id in parked:
+            assert pool.keys[gpu] is None, f"block {gpu} joined the GPU cache before its load is done"
+        else:
+            assert pool.keys[gpu] is key, f"block {gpu} is registered under another key than slot {slot} holds"
     stored_slots = [slot for _, slot in out.blocks_to_store]
     assert len(set(stored_slots)) == len(stored_slots), "a slot stored twice in one step"
-    for gpu, slot in out.blocks_to_store:
+    split = len(out.blocks_to_store) - out.num_finished_stores
+    for i, (gpu, slot) in enumerate(out.blocks_to_store):
         key = store.key_of[slot]
         assert key is not None and store.state[key] == STORING, f"store to slot {slot}, which is not being stored"
-        assert pool.keys[gpu] is key, f"block {gpu} is stored under another key"
-        assert pool.ref_counts[gpu] > 0, f"block {gpu} is stored from but free"
+        if i < split:  # (a finished request's block is free, or reallocated: stored before the forward pass)
+            assert pool.keys[gpu] is key, f"block {gpu} is stored under another key"
+            assert pool.ref_counts[gpu] > 0, f"block {gpu} is stored from but free"
     # offload hits: the loads of this step's admissions (into the tables of the request that
     # loads; a beam re-prefilling may hold its leader back a step, and a request admitted after
     # it in the same step may hit the loaded blocks in the GPU cache)
     assert sum(out.offload_hits.values()) == len(loaded) * bs
     admitted_blocks = {}
-    for rid in (*out.new, *out.resumed):
+    for rid in (*out.new, *out.resumed, *parked):
         admitted_blocks[rid] = {b for seq in s.requests[rid].live_seqs for b in seq.block_table}
     for gpu in loaded:
         assert any(gpu in blocks for blocks in admitted_blocks.values()), (
             f"block {gpu} is loaded but in no table of a request admitted this step")
     for rid, tokens in out.offload_hits.items():
         assert len(admitted_blocks[rid] & set(loaded)) * bs >= tokens
-        assert (out.new if rid in out.new else out.resumed)[rid] >= tokens  # (hit tokens of both tiers)
+        if rid not in parked:
+            assert (out.new if rid in out.new else out.resumed)[rid] >= tokens  # (hit tokens of both tiers)
 
 
 @st.composite
@@ -230,6 +262,7 @@ class Run:
         shadow = self.shadow = shadow_class(s) if check else None
         self.added: list[Request] = []
         self.offload_hit_tokens = 0
+        loaded: set[int] = set()  # GPU blocks loaded from the store (until released)
         pending = list(requests)
         step = 0
         while pending or s.has_unfinished_requests:
@@ -243,11 +276,12 @@ class Run:
             if check and store is not None:
                 s.check()
                 store.check()
-                check_output(s, out, *before)
+                check_output(s, out, *before, loaded)
             if check:
                 shadow.execute(out)
             self.offload_hit_tokens += sum(out.offload_hits.values())
             s.update(out, sampled_token)
+            loaded &= {b for r in s.requests.values() for seq in r.live_seqs for b in seq.block_table}
             if check:
                 s.check()
                 if store is not None:
@@ -333,10 +367,15 @@ def test_a_prefix_evicted_from_hbm_is_loaded_back_from_the_store():
     run = Run(*evicted_prefix_workload())
     check_end(run)
     s = run.scheduler
-    d_new = next(r for r in s.decision_log if "d" in r["new"])
-    assert d_new["offload_hits"] == {"d": 12}  # all three blocks of a's prompt, none on the GPU
-    assert d_new["new"] == {"d": 12}
-    assert [slot for slot, _ in d_new["blocks_to_load"]] == [0, 1, 2]  # a's blocks, stored first
+    records = list(s.decision_log)
+    d_load = next(r for r in records if "d" in r["offload_hits"])
+    assert d_load["offload_hits"] == {"d": 12}  # all three blocks of a's prompt, none on the GPU
+    assert [slot for slot, _ in d_load["blocks_to_load"]] == [0, 1, 2]  # a's blocks, stored first
+    # the load is asynchronous (vLLM's default): d is parked in that step, not scheduled, and
+    # admitted in the next with its loaded tokens computed
+    assert d_load["parked"] == ["d"] and "d" not in d_load["scheduled"] and d_load["new"] == {}
+    d_new = records[d_load["step"] + 1]
+    assert d_new["new"] == {"d": 12} and d_new["scheduled"]["d"] == 2 and d_new["parked"] == []
     assert s.num_offload_hit_tokens == 12
 
 
@@ -394,7 +433,7 @@ def test_the_store_policy_is_told_when_a_request_finishes_or_is_aborted():
         s.add_request(Request(rid, 0, 4, prompt_token_ids=[1, 2, 3, 4, 5]))
     s.update(s.schedule(), sampled_token)
     s.abort_request("b")
-    while s.has_unfinished_requests:
+    while s.has_unfinished_requests or s.offload.has_work:  # (the policy hears in the step after)
         s.update(s.schedule(), sampled_token)
     assert finished == ["b", "a"]
     s.check()

@@ -32,8 +32,8 @@ def test_presets_make_vllms_decisions_step_for_step(spec_path, capsys):
 
 
 @pytest.mark.skipif(not PENDING, reason="shared/oracle holds no case of a later vLLM version")
-@pytest.mark.xfail(strict=True, reason="issue 58: the oracle does not read vLLM 0.33's offload keys yet "
-                                       "(refused by name)")
+@pytest.mark.xfail(strict=True, reason="a shared oracle folder the replay does not read yet (its keys refused "
+                                       "by name)")
 @pytest.mark.parametrize("spec_path", PENDING, ids=lambda p: f"{p.parent.name}/{p.name.split('.')[0]}")
 def test_later_versions_are_not_read_yet(spec_path, capsys):
     """NOTE: strict: once the oracle reads a later version's cases, this fails until they move into
@@ -46,8 +46,8 @@ def test_later_versions_are_not_read_yet(spec_path, capsys):
 def test_every_oracle_version_is_covered():
     versions = {load_spec(p).vllm_version for p in CASES}
     assert versions == {"0.32.0", "0.6.3", "0.33.0"}
-    assert {p.parent.name for p in CASES if load_spec(p).vllm_version == "0.33.0"} == {"vllm-0.33-v1-priority",
-                                                                                         "vllm-0.33-v1-hybrid"}
+    assert {p.parent.name for p in CASES if load_spec(p).vllm_version == "0.33.0"} == {
+        "vllm-0.33-v1-priority", "vllm-0.33-v1-hybrid", "vllm-0.33-v1-offload"}
 
 
 # ------------------------------------------------------------- the tool itself

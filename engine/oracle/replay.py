@@ -37,7 +37,8 @@ def _vllm_table(table) -> list[int]:
     return [0 if block is None else block for block in table]
 
 
-def oracle_record(output: SchedulerOutput, finished: SequenceT[str], *, v0: bool, groups: bool = False) -> dict[str, Any]:
+def oracle_record(output: SchedulerOutput, finished: SequenceT[str], *, v0: bool, groups: bool = False,
+                  offload: bool = False) -> dict[str, Any]:
     """The step's record in the oracle's format for vLLM v0 (0.6.3) or v1 (0.32, 0.33); ``groups``:
     the cache has several KV-cache groups, whose tables after the first are ``group_block_ids``."""
     tables: dict[str, dict[str, list[int]]] = {}
@@ -72,6 +73,15 @@ def oracle_record(output: SchedulerOutput, finished: SequenceT[str], *, v0: bool
             block_ids={rid: seqs["0"] for rid, seqs in tables.items()},
             resumed_cached=dict(output.resumed),
         )
+        if offload:
+            record.update(
+                blocks_to_load=[list(p) for p in output.blocks_to_load],
+                blocks_to_store=[list(p) for p in output.blocks_to_store],
+                offload_hits=dict(output.offload_hits),
+                parked=list(output.parked),
+                num_free_offload_blocks=output.num_free_offload_blocks,
+                offload_evictions=output.offload_evictions,
+            )
         if groups:
             record["group_block_ids"] = {s.request_id: [_vllm_table(t) for t in s.extra_block_tables]
                                          for s in output.scheduled}
@@ -90,6 +100,10 @@ def replay(spec: OracleSpec, preset: str | None = None) -> ReplayResult:
     """Replay ``spec`` through ``preset`` (default: the one for the spec's vLLM version)."""
     preset = preset or spec.preset
     scheduler = Scheduler(spec.scheduler_config(preset))
+    load_steps, store_steps = spec.offload_steps
+    offload = scheduler.offload
+    if offload is not None:  # the fake worker reports each copy done (README-0.33.md)
+        scheduler.complete_offload_in_update = False
     pending = list(spec.requests)
     last_arrival = pending[-1].arrival_step
     records = []
@@ -105,7 +119,10 @@ def replay(spec: OracleSpec, preset: str | None = None) -> ReplayResult:
                 raise ValueError(f"{spec.path}: preset {preset} rejects request {r.request_id!r}: {request.reject_reason}")
         output = scheduler.schedule()
         finished = scheduler.update(output, fake_token)
+        if offload is not None:
+            offload.complete(step - load_steps + 1, loads=True, stores=False)
+            offload.complete(step - store_steps + 1, loads=False, stores=True)
         records.append(oracle_record(output, [r.request_id for r in finished], v0=spec.is_v0,
-                                     groups=spec.num_kv_groups > 1))
+                                     groups=spec.num_kv_groups > 1, offload=offload is not None))
         step += 1
     return ReplayResult(spec, preset, records, scheduler)

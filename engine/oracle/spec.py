@@ -10,11 +10,13 @@ maps the settings onto a preset (``vllm-v1`` for 0.32.0 and 0.33.0, ``vllm-v0`` 
 ``num_blocks`` -> ``num_gpu_blocks`` (v1 counts its null block in it, as the preset does), and v0's
 ``preemption_mode: null`` -> vLLM's default rule (``vllm-v0``). Of vLLM 0.33.0's keys
 (``README-0.33.md``) it reads priority scheduling's (config ``scheduling_policy``; per request
-``priority`` and ``arrival_time``) and the hybrid KV-cache manager's (``kv_group_windows``: one entry
+``priority`` and ``arrival_time``), the hybrid KV-cache manager's (``kv_group_windows``: one entry
 per KV-cache group in vLLM's group order, ``null`` or a window in tokens;
 ``prefix_cache_retention_interval``: ``null`` or a count of tokens >= 0, checked as the preset checks
-it); the offload folder's keys are refused by name as not modelled by the replay yet, and a 0.33 key
-in a spec of another version is refused as one.
+it) and KV offloading's (``num_offload_blocks``, ``offload_eviction_policy`` ``lru`` or ``arc``,
+``offload_prompt_only``, ``offload_sync_load_budget_bytes``, and the fake worker's
+``offload_load_steps`` / ``offload_store_steps``, each at least 1); a 0.33 key in a spec of another
+version is refused as one.
 """
 
 from __future__ import annotations
@@ -45,21 +47,20 @@ _CONFIG_KEYS = {
 _V0_KEYS = {"num_cpu_blocks": int, "preemption_mode": (str, type(None))}
 #: vLLM 0.33's optional config keys the replay reads (README-0.33.md: ``vllm-0.33-v1-priority/``,
 #: ``vllm-0.33-v1-hybrid/``)
-_V033_KEYS = {"scheduling_policy": str, "kv_group_windows": list, "prefix_cache_retention_interval": (int, type(None))}
+_V033_KEYS = {"scheduling_policy": str, "kv_group_windows": list, "prefix_cache_retention_interval": (int, type(None)),
+              "num_offload_blocks": int, "offload_eviction_policy": str, "offload_prompt_only": bool,
+              "offload_sync_load_budget_bytes": int, "offload_load_steps": int, "offload_store_steps": int}
+#: the offload keys that are settings of the scheduler (the other two are the fake worker's)
+_OFFLOAD_SETTINGS = ("num_offload_blocks", "offload_eviction_policy", "offload_prompt_only",
+                     "offload_sync_load_budget_bytes")
+#: offload keys and the least each may be
+_OFFLOAD_MINIMUM = {"num_offload_blocks": 1, "offload_sync_load_budget_bytes": 0, "offload_load_steps": 1,
+                    "offload_store_steps": 1}
 _TOP_KEYS = ("config", "requests", "vllm_version")
 _REQUEST_KEYS = ("id", "arrival_step", "prompt_token_ids", "max_tokens", "n", "ignore_eos")
 #: vLLM 0.33's optional request keys: ``priority`` (lower is more important), ``arrival_time`` (seconds;
 #: default ``float(arrival_step)``, vLLM's ``Request.arrival_time``)
 _V033_REQUEST_KEYS = ("priority", "arrival_time")
-#: vLLM 0.33's config keys the replay does not model yet (README-0.33.md), refused by name
-_V033_UNSUPPORTED = {
-    "num_offload_blocks": "native KV offloading (vllm-0.33-v1-offload)",
-    "offload_eviction_policy": "native KV offloading (vllm-0.33-v1-offload)",
-    "offload_prompt_only": "native KV offloading (vllm-0.33-v1-offload)",
-    "offload_sync_load_budget_bytes": "native KV offloading (vllm-0.33-v1-offload)",
-    "offload_load_steps": "native KV offloading (vllm-0.33-v1-offload)",
-    "offload_store_steps": "native KV offloading (vllm-0.33-v1-offload)",
-}
 _SCHEDULING_POLICIES = ("fcfs", "priority")
 #: the least each count in config may be
 _CONFIG_MINIMUM = {"block_size": 1, "num_blocks": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
@@ -94,6 +95,17 @@ class OracleSpec:
         return len(self.config.get("kv_group_windows", (None,)))
 
     @property
+    def offload_steps(self) -> tuple[int, int]:
+        """(loads, stores): steps a copy takes in the fake worker (a copy issued by step t's
+        ``schedule()`` is reported done in step t + L - 1's output; README-0.33.md)."""
+        c = self.config
+        return c.get("offload_load_steps", 1), c.get("offload_store_steps", 1)
+
+    @property
+    def offloads(self) -> bool:
+        return bool(self.config.get("num_offload_blocks"))
+
+    @property
     def preset(self) -> str:
         return VERSION_PRESETS[self.vllm_version]
 
@@ -119,6 +131,13 @@ class OracleSpec:
             settings["kv_group_windows"] = tuple(c["kv_group_windows"])
         if "prefix_cache_retention_interval" in c:
             settings["prefix_cache_retention_interval"] = c["prefix_cache_retention_interval"]
+        for key in _OFFLOAD_SETTINGS:
+            if key in c:
+                settings[key] = c[key]
+        if c.get("offload_sync_load_budget_bytes"):
+            # NOTE: vLLM's budget counts the model's bytes per block; the specs' budgets are 0 or
+            # 1 TiB, so any block size gives the same decisions: one byte per block.
+            settings["offload_block_bytes"] = 1
         if self.is_v0:
             settings["num_cpu_blocks"] = c["num_cpu_blocks"]
             settings["preemption_mode"] = _PREEMPTION_MODES[c["preemption_mode"]]
@@ -142,11 +161,22 @@ def _refuse_unknown(obj: dict, allowed, where: str, later: str = "") -> None:
     unknown = [key for key in obj if key not in allowed]
     if unknown:
         name = unknown[0] if len(unknown[0]) <= 40 else unknown[0][:39] + "…"
-        if name in _V033_UNSUPPORTED or name in _V033_KEYS or name in _V033_REQUEST_KEYS:
+        if name in _V033_KEYS or name in _V033_REQUEST_KEYS:
             later = later or " (a vLLM 0.33.0 key)"
         else:
             later = ""
-        raise ValueError(f"{where}: unknown key {name!r}{later} (allowed: {', '.join(allowed)})")
+        raise ValueError(f"{where}: unknown key {name!r}{later} (allowed: {_key_list(allowed)})")
+
+
+def _key_list(keys) -> str:
+    """``keys`` for a message, the ``offload_*`` ones as one brace group (the line stays short)."""
+    offload = [key[len("offload_"):] for key in keys if key.startswith("offload_")]
+    rest = [key for key in keys if not key.startswith("offload_")]
+    if len(offload) > 1:
+        rest.append("offload_{" + ",".join(offload) + "}")
+    else:
+        rest += [f"offload_{key}" for key in offload]
+    return ", ".join(rest)
 
 
 def load_spec(path: str | Path) -> OracleSpec:
@@ -174,12 +204,6 @@ def load_spec(path: str | Path) -> OracleSpec:
     if VERSION_PRESETS[version] == "vllm-v0":
         keys.update(_V0_KEYS)
     optional = _V033_KEYS if version == "0.33.0" else {}
-    if optional:
-        for key in config:
-            if key in _V033_UNSUPPORTED:
-                raise ValueError(f"{path}: config.{key} is {_V033_UNSUPPORTED[key]}, which the oracle replay does "
-                                 f"not model yet (vLLM 0.33.0 keys it reads: {', '.join(_V033_KEYS)}; per request "
-                                 f"{', '.join(_V033_REQUEST_KEYS)})")
     _refuse_unknown(config, (*keys, *optional), f"{path}: config (vLLM {version})")
     for key, kind in optional.items():
         if key in config:
@@ -188,6 +212,12 @@ def load_spec(path: str | Path) -> OracleSpec:
     if not windows or not all(w is None or (isinstance(w, int) and not isinstance(w, bool) and w >= 1) for w in windows):
         raise ValueError(f"{path}: config.kv_group_windows must be a non-empty list of null (full attention) or "
                          f"windows in tokens >= 1, got {windows!r}")
+    for key, least in _OFFLOAD_MINIMUM.items():
+        if key in config and isinstance(config[key], int) and config[key] < least:
+            raise ValueError(f"{path}: config.{key} must be >= {least}, got {config[key]}")
+    if config.get("offload_eviction_policy", "lru") not in ("lru", "arc"):
+        raise ValueError(f"{path}: config.offload_eviction_policy must be lru or arc (vLLM's), "
+                         f"got {config['offload_eviction_policy']!r}")
     interval = config.get("prefix_cache_retention_interval", 0)
     if interval is not None and interval < 0:
         raise ValueError(f"{path}: config.prefix_cache_retention_interval must be null or >= 0, got {interval}")

@@ -79,6 +79,11 @@ def add_policy_args(parser: argparse.ArgumentParser):
                         f"the default, and arc as vLLM's), or a --plugin's")
     s.add_argument("--num-offload-blocks", type=int, metavar="N",
                    help="the offload store's size in blocks (overrides --kv-offloading-size)")
+    s.add_argument("--offload-sync-load-budget-bytes", type=int, metavar="N",
+                   help="KV offloading: bytes a step may load from the offload store synchronously (vLLM's connector "
+                        "option sync_load_budget_bytes, counted per GPU; default 0: every load asynchronous, the "
+                        "request parked until its copy is done); a load that fits and leaves a token to compute runs "
+                        "in its own step")
     s.add_argument("--prefix-cache-retention-interval", metavar="N|dense",
                    help="sliding-window groups: key only the window's tail at resume points (0, vLLM 0.33's "
                         "default), also one per N tokens, or every full block (dense)")
@@ -92,7 +97,12 @@ def policy_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     _check_names(args)
+    budget = getattr(args, "offload_sync_load_budget_bytes", None)
+    if budget is not None and budget < 0:
+        raise ValueError(f"--offload-sync-load-budget-bytes must be >= 0, got {budget}")
     overrides: dict[str, Any] = {}
+    if budget:
+        overrides["offload_sync_load_budget_bytes"] = budget
     for flag, name in _DIRECT:
         value = getattr(args, flag)
         if value is not None:

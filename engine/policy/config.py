@@ -62,6 +62,13 @@ class SchedulerConfig:
     # prompt blocks by default (offload_prompt_only); False stores generated blocks too.
     num_offload_blocks: int = 0
     offload_prompt_only: bool = True
+    # How a load from the offload store runs (vLLM 0.33's connector option sync_load_budget_bytes,
+    # 0 by default): with 0 every load is asynchronous, the request parked until the copy is done;
+    # with a budget, a load that leaves a token to compute and fits the step's budget
+    # (offload_block_bytes per block: one GPU's share of a KV block, as vLLM counts a worker's)
+    # runs synchronously, in the request's own step.
+    offload_sync_load_budget_bytes: int = 0
+    offload_block_bytes: int = 0
 
     # Which waiting request is admitted first and which running one is preempted (vLLM's
     # --scheduling-policy): "fcfs", first come first served (the waiting queue in arrival order,
@@ -176,6 +183,10 @@ class SchedulerConfig:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError(f"num_offload_blocks must be an integer >= 0, got {n!r}")
         lookup(OFFLOAD_POLICIES, self.offload_eviction_policy, "offload eviction policy")
+        for name in ("offload_sync_load_budget_bytes", "offload_block_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if not n:
             return
         if self.step_order != "vllm-v1":

@@ -285,10 +285,12 @@ def queues_stay_refused(s: Scheduler) -> bool:
     last (pure decode) step for a reason that holds while only decodes run and nothing finishes
     (for a hybrid cache's waiting head, not blocks: windows free blocks as they move)."""
     waiting, swapped = s.waiting, s.swapped
+    if s.offload is not None and (s.kv_holding or s.offload.has_work or s.offload.has_unoffered(s.running)):
+        # parked requests, copies in flight, finished requests the next step's bookkeeping tells
+        # the store's policy of, or a refused offer made again each step: not decodes alone
+        return False
     if not waiting and not swapped:
         return True
-    if waiting and s.offload is not None and s.offload.store.has_pending_stores:
-        return False  # blocks stored last step are found from the next: the head may hit more
     hint = s._pure_decode_step
     return (hint is not None and hint[0] == s.next_step - 1 and not s._finished_in_last_update
             and (not waiting or hint[1] in STABLE_WAITING_STOPS and not (hint[1] == "blocks" and s.kv.hybrid))
@@ -919,7 +921,8 @@ def _decode_record(step: int, requests: list[Request], num_free: int, num_free_c
     if group_block_ids:
         record["group_block_ids"] = group_block_ids
     if num_free_offload is not None:
-        record.update(num_free_offload_blocks=num_free_offload, blocks_to_load=[], blocks_to_store=[], offload_hits={})
+        record.update(num_free_offload_blocks=num_free_offload, blocks_to_load=[], blocks_to_store=[], offload_hits={},
+                      parked=[], offload_evictions=0)
     return record
 
 
@@ -1020,8 +1023,8 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
             assert isinstance(order, VllmV1StepOrder)
             order._schedule_swapped(st)
             order._schedule_waiting(st)
-    stores = offload.end_step() if offload is not None else []
-    pure = st.only_computes() and not (s._pending_rejections or stores)
+    stores, offload_fields = s.end_offload_step(st)
+    pure = st.only_computes() and not (s._pending_rejections or stores or s.kv_holding)
     s._pure_decode_step = (st.step, st.waiting_stop, st.swapped_stop) if pure else None
     output = SchedulerOutput(
         step=st.step, scheduled=tuple(st.scheduled), num_scheduled_tokens=frozen_map(st.tokens_per_request),
@@ -1030,7 +1033,7 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
         blocks_to_swap_out=tuple(st.swap_out),
         blocks_to_swap_in=tuple(st.swap_in), num_free_blocks=s.pool.num_free_blocks,
         num_free_cpu_blocks=s.swap_pool.num_free_blocks, num_cached_free_blocks=s.pool.num_cached_free_blocks,
-        **({} if offload is None else offload.output_fields(st.loads, st.offload_hits, stores)),
+        **offload_fields,
         aborted=tuple(s._pending_aborts) if s._pending_aborts else (),
     )
     s._pending_rejections = {}
@@ -1053,8 +1056,9 @@ def decode_step_usage(step: DecodeStep) -> KvUsage:
     each of its sequences holds ``computed + 1`` tokens with a last block of its own (``decode_batch``
     requires a partly filled one to be unshared, or copied in this step; a full one got a fresh
     block), so their idle slots are the blocks' slots less those tokens. The requests the swapped
-    and waiting passes added follow the batch's in the running list; a partly filled block is never
-    shared across requests (a hit takes full blocks only; a swap-in takes fresh ones)."""
+    and waiting passes added follow the batch's in the running list, and parked requests hold their
+    own; a partly filled block is never shared across requests (a hit takes full blocks only; a
+    swap-in takes fresh ones)."""
     run = step.run
     s = run.scheduler
     blocks = run.table_blocks + step.allocations - step.copies
@@ -1064,8 +1068,8 @@ def decode_step_usage(step: DecodeStep) -> KvUsage:
         blocks -= step.dropped
     else:
         idle = blocks * s.block_size - run.context_tokens - len(run.seqs)
-    if step.admitted:
-        more_blocks, more_idle = s.table_slots(step.admitted)
+    if step.admitted or s.kv_holding:  # (and the requests parked while their KV loads: they hold blocks)
+        more_blocks, more_idle = s.table_slots([*step.admitted, *s.kv_holding])
         blocks += more_blocks
         idle += more_idle
     return s.usage_with(blocks, idle)
@@ -1089,6 +1093,8 @@ def update_decode_step(step: DecodeStep) -> list[Request]:
     finished += processor.process(step.output, s.requests)
     retire_finished(s, step.output.step, finished)
     s._finished_in_last_update = processor.num_seqs_finished != retired
+    if s.offload is not None and s.complete_offload_in_update:  # (Scheduler.update's)
+        s.offload.complete(step.output.step)
     s._decode_run = _carry(run, 1, step.allocations - step.copies, [r for r in step.admitted if r.live_seqs],
                            step.dropped)
     return finished

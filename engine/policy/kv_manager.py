@@ -232,19 +232,22 @@ class KVCacheManager:
         if index + 1 < len(keys):
             keys[index + 1] = BlockKey(canonical, keys[index + 1].content, self.hash_fn)
 
-    def load_prefix(self, seq: Sequence, keys: list[BlockKey]) -> list[int]:
+    def load_prefix(self, seq: Sequence, keys: list[BlockKey], *, register: bool = True) -> list[int]:
         """Extend ``seq``'s prefix hit with fresh blocks for these keys (their content comes from
-        the offload store: the executor copies it in before the step's forward pass), registered
-        in the prefix cache at once; returns the blocks."""
+        the offload store: the executor copies it in), registered in the prefix cache at once, or,
+        with ``register`` False (an asynchronous load), when the load is done (``register``);
+        returns the blocks."""
         pool = self.pool
         blocks = pool.allocate_many(len(keys))
-        for block_id, key in zip(blocks, keys):
-            pool.cache_block(block_id, key)
+        if register:
+            for block_id, key in zip(blocks, keys):
+                pool.cache_block(block_id, key)
         seq.block_table.extend(blocks)
         seq.table_snapshot = None
         num_tokens = len(seq.block_table) * self.block_size
         seq.num_computed_tokens = seq.num_filled_tokens = num_tokens
-        seq.num_registered_blocks = len(seq.block_table)
+        if register:
+            seq.num_registered_blocks = len(seq.block_table)
         return blocks
 
     def num_evictable(self, block_ids: Iterable[int]) -> int:

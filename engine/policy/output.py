@@ -119,6 +119,12 @@ class SchedulerOutput:
     blocks_to_load: tuple[Pair, ...] = ()
     blocks_to_store: tuple[Pair, ...] = ()
     offload_hits: Mapping[str, int] = field(default_factory=lambda: EMPTY)
+    # the last this many stores are of requests that finished before this step (their blocks freed:
+    # the executor copies them before the forward pass, which may write a block reallocated since;
+    # vLLM's worker flushes such a store)
+    num_finished_stores: int = 0
+    parked: tuple[str, ...] = ()  # sorted ids parked while their loads run (offload; vLLM's WAITING_FOR_REMOTE_KVS)
+    offload_evictions: int = 0  # offload slots evicted this step
     # requests aborted since the last step, before this one was scheduled (their blocks already freed)
     aborted: tuple[str, ...] = ()
 
@@ -129,7 +135,9 @@ class SchedulerOutput:
                  blocks_to_swap_out: tuple[Pair, ...], blocks_to_swap_in: tuple[Pair, ...], num_free_blocks: int,
                  num_free_cpu_blocks: int, num_cached_free_blocks: int, num_free_offload_blocks: int | None = None,
                  blocks_to_load: tuple[Pair, ...] = (), blocks_to_store: tuple[Pair, ...] = (),
-                 offload_hits: Mapping[str, int] | None = None, aborted: tuple[str, ...] = ()) -> None:
+                 offload_hits: Mapping[str, int] | None = None, num_finished_stores: int = 0,
+                 parked: tuple[str, ...] = (),
+                 offload_evictions: int = 0, aborted: tuple[str, ...] = ()) -> None:
         object.__setattr__(self, "step", step)
         object.__setattr__(self, "scheduled", scheduled)
         object.__setattr__(self, "num_scheduled_tokens", num_scheduled_tokens)
@@ -148,6 +156,9 @@ class SchedulerOutput:
         object.__setattr__(self, "blocks_to_load", blocks_to_load)
         object.__setattr__(self, "blocks_to_store", blocks_to_store)
         object.__setattr__(self, "offload_hits", EMPTY if offload_hits is None else offload_hits)
+        object.__setattr__(self, "num_finished_stores", num_finished_stores)
+        object.__setattr__(self, "parked", parked)
+        object.__setattr__(self, "offload_evictions", offload_evictions)
         object.__setattr__(self, "aborted", aborted)
 
     @property
@@ -193,6 +204,8 @@ class SchedulerOutput:
             record["blocks_to_load"] = [list(p) for p in self.blocks_to_load]
             record["blocks_to_store"] = [list(p) for p in self.blocks_to_store]
             record["offload_hits"] = dict(self.offload_hits)
+            record["parked"] = list(self.parked)
+            record["offload_evictions"] = self.offload_evictions
         if self.aborted:  # (only then: logs without aborts stay byte for byte the oracle's format)
             record["aborted"] = list(self.aborted)
         return record

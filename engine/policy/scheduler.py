@@ -85,7 +85,12 @@ class Scheduler:
         if config.num_offload_blocks:
             self.kv.lazy_keys = False
             self.offload = OffloadManager(OffloadStore(config.num_offload_blocks, config.offload_eviction_policy),
-                                          self.kv, prompt_only=config.offload_prompt_only)
+                                          self.kv, prompt_only=config.offload_prompt_only,
+                                          sync_load_budget_bytes=config.offload_sync_load_budget_bytes,
+                                          block_bytes=config.offload_block_bytes)
+        # Whether update() reports every copy a step issued done (a step's loads and stores take
+        # one step, as the engine makes them); else the executor reports them (OffloadManager.complete).
+        self.complete_offload_in_update = True
         self.victim_policy = make_victim_policy(config.victim_policy)
         self.preemption_mode = make_preemption_mode(config.preemption_mode)
         self.output_processor = OutputProcessor(self.kv, max_model_len=config.max_model_len)
@@ -97,6 +102,9 @@ class Scheduler:
             PriorityWaitingQueue() if config.scheduling_policy == "priority" else deque())
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
+        # Requests parked while their KV loads from the offload store, and those whose load is done
+        # until admitted: vLLM 0.33's kv_holding_waiting, drained before ``waiting``.
+        self.kv_holding: deque[Request] = deque()
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.decision_log = DecisionLog()
         self.next_step = 0
@@ -169,7 +177,7 @@ class Scheduler:
         del self.requests[request_id]
         self._decode_run = None
         self._pure_decode_step = None  # (its blocks and batch room free up: no queue head stays refused)
-        for queue in (self.waiting, self.swapped):
+        for queue in (self.waiting, self.swapped, self.kv_holding):
             if request in queue:
                 queue.remove(request)
         if request in self.running:  # (a new list, as retire_finished makes: a caller may hold the old one)
@@ -180,13 +188,13 @@ class Scheduler:
             request.retire_seq(seq, "aborted")
         request.status = RequestStatus.FINISHED
         if self.offload is not None:
-            self.offload.request_finished(request)
+            self.offload.request_finished(request, aborted=True)
         self.num_aborted_requests += 1
         self._pending_aborts.append(request_id)
 
     @property
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swapped or self.kv_holding)
 
     def settle(self) -> None:
         """Bring the running sequences the fast path left behind (``engine.policy.bulk_decode``:
@@ -210,8 +218,8 @@ class Scheduler:
             offload.begin_step()
         if self.has_unfinished_requests:
             self.step_order.schedule(st)
-        stores = offload.end_step() if offload is not None else []
-        pure = st.only_computes() and not (self._pending_rejections or stores)
+        stores, offload_fields = self.end_offload_step(st)
+        pure = st.only_computes() and not (self._pending_rejections or stores or self.kv_holding)
         self._pure_decode_step = (
             (st.step, st.waiting_stop, st.swapped_stop)
             if pure and st.scheduled and len(st.scheduled) == cfg.max_num_batched_tokens - st.token_budget
@@ -232,7 +240,7 @@ class Scheduler:
             num_free_blocks=self.pool.num_free_blocks,
             num_free_cpu_blocks=self.swap_pool.num_free_blocks,
             num_cached_free_blocks=self.pool.num_cached_free_blocks,
-            **({} if offload is None else offload.output_fields(st.loads, st.offload_hits, stores)),
+            **offload_fields,
             aborted=tuple(self._pending_aborts) if self._pending_aborts else (),
         )
         self._pending_rejections = {}
@@ -242,6 +250,18 @@ class Scheduler:
             self._last_record = output.to_record()
             self.decision_log.append(self._last_record)
         return output
+
+    def end_offload_step(self, st: Step) -> tuple[list[tuple[int, int]], dict]:
+        """The offload store's end of a scheduled step (``OffloadManager.end_step``): its stores and
+        its ``SchedulerOutput`` fields ((), {} without a store)."""
+        offload = self.offload
+        if offload is None:
+            return [], {}
+        requests = self.requests
+        stores = offload.end_step(st.step, [requests[rid] for rid in st.tokens_per_request],
+                                  [rid for rid, _ in st.preempted])
+        parked = tuple(sorted(r.request_id for r in self.kv_holding if r.status is RequestStatus.LOADING))
+        return stores, offload.output_fields(st.loads, st.offload_hits, stores, parked)
 
     # ------------------------------------------------- primitives of a step
     def run(self, request: Request, plan: Plan, st: Step) -> None:
@@ -260,8 +280,6 @@ class Scheduler:
             if copies:
                 st.copies.extend(copies)
             kv.register(seq, end)
-            if self.offload is not None:
-                self.offload.offer(seq, end)
             seq.num_computed_tokens = end
             samples = end >= num_tokens
             if samples:
@@ -321,9 +339,7 @@ class Scheduler:
             for seq in seqs:
                 kv.free(seq)
                 seq.num_computed_tokens = 0
-                seq.decoding = False
-                if self.offload is not None:
-                    self.offload.restart(seq)
+                seq.decoding = False  # (with an offload store, its offers start again at its next lookup)
             if self.block_size <= victim.prompt_len and not kv.hybrid:
                 for seq in seqs[1:]:  # re-share the prompt's full blocks once the leader has them
                     seq.parked = True
@@ -350,15 +366,18 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         st.swapped_in.append(request.request_id)
 
-    def load_from_offload(self, seq, keys: list, st: Step) -> None:
-        """Extend ``seq``'s (touched) prefix hit with blocks loaded from the offload store."""
+    def load_from_offload(self, seq, keys: list, st: Step, *, sync: bool = True) -> None:
+        """Extend ``seq``'s (touched) prefix hit with blocks loaded from the offload store; an
+        asynchronous load's blocks join the prefix cache when the request is promoted."""
         offload = self.offload
         assert offload is not None, "loads come only from a configured offload store"
         first = len(seq.block_table)
-        blocks = self.kv.load_prefix(seq, keys)
-        st.loads.extend(offload.load(seq, keys, blocks, first))
+        blocks = self.kv.load_prefix(seq, keys, register=sync)
+        st.loads.extend(offload.load(seq, keys, blocks, first, sync, st.step))
         rid = seq.request.request_id
-        st.offload_hits[rid] = st.offload_hits.get(rid, 0) + len(keys) * self.block_size
+        tokens = len(keys) * self.block_size
+        st.offload_hits[rid] = st.offload_hits.get(rid, 0) + tokens
+        seq.request.num_loaded_tokens += tokens
 
     def admit(self, request: Request, hit_tokens: int, st: Step) -> None:
         """Record an admission from ``waiting`` (first or after a recompute preemption)."""
@@ -371,7 +390,9 @@ class Scheduler:
             st.new[request.request_id] = hit_tokens
             self.num_prompt_tokens_admitted += request.prompt_len
             self.num_prefix_hit_tokens += hit_tokens
-            self.num_offload_hit_tokens += st.offload_hits.get(request.request_id, 0)
+            # (a load of every token: the last one is computed again, not a hit)
+            self.num_offload_hit_tokens += min(request.num_loaded_tokens, hit_tokens)
+        request.num_loaded_tokens = 0
         request.was_preempted = False
 
     def reject_queued(self, request: Request, reason: str) -> None:
@@ -399,14 +420,17 @@ class Scheduler:
         finished = processor.process(output, self.requests, sampled, beam_choices)
         retire_finished(self, output.step, finished)
         self._finished_in_last_update = processor.num_seqs_finished != retired
+        if self.offload is not None and self.complete_offload_in_update:
+            self.offload.complete(output.step)
         return finished
 
     # --------------------------------------------------------------- usage
     def kv_usage(self) -> KvUsage:
         """The GPU cache's slots right now (O(running sequences)). A block shared by several
-        sequences counts once; only a table's last block can be partly filled."""
+        sequences counts once; only a table's last block can be partly filled. Requests parked
+        while their KV loads from the offload store hold their blocks too."""
         self.settle()
-        return self.usage_with(*self.table_slots(self.running))
+        return self.usage_with(*self.table_slots([*self.running, *self.kv_holding] if self.kv_holding else self.running))
 
     def usage_with(self, unshared: int, idle: int) -> KvUsage:
         """``kv_usage()`` from the running tables' blocks (each table's count) and idle slots."""
@@ -468,9 +492,12 @@ class Scheduler:
         for request in self.swapped:
             assert request.status is RequestStatus.SWAPPED
             assert all(not s.block_table for s in request.seqs)
+        for request in self.kv_holding:  # parked while loading, or loaded and not admitted yet
+            assert request.status in (RequestStatus.LOADING, RequestStatus.WAITING)
+            assert all(s.block_table for s in request.seqs), f"{request.request_id} is parked without its blocks"
         for request in self.requests.values():
             assert request.live_seqs == [s for s in request.seqs if not s.finished]
-        assert len(self.running) + len(self.waiting) + len(self.swapped) == len(self.requests)
+        assert len(self.running) + len(self.waiting) + len(self.swapped) + len(self.kv_holding) == len(self.requests)
 
 
 def retire_finished(scheduler, step: int, finished: list[Request]) -> None:

@@ -290,6 +290,8 @@ def _scheduler_config(args, config, dtype, device):
     num_offload_blocks = offload_blocks(args, block_bytes(config, block_size, dtype))
     if num_offload_blocks is not None:  # (None: the preset's, none)
         overrides["num_offload_blocks"] = num_offload_blocks
+        # (the synchronous-load budget's bytes of a block; the engine is one GPU)
+        overrides["offload_block_bytes"] = block_bytes(config, block_size, dtype)
     if args.gpu_memory_utilization is not None and device.type != "cuda":
         raise ValueError("--gpu-memory-utilization sizes a CUDA cache; on CPU give --kv-cache-gb or --num-gpu-blocks")
     return make_config(args.policy, block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,

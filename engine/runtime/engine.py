@@ -371,7 +371,8 @@ class Engine:
         if self._progress.stalled(out) and self.has_unfinished_requests:
             sched = self.scheduler
             raise EngineStalled(f"step {out.step} scheduled nothing with {len(sched.waiting)} waiting, "
-                                f"{len(sched.running)} running and {len(sched.swapped)} swapped requests")
+                                f"{len(sched.running)} running, {len(sched.swapped)} swapped and "
+                                f"{len(getattr(sched, 'kv_holding', ()))} parked requests")
 
     # ----------------------------------------------------------------- runs
     def run(self, requests: Iterable[Request] | Trace, sampling: SamplingParams | None = None, *, on_finish=None,

@@ -1,21 +1,27 @@
 """Carrying out one ``SchedulerOutput`` on tensors, exactly and in order.
 
+0. in validation mode, **poison** the offload slots the step's stores evicted (never a slot this
+   step loads from: those are pinned); then the **offload stores of finished requests** (the last
+   ``num_finished_stores`` of ``blocks_to_store``: blocks of requests that finished before this
+   step, freed since and not yet poisoned; this step's forward pass may write one that was
+   reallocated, so they are copied first);
 1. **swap out** ``blocks_to_swap_out`` (GPU -> CPU);
-2. in validation mode, **poison** the GPU blocks the policy released while scheduling (they were
+2. in validation mode, **poison** the GPU blocks the policy released since the last step's forward pass (they were
    read by step 1 if they were swapped out; whoever got them next writes them from step 3 on);
 3. **swap in** ``blocks_to_swap_in`` (CPU -> GPU), then poison the CPU blocks released;
 4. **offload loads** ``blocks_to_load`` (offload store -> GPU: a prefix hit on the CPU tier, read
-   by this step's forward pass), then poison the offload slots released (evicted from the store);
+   by this step's forward pass, or, for a request parked while it loads, by a later one);
 5. **copy-on-write** ``blocks_to_copy``;
 6. the **forward pass** over the step's tokens (K/V written into their slots, paged prefill and
    decode attention), returning the logits of the sequences that sample;
 7. **offload stores** ``blocks_to_store`` (GPU -> offload store: blocks the forward pass just
-   filled; an evicted slot the store reuses was poisoned in step 4 and is written here).
+   filled; an evicted slot the store reuses was poisoned in step 0 and is written here).
 
 A CPU block that is both the destination of this step's swap-out and the source of its swap-in,
 or an offload slot both loaded from and stored to, would make the order above wrong; the policy
-never does either, and the runner refuses them rather than corrupt memory. Blocks released by
-``Scheduler.update`` are poisoned before the next step.
+never does either, and the runner refuses them rather than corrupt memory. CPU blocks and
+offload slots released by ``Scheduler.update`` are poisoned before the next step, GPU blocks in
+its step 2 (a finished request's last stores read them in step 0).
 """
 
 from __future__ import annotations
@@ -78,12 +84,15 @@ class ModelRunner:
         if clash:
             raise ExecutionError(f"step {output.step}: offload slot(s) {sorted(clash)} are both loaded from and "
                                  f"stored to in one step")
+        split = len(stores) - output.num_finished_stores
+        stores, finished_stores = stores[:split], stores[split:]
+        self._poison_offload()  # (slots the stores evicted: a slot being loaded is pinned, never evicted)
+        cache.offload_store(finished_stores)
         cache.swap_out(swap_out)
         self._poison_gpu()
         cache.swap_in(swap_in)
         self._poison_cpu()
         cache.offload_load(loads)
-        self._poison_offload()
         cache.copy(list(output.blocks_to_copy))
         batch = build_batch(output, tokens_of, cache.device, len(cache.layout.groups))
         if batch is None:
@@ -100,8 +109,8 @@ class ModelRunner:
         return StepLogits(batch, logits)
 
     def poison_released(self) -> None:
-        """Poison what was released outside ``schedule()`` (by ``update`` or an abort)."""
-        self._poison_gpu()
+        """Poison what was released outside ``schedule()`` (by ``update`` or an abort), but GPU
+        blocks: the next step may store a finished request's blocks first (``execute``, step 0)."""
         self._poison_cpu()
         self._poison_offload()
 

@@ -9,10 +9,9 @@ three, as a reference count):
 - **ready** (``0``): found by ``lookup``; evictable;
 - **loading** (``n > 0``): ``n`` copies CPU -> GPU were issued this step; found, not evictable.
 
-Copies issued in a step are done when the next step begins (``complete``): the executor carries
-out a step's loads before its forward pass and its stores after it, and every executor finishes
-a step before the next ``schedule()``. (vLLM's worker reports a store done a step or two later,
-when the copy stream says so; here a stored block is found from the next step on.)
+A copy is done when the executor reports it (``complete_store`` / ``complete_load``, through
+``OffloadManager.complete``): a key being stored is found by ``lookup`` as *pending* (vLLM's
+``HIT_PENDING``), which holds back the request that looks it up (``OffloadManager.lookup``).
 
 ``prepare_store`` is all or nothing, as vLLM's: if the keys that are not stored yet need more
 slots than are free plus evictable (outside the keys offered), nothing is stored and ``None``
@@ -47,10 +46,11 @@ class OffloadStore:
         self.key_of: list[Hashable | None] = [None] * num_blocks
         self._num_never_used = num_blocks  # slots num_blocks - n .. num_blocks - 1 were never used
         self._freed: list[int] = []  # slots freed by evictions; the last freed is taken first
-        self._storing: list[Hashable] = []  # issued this step
-        self._loading: list[Hashable] = []  # one entry per load issued this step
+        self._storing: set[Hashable] = set()  # stores issued and not done
+        self._loading: list[Hashable] = []  # one entry per load issued and not done
         self.on_release: Callable[[int], None] | None = None
         self.num_evictions = 0
+        self.step_evictions = 0  # since the manager last cleared it (one step's, vLLM's offload_evictions)
         self.num_refused_blocks = 0  # offered blocks not stored: the store had no room
 
     @property
@@ -63,7 +63,7 @@ class OffloadStore:
 
     @property
     def has_pending_stores(self) -> bool:
-        """Whether copies issued this step will make more keys ready at the next ``complete``."""
+        """Whether stores are in flight (their keys not ready yet)."""
         return bool(self._storing)
 
     # ----------------------------------------------------------- lookups
@@ -71,6 +71,10 @@ class OffloadStore:
         """Whether ``key`` can be loaded now (stored, its copy done)."""
         state = self.state.get(key)
         return state is not None and state >= READY
+
+    def is_pending(self, key: Hashable) -> bool:
+        """Whether ``key``'s store was issued and is not done yet (vLLM's ``HIT_PENDING``)."""
+        return self.state.get(key) == STORING
 
     def __contains__(self, key: object) -> bool:
         return key in self.slot_of
@@ -97,7 +101,9 @@ class OffloadStore:
                 used.append(key)
                 used_positions.append(position)
         policy = self.policy
-        if used:
+        if used or new:
+            # (vLLM records the access of the keys to store too, refused or not: none is stored, so
+            # only a policy that ranks requests by their first access, as LRU does, hears of it)
             policy.access(used, request_id, used_positions)
         if not new:
             return {}
@@ -123,14 +129,15 @@ class OffloadStore:
             for key in victims:
                 self._drop(key)
         slots = {}
-        slot_of, key_of, storing, insert = self.slot_of, self.key_of, self._storing, policy.insert
+        slot_of, key_of, insert = self.slot_of, self.key_of, policy.insert
+        storing = self._storing
         for key, position in zip(new, new_positions):
             slot = self._take_slot()
             slot_of[key] = slot
             key_of[slot] = key
             state[key] = STORING
             insert(key, request_id, position)
-            storing.append(key)
+            storing.add(key)
             slots[key] = slot
         return slots
 
@@ -146,6 +153,7 @@ class OffloadStore:
         self.key_of[slot] = None
         self._freed.append(slot)
         self.num_evictions += 1
+        self.step_evictions += 1
         if self.on_release is not None:
             self.on_release(slot)
 
@@ -165,22 +173,32 @@ class OffloadStore:
         self.policy.access(list(keys), request_id, positions)
         return slots
 
-    # ---------------------------------------------------------- the step
-    def complete(self) -> None:
-        """The last step's copies are done: its stores become ready, its loads unpin."""
-        state, policy = self.state, self.policy
+    # ---------------------------------------------------------- completions
+    def complete_store(self, keys: list[Hashable]) -> None:
+        """These keys' stores are done: they become ready (found by lookups, evictable)."""
+        state = self.state
         storing = self._storing
-        for key in storing:
+        done = [key for key in keys if state.get(key) == STORING]
+        for key in done:
             state[key] = READY
-        if storing:
-            policy.set_evictable_many(storing)
-        for key in self._loading:
+            storing.discard(key)
+        if done:
+            self.policy.set_evictable_many(done)
+
+    def complete(self) -> None:
+        """Every copy in flight is done."""
+        self.complete_store(list(self._storing))
+        self.complete_load(list(self._loading))
+
+    def complete_load(self, keys: list[Hashable]) -> None:
+        """These keys' loads (one each) are done: they unpin."""
+        state, policy, loading = self.state, self.policy, self._loading
+        for key in keys:
             s = state[key] - 1
             state[key] = s
+            loading.remove(key)
             if s == READY:
                 policy.set_evictable(key, True)
-        self._storing = []
-        self._loading = []
 
     # ------------------------------------------------------------ checking
     def check(self) -> None:

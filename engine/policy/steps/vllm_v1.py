@@ -14,11 +14,14 @@ multi-sequence requests. Within a token budget and a batch limit, in this order:
    watermark (skipped in a step that preempted). vLLM v1 has no swapping; this pass follows v0's
    rule for it.
 3. **Waiting** requests, FIFO (recompute victims at the front; under priority scheduling by
-   (priority, arrival time, id), victims included, ``engine/policy/waiting_queue.py``): the longest cached prefix is
-   reused (the GPU's, continued with blocks the offload store can load, when there is one; see
-   ``engine/policy/offload``), and a request is admitted only if its whole known sequence fits
-   above the watermark, minus the GPU's hits (loaded blocks take fresh GPU blocks); the head blocks everyone behind it (no overtaking). Skipped in a step that
-   preempted.
+   (priority, arrival time, id), victims included, ``engine/policy/waiting_queue.py``): the longest
+   cached prefix is reused, and a request is admitted only if its whole known sequence fits above
+   the watermark, minus the GPU's hits; the head blocks everyone behind it (no overtaking).
+   Skipped in a step that preempted. With an offload store (vLLM 0.33's ``Scheduler.schedule``
+   with its ``OffloadingConnector``; ``engine/policy/offload/manager.py``), requests holding blocks
+   (``kv_holding``: parked while their KV loads, or loaded) are taken first; the GPU hit continues
+   with blocks the store can load (fresh GPU blocks); a request parked or told "not yet" by the
+   lookup is skipped, keeping its place, and the pass goes on behind it.
 
 The per-step work is proportional to the requests scheduled, preempted or admitted, never to the
 number waiting: the waiting pass stops at the first request that does not fit.
@@ -30,6 +33,7 @@ from engine.policy.admission import admission_room, admission_watermark
 from engine.policy.output import Pair
 from engine.policy.request import Request
 from engine.policy.steps.base import Step, StepOrder
+from engine.policy.steps.offload_admission import schedule_waiting_with_offload
 
 
 def _victim_key(request: Request) -> tuple[int, float]:
@@ -172,13 +176,15 @@ class VllmV1StepOrder(StepOrder):
 
     # ---------------------------------------------------------- waiting
     def _schedule_waiting(self, st: Step) -> None:
+        if self.scheduler.offload is not None:
+            schedule_waiting_with_offload(self, st)
+            return
         cfg = self.config
         s = self.scheduler
         kv = s.kv
         pool = s.pool
         bs = cfg.block_size
         room = admission_room(cfg, pool.num_usable_blocks)
-        offload = s.offload
         used = self._num_batch_slots_used()
         while s.waiting and st.token_budget > 0:
             request = s.waiting[0]
@@ -188,12 +194,7 @@ class VllmV1StepOrder(StepOrder):
                 break
             seqs = list(request.live_seqs)
             hits = [[] if seq.parked else kv.find_cached_prefix(seq) for seq in seqs]
-            # The second tier continues each GPU hit with blocks it can load (engine/policy/offload).
-            loads = None if offload is None else [[] if seq.parked else offload.lookup(seq, len(h))
-                                                  for seq, h in zip(seqs, hits)]
-            plan = s.planner.plan(request, st.token_budget,
-                                  [len(h) * bs for h in hits] if loads is None else
-                                  [(len(h) + len(l)) * bs for h, l in zip(hits, loads)])
+            plan = s.planner.plan(request, st.token_budget, [len(h) * bs for h in hits])
             if not plan:  # without chunked prefill, the head waits for a step with room
                 st.waiting_stop = "no_plan"
                 break
@@ -213,19 +214,14 @@ class VllmV1StepOrder(StepOrder):
                 break
             s.waiting.popleft()
             if request.was_preempted:  # (back after a recompute preemption: what it lost to evictions)
-                for k, (seq, h) in enumerate(zip(seqs, hits)):
+                for seq, h in zip(seqs, hits):
                     if not seq.parked:  # (a parked sample shares its leader's prompt blocks again)
-                        kv.count_resume_loss(seq, len(h) + (len(loads[k]) if loads is not None else 0))
+                        kv.count_resume_loss(seq, len(h))
             hit_tokens = 0
             for seq, h in zip(seqs, hits):
                 if h:
                     kv.touch_prefix(seq, h)
                     hit_tokens += len(h) * bs
-            if loads is not None:  # after every touch: a load's fresh blocks may evict a cached hit
-                for seq, keys in zip(seqs, loads):
-                    if keys:
-                        s.load_from_offload(seq, keys, st)
-                        hit_tokens += len(keys) * bs
             s.planner.unpark(request)
             s.admit(request, hit_tokens, st)
             s.running.append(request)
