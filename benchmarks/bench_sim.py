@@ -36,6 +36,16 @@ case says otherwise.
    20,000 requests at 20 requests/s, one replica): every request forks after its prompt, and its
    first decode copies the prompt's shared last block on write; under the ``pagesim`` policy and
    under ``vllm-v0`` (vLLM 0.6.3, whose parallel sampling this is).
+9. ``offload``: case 3 with a 256 GiB offload store (``--kv-offloading-size 256``), its loads
+   asynchronous (vLLM 0.33's default: the request parked until the host link has copied them)
+   beside the same run with every load synchronous (``--offload-sync-load-budget-bytes`` 1 TiB);
+   prints the speed ratio (issue 58: at least 0.8x) and each run's parked requests.
+10. ``priority``: case 1 under the ``vllm-v1`` policy with ``--scheduling-policy priority`` beside
+   ``fcfs`` (every request of priority 0: what the priority queue itself costs); prints the speed
+   ratio (issue 58: at least 0.8x).
+
+Cases 9 and 10 compare two settings, each with skip-ahead on, rather than skip-ahead on and off:
+they are printed in a table of their own ("variants").
 
 Baseline: skip-ahead off (``--no-skip-ahead``) on the whole trace where it has at most
 ``NOSKIP_SAMPLE`` (20,000) requests (azure, mooncake), else on its first 20,000 requests, where
@@ -71,6 +81,7 @@ NOSKIP_SAMPLE = 20_000  # skip-ahead off on at most this many requests (quick: 2
 TARGET_RPS = 10_000  # issue 23: simulated requests per wall second on azure and ShareGPT-like
 TARGET_1M_S = 120.0  # issue 23: 1M requests on one replica in under 2 minutes ...
 TARGET_1M_BYTES = 10**9  # ... and under 1 GB
+TARGET_VARIANT_RATIO = 0.8  # issue 58: priority scheduling and asynchronous offloading at least 0.8x their baselines
 PRESSURE_KV_GB = 2.0  # the pressure case's KV cache (Llama 3 8B: 128 KiB a token, about 16,000 slots)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
@@ -131,8 +142,10 @@ def _run_case(case: dict, queue) -> None:
     overrides = {"enable_prefix_caching": True} if case.get("prefix_caching") else {}
     if case.get("preemption"):
         overrides["preemption_mode"] = case["preemption"]
+    overrides.update(case.get("overrides", {}))
     builts = build_replicas(RunSpec(model=case.get("model", "llama3-8b"), gpu="h200", policy=case.get("policy", "pagesim"),
-                                    kv_cache_gb=case.get("kv_cache_gb"), overrides=overrides), replicas)
+                                    kv_cache_gb=case.get("kv_cache_gb"), kv_offloading_gb=case.get("kv_offloading_gb"),
+                                    overrides=overrides), replicas)
     cluster = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router("round-robin"),
                       SimOptions(skip_ahead=case["mode"] != "noskip", step_rows=False))  # (as simulate without --out)
     t0 = time.perf_counter()
@@ -141,6 +154,8 @@ def _run_case(case: dict, queue) -> None:
     summary = dict(result.summary)
     summary.pop("replicas", None)
     queue.put({"wall_s": wall_s, "requests": len(trace), "steps": result.summary["steps"],
+               "parked": result.summary.get("offload_parked_requests"),
+               "ttft_mean_s": result.summary["ttft_s"]["mean"],
                "skipped": sum(r.steps_skipped for r in result.replicas), "peak_rss_bytes": _peak_rss_bytes(),
                "completed": result.summary["requests_completed"],
                "prefix_hit_rate": result.summary.get("prefix_hit_rate"), "cpus": cpus,
@@ -339,6 +354,40 @@ def bench_parallel(requests: int, sample: int, report: dict, table: list) -> Non
         table.append(_row(f"parallel n=4, {policy}", r, base, "-"))
 
 
+def bench_variant(name: str, title: str, case: dict, baseline: tuple[str, dict], variant: tuple[str, dict],
+                  report: dict, variants: list) -> None:
+    """``case`` with the baseline's settings and with the variant's (each a label and the case's
+    keys it changes), skip-ahead on; prints both and the variant's speed as a ratio to the baseline's."""
+    print(title, flush=True)
+    runs = {}
+    for label, keys in (baseline, variant):
+        r = run_in_process({**case, **keys, "mode": "skip"})
+        runs[label] = r
+        parked = "" if r.get("parked") is None else f"; {r['parked']:,} requests parked for loads"
+        print(_line(label, r, None) + parked, flush=True)
+    (base_label, _), (var_label, _) = baseline, variant
+    ratio = _rps(runs[var_label]) / _rps(runs[base_label])
+    target = f">= {TARGET_VARIANT_RATIO:g}x: {'met' if ratio >= TARGET_VARIANT_RATIO else 'not met'}"
+    print(f"  {var_label} at {ratio:.2f}x the speed of {base_label} ({target})", flush=True)
+    report[name] = {**runs, "ratio": ratio}
+    variants.append({"case": name, "requests": runs[base_label]["requests"], "baseline": base_label,
+                     "variant": var_label, "baseline_rps": _rps(runs[base_label]),
+                     "variant_rps": _rps(runs[var_label]), "ratio": ratio, "target": target})
+
+
+def print_variants(variants: list) -> None:
+    if not variants:
+        return
+    head = ("case", "requests", "baseline", "req/s", "variant", "req/s", "ratio", "target")
+    lines = [(v["case"], f"{v['requests']:,}", v["baseline"], f"{v['baseline_rps']:,.0f}", v["variant"],
+              f"{v['variant_rps']:,.0f}", f"{v['ratio']:.2f}x", v["target"]) for v in variants]
+    widths = [max(len(str(x[i])) for x in (head, *lines)) for i in range(len(head))]
+    print("\nVariants (skip-ahead on in both; ratio = the variant's requests per wall second over the baseline's)")
+    for x in (head, *lines):
+        print(" | ".join(str(v).ljust(w) for v, w in zip(x, widths)).rstrip())
+    sys.stdout.flush()
+
+
 def print_table(table: list) -> None:
     head = ("case", "requests", "skip req/s", "noskip req/s (sample)", "ratio", "peak RSS skip",
             "peak RSS noskip", "identical", "target")
@@ -377,9 +426,10 @@ def _sizes(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="azure,scaling,mooncake,cluster,azure-v0,azure-oss,pressure,parallel",
+    parser.add_argument("--cases",
+                        default="azure,scaling,mooncake,cluster,azure-v0,azure-oss,pressure,parallel,offload,priority",
                         help="comma-separated: azure, scaling, mooncake, cluster, azure-v0, azure-oss, pressure, "
-                             "parallel")
+                             "parallel, offload, priority")
     parser.add_argument("--quick", action="store_true",
                         help="CI: 2,000 Azure (both policies, and gpt-oss-120b), Mooncake, memory-pressure and "
                              "parallel-sampling requests, "
@@ -392,7 +442,8 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
-    known = {"azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure", "parallel"}
+    known = {"azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure", "parallel", "offload",
+             "priority"}
     unknown = cases - known
     if unknown:
         parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
@@ -412,6 +463,7 @@ def main() -> None:
     print(f"build: {describe(COMPILED)} (engine/compiled.py)", flush=True)
     report: dict = {"core": core, "noskip_sample": sample, "quick": args.quick, "compiled_modules": COMPILED}
     table: list = []
+    variants: list = []
     for name in ("azure", "scaling", "mooncake", "cluster", "azure-v0", "azure-oss", "pressure",
                  "parallel"):  # the issue's (a) to (d), then more
         if name not in cases:
@@ -432,8 +484,25 @@ def main() -> None:
             bench_parallel(cap(2_000 if args.quick else 20_000), sample, report, table)
         else:
             bench_cluster(cap(5_000 if args.quick else max(sizes)), replicas, sample, report, table)
+    if "offload" in cases:
+        if MOONCAKE.exists():
+            bench_variant("offload", "Mooncake conversation trace, prefix caching on, 256 GiB offload store: "
+                          "asynchronous loads vs synchronous",
+                          {"kind": "mooncake", "requests": cap(2_000 if args.quick else 12_031), "prefix_caching": True,
+                           "kv_offloading_gb": 256.0},
+                          ("sync loads", {"overrides": {"offload_sync_load_budget_bytes": 2**40}}),
+                          ("async loads", {}), report, variants)
+        else:
+            print(f"offload: skipped ({MOONCAKE} is absent)", flush=True)
+            report["offload"] = {"skipped": f"{MOONCAKE} is absent"}
+    if "priority" in cases:
+        bench_variant("priority", "Azure conversation trace, vllm-v1 policy: --scheduling-policy priority vs fcfs",
+                      {"kind": "azure", "requests": cap(2_000 if args.quick else 19_366), "policy": "vllm-v1"},
+                      ("fcfs", {}), ("priority", {"overrides": {"scheduling_policy": "priority"}}), report, variants)
     print_table(table)
+    print_variants(variants)
     report["table"] = table
+    report["variants"] = variants
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, sort_keys=True))
 

@@ -76,7 +76,12 @@ With KV offloading on (``engine.policy.offload``; ``OffloadTotals``), also:
 - ``host_link_busy_fraction``: the host link's transfer time (swaps and offload copies) over
   the run's duration, or over the time to its last transfer when that ends later (a store after
   the last completion); per link, averaged over replicas;
-- ``offload_load_wait_s``: the seconds steps spent queueing for the link and copying their loads.
+- ``offload_load_wait_s``: the seconds steps spent queueing for the link and copying their
+  synchronous loads;
+- ``offload_parked_requests``: requests parked at least once while an asynchronous load ran
+  (vLLM's ``WAITING_FOR_REMOTE_KVS``); ``offload_parked_mean_s`` / ``offload_parked_p99_s``: over
+  those, the seconds each spent parked, in all (from the start of the step that parked it to the
+  step boundary its load was reported done; ``None`` when none was parked).
 """
 
 from __future__ import annotations
@@ -116,6 +121,9 @@ class RequestMetrics:
         self.n = np.ones(num_requests, np.int64)
         self.beam_width = np.ones(num_requests, np.int64)
         self.preemptions = np.zeros(num_requests, np.int64)
+        # KV offloading: times parked while an asynchronous load ran, and the seconds, in all
+        self.offload_parks = np.zeros(num_requests, np.int64)
+        self.offload_parked_s = np.zeros(num_requests)
         self.release_step = np.zeros(num_requests, np.int64)  # the first schedule() that could see it
         self.status = np.zeros(num_requests, np.int8)
         self.reject_reasons: dict[int, str] = {}
@@ -291,4 +299,16 @@ def summarize(requests: RequestMetrics, steps: StepMetrics, *, slo: Slo, preempt
     }
     if offload is not None:
         summary.update(offload.summary(start, duration, block_bytes))
+        summary.update(parked_summary(requests))
     return summary
+
+
+def parked_summary(requests: RequestMetrics) -> dict:
+    """The offload keys of parked requests (module docstring), over the rows parked at least once."""
+    parked = requests.offload_parks > 0
+    waited = requests.offload_parked_s[parked]
+    return {
+        "offload_parked_requests": int(parked.sum()),
+        "offload_parked_mean_s": _r(float(waited.mean())) if len(waited) else None,
+        "offload_parked_p99_s": _r(float(np.percentile(waited, 99))) if len(waited) else None,
+    }

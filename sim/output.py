@@ -260,7 +260,16 @@ def _offload_line(s: dict, deployment: dict, pct) -> str:
     return (f"offload    {size}: hits HBM {pct(s['hbm_hit_rate'])} + CPU {pct(s['offload_hit_rate'])} of admitted "
             f"prompt tokens; loaded {s['offload_loaded_blocks']:,} / stored {s['offload_stored_blocks']:,} blocks, "
             f"{s['offload_evictions']:,} evicted, {s['offload_refused_blocks']:,} refused; link busy "
-            f"{pct(s['host_link_busy_fraction'])}, loads waited {plain(s['offload_load_wait_s'])} s")
+            f"{pct(s['host_link_busy_fraction'])}, loads waited {plain(s['offload_load_wait_s'])} s{_parked_words(s)}")
+
+
+def _parked_words(s: dict) -> str:
+    """"; N requests parked for loads, mean M s, p99 P s" (nothing when none was parked)."""
+    count = s.get("offload_parked_requests")
+    if not count:
+        return ""
+    return (f"; {count:,} requests parked for loads, mean {plain(s['offload_parked_mean_s'])} s, "
+            f"p99 {plain(s['offload_parked_p99_s'])} s")
 
 
 def timed_out_words(summary: dict) -> str | None:

@@ -9,12 +9,22 @@ arriving during a step are seen by the next ``schedule()``. With nothing unfinis
 sleeps until ``submit`` wakes it.
 
 With KV offloading (``engine.policy.offload``) the same link carries the offload store's copies,
-asynchronously as vLLM's connector does: a step's loads (``blocks_to_load``) are read by its
-forward pass, so the step queues for the link and holds it for the loads before it computes
-(after its swaps, when they are not overlapped); its stores (``blocks_to_store``) are written by
-the forward pass, so they queue for the link when the compute ends and hold it while the replica
-goes on: a store never delays a step, except through the link a later load or swap waits for.
-The link moves one copy at a time, whichever direction.
+as vLLM 0.33's OffloadingConnector runs them. A step's **synchronous** loads are read by its
+forward pass, so the step queues for the link and holds it for them before it computes (after
+its swaps, when they are not overlapped); its **asynchronous** loads (vLLM's default: their
+requests parked, ``SchedulerOutput.parked``) queue for the link when the step starts, behind the
+step's own copies, and move while the replica goes on; its stores (``blocks_to_store``) are
+written by the forward pass, so they queue for the link when the compute ends and hold it while
+the replica goes on. Neither delays a step, except through the link a later copy waits for. The
+link moves one copy at a time, whichever direction. The replica tells the scheduler a step's
+loads or stores are done (``OffloadManager.complete``; the scheduler's
+``complete_offload_in_update`` is off) at the first step boundary, before ``schedule()``, at or
+after the link finished them; a step's synchronous loads, and the stores flushed by a preemption,
+at the next boundary. A request's parked time runs from the start of the step that parked it to
+the boundary its load is reported done (``RequestMetrics.offload_parked_s``). A step that
+schedules nothing while copies are in flight (every unfinished request parked, or waiting for a
+block being stored) is a wait, not a stall: after it the replica sleeps until the next copy ends,
+an arrival or a client's deadline, rather than spin through empty steps as vLLM's busy loop does.
 
 The scheduler is any object with the policy's interface (``Scheduler`` or the contiguous
 baseline); it is never told it is simulated.
@@ -61,6 +71,7 @@ from engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usa
                                         takes_decode_steps, update_decode_step)
 from engine.policy.scheduler import Scheduler
 from engine.policy.output import dump_record
+from engine.policy.usage import KvUsage
 from engine.policy.progress import ProgressWatch
 from sim.cost.base import CostModel, StepWork
 from sim.decode_spans import DecodeSpanLog
@@ -115,7 +126,20 @@ class Replica:
         self.preemptions = {"swap": 0, "recompute": 0}
         self.link_busy_s = 0.0  # the host link's transfer time (swaps and offload copies)
         self.link_idle_s: float | None = None  # when its last transfer ended (None: none yet)
-        self.offload_load_wait_s = 0.0  # steps' time queueing for and copying their loads
+        self.offload_load_wait_s = 0.0  # steps' time queueing for and copying their synchronous loads
+        # Offload copies on the link (module docstring): transfers not finished, and those finished
+        # and not yet reported to the scheduler, each (step, kind): LOADS, STORES or, for a
+        # step's synchronous loads and flushed stores, DONE_IN_STEP.
+        self._offload = offload
+        if offload is not None:
+            scheduler.complete_offload_in_update = False  # (this replica times the copies)
+        self._copies_in_flight = 0
+        self._copies_done: list[tuple[int, int]] = []
+        self._num_added = 0  # requests handed to the scheduler so far (a wait ends at an arrival)
+        # Parked requests (KV loading): the ids parked after the latest schedule(), and per step
+        # that parked some, (its start, the ids it parked), until its loads are reported done.
+        self._parked: set[str] = set()
+        self._parked_in: dict[int, tuple[float, list[str]]] = {}
         # Tokens computed again after recompute preemptions: at each resumption, the longest live
         # sequence's tokens (prompt + output so far) minus the prefix-cache hit. Exact for n = 1
         # without chunked prefill; a request preempted mid-prefill counts its whole prompt, an upper
@@ -184,6 +208,7 @@ class Replica:
             return
         rid = request.request_id
         self._rows[rid] = row
+        self._num_added += 1
         self._awaiting_first_token.add(rid)
         if self._deadlines is not None:
             assert self.request_timeout_s is not None  # (set together)
@@ -213,6 +238,8 @@ class Replica:
             while self.next_arrival_s <= env.now:  # same-instant arrivals first
                 yield env.timeout(0)
             self._in_flight = False
+            if self._copies_done:  # (the link finished them since the last boundary)
+                self._report_copies()
             if deadlines is not None and deadlines and deadlines[0][0] <= env.now:
                 self._abort_due()  # (aborts and arrivals alike come from the engine core's input queue)
             if self._held:
@@ -228,7 +255,9 @@ class Replica:
                     if batch is None and self._decode_steps and not self._has_beams:
                         batch = preempting_batch(sched)  # (a batch whose next step must preempt, if any)
                 # (not while requests are held back from a replica others read at arrivals)
+                # (nor while offload copies move: a skip would pass the boundary that reports them)
                 if (batch is not None and refused and batch.max_steps and not (self._held and self.observed)
+                        and not self._copies_in_flight
                         and (yield from self._skip(batch))):
                     continue
             decode_step = None
@@ -249,12 +278,15 @@ class Replica:
                     awaiting.discard(rid)
                     self.on_done(1)
                     rejected_rows.append(row)
-            if progress.stalled(out, decoded=decode_step is not None and bool(decode_step.run.seqs)) \
+            # (a step that schedules nothing while offload copies move waits for them: no stall)
+            copying = bool(self._copies_in_flight or out.blocks_to_load or out.blocks_to_store)
+            if progress.stalled(out, decoded=decode_step is not None and bool(decode_step.run.seqs) or copying) \
                     and sched.has_unfinished_requests:
                 raise SimulationStalled(  # (rejecting the last one is no stall)
                     f"step {out.step} at t={env.now:.6f}s scheduled nothing with {len(sched.waiting)} waiting, "
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped requests"
                 )
+            # (the parked requests' blocks are in kv_usage(); a decode step is never taken beside them)
             usage = sched.kv_usage() if decode_step is None else decode_step_usage(decode_step)
             num_running, num_waiting = len(sched.running), len(sched.waiting)
             cost = cost_model.step_cost(work)
@@ -268,13 +300,23 @@ class Replica:
             for rid, hit_tokens in out.resumed.items():
                 live = sched.requests[rid].live_seqs
                 self.recomputed_tokens += max(seq.num_tokens for seq in live) - hit_tokens
-            if out.blocks_to_load or not cost.swap_s <= 0:
-                yield from self._execute(cost, len(out.blocks_to_load))
+            if out.parked or self._parked:
+                self._note_parked(out, start)
+            num_added = self._num_added
+            if out.blocks_to_load:
+                num_sync, num_async = self._offload.step_loads(out.step)
+                yield from self._execute(cost, num_sync, num_async, out.step)
+                if num_sync:  # (done before the forward pass: reported at the next boundary)
+                    self._copies_done.append((out.step, DONE_IN_STEP))
+            elif not cost.swap_s <= 0:
+                yield from self._execute(cost)
             else:  # (_execute's commonest case, without its generator)
                 yield env.timeout(cost.total_s)
             end = env.now
             if out.blocks_to_store:  # written by the compute that just ended
-                self._store(len(out.blocks_to_store))
+                self._copy(out.step, STORES, len(out.blocks_to_store))
+            if out.preempted and self._offload is not None:  # (their stores in flight are flushed)
+                self._copies_done.append((out.step, DONE_IN_STEP))
             if not math.isfinite(end):
                 raise ValueError(f"simulated time overflowed at step {out.step} (step cost {cost.terms})")
             step_row = len(self.steps)  # this step's row in the step table (recorded below)
@@ -304,6 +346,11 @@ class Replica:
             if rejected_rows and self.on_request_done is not None:  # their client slots free now
                 for row in rejected_rows:
                     self._client_done(row)
+            if (self._copies_in_flight and not self._copies_done and self._num_added == num_added
+                    and not self._held and decode_step is None and not out.scheduled
+                    and sched.has_unfinished_requests and not (out.preempted or out.rejected
+                                                               or out.blocks_to_swap_in or out.blocks_to_swap_out)):
+                yield from self._wait_for_copies()
 
     def _completed(self, finished: list[Request], end: float) -> None:
         m = self.requests
@@ -373,7 +420,8 @@ class Replica:
             if finished:
                 completions.append((finished, end))
             if (not finished or sched.waiting or sched.swapped or self.on_request_done is not None
-                    or not now < bound or not self._prev_start_s < lagged):
+                    or not now < bound or not self._prev_start_s < lagged
+                    or (self._offload is not None and self._offload.has_work)):  # (the next step tells its policy)
                 break
             run = decode_batch(sched)  # (None when nothing runs any more)
             self.skips_past_finish += run is not None
@@ -502,14 +550,27 @@ class Replica:
                     self.decision_sink(dump_record(record) + "\n")
             log.clear()
 
-    def _execute(self, cost, num_loads: int = 0):
+    def _execute(self, cost, num_sync_loads: int = 0, num_async_loads: int = 0, step: int = 0):
+        """Hold the step: its swaps (unless overlapped) and synchronous loads, then its compute;
+        its asynchronous loads queue for the link behind the step's own copies and move on
+        their own (module docstring)."""
         env = self.env
         swap_s = cost.swap_s
-        if swap_s > 0 and not self.overlap_swaps:  # vLLM v0: the step waits for its swaps
-            yield from self._transfer(swap_s)
-        if num_loads:  # the forward pass reads the loaded blocks
+        swap_first = swap_s > 0 and not self.overlap_swaps  # vLLM v0: the step waits for its swaps
+        swap_request = self.link.request() if swap_first else None
+        load_request = self.link.request() if num_sync_loads else None
+        if num_async_loads:
+            self._copy(step, LOADS, num_async_loads)
+        if swap_request is not None:
+            with swap_request:
+                yield swap_request
+                yield from self._hold_link(swap_s)
+        if load_request is not None:  # the forward pass reads the loaded blocks
             waited_from = env.now
-            yield from self._transfer(self.cost_model.offload_seconds(num_loads, self._work_block_size, to_gpu=True))
+            seconds = self.cost_model.offload_seconds(num_sync_loads, self._work_block_size, to_gpu=True)
+            with load_request:
+                yield load_request
+                yield from self._hold_link(seconds)
             self.offload_load_wait_s += env.now - waited_from
         if swap_s <= 0:
             yield env.timeout(cost.total_s)
@@ -524,17 +585,64 @@ class Replica:
             yield req
             yield from self._hold_link(seconds)
 
-    def _store(self, num_blocks: int) -> None:
-        """Queue for the link now, and copy ``num_blocks`` blocks to the offload store once it is
-        free, while the replica goes on."""
-        seconds = self.cost_model.offload_seconds(num_blocks, self._work_block_size, to_gpu=False)
-        request = self.link.request()  # (now: ahead of any later step's loads)
-        self.env.process(self._stored(request, seconds))
+    def _copy(self, step: int, kind: int, num_blocks: int) -> None:
+        """Queue for the link now, and copy ``num_blocks`` blocks of ``step``'s asynchronous loads
+        (``kind`` LOADS) or stores (STORES) once it is free, while the replica goes on."""
+        seconds = self.cost_model.offload_seconds(num_blocks, self._work_block_size, to_gpu=kind == LOADS)
+        request = self.link.request()  # (now: ahead of any later step's copies)
+        self._copies_in_flight += 1
+        self.env.process(self._copied(request, seconds, step, kind))
 
-    def _stored(self, request, seconds: float):
+    def _copied(self, request, seconds: float, step: int, kind: int):
         with request:
             yield request
             yield from self._hold_link(seconds)
+        self._copies_in_flight -= 1
+        self._copies_done.append((step, kind))
+        if self._wake is not None and not self._wake.triggered:  # (a replica waiting for its copies)
+            self._wake.succeed()
+
+    def _report_copies(self) -> None:
+        """At a step boundary: tell the scheduler the copies the link finished since the last one
+        are done (in the order they finished); the requests their loads parked stop waiting."""
+        offload = self._offload
+        assert offload is not None  # (copies are an offload store's)
+        now = self.env.now
+        done, self._copies_done = self._copies_done, []
+        for step, kind in done:
+            offload.complete(step, loads=kind == LOADS, stores=kind == STORES)
+            if kind == LOADS:
+                parked = self._parked_in.pop(step, None)
+                if parked is not None:
+                    start, ids = parked
+                    rows, waited = self._rows, self.requests.offload_parked_s
+                    for rid in ids:
+                        row = rows.get(rid)
+                        if row is not None:  # (not aborted while parked)
+                            waited[row] += now - start
+
+    def _note_parked(self, out, start: float) -> None:
+        """Note the requests ``out`` (a step starting at ``start``) parked (``_report_copies``
+        ends their wait)."""
+        parked = out.parked
+        new = [rid for rid in parked if rid not in self._parked]
+        if new:
+            self._parked_in[out.step] = (start, new)
+            rows, parks = self._rows, self.requests.offload_parks
+            for rid in new:
+                parks[rows[rid]] += 1
+        self._parked = set(parked)
+
+    def _wait_for_copies(self):
+        """After a step that scheduled nothing while copies move: sleep until the next copy ends,
+        a request arrives or a client's deadline comes (whichever first), not through empty steps."""
+        env = self.env
+        self._in_flight = False  # (idle: an arrival reaches the scheduler at once)
+        self._wake = wake = env.event()
+        until = self._next_event_s(arrivals=False) if self._deadlines is not None else math.inf
+        if until <= env.now:
+            return
+        yield wake if math.isinf(until) else wake | env.timeout(until - env.now)
 
     def _hold_link(self, seconds: float):
         self.link_busy_s += seconds
@@ -554,6 +662,11 @@ class Replica:
             loaded_blocks=offload.num_loaded_blocks, stored_blocks=offload.num_stored_blocks,
             evictions=store.num_evictions, refused_blocks=store.num_refused_blocks, link_busy_s=self.link_busy_s,
             link_idle_s=self.link_idle_s, num_links=1, load_wait_s=self.offload_load_wait_s)
+
+
+#: Kinds of offload copies a step issues (``Replica._copy``): asynchronous loads, stores, and
+#: those done within the step (synchronous loads, stores flushed by a preemption).
+LOADS, STORES, DONE_IN_STEP = 0, 1, 2
 
 
 def block_size_of(scheduler) -> int | None:

@@ -242,6 +242,9 @@ def plan(spec: RunSpec) -> Plan:
     num_offload_blocks = offload_blocks(spec, deployment)
     if num_offload_blocks is not None:
         settings["num_offload_blocks"] = num_offload_blocks
+        # (the synchronous-load budget's bytes of a block: one GPU's share, as vLLM's scheduler-side
+        # connector counts a worker's page size; offloading/scheduler.py)
+        settings["offload_block_bytes"] = deployment.block_bytes_per_gpu(spec.block_size)
     config = make_config(spec.policy, **{**settings, **spec.overrides})
     check_kv_blocks(config.num_gpu_blocks, config.num_cpu_blocks + config.num_offload_blocks, source=source)
     cost_model = _cost_model(spec, model, deployment)  # (a bad profile is refused before the cache is built)

@@ -7,6 +7,9 @@ turn, on a GPU cache of 200 blocks of 16 tokens. The cache holds about two reque
 a conversation's prefix is gone from HBM when it comes round again: HBM-only hits are low,
 and an offload store holding every block serves the prefixes from CPU memory.
 
+Loads are asynchronous by default (vLLM 0.33: the request parked until the link has copied them);
+``SYNC`` (a budget of 1 TiB) makes every load that leaves a token to compute synchronous.
+
 The timeline test charges ``LinearCost`` (1 s a step that computes, 0.1 s a token) and 0.5 s
 per block copied over the host link, and checks the whole run by hand.
 """
@@ -32,7 +35,9 @@ from tests.test_sim_properties import LinearCost as SimLinearCost
 BLOCK_BYTES = 32 * 8 * 128 * 2 * 2 * 16  # llama3-8b bf16: one 16-token block of every layer, K and V
 OFFLOAD_KEYS = {"offload_hit_tokens", "hbm_hit_tokens", "hbm_hit_rate", "offload_hit_rate", "offload_loaded_blocks",
                 "offload_stored_blocks", "offload_loaded_bytes", "offload_stored_bytes", "offload_evictions",
-                "offload_refused_blocks", "offload_blocks", "host_link_busy_fraction", "offload_load_wait_s"}
+                "offload_refused_blocks", "offload_blocks", "host_link_busy_fraction", "offload_load_wait_s",
+                "offload_parked_requests", "offload_parked_mean_s", "offload_parked_p99_s"}
+SYNC = ("--offload-sync-load-budget-bytes", str(2**40))
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +78,9 @@ def runs(conversations) -> dict:
         "off": summary_of(conversations),
         "on": summary_of(conversations, "--num-offload-blocks", "4000"),
         "slow": summary_of(conversations, "--num-offload-blocks", "4000", "--cost-param", "pcie_efficiency=0.002"),
+        "on sync": summary_of(conversations, "--num-offload-blocks", "4000", *SYNC),
+        "slow sync": summary_of(conversations, "--num-offload-blocks", "4000", "--cost-param", "pcie_efficiency=0.002",
+                                *SYNC),
     }
 
 
@@ -104,11 +112,29 @@ def test_offload_store_raises_the_hit_rate_and_lowers_ttft(runs):
 
 
 def test_a_slow_host_link_makes_the_loads_wait(runs):
-    on, slow = runs["on"], runs["slow"]
+    on, slow = runs["on sync"], runs["slow sync"]
     assert slow["offload_hit_tokens"] > 0
     assert slow["offload_load_wait_s"] > 10 * on["offload_load_wait_s"] > 0
     assert slow["ttft_s"]["mean"] > on["ttft_s"]["mean"] + 1.0
     assert 0.5 < slow["host_link_busy_fraction"] <= 1.0  # stores past the last completion count too
+
+
+def test_asynchronous_loads_park_requests_and_synchronous_ones_do_not(runs):
+    for label in ("on", "slow"):  # (the default: asynchronous)
+        s = runs[label]
+        assert s["requests_completed"] == 48
+        assert s["offload_hit_tokens"] > 0 and s["offload_load_wait_s"] == 0  # no step waits for a load
+        assert 0 < s["offload_parked_requests"] <= 48
+        assert 0 < s["offload_parked_mean_s"] <= s["offload_parked_p99_s"]
+    assert runs["slow"]["offload_parked_mean_s"] > 10 * runs["on"]["offload_parked_mean_s"]
+    for label in ("on sync", "slow sync"):
+        s = runs[label]
+        assert s["requests_completed"] == 48
+        assert s["offload_parked_requests"] == 0 and s["offload_parked_mean_s"] is None
+        assert s["offload_parked_p99_s"] is None
+    # the same CPU hits either way; asynchronous loads let the other requests compute meanwhile
+    assert runs["on"]["offload_hit_tokens"] == runs["on sync"]["offload_hit_tokens"]
+    assert runs["slow"]["ttft_s"]["mean"] <= runs["slow sync"]["ttft_s"]["mean"]
 
 
 # ----------------------------------------------------------------- the link, by hand
@@ -128,7 +154,10 @@ def prefix_trace(ids: list[list[int]], arrivals=None) -> Trace:
                  prefix_id_offsets=np.cumsum([0] + [len(i) for i in ids]), prefix_block_tokens=4)
 
 
-def offload_scheduler(num_gpu_blocks: int, num_offload_blocks: int | None, **settings) -> Scheduler:
+def offload_scheduler(num_gpu_blocks: int, num_offload_blocks: int | None, *, sync: bool = False,
+                      **settings) -> Scheduler:
+    if sync and num_offload_blocks:  # (every load that leaves a token to compute: synchronous)
+        settings.update(offload_sync_load_budget_bytes=2**40, offload_block_bytes=100)
     return Scheduler(make_config("pagesim", num_gpu_blocks=num_gpu_blocks, block_size=4, record_decisions=True,
                                  **({} if num_offload_blocks is None else {"num_offload_blocks": num_offload_blocks}),
                                  **settings))
@@ -146,7 +175,7 @@ def test_a_load_waits_for_the_link_and_a_store_waits_for_nobody():
     #   the link busy [3.8, 4.8].
     # step 2 [3.8, 6.9]: c misses HBM and loads a's 2 blocks from the store: it waits for b's
     #   store (1 s) and for its load (1 s), then computes its last token (1.1 s).
-    sched = offload_scheduler(3, 8)
+    sched = offload_scheduler(3, 8, sync=True)
     records: list[str] = []
     result = Simulation(prefix_trace([[1, 2, 3], [4, 5, 6], [1, 2, 7]]), sched, LinearCost(), SimOptions(),
                         decision_sink=records.append, block_bytes=100).run()
@@ -290,3 +319,46 @@ def test_a_contiguous_baseline_refuses_offloading():
     with pytest.raises(ValueError, match="--kv-offloading-policy applies to the paged allocator only"):
         RunSpec(allocator="pow2", overrides={"offload_eviction_policy": "arc"})
 
+
+
+# ------------------------------------------------------------- asynchronous loads, parked
+def test_every_request_parked_at_once_does_not_hang():
+    # Eight requests share a 2-block prefix a first request stored and a second evicted from
+    # HBM (3 GPU blocks); they arrive together: the first loads it from the store,
+    # asynchronously, parked, and the others wait for that load (its blocks are being loaded),
+    # so every unfinished request waits on the link: the replica sleeps until the copy ends
+    # instead of spinning through empty steps or declaring a stall.
+    ids = [[1, 2, 3], [4, 5, 6]] + [[1, 2, 10 + i] for i in range(8)]
+    tr = prefix_trace(ids, arrivals=[0, 10] + [20] * 8)
+    slow = LinearCost()
+    slow.offload_seconds = lambda num_blocks, block_size, *, to_gpu: 3.0 * num_blocks
+    records: list[str] = []
+    result = Simulation(tr, offload_scheduler(3, 64), slow, SimOptions(), decision_sink=records.append).run()
+    s = result.summary
+    assert s["requests_completed"] == 10
+    assert s["offload_parked_requests"] >= 1 and s["offload_parked_mean_s"] >= 6.0  # two blocks at 3 s each
+    logs = [json.loads(line) for line in records]
+    only_parked = [r for r in logs if r["parked"] and not r["scheduled"]]
+    assert only_parked, "some step had only parked requests"
+    # no spinning: a step that schedules nothing is followed by a wait, so such steps are few
+    assert sum(1 for r in logs if not r["scheduled"]) <= 2 * s["offload_loaded_blocks"] + 2
+    parked_rows = result.requests.offload_parks > 0
+    assert (result.requests.offload_parked_s[parked_rows] >= 6.0).all()
+
+
+def test_parked_time_runs_from_the_parking_step_to_the_report():
+    # a's blocks are stored, then b (sharing them) parks while the link copies 2 blocks (1 s):
+    # it is parked from the start of its parking step to the boundary after the copy ends.
+    tr = prefix_trace([[1, 2, 3], [4, 5, 6], [1, 2, 7]], arrivals=[0, 0, 10])
+    result = Simulation(tr, offload_scheduler(3, 8), LinearCost(), SimOptions()).run()
+    m = result.requests
+    assert m.offload_parks.tolist() == [0, 0, 1]
+    assert m.offload_parked_s[2] == pytest.approx(1.0)  # nothing else ran: the copy's own time
+    assert result.summary["offload_parked_requests"] == 1
+    assert result.summary["offload_parked_mean_s"] == result.summary["offload_parked_p99_s"] == pytest.approx(1.0)
+    # c starts computing when its load is reported done, 1 s after it arrived
+    assert m.first_scheduled_s[2] >= 10.0 and m.first_token_s[2] >= 11.0
+
+
+def test_summaries_without_offloading_have_no_parked_keys(runs):
+    assert not {"offload_parked_requests", "offload_parked_mean_s", "offload_parked_p99_s"} & set(runs["off"])
