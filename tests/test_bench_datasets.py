@@ -338,6 +338,22 @@ def test_custom_follows_vllm(tmp_path, word_tokenizer):
     assert set(fixed.output_len.tolist()) == {256} and fixed.metadata["oversampled"] == 8
 
 
+def test_custom_lines_may_carry_a_priority(tmp_path, word_tokenizer):
+    """pagesim's extension: a line's "priority" (vLLM's CustomDataset ignores it) follows the line
+    through the shuffle; lines without one get 0; a file with none gives a trace without priorities."""
+    rows = [{"prompt": words(3 + k, k), "output_tokens": 5, **({"priority": k % 3} if k != 4 else {})}
+            for k in range(6)]
+    trace = custom_trace(write_jsonl(tmp_path / "p.jsonl", rows), word_tokenizer, num_prompts=6, seed=2,
+                         output_len=-1)
+    assert [p for p in trace.priority.tolist()] == [0 if n == 7 else (n - 3) % 3 for n in trace.prompt_len.tolist()]
+    plain = custom_trace(write_jsonl(tmp_path / "q.jsonl", [{"prompt": "w1 w2"}]), word_tokenizer, num_prompts=1)
+    assert not plain.priority.any()
+    for bad in (True, 1.5, "high", 2**31):
+        path = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "w1"}, {"prompt": "w2", "priority": bad}])
+        with pytest.raises(TraceFormatError, match=r"r.jsonl:2: \"priority\" must be an integer"):
+            custom_trace(path, word_tokenizer, num_prompts=1)
+
+
 def test_custom_errors(tmp_path, word_tokenizer):
     path = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "w1 w2"}, {"text": SECRET}])
     with pytest.raises(TraceFormatError, match=r"c.jsonl:2: missing key 'prompt'"):

@@ -17,11 +17,17 @@ hold, is skipped and counted. A line missing ``prompt``, or whose ``output_token
 whole number >= 1, is an error naming the line, checked on every line (vLLM checks the lines it
 samples, and truncates ``12.7`` to 12); so is an ``output_tokens`` above ``MAX_LENGTH_TOKENS``
 (16,777,216; ``1e300`` is not a count). A line may be at most 4 MiB, as a trace's line.
+
+Extension: a line may carry ``"priority"``, an integer (lower is more important, vLLM's
+convention; 0 where a line has none), read by ``--scheduling-policy priority`` as the request's
+priority when the client sends one. vLLM's ``CustomDataset`` ignores the key (``vllm bench serve``
+sends no priority), so a file with priorities stands for clients that send them.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,6 +38,7 @@ from traces.errors import TraceFormatError
 from traces.trace import Trace
 
 DEFAULT_CUSTOM_OUTPUT_LEN = 256  # vLLM's --custom-output-len default
+MAX_PRIORITY = 2**31 - 1  # a line's "priority" (pagesim's extension) lies within +- this
 
 
 def whole_count(value) -> int | None:
@@ -64,7 +71,8 @@ def custom_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prom
     problem = None if from_file else count_problem(output_len, "--custom-output-len")
     if problem is not None:
         raise ValueError(f"{problem} (or -1 for each line's output_tokens), got {output_len}")
-    rows: list[tuple[int, str, int]] = []  # (line, prompt, output length)
+    rows: list[tuple[int, str, int, int]] = []  # (line, prompt, output length, priority)
+    has_priority = False
     for line, obj in iter_jsonl(path, what="line"):
         prompt = obj.get("prompt")
         if not isinstance(prompt, str):
@@ -80,14 +88,19 @@ def custom_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prom
                 raise TraceFormatError(path, problem, line)
         else:
             count = output_len
-        rows.append((line, prompt, count))
+        priority = obj.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise TraceFormatError(path, f"\"priority\" must be an integer within +-{MAX_PRIORITY:,}, got {priority!r}",
+                                   line)
+        has_priority = has_priority or "priority" in obj
+        rows.append((line, prompt, count, priority))
     if not rows:
         raise TraceFormatError(path, "no requests (the file has no JSON lines)")
     order = shuffled(len(rows), seed) if shuffle else list(range(len(rows)))
     taken = [rows[i] for i in order[:num_prompts]]
-    prompt_ids = tokenizer.encode_batch([prompt for _, prompt, _ in taken])
-    kept = [(ids, count) for ids, (_, _, count) in zip(prompt_ids, taken) if len(ids) > 0]
-    warn_if_one_id(tokenizer, [ids for ids, _ in kept], path)
+    prompt_ids = tokenizer.encode_batch([prompt for _, prompt, _, _ in taken])
+    kept = [(ids, count, priority) for ids, (_, _, count, priority) in zip(prompt_ids, taken) if len(ids) > 0]
+    warn_if_one_id(tokenizer, [ids for ids, _, _ in kept], path)
     empty = len(taken) - len(kept)
     extra = oversample_rows(len(kept), num_prompts, seed) if oversample else []
     kept += [kept[row] for row in extra]
@@ -95,5 +108,8 @@ def custom_trace(path: str | os.PathLike[str], tokenizer: Tokenizer, *, num_prom
                 "skipped_empty_prompt": empty, "sampled": len(kept) - len(extra), "oversampled": len(extra),
                 "shuffled": bool(shuffle), "chat_template": "not applied (prompts counted as written)",
                 "output_len": "from output_tokens" if from_file else output_len}
-    return dataset_trace(prompt_tokens=[ids for ids, _ in kept], output_len=np.asarray([c for _, c in kept]),
-                         source=f"custom:{path}", metadata=metadata)
+    trace = dataset_trace(prompt_tokens=[ids for ids, _, _ in kept], output_len=np.asarray([c for _, c, _ in kept]),
+                          source=f"custom:{path}", metadata=metadata)
+    if has_priority:  # (a pagesim extension: see the module docstring)
+        trace = replace(trace, priority=np.asarray([p for _, _, p in kept], dtype=np.int64))
+    return trace
