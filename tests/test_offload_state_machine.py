@@ -176,8 +176,12 @@ def check_output(s: Scheduler, out: SchedulerOutput, refused_before: int, evicte
     assert not parked & set(out.num_scheduled_tokens), "a parked request is scheduled"
     for rid in parked:
         assert s.requests[rid].status is RequestStatus.LOADING
-    table_of = {b: (request, seq, j) for rid in (*out.new, *out.resumed, *parked)
-                for request in (s.requests[rid],) for seq in request.live_seqs for j, b in enumerate(seq.block_table)}
+    table_of: dict[int, tuple] = {}  # a loaded block -> the sequence that loads it (admitted first: a later
+    for rid in (*out.new, *out.resumed, *sorted(parked)):  # admission of this step may hit it in the GPU cache)
+        request = s.requests[rid]
+        for seq in request.live_seqs:
+            for j, b in enumerate(seq.block_table):
+                table_of.setdefault(b, (request, seq, j))
     for slot, gpu in out.blocks_to_load:
         key = store.key_of[slot]
         assert key is not None and store.state[key] >= READY + 1, f"load from slot {slot}, not pinned for loading"
