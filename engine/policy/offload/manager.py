@@ -323,10 +323,6 @@ class OffloadManager:
                     async_ += len(job.keys)
         return sync, async_
 
-    def pending_steps(self, *, loads: bool) -> list[int]:
-        """Steps with copies (loads or stores) still in flight, oldest first."""
-        return sorted({job.step for job in self._jobs.values() if job.is_load == loads})
-
     def complete(self, step: int, *, loads: bool = True, stores: bool = True) -> None:
         """The loads and/or stores issued in ``step`` are done (the executor's report), and so
         are the jobs flushed so far."""
@@ -334,12 +330,6 @@ class OffloadManager:
         for job_id, job in list(self._jobs.items()):
             if job_id in flushed or (job.step == step and (loads if job.is_load else stores)) or (job.is_load and job.sync):
                 self._finish_job(job_id)
-
-    def complete_all(self) -> None:
-        """Every copy in flight is done."""
-        for job_id in list(self._jobs):
-            self._finish_job(job_id)
-        self._flushed = []
 
     def _finish_job(self, job_id: int) -> None:
         job = self._jobs.pop(job_id)

@@ -61,11 +61,6 @@ class OffloadStore:
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
 
-    @property
-    def has_pending_stores(self) -> bool:
-        """Whether stores are in flight (their keys not ready yet)."""
-        return bool(self._storing)
-
     # ----------------------------------------------------------- lookups
     def is_ready(self, key: Hashable) -> bool:
         """Whether ``key`` can be loaded now (stored, its copy done)."""
