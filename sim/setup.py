@@ -215,8 +215,10 @@ def plan(spec: RunSpec) -> Plan:
         raise ValueError(f"the contiguous {spec.allocator!r} baseline reserves full-attention slabs; "
                          f"{model.name}'s sliding-window layers need the paged allocator")
     base.update(deployment.layout.scheduler_settings())
-    # A first config only to learn the batch limits the activation reserve depends on.
-    probe = make_config(spec.policy, **{**base, **{k: v for k, v in spec.overrides.items() if k != "num_cpu_blocks"}})
+    # A first config only to learn the batch limits the activation reserve depends on (before the
+    # offload store is sized: without its settings).
+    probe = make_config(spec.policy, **{**base, **{k: v for k, v in spec.overrides.items()
+                                                   if k not in ("num_cpu_blocks", "offload_sync_load_budget_bytes")}})
     if spec.num_gpu_blocks is not None:
         num_blocks = spec.num_gpu_blocks
         source = f"{num_blocks} blocks (given)"

@@ -738,3 +738,24 @@ def test_a_refused_offer_still_counts_the_ready_keys_it_used():
     by_request = {rid: (keys, reused) for rid, keys, reused in calls}
     keys, reused = by_request["b"]
     assert keys[0] is shared and len(keys) == 4 and reused == {shared}
+
+
+def test_a_sync_load_budget_needs_an_offload_store():
+    with pytest.raises(ValueError, match="applies to loads from an offload store"):
+        make_config("pagesim", offload_sync_load_budget_bytes=100)
+    with pytest.raises(ValueError, match="offload_sync_load_budget_bytes must be an integer >= 0"):
+        make_config("pagesim", num_offload_blocks=8, offload_sync_load_budget_bytes=-1)
+    config = make_config("pagesim", num_offload_blocks=8, offload_sync_load_budget_bytes=100, offload_block_bytes=10)
+    assert config.offload_sync_load_budget_bytes == 100
+
+
+def test_the_cli_takes_the_budget_beside_an_offload_store_only(capsys):
+    from engine.cli import main
+
+    base = ["simulate", "--workload", "shared-system-prompt", "--rate", "4", "--num-requests", "20",
+            "--enable-prefix-caching", "--offload-sync-load-budget-bytes", "100"]
+    with pytest.raises(SystemExit) as info:
+        main(base)
+    assert info.value.code == 2
+    assert "applies to loads from an offload store" in capsys.readouterr().err
+    assert main([*base, "--kv-offloading-size", "1", "--json"]) in (0, None)

@@ -188,6 +188,9 @@ class SchedulerConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if not n:
+            if self.offload_sync_load_budget_bytes:
+                raise ValueError("offload_sync_load_budget_bytes (--offload-sync-load-budget-bytes) applies to loads from "
+                                 "an offload store: give one (--kv-offloading-size or --num-offload-blocks)")
             return
         if self.step_order != "vllm-v1":
             raise ValueError("KV offloading is vLLM v1's (the native OffloadingConnector): it needs the vllm-v1 "
