@@ -119,14 +119,16 @@ def configs(draw, trace: Trace):
         if settings_["enable_prefix_caching"]:  # now and then a second tier (engine/policy/offload)
             settings_["num_offload_blocks"] = draw(st.sampled_from([0, 0, 2, 16, 256]))
             settings_["offload_eviction_policy"] = draw(st.sampled_from(["lru", "arc", "lfu"]))
-            # loads asynchronous (vLLM's default: requests parked), or synchronous within a budget
-            settings_["offload_sync_load_budget_bytes"] = draw(st.sampled_from([0, 0, 2**40]))
-            settings_["offload_block_bytes"] = 2**20
+            if settings_["num_offload_blocks"]:
+                # loads asynchronous (vLLM's default: requests parked), or synchronous within a budget
+                settings_["offload_sync_load_budget_bytes"] = draw(st.sampled_from([0, 0, 2**40]))
+                settings_["offload_block_bytes"] = 2**20
         chunked = draw(st.booleans())
         settings_["enable_chunked_prefill"] = chunked
         settings_["max_num_batched_tokens"] = draw(st.sampled_from([8, 32, 512])) if chunked else 256
         if draw(st.booleans()):  # vLLM 0.33's priority scheduling (recompute only, no offload store with it)
-            settings_.update(scheduling_policy="priority", num_offload_blocks=0, preemption_mode="recompute")
+            settings_.update(scheduling_policy="priority", num_offload_blocks=0, preemption_mode="recompute",
+                             offload_sync_load_budget_bytes=0)
     else:  # (vLLM 0.6.3 has no prefix caching here; its own preemption mode, swap or recompute)
         settings_["preemption_mode"] = draw(st.sampled_from(["vllm-v0", "swap", "recompute"]))
         chunked = draw(st.booleans())
