@@ -122,7 +122,11 @@ def schedule_waiting_with_offload(order: VllmV1StepOrder, st: Step) -> None:
         s.kv_holding.extendleft(reversed(skipped_holding))
     if skipped_waiting:
         s.waiting.extendleft(reversed(skipped_waiting))
-    if st.waiting_stop is None:
+    if skipped_holding or skipped_waiting:
+        # (a request was skipped for a copy in flight, or parked: it may go at the next step, once
+        # the copy is reported done; not a stop that holds while only decodes run)
+        st.waiting_stop = "not_yet"
+    elif st.waiting_stop is None:
         st.waiting_stop = "budget" if (s.waiting or s.kv_holding) else "empty"
 
 
