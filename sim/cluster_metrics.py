@@ -120,16 +120,24 @@ def _caches(scheduler) -> bool:
     return getattr(scheduler, "paged", True) and scheduler.config.enable_prefix_caching
 
 
-def ideal_figures(trace, scheduler, rows: np.ndarray) -> IdealCache | None:
+def ideal_figures(trace, scheduler, rows: np.ndarray, requests: RequestMetrics | None = None) -> IdealCache | None:
     """The ideal and infinite caches on the trace's ``rows`` (a mask: the requests this scheduler
     was given and admitted), at the scheduler's block size and its cache's size (GPU blocks plus
     the offload store's); ``None`` without a trace, with prefix caching off, or for a hybrid
-    cache (several layer groups share its blocks, so its size in one chain's blocks is not known)."""
+    cache (several layer groups share its blocks, so its size in one chain's blocks is not known).
+    The requests reach the cache in arrival order, except under priority scheduling, where they
+    reach it in the order they were first admitted (``requests``' first scheduling times, ties as
+    vLLM's priority heap breaks them): the ideal cache sees the order the real one saw."""
     pool = getattr(scheduler, "pool", None)
     if trace is None or pool is None or not _caches(scheduler) or getattr(scheduler.kv, "num_groups", 1) > 1:
         return None
     config = scheduler.config
-    return ideal_cache(trace, config.block_size, pool.num_usable_blocks + config.num_offload_blocks, rows)
+    capacity = pool.num_usable_blocks + config.num_offload_blocks
+    if getattr(config, "scheduling_policy", "fcfs") == "priority" and requests is not None:
+        index = np.flatnonzero(rows)
+        order = np.lexsort((index, trace.arrival_s[index], trace.priority[index], requests.first_scheduled_s[index]))
+        return ideal_cache(trace, config.block_size, capacity, index[order])
+    return ideal_cache(trace, config.block_size, capacity, rows)
 
 
 def offload_totals(replicas: Sequence) -> OffloadTotals | None:
@@ -149,7 +157,7 @@ def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np
 
     common = {"slo": slo, "percentiles": percentiles, "block_bytes": block_bytes, "request_timeout_s": request_timeout_s}
     admitted = admitted_rows(requests)
-    ideals = [ideal_figures(trace, r.scheduler, admitted & (replica_of == k)) for k, r in enumerate(replicas)]
+    ideals = [ideal_figures(trace, r.scheduler, admitted & (replica_of == k), requests) for k, r in enumerate(replicas)]
     if len(replicas) == 1:
         (only,) = replicas
         return summarize(requests, only.steps, **common, preemptions=only.preemptions, itl=replica_itl(only),

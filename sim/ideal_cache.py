@@ -80,18 +80,39 @@ class IdealCache:
 
 
 def ideal_cache(trace: Trace, block_size: int, capacity_blocks: int, rows: np.ndarray | None = None) -> IdealCache:
-    """The ideal and infinite caches' hits on ``trace``'s rows ``rows`` (sorted row indices or a
-    mask; default all) at ``block_size`` tokens a block, the ideal one holding ``capacity_blocks``."""
+    """The ideal and infinite caches' hits on ``trace``'s rows ``rows`` (a mask, or row indices in
+    the order the requests reach the cache; default all, in order) at ``block_size`` tokens a
+    block, the ideal one holding ``capacity_blocks``."""
     if block_size < 1 or capacity_blocks < 0:
         raise ValueError(f"block_size must be >= 1 and capacity_blocks >= 0, got {block_size}, {capacity_blocks}")
     prompt_tokens = int(trace.prompt_len.sum() if rows is None else trace.prompt_len[rows].sum())
     if trace.prefix_id_values is None:  # (no prompt shares anything: no copy of a million rows to learn it)
         return IdealCache(capacity_blocks, prompt_tokens, 0, 0, 0)
-    intervals = reuse_intervals(trace if rows is None else trace.take(rows), block_size)
+    if rows is None:
+        ordered = trace
+    elif rows.dtype == bool or (rows.size < 2 or bool(np.all(np.diff(rows) > 0))):
+        ordered = trace.take(rows)
+    else:
+        ordered = _in_order(trace, rows)
+    intervals = reuse_intervals(ordered, block_size)
     return IdealCache(capacity_blocks=capacity_blocks, prompt_tokens=prompt_tokens,
                       ideal_hit_tokens=block_size * belady_hits(intervals, capacity_blocks),
                       infinite_hit_tokens=block_size * int(intervals.weights.sum()),
                       reusable_blocks=intervals.reusable_blocks)
+
+
+def _in_order(trace: Trace, index: np.ndarray) -> Trace:
+    """The requests at ``index`` (any order) as a trace in that order: their lengths and prefix
+    identities (what the reuse intervals read), arrivals renumbered 0, 1, ..."""
+    offsets = trace.prefix_id_offsets
+    counts = np.diff(offsets)[index]
+    starts = offsets[:-1][index]
+    ends = np.cumsum(counts)
+    gather = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0)
+    return Trace(arrival_s=np.arange(len(index), dtype=np.float64), prompt_len=trace.prompt_len[index],
+                 output_len=trace.output_len[index], prefix_id_values=trace.prefix_id_values[gather],
+                 prefix_id_offsets=np.concatenate([[0], ends]).astype(offsets.dtype),
+                 prefix_block_tokens=trace.prefix_block_tokens)
 
 
 @dataclass(frozen=True)

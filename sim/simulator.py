@@ -117,7 +117,7 @@ class Simulation:
             raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished")
         from sim.cluster_metrics import ideal_figures, scheduler_figures
 
-        ideal = ideal_figures(self.trace, sched, admitted_rows(self.request_metrics))
+        ideal = ideal_figures(self.trace, sched, admitted_rows(self.request_metrics), self.request_metrics)
         summary = summarize(
             self.request_metrics, self.step_metrics, slo=self.options.slo, percentiles=self.options.percentiles,
             itl=replica_itl(self.replica), preemptions=self.replica.preemptions, **scheduler_figures(sched, ideal),

@@ -341,3 +341,17 @@ def test_the_examples_sample_trace_is_pagesims_own_and_made_again_the_same(tmp_p
     capsys.readouterr()
     shipped = gzip.decompress((ROOT / "examples" / "traces" / "long-conversations.jsonl.gz").read_bytes())
     assert (tmp_path / "made.jsonl").read_bytes() == shipped
+
+
+def test_the_ideal_cache_reads_requests_in_the_order_given():
+    """Row indices out of order are the order the requests reach the cache (priority scheduling):
+    the same figures as a trace written in that order."""
+    from sim.ideal_cache import ideal_cache
+
+    prompts = [[1, 2, 3], [7, 8, 9], [1, 2, 4], [7, 8, 5]]
+    trace = _trace([(0.1 * k, p, 2) for k, p in enumerate(prompts)])
+    order = np.array([1, 3, 0, 2])
+    reordered = _trace([(0.1 * k, prompts[i], 2) for k, i in enumerate(order)])
+    for capacity in (0, 1, 2, 8):
+        assert ideal_cache(trace, PREFIX, capacity, order) == ideal_cache(reordered, PREFIX, capacity)
+    assert ideal_cache(trace, PREFIX, 8, np.arange(4)) == ideal_cache(trace, PREFIX, 8)
