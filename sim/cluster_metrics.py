@@ -133,11 +133,12 @@ def ideal_figures(trace, scheduler, rows: np.ndarray, requests: RequestMetrics |
         return None
     config = scheduler.config
     capacity = pool.num_usable_blocks + config.num_offload_blocks
+    last = bool(config.num_offload_blocks)  # (the offload store can serve a prompt's last block: a load, then its last token)
     if getattr(config, "scheduling_policy", "fcfs") == "priority" and requests is not None:
         index = np.flatnonzero(rows)
         order = np.lexsort((index, trace.arrival_s[index], trace.priority[index], requests.first_scheduled_s[index]))
-        return ideal_cache(trace, config.block_size, capacity, index[order])
-    return ideal_cache(trace, config.block_size, capacity, rows)
+        return ideal_cache(trace, config.block_size, capacity, index[order], hit_last_block=last)
+    return ideal_cache(trace, config.block_size, capacity, rows, hit_last_block=last)
 
 
 def offload_totals(replicas: Sequence) -> OffloadTotals | None:

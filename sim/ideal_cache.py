@@ -79,7 +79,8 @@ class IdealCache:
         return self.infinite_hit_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
-def ideal_cache(trace: Trace, block_size: int, capacity_blocks: int, rows: np.ndarray | None = None) -> IdealCache:
+def ideal_cache(trace: Trace, block_size: int, capacity_blocks: int, rows: np.ndarray | None = None, *,
+                hit_last_block: bool = False) -> IdealCache:
     """The ideal and infinite caches' hits on ``trace``'s rows ``rows`` (a mask, or row indices in
     the order the requests reach the cache; default all, in order) at ``block_size`` tokens a
     block, the ideal one holding ``capacity_blocks``."""
@@ -94,7 +95,7 @@ def ideal_cache(trace: Trace, block_size: int, capacity_blocks: int, rows: np.nd
         ordered = trace.take(rows)
     else:
         ordered = _in_order(trace, rows)
-    intervals = reuse_intervals(ordered, block_size)
+    intervals = reuse_intervals(ordered, block_size, hit_last_block=hit_last_block)
     return IdealCache(capacity_blocks=capacity_blocks, prompt_tokens=prompt_tokens,
                       ideal_hit_tokens=block_size * belady_hits(intervals, capacity_blocks),
                       infinite_hit_tokens=block_size * int(intervals.weights.sum()),
@@ -127,8 +128,10 @@ class ReuseIntervals:
     reusable_blocks: int
 
 
-def reuse_intervals(trace: Trace, block_size: int) -> ReuseIntervals:
-    """The reuse intervals of ``trace``'s block references (module docstring)."""
+def reuse_intervals(trace: Trace, block_size: int, *, hit_last_block: bool = False) -> ReuseIntervals:
+    """The reuse intervals of ``trace``'s block references (module docstring); ``hit_last_block``:
+    a prompt's last full block may be hit too (vLLM 0.33's offload connector loads it, and the
+    request computes only its last token again: an upper bound then counts the whole block)."""
     empty = np.zeros(0, np.int32)
     none = ReuseIntervals(empty, empty, empty, 0)
     if trace.prefix_id_values is None or not len(trace) or not int(trace.prefix_id_offsets[-1]):
@@ -145,7 +148,8 @@ def reuse_intervals(trace: Trace, block_size: int) -> ReuseIntervals:
     lo = depth.astype(np.int64) * ident // block_size
     width = ((depth.astype(np.int64) + 1) * ident // block_size - lo).astype(np.int32)
     covered = np.clip(trace.prompt_len[row] // block_size - lo, 0, width).astype(np.int32)  # the node's blocks it refers to
-    scored = np.clip((trace.prompt_len[row] - 1) // block_size - lo, 0, width).astype(np.int32)  # and may hit
+    last = trace.prompt_len[row] if hit_last_block else trace.prompt_len[row] - 1
+    scored = np.clip(last // block_size - lo, 0, width).astype(np.int32)  # and may hit
     del lo, depth
     keep = covered > 0
     node, row, width, covered, scored = node[keep], row[keep], width[keep], covered[keep], scored[keep]

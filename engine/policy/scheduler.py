@@ -339,7 +339,8 @@ class Scheduler:
             for seq in seqs:
                 kv.free(seq)
                 seq.num_computed_tokens = 0
-                seq.decoding = False  # (with an offload store, its offers start again at its next lookup)
+                seq.decoding = False
+                seq.num_offered_blocks = 0  # (its offers start again as it is recomputed; vLLM resets at the lookup)
             if self.block_size <= victim.prompt_len and not kv.hybrid:
                 for seq in seqs[1:]:  # re-share the prompt's full blocks once the leader has them
                     seq.parked = True

@@ -175,6 +175,8 @@ class OffloadManager:
             for seq in state.request.live_seqs:  # (one in vLLM v1; pagesim's samples and beams: each its own)
                 tables[seq.index] = (seq, seq.block_table)
         for seq, table in list(tables.values()):
+            if seq.finished and not state.finished:  # (a finished sample's freed table: offered when its request finishes)
+                continue
             self._offer_seq(state, seq, table, copies, step)
 
     def _offer_seq(self, state: _RequestState, seq: Sequence, table: list, copies: list[tuple[int, int]],
