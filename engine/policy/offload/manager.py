@@ -55,6 +55,7 @@ from types import MappingProxyType
 from engine.policy.block_key import BlockKey
 from engine.policy.offload.store import OffloadStore
 from engine.policy.request import Request, Sequence
+from engine.policy.seed0_set import Seed0Str
 
 
 @dataclass(slots=True)
@@ -105,7 +106,8 @@ class OffloadManager:
         self._jobs: dict[int, TransferJob] = {}  # in flight, by id (issue order)
         self._next_job = 0
         self._being_loaded: set = set()  # keys of asynchronous loads in flight
-        self._finished_ids: set[str] = set()  # finished since the last end_step (a set, as vLLM's)
+        # finished since the last end_step: a set, walked as vLLM walks its set[str] (seed0_set.py)
+        self._finished_ids: set[Seed0Str] = set()
         self._flushed: list[int] = []  # jobs flushed this step: done with it
         self._step_sync_bytes = 0
         self.num_finished_stores = 0  # the last end_step's stores of finished requests (its last ones)
@@ -150,7 +152,7 @@ class OffloadManager:
             state = self._states.get(request.request_id)
             if state is not None:
                 self._offer(state, copies, step)
-        finished = list(self._finished_ids)  # (a set's order: vLLM walks a set[str])
+        finished = [str(i) for i in self._finished_ids]  # (the set's order under PYTHONHASHSEED=0)
         self._finished_ids = set()
         num_running_stores = len(copies)
         for request_id in finished:
@@ -344,7 +346,7 @@ class OffloadManager:
         state = self._states.get(job.request_id)
         if state is not None:
             state.jobs.discard(job_id)
-            if state.finished and not state.jobs and job.request_id not in self._finished_ids:
+            if state.finished and not state.jobs and Seed0Str(job.request_id) not in self._finished_ids:
                 del self._states[job.request_id]
 
     # ------------------------------------------------------------- requests
@@ -359,7 +361,7 @@ class OffloadManager:
             state = self._state_of(request)
         state.finished = True
         state.aborted = aborted
-        self._finished_ids.add(request_id)
+        self._finished_ids.add(Seed0Str(request_id))
 
     def _state_of(self, request: Request) -> _RequestState:
         state = self._states.get(request.request_id)
