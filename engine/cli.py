@@ -261,6 +261,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
         parser.exit(2, f"pagesim {args.command}: error: {exc}\n")
+    except ModuleNotFoundError as exc:
+        hint = missing_extra_hint(exc)
+        if hint is None:
+            raise
+        parser.exit(1, f"pagesim {args.command}: error: {hint}\n")
     except BrokenPipeError:  # `pagesim ... | head`: the reader left; not an error
         try:
             sys.stdout = open(os.devnull, "w")  # so the interpreter's final flush does not complain
@@ -277,6 +282,21 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: no traceback
         print(f"pagesim {args.command}: {interruption(exc)}", file=sys.stderr)
         return interrupted_status(exc)
+
+
+#: The modules of the ``engine`` extra (pyproject.toml): the base install simulates without them.
+ENGINE_EXTRA_MODULES = ("torch", "triton", "safetensors")
+
+
+def missing_extra_hint(exc: ModuleNotFoundError) -> str | None:
+    """The one line that says which extra to install, for a module of the ``engine`` extra that
+    this environment lacks (``pagesim run`` on the base install); None for any other module."""
+    top = (exc.name or "").split(".")[0]
+    if top not in ENGINE_EXTRA_MODULES:
+        return None
+    where = " (Linux: Triton has no wheels elsewhere; --backend torch runs without it)" if top == "triton" else ""
+    return (f"{top!r} is not installed, and this needs the real engine: "
+            f"pip install 'pagesim[engine]'{where} (from a checkout: pip install -e '.[engine]')")
 
 
 if __name__ == "__main__":
