@@ -1,4 +1,4 @@
-"""The opt-in compiled build (``engine/compiled.py``); all other metadata is in ``pyproject.toml``.
+"""The opt-in compiled build (``pagesim/engine/compiled.py``); all other metadata is in ``pyproject.toml``.
 
 Inside a real build (``_build/pagesim_build.py`` says when and which), an editable build first
 deletes the extension files and the source record a previous compiled build left in the source
@@ -20,11 +20,11 @@ def _extensions() -> list:
     phase = os.environ.get("_PAGESIM_BUILD_PHASE")
     if not phase:
         return []
-    compiled = runpy.run_path(os.path.join(HERE, "engine", "compiled.py"))  # (not `import engine`: not built yet)
+    compiled = runpy.run_path(os.path.join(HERE, "pagesim", "engine", "compiled.py"))  # (not `import engine`: not built yet)
     if phase == "editable":
         stale = [f for path in compiled["MODULES"] for f in compiled["extension_files"](path)]
         stale += glob.glob(os.path.join(HERE, "*__mypyc.*"))  # mypyc's shared library
-        stale += glob.glob(os.path.join(HERE, "engine", compiled["MANIFEST"]))
+        stale += glob.glob(os.path.join(HERE, "pagesim", "engine", compiled["MANIFEST"]))
         for leftover in stale:
             os.remove(leftover)
             print(f"pagesim: removed {os.path.relpath(leftover, HERE)} (a previous compiled build's)")

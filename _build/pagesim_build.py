@@ -1,7 +1,7 @@
-"""pagesim's build backend: setuptools' own, plus the opt-in compiled build (``engine/compiled.py``).
+"""pagesim's build backend: setuptools' own, plus the opt-in compiled build (``pagesim/engine/compiled.py``).
 
 With ``PAGESIM_COMPILE=1`` in the environment a wheel or editable build also asks for mypy (whose
-mypyc compiles the modules ``engine/compiled.py`` lists); without it this is setuptools' backend,
+mypyc compiles the modules ``pagesim/engine/compiled.py`` lists); without it this is setuptools' backend,
 unchanged. ``setup.py`` compiles only inside a real build (``build_wheel`` or ``build_editable``,
 which set ``_PAGESIM_BUILD_PHASE`` to ``wheel`` or ``editable``), not while setuptools reads
 metadata, which it does before the extra requirements are installed; an editable build also

@@ -11,7 +11,7 @@ and weights, greedy:
   share of each step spent in ``schedule()``, the forward pass (with swaps and copies), sampling
   and ``update()``;
 - **baseline**: each request alone, one after the other, with one contiguous cache per sequence
-  and plain attention (``engine.model.dense``: no blocks, no batching).
+  and plain attention (``pagesim.engine.model.dense``: no blocks, no batching).
 
 The ratio engine / baseline tokens per second is what batching over paged memory buys on this
 machine at this model size (on a tiny model it mostly amortises per-token Python and kernel launch
@@ -33,12 +33,12 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from engine.model import LlamaConfig, random_model
-from engine.model.dense import DenseSequence
-from engine.policy import make_config
-from engine.policy.admission import peak_blocks
-from engine.runtime import Engine
-from traces.generate import generate, workload_spec
+from pagesim.engine.model import LlamaConfig, random_model
+from pagesim.engine.model.dense import DenseSequence
+from pagesim.engine.policy import make_config
+from pagesim.engine.policy.admission import peak_blocks
+from pagesim.engine.runtime import Engine
+from pagesim.traces.generate import generate, workload_spec
 
 
 def engine_run(model, requests, **settings) -> dict:

@@ -31,7 +31,7 @@ LABELS = {"e2e": "E2E", "ttft": "TTFT", "per_token": "per token"}
 
 def replay(experiment: Path, seed: int, extra: list[str]) -> dict:
     """``pagesim replay --json`` of one experiment, in this process."""
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     out = io.StringIO()
     argv = ["replay", str(experiment), "--gpu", "h100-sxm", "--json", "--no-progress", "--seed", str(seed), *extra]

@@ -38,12 +38,12 @@ TIER_KEYS = ("prefix_hit_rate", "hbm_hit_rate", "offload_hit_rate", "offload_loa
 
 def _run_case(case: dict, queue) -> None:
     _pin(case.get("core"))
-    from sim.cli import replica_block_bytes
-    from sim.cluster import Cluster, build_replicas
-    from sim.router import make_router
-    from sim.setup import RunSpec
-    from sim.simulator import SimOptions
-    from traces.loaders import load_trace
+    from pagesim.sim.cli import replica_block_bytes
+    from pagesim.sim.cluster import Cluster, build_replicas
+    from pagesim.sim.router import make_router
+    from pagesim.sim.setup import RunSpec
+    from pagesim.sim.simulator import SimOptions
+    from pagesim.traces.loaders import load_trace
 
     trace = load_trace(str(MOONCAKE), "mooncake")
     if case["requests"] < len(trace):
@@ -100,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.num_requests < 1:
         parser.error(f"--num-requests must be >= 1, got {args.num_requests}")
-    from engine.policy.offload import OFFLOAD_POLICIES
+    from pagesim.engine.policy.offload import OFFLOAD_POLICIES
 
     unknown = sorted(set(args.policies.split(",")) - set(OFFLOAD_POLICIES))
     if unknown:

@@ -77,12 +77,13 @@ from pathlib import Path
 from time import perf_counter, process_time
 
 try:
-    import engine.policy  # noqa: F401
+    from pagesim import engine
+    import pagesim.engine.policy  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.policy import EVICTION_POLICIES, BlockPool, Request, Scheduler, make_config
-from engine.policy.block_key import BlockKey, chain_keys
+from pagesim.engine.policy import EVICTION_POLICIES, BlockPool, Request, Scheduler, make_config
+from pagesim.engine.policy.block_key import BlockKey, chain_keys
 
 TARGET_PAIRS_PER_S = 1_000_000
 TABLE_BLOCKS = 16  # blocks per table in the batched variants (256 tokens at block size 16)

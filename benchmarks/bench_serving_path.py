@@ -21,10 +21,10 @@ import time
 
 def simulate(trace, path_name: str | None, timeout_s: float | None) -> float:
     """Wall seconds of one simulation of ``trace`` (llama3-8b on one H200, vllm-v1)."""
-    from sim.cluster import Cluster, build_replicas
-    from sim.serving_path import roofline_overrides, serving_path
-    from sim.setup import RunSpec
-    from sim.simulator import SimOptions
+    from pagesim.sim.cluster import Cluster, build_replicas
+    from pagesim.sim.serving_path import roofline_overrides, serving_path
+    from pagesim.sim.setup import RunSpec
+    from pagesim.sim.simulator import SimOptions
 
     path = serving_path(path_name) if path_name else None
     spec = RunSpec(model="llama3-8b", gpu="h200", policy="vllm-v1", cost_params=roofline_overrides(path))
@@ -43,7 +43,7 @@ def main() -> int:
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[-1]})  # one core: the same for every variant
-    from traces.generate import generate, workload_spec
+    from pagesim.traces.generate import generate, workload_spec
 
     trace = generate(workload_spec("kwon2023-sharegpt", rate_rps=args.rate, num_requests=args.requests, seed=1))
     variants = {"plain path (none)": (None, None), "vllm serving path": ("vllm", None),

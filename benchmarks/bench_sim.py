@@ -94,9 +94,9 @@ def _core() -> int | None:
 
 
 def _trace(case: dict):
-    from traces.generate import generate, workload_spec
-    from traces.generate.lengths import LogNormal
-    from traces.loaders import load_trace
+    from pagesim.traces.generate import generate, workload_spec
+    from pagesim.traces.generate.lengths import LogNormal
+    from pagesim.traces.loaders import load_trace
 
     if case["kind"] == "mooncake":
         trace = load_trace(str(MOONCAKE), "mooncake")  # hash_ids stand for 512-token blocks (the format's)
@@ -129,10 +129,10 @@ def _pin(core: int | None) -> list[int] | None:
 
 def _run_case(case: dict, queue) -> None:
     cpus = _pin(case.get("core"))
-    from sim.cluster import Cluster, build_replicas
-    from sim.router import make_router
-    from sim.setup import RunSpec
-    from sim.simulator import SimOptions
+    from pagesim.sim.cluster import Cluster, build_replicas
+    from pagesim.sim.router import make_router
+    from pagesim.sim.setup import RunSpec
+    from pagesim.sim.simulator import SimOptions
 
     trace = _trace(case)
     if case["mode"] == "trace":
@@ -457,10 +457,10 @@ def main() -> None:
     core = _core()
     print(f"each case in its own process on CPU {core} (one thread per numeric library)"
           if core is not None else "each case in its own process (CPU affinity unsupported here)", flush=True)
-    from engine import COMPILED
-    from engine.compiled import describe
+    from pagesim.engine import COMPILED
+    from pagesim.engine.compiled import describe
 
-    print(f"build: {describe(COMPILED)} (engine/compiled.py)", flush=True)
+    print(f"build: {describe(COMPILED)} (pagesim/engine/compiled.py)", flush=True)
     report: dict = {"core": core, "noskip_sample": sample, "quick": args.quick, "compiled_modules": COMPILED}
     table: list = []
     variants: list = []

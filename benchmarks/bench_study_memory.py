@@ -133,7 +133,7 @@ def main() -> int:
         spec.write_text(spec_text(args.runs, args.requests))
         out = Path(tmp) / "study"
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "study", str(spec), "-o", str(out),
+        proc = subprocess.Popen([sys.executable, "-m", "pagesim.engine.cli", "study", str(spec), "-o", str(out),
                                  "--workers", str(args.workers)], cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         workers: dict[int, Worker] = {}

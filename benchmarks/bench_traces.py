@@ -37,9 +37,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from traces.generate import generate, workload_spec  # noqa: E402
-from traces.loaders import load_trace, write_jsonl  # noqa: E402
-from traces.trace import Trace  # noqa: E402
+from pagesim.traces.generate import generate, workload_spec  # noqa: E402
+from pagesim.traces.loaders import load_trace, write_jsonl  # noqa: E402
+from pagesim.traces.trace import Trace  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 MOONCAKE = SHARED / "mooncake_fast25" / "conversation_trace.jsonl"

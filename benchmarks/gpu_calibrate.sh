@@ -4,7 +4,7 @@
 # Run from the repository root: OUT=some/folder bash benchmarks/gpu_calibrate.sh
 # Nothing is installed: the image's python3 must have torch, triton and numpy; this package is
 # used from the working tree (PYTHONPATH). Writes $OUT/env.txt, $OUT/calibrate_log.txt and
-# $OUT/llama3-8b-<gpu>.json (the profile; commit it under sim/profiles/). The run is killed at
+# $OUT/llama3-8b-<gpu>.json (the profile; commit it under pagesim/sim/profiles/). The run is killed at
 # CAL_TIMEOUT (450 s, inside the 8 minutes the issue allows); the profile is saved after every
 # table, so running the script again resumes it. Exit status: the calibration's.
 set -euo pipefail
@@ -27,7 +27,7 @@ timeout "$CAL_TIMEOUT" python3 - "$MODEL" "$profile" <<'PY' 2>&1 | tee "$OUT/cal
 import argparse
 import sys
 
-from engine.calibrate import cli
+from pagesim.engine.calibrate import cli
 
 parser = argparse.ArgumentParser(prog="pagesim")
 cli.add_parser(parser.add_subparsers())

@@ -1,4 +1,4 @@
-"""GPU benchmark of the paged KV-cache kernels (``kernels/``) on one NVIDIA GPU (written for an H200).
+"""GPU benchmark of the paged KV-cache kernels (``pagesim/kernels/``) on one NVIDIA GPU (written for an H200).
 
 What is measured
 ----------------
@@ -154,8 +154,8 @@ def _import_kernels() -> None:
     import triton
     from triton.testing import do_bench, do_bench_cudagraph
 
-    import kernels
-    from kernels.triton_attention import choose_num_splits
+    from pagesim import kernels
+    from pagesim.kernels.triton_attention import choose_num_splits
 
 
 # ----------------------------------------------------------------------------------------- helpers

@@ -88,7 +88,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 echo "gpu_validate: writing into $OUT" | tee "$OUT/log.txt"
 # pagesim's own entry point (engine.cli:main), which nothing installed provides there
-PAGESIM=("$PYTHON" -c 'import sys; from engine.cli import main; sys.exit(main())')
+PAGESIM=("$PYTHON" -c 'import sys; from pagesim.engine.cli import main; sys.exit(main())')
 script_start=$(date +%s.%N)
 
 seconds_since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -186,7 +186,7 @@ if [[ "$phase_rc" -ne 0 && -n "$FALLBACK_MODEL" && "$FALLBACK_MODEL" != "none" &
     fallback=$("$PYTHON" - "$MODEL" "$FALLBACK_MODEL" llama-125m small <<'PY' 2> >(tee -a "$OUT/log.txt" >&2)
 import sys
 
-from engine.model.weights import model_config
+from pagesim.engine.model.weights import model_config
 
 for name in dict.fromkeys(sys.argv[2:]):
     if name == sys.argv[1]:

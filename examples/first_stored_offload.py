@@ -3,7 +3,7 @@
 vLLM's ``lru`` keeps a prefix that requests keep loading; its ``arc`` also weighs how often a
 block was reused. This policy is the plain baseline both are measured against: the CPU store is a
 queue, and the block that has been stored longest goes first. It is an ``OffloadPolicy`` subclass
-(engine/policy/offload/policies.py) with ``name = "first-stored"``.
+(pagesim/engine/policy/offload/policies.py) with ``name = "first-stored"``.
 
 Use it with ``--plugin examples/first_stored_offload.py:FirstStored --kv-offloading-policy first-stored``
 beside ``--enable-prefix-caching --kv-offloading-size GIB``.
@@ -11,7 +11,7 @@ beside ``--enable-prefix-caching --kv-offloading-size GIB``.
 
 from collections import OrderedDict
 
-from engine.policy.offload import OffloadPolicy
+from pagesim.engine.policy.offload import OffloadPolicy
 
 
 class FirstStored(OffloadPolicy):

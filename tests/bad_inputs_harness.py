@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 _ENTRY_POINT = Path(sys.executable).with_name("pagesim")
-PAGESIM = [str(_ENTRY_POINT)] if _ENTRY_POINT.exists() else [sys.executable, "-m", "engine.cli"]
+PAGESIM = [str(_ENTRY_POINT)] if _ENTRY_POINT.exists() else [sys.executable, "-m", "pagesim.engine.cli"]
 ENV = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
        "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 

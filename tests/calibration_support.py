@@ -3,7 +3,7 @@ timing the real code in seconds, and ``calibrate_tiny`` to time it."""
 
 from __future__ import annotations
 
-from sim.cost.profile import TABLES, Profile, Table, grid_points
+from pagesim.sim.cost.profile import TABLES, Profile, Table, grid_points
 
 #: A grid small enough to calibrate ``tiny`` in a few seconds (two or three points per axis).
 TINY_GRID = {
@@ -60,8 +60,8 @@ def calibrate_tiny(out, *, dtype=None, warmup: int = 1, repeats: int = 3) -> Pro
     ``dtype``) into ``out``, the caller's torch thread count put back after."""
     import torch
 
-    from engine.calibrate.calibrate import calibrate
-    from engine.model.config import LlamaConfig
+    from pagesim.engine.calibrate.calibrate import calibrate
+    from pagesim.engine.model.config import LlamaConfig
 
     threads = torch.get_num_threads()
     try:

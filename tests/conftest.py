@@ -16,11 +16,11 @@ import torch
 from hypothesis import HealthCheck, settings
 
 # Triton kernels run on CPU tensors only in Triton's interpreter, which is chosen when a kernel is
-# defined: set it before any test imports kernels.triton_* (a CUDA machine runs them compiled).
+# defined: set it before any test imports pagesim.kernels.triton_* (a CUDA machine runs them compiled).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Every block table freed with a layout is checked against the pool (engine.policy.block_pool's
+# Every block table freed with a layout is checked against the pool (pagesim.engine.policy.block_pool's
 # BlockPool.check_layouts), here and in the command-line runs tests start.
 os.environ.setdefault("PAGESIM_CHECK_LAYOUTS", "1")
 
@@ -54,11 +54,11 @@ def scaled_examples(n: int) -> int:
 
 
 def pure_python_only(module: str, why: str):
-    """Skip a test on a compiled build (engine/compiled.py) that compiles ``module``: for tests
+    """Skip a test on a compiled build (pagesim/engine/compiled.py) that compiles ``module``: for tests
     that reach into it in ways only interpreted code allows (spying on the functions it calls,
     which compiled code calls directly; replacing an instance's method; deep-copying a scheduler,
     whose compiled parts are made only through their __init__). The pure-Python run has them."""
-    import engine
+    from pagesim import engine
 
     return pytest.mark.skipif(module in engine.COMPILED, reason=f"{module} is compiled: {why}")
 
@@ -96,7 +96,7 @@ def golden_log(spec_path: Path) -> Path:
 def plugin_registries():
     """The plug-in registries (victim, eviction, preemption, scheduler) as the test found them,
     put back after it: a plug-in a test loads does not outlive the test."""
-    from engine.policy.user_plugins import KINDS
+    from pagesim.engine.policy.user_plugins import KINDS
 
     saved = {kind: dict(k.registry) for kind, k in KINDS.items()}
     yield

@@ -7,10 +7,10 @@ from functools import cache
 
 import torch
 
-from engine.model import LlamaConfig, random_model
-from engine.policy import Request, make_config
-from engine.runtime import Engine, SamplingParams
-from engine.runtime.reference import ReferenceReport, check_outputs
+from pagesim.engine.model import LlamaConfig, random_model
+from pagesim.engine.policy import Request, make_config
+from pagesim.engine.runtime import Engine, SamplingParams
+from pagesim.engine.runtime.reference import ReferenceReport, check_outputs
 
 TINY = LlamaConfig.named("tiny")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.atomic import OutputFolder, staged_files, writing
-from engine.cli import main
+from pagesim.engine.atomic import OutputFolder, staged_files, writing
+from pagesim.engine.cli import main
 
 SIM = ["simulate", "--no-progress", "--workload", "kwon2023-sharegpt", "--rate", "4", "--num-requests", "12"]
 RUN = ["run", "--no-progress", "--offline", "--num-gpu-blocks", "64",
@@ -120,7 +120,8 @@ def test_a_full_disk_names_the_target_not_the_partial_folder(tmp_path):
 
 # ----------------------------------------------------------------------------- simulate --out, run --out
 def test_simulate_out_failing_midway_keeps_the_old_output(tmp_path, capsys, monkeypatch):
-    import sim.output
+    from pagesim import sim
+    import pagesim.sim.output
 
     out = tmp_path / "out"
     assert main([*SIM, "--seed", "1", "--out", str(out)]) == 0
@@ -138,7 +139,8 @@ def test_simulate_out_failing_midway_keeps_the_old_output(tmp_path, capsys, monk
 
 
 def test_simulate_out_onto_a_foreign_folder_is_refused_before_simulating(tmp_path, capsys, monkeypatch):
-    import sim.cluster
+    from pagesim import sim
+    import pagesim.sim.cluster
 
     out = tmp_path / "results"
     out.mkdir()
@@ -150,7 +152,8 @@ def test_simulate_out_onto_a_foreign_folder_is_refused_before_simulating(tmp_pat
 
 
 def test_simulate_interrupted_leaves_no_partial_folder(tmp_path, capsys, monkeypatch):
-    import sim.cluster
+    from pagesim import sim
+    import pagesim.sim.cluster
 
     def interrupted(self):
         raise KeyboardInterrupt
@@ -162,7 +165,7 @@ def test_simulate_interrupted_leaves_no_partial_folder(tmp_path, capsys, monkeyp
 
 
 def test_run_out_failing_midway_keeps_the_old_output(tmp_path, capsys, monkeypatch):
-    import engine.runtime.run_output as run_output
+    import pagesim.engine.runtime.run_output as run_output
 
     trace = tmp_path / "trace.csv"
     trace.write_text(TRACE)
@@ -226,8 +229,8 @@ def test_writing_finds_the_disk_error_under_a_zlib_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    from reports.execute import run_study
-    from reports.spec import parse_spec
+    from pagesim.reports.execute import run_study
+    from pagesim.reports.spec import parse_spec
     from tests.test_results_store import TINY
 
     out = tmp_path_factory.mktemp("study") / "s"
@@ -239,7 +242,7 @@ def study(tmp_path_factory):
 def test_report_onto_a_full_disk_is_one_line_and_leaves_nothing(study, tmp_path, capsys, monkeypatch, fail):
     from matplotlib.backends.backend_pdf import PdfPages
 
-    from reports.html import HtmlReport
+    from pagesim.reports.html import HtmlReport
 
     pdf, html = tmp_path / "r.pdf", tmp_path / "r.html"
     monkeypatch.setattr(*((PdfPages, "savefig", disk_full) if fail == "pdf" else (HtmlReport, "save", disk_full)))
@@ -301,7 +304,7 @@ def test_a_private_out_folder_stays_private(tmp_path, capsys):
 
 
 def test_an_out_folder_that_cannot_be_written_is_refused_before_the_work(tmp_path, monkeypatch):
-    import engine.atomic as atomic
+    import pagesim.engine.atomic as atomic
 
     def read_only(parent, name):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(parent / name))

@@ -66,7 +66,7 @@ AZURE = AZURE_HEADER + azure_rows(40)
 UNSORTED_ROWS = "".join(reversed(azure_rows(5).splitlines(keepends=True)))
 SHAREGPT = json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "hi"},
                                                      {"from": "gpt", "value": "hello there"}]}])
-SHIPPED_PROFILE = ROOT / "sim" / "profiles" / "tiny-cpu.json"
+SHIPPED_PROFILE = ROOT / "pagesim" / "sim" / "profiles" / "tiny-cpu.json"
 
 STUDY = """\
 name = "bad"
@@ -87,7 +87,7 @@ ORACLE_SPEC = {
 }
 
 VICTIM = """\
-from engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.preemption import VictimPolicy
 
 
 class BadVictim(VictimPolicy):
@@ -531,8 +531,8 @@ def shared(tmp_path_factory) -> dict[str, Path]:
     data += b"".join(rows.compress(chunk) for _ in range(200)) + rows.flush()
     (root / "rows.csv.gz").write_bytes(data)  # 30 million valid rows (200 MiB) in about 300 KiB
 
-    from reports.execute import run_study
-    from reports.spec import parse_spec
+    from pagesim.reports.execute import run_study
+    from pagesim.reports.spec import parse_spec
 
     run_study(parse_spec(STUDY), root / "study", workers=1, progress=False)
     return {"zeros.csv.gz": root / "zeros.csv.gz", "rows.csv.gz": root / "rows.csv.gz", "study": root / "study"}

@@ -324,8 +324,8 @@ def shared(tmp_path_factory) -> dict[str, Path]:
         tok.save(str(root / kind / "tokenizer.json"))
         out[f"tokenizer-{kind}"] = root / kind
 
-    from reports.execute import run_study
-    from reports.spec import parse_spec
+    from pagesim.reports.execute import run_study
+    from pagesim.reports.spec import parse_spec
 
     run_study(parse_spec(STUDY), root / "study", workers=1, progress=False)
     out["study"] = root / "study"
@@ -429,7 +429,7 @@ _DOCS = st.recursive(_LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dic
 def test_the_nesting_measure_is_exact_on_any_document_however_it_is_cut(doc, ascii_only, cuts, limit):
     """Strings holding brackets, quotes and backslashes never count; a text fed in pieces (cut
     anywhere: inside a string, between backslashes) is measured as the whole."""
-    from engine.files import JsonNesting, first_too_deep, nesting_depth, nesting_exceeds
+    from pagesim.engine.files import JsonNesting, first_too_deep, nesting_depth, nesting_exceeds
 
     text = json.dumps(doc, ensure_ascii=ascii_only)
     whole = first_too_deep(text, limit)
@@ -447,7 +447,7 @@ def test_the_nesting_measure_is_exact_on_any_document_however_it_is_cut(doc, asc
 
 
 def test_toml_strings_and_comments_hold_brackets_that_do_not_count():
-    from engine.files import InputFileError, loads_toml
+    from pagesim.engine.files import InputFileError, loads_toml
 
     brackets = "[" * 100
     text = (f'a = "{brackets}"\nb = \'{brackets}\'\nc = """\n{brackets}\n"""\nd = \'\'\'{brackets}\'\'\'\n'
@@ -459,8 +459,8 @@ def test_toml_strings_and_comments_hold_brackets_that_do_not_count():
 
 
 def test_a_deep_entry_in_a_later_block_is_named_and_those_before_it_are_read(tmp_path, monkeypatch):
-    from traces.bench import reading
-    from traces.errors import TraceFormatError
+    from pagesim.traces.bench import reading
+    from pagesim.traces.errors import TraceFormatError
 
     monkeypatch.setattr(reading, "READ_CHARS", 64)  # many blocks: the deep entry is far from the file's start
     entries = sharegpt(20)
@@ -477,8 +477,8 @@ def test_a_deep_entry_in_a_later_block_is_named_and_those_before_it_are_read(tmp
 
 
 def test_a_nan_record_is_left_out_of_the_study_the_report_draws(shared, tmp_path):
-    from reports.results import load_study
-    from reports.store import ResultsWarning
+    from pagesim.reports.results import load_study
+    from pagesim.reports.store import ResultsWarning
 
     folder = Files(tmp_path, shared).study_with(_nan_throughput)
     with pytest.warns(ResultsWarning, match=r"results.jsonl:1: summary.throughput_rps is not a finite number"):
@@ -492,7 +492,7 @@ def test_a_tokenizer_of_the_text_is_not_warned_about(shared, tmp_path):
     that knows the words (no false alarm on ordinary data)."""
     import warnings
 
-    from traces.bench import load_tokenizer, sharegpt_trace
+    from pagesim.traces.bench import load_tokenizer, sharegpt_trace
 
     path = tmp_path / "s.json"
     path.write_text(json.dumps(sharegpt(12)))
@@ -503,7 +503,7 @@ def test_a_tokenizer_of_the_text_is_not_warned_about(shared, tmp_path):
 
 
 def test_number_problems_describe_and_never_quote():
-    from engine.files import number_problem
+    from pagesim.engine.files import number_problem
 
     assert number_problem(3) is None and number_problem(2.0, integer=True) is None
     cases = [(float("nan"), "found NaN"), (float("inf"), "an infinity"), (-7, "a negative number"),

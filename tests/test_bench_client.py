@@ -1,4 +1,4 @@
-"""The benchmark client in front of the replicas (``sim.client``) and vLLM bench's flag names.
+"""The benchmark client in front of the replicas (``pagesim.sim.client``) and vLLM bench's flag names.
 
 A closed-loop client (vLLM bench's ``--max-concurrency N``) sends each request at its trace
 arrival time unless N are already in flight; then it waits, in arrival order, for a finish. The
@@ -29,16 +29,16 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from engine.cli import main
-from engine.policy import Scheduler, make_config
-from sim.cluster import Cluster
-from sim.metrics import COMPLETED, REJECTED
-from sim.router import make_router
-from sim.simulator import SimOptions, Simulation
+from pagesim.engine.cli import main
+from pagesim.engine.policy import Scheduler, make_config
+from pagesim.sim.cluster import Cluster
+from pagesim.sim.metrics import COMPLETED, REJECTED
+from pagesim.sim.router import make_router
+from pagesim.sim.simulator import SimOptions, Simulation
 from tests.conftest import scaled_examples
 from tests.test_sim_cli import simulate
 from tests.test_sim_properties import LinearCost
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "output_tokens",
                    "generation_len", "preemptions", "status")

@@ -1,7 +1,7 @@
 """vLLM 0.33 bench datasets as traces: each dataset's requests, in vLLM's order, with its counts.
 
 Every expected value is computed here from vLLM's rules, reimplemented independently of
-``traces.bench`` (vLLM's global ``random.seed`` + ``random.shuffle``, its ``is_valid_sequence``,
+``pagesim.traces.bench`` (vLLM's global ``random.seed`` + ``random.shuffle``, its ``is_valid_sequence``,
 its ``np.random.default_rng`` draw order), with a word-level tokenizer so every count is exact.
 """
 
@@ -17,11 +17,11 @@ import random
 import numpy as np
 import pytest
 
-from traces.bench import (PREFIX_CHUNK_TOKENS, add_dataset_args, custom_trace, dataset_name_given, dataset_trace,
+from pagesim.traces.bench import (PREFIX_CHUNK_TOKENS, add_dataset_args, custom_trace, dataset_name_given, dataset_trace,
                           hf_trace, load_tokenizer, prefix_repetition_trace, random_trace, sharegpt_trace)
-from traces.bench import reading
-from traces.errors import TraceFormatError
-from traces.loaders import detect_format, load_trace
+from pagesim.traces.bench import reading
+from pagesim.traces.errors import TraceFormatError
+from pagesim.traces.loaders import detect_format, load_trace
 
 SECRET = "SECRET-CONTENT"
 

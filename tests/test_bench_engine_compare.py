@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from engine.cli import main
-from reports.bench_result import load_result
-from reports.compare import compare, distributions
+from pagesim.engine.cli import main
+from pagesim.reports.bench_result import load_result
+from pagesim.reports.compare import compare, distributions
 from tests.engine_support import make_engine, request
 
 

@@ -1,7 +1,7 @@
 """``vllm bench serve``'s datasets sonnet and burstgpt and its result-file, arrival and no-op flags, for
 ``simulate`` and ``run``; "did you mean" only for typos; vLLM's ``max_concurrent_requests``.
 
-Expected values come from vLLM's rules reimplemented here, apart from ``traces.bench``: vLLM 0.11.0's
+Expected values come from vLLM's rules reimplemented here, apart from ``pagesim.traces.bench``: vLLM 0.11.0's
 ``SonnetDataset.sample`` (deprecated there; 0.33 has no sonnet dataset), vLLM 0.33's
 ``BurstGPTDataset`` (pandas' ``sample``, whose row choice is NumPy's ``RandomState.choice``),
 ``_get_current_request_rate`` / ``get_request`` (ramp-up), the result file's key order and name
@@ -20,15 +20,15 @@ import stat
 import numpy as np
 import pytest
 
-from engine.cli import build_parser, main, nearest_flag, typo_distance, unknown_flags_message
-from reports.bench_result import PerRequest, bench_result, load_result
+from pagesim.engine.cli import build_parser, main, nearest_flag, typo_distance, unknown_flags_message
+from pagesim.reports.bench_result import PerRequest, bench_result, load_result
 from tests.bad_inputs_harness import error_line, run_pagesim
 from tests.test_bench_datasets import word_tokenizer  # noqa: F401 (a fixture, shared with the datasets' tests)
 from tests.test_bench_metrics import vllm_per_second
-from traces.bench import burstgpt_trace, sonnet_trace
-from traces.bench.burstgpt import sample_rows
-from traces.bench.ramp_up import RampUp, ramp_up_from_args
-from traces.bench.sonnet import BASE_PROMPT
+from pagesim.traces.bench import burstgpt_trace, sonnet_trace
+from pagesim.traces.bench.burstgpt import sample_rows
+from pagesim.traces.bench.ramp_up import RampUp, ramp_up_from_args
+from pagesim.traces.bench.sonnet import BASE_PROMPT
 
 
 # ---------------------------------------------------------------- helpers

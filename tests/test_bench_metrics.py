@@ -1,13 +1,13 @@
 """vLLM bench's figures as pagesim computes them: ITL from token runs, the metric definitions of
-``sim.bench_metrics``, rejected requests in the summary, and the ``--save-result`` file.
+``pagesim.sim.bench_metrics``, rejected requests in the summary, and the ``--save-result`` file.
 
-- ITL (``sim.token_runs``): a request alone in the simulator has one gap per token after the
+- ITL (``pagesim.sim.token_runs``): a request alone in the simulator has one gap per token after the
   first, each a step's duration, and their mean is its TPOT; on generated workloads with
   preemptions (swap and recompute), vLLM v0's prompt-only steps, chunked prefill and parallel
   samples, every completed request's gaps add up to its last token minus its first, a one-sample
   request has exactly output - 1 of them, and the summary's ``itl_s`` is NumPy's statistics of
   the flattened per-request lists.
-- ``sim.bench_metrics`` against NumPy and against vLLM 0.33's own per-second rules, written out
+- ``pagesim.sim.bench_metrics`` against NumPy and against vLLM 0.33's own per-second rules, written out
   here as vLLM writes them.
 - Rejected requests are failed requests: they count in ``failed``, miss every SLO (the SLO share
   is over every request submitted) and are announced.
@@ -25,20 +25,20 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from engine.cli import main
-from engine.policy import Scheduler, make_config
-from reports.bench_result import PerRequest, bench_result
-from sim import bench_metrics
-from sim.bench_metrics import Slo, latency_stats, peak_in_flight, percentile_key, weighted_percentile
-from sim.bench_output import per_request
-from sim.cluster import Cluster
-from sim.metrics import COMPLETED
-from sim.router import make_router
-from sim.simulator import SimOptions, Simulation
-from sim.token_runs import request_itls
+from pagesim.engine.cli import main
+from pagesim.engine.policy import Scheduler, make_config
+from pagesim.reports.bench_result import PerRequest, bench_result
+from pagesim.sim import bench_metrics
+from pagesim.sim.bench_metrics import Slo, latency_stats, peak_in_flight, percentile_key, weighted_percentile
+from pagesim.sim.bench_output import per_request
+from pagesim.sim.cluster import Cluster
+from pagesim.sim.metrics import COMPLETED
+from pagesim.sim.router import make_router
+from pagesim.sim.simulator import SimOptions, Simulation
+from pagesim.sim.token_runs import request_itls
 from tests.conftest import scaled_examples
 from tests.test_skip_ahead import roofline
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 PROPERTY_SETTINGS = settings(max_examples=scaled_examples(25), deadline=None,
                              suppress_health_check=[HealthCheck.too_slow])

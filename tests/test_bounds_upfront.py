@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.memory_fit import GiB, Available, memory_error_words
-from reports.spec import SpecError, parse_spec
+from pagesim.engine.memory_fit import GiB, Available, memory_error_words
+from pagesim.reports.spec import SpecError, parse_spec
 from tests.bad_inputs_harness import ENV, PAGESIM, ROOT, Outcome, error_line, run_pagesim
 
 LIMIT_S = 60.0
@@ -54,15 +54,16 @@ def refused(argv: list[str], cwd: Path, command: str) -> str:
 @pytest.fixture
 def eight_gib(monkeypatch):
     """8 GiB available in RAM, whatever this machine has; and no model loaded."""
-    import engine.model
-    import engine.runtime.memory_check as memory_check
+    from pagesim import engine
+    import pagesim.engine.model
+    import pagesim.engine.runtime.memory_check as memory_check
 
     monkeypatch.setattr(memory_check, "host_available", lambda: Available(8 * GiB, "available in RAM"))
     monkeypatch.setattr(engine.model, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
 
 
 def test_run_refuses_a_model_that_does_not_fit_with_each_size(eight_gib, capsys):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["run", "--model", "llama3-8b", "--num-gpu-blocks", "64", "--workload", "kwon2023-alpaca",
@@ -79,7 +80,7 @@ def test_run_refuses_a_model_that_does_not_fit_with_each_size(eight_gib, capsys)
 
 
 def test_run_names_the_kv_flags_when_the_cache_is_what_does_not_fit(eight_gib, capsys):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     with pytest.raises(SystemExit):
         main(["run", "--kv-cache-gb", "12", "--workload", "kwon2023-alpaca", "--num-requests", "4", "--no-progress"])
@@ -92,9 +93,10 @@ def test_run_names_the_kv_flags_when_the_cache_is_what_does_not_fit(eight_gib, c
 
 def test_an_allocation_failing_past_the_check_is_one_line_naming_the_model(monkeypatch, capsys):
     """Memory taken by another process between the check and the load: torch's words, in one line."""
-    import engine.model
-    import engine.runtime.memory_check as memory_check
-    from engine.cli import main
+    from pagesim import engine
+    import pagesim.engine.model
+    import pagesim.engine.runtime.memory_check as memory_check
+    from pagesim.engine.cli import main
 
     def fails(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
@@ -116,9 +118,9 @@ def test_beside_a_gpu_the_weights_are_judged_against_its_free_memory(monkeypatch
     float32 draw and the swap space against the host's."""
     import torch
 
-    from engine.model.config import LlamaConfig
-    from engine.policy import make_config
-    from engine.runtime import memory_check
+    from pagesim.engine.model.config import LlamaConfig
+    from pagesim.engine.policy import make_config
+    from pagesim.engine.runtime import memory_check
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (16 * GiB, 80 * GiB))
     monkeypatch.setattr(memory_check, "host_available", lambda: Available(512 * GiB, "available in RAM"))
@@ -199,7 +201,7 @@ def test_arrivals_that_need_a_rate_are_refused_before_the_first_run():
 
 
 VICTIM = """
-from engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.preemption import VictimPolicy
 
 
 class Careful(VictimPolicy):
@@ -232,7 +234,7 @@ def test_the_study_command_refuses_tp_3_in_one_line_and_creates_no_folder(tmp_pa
 
 # ------------------------------------------------------------------ --strict and a profile of another device
 def test_strict_refuses_a_profile_of_another_device_without_check_profile(tmp_path):
-    from sim.cost.profile import save_profile
+    from pagesim.sim.cost.profile import save_profile
     from tests.calibration_support import synthetic_profile
 
     profile = dataclasses.replace(synthetic_profile(), device={"type": "cuda", "name": "NVIDIA H100 80GB HBM3"})
@@ -281,7 +283,7 @@ def test_an_unknown_architecture_whose_shapes_a_llama_reading_gets_wrong_is_refu
 def test_known_architectures_are_read_without_a_note(tmp_path):
     import warnings
 
-    from engine.catalog.hf_config import preset_from_hf_config
+    from pagesim.engine.catalog.hf_config import preset_from_hf_config
 
     folder = _config(tmp_path, architectures=["LlamaForCausalLM"], model_type="llama")
     with warnings.catch_warnings():
@@ -300,7 +302,7 @@ EXITS = """
 import os
 from os import _exit
 
-from engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.preemption import VictimPolicy
 
 
 class OsExit(VictimPolicy):
@@ -354,7 +356,7 @@ def test_os_exit_outside_a_plugin_still_exits():
     """The stand-in leaves pagesim's own ``os._exit`` (a worker's watchdog) as it was."""
     script = textwrap.dedent("""
         import os, sys
-        from engine.policy.exit_guard import watch
+        from pagesim.engine.policy.exit_guard import watch
         watch(sys.argv[1])
         os._exit(7)
     """)

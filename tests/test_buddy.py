@@ -1,4 +1,4 @@
-"""Buddy placement (engine/policy/buddy.py) and the contiguous allocator that uses it."""
+"""Buddy placement (pagesim/engine/policy/buddy.py) and the contiguous allocator that uses it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.policy.buddy import BuddySpace, order_for
-from engine.policy.contiguous import ContiguousAllocator
+from pagesim.engine.policy.buddy import BuddySpace, order_for
+from pagesim.engine.policy.contiguous import ContiguousAllocator
 from tests.conftest import scaled_examples
 
 
@@ -89,7 +89,7 @@ def test_buddy_space_tiles_the_capacity_under_any_sequence(capacity, ops):
 
 
 def test_a_request_buddy_placement_can_never_hold_is_rejected_not_stalled():
-    from engine.policy import ContiguousScheduler, Request, make_config
+    from pagesim.engine.policy import ContiguousScheduler, Request, make_config
 
     # 7,008 slots = arenas 4,096 + 2,048 + 512 + 256 + 64 + 32: a 6,000-slot Max slab fits the
     # capacity but no buddy block

@@ -12,10 +12,10 @@ import math
 
 import pytest
 
-from sim.cost.base import StepWork
-from sim.cost.calibrated import CalibratedCostModel
-from sim.cost.interpolate import TableModel, fit_roofline
-from sim.cost.profile import TABLES, Profile, ProfileError, Table, grid_points, load_profile, save_profile
+from pagesim.sim.cost.base import StepWork
+from pagesim.sim.cost.calibrated import CalibratedCostModel
+from pagesim.sim.cost.interpolate import TableModel, fit_roofline
+from pagesim.sim.cost.profile import TABLES, Profile, ProfileError, Table, grid_points, load_profile, save_profile
 from tests.calibration_support import TINY_GRID, calibrate_tiny, synthetic_profile
 
 
@@ -138,7 +138,7 @@ def test_steps_beyond_the_grid_are_counted_as_extrapolated():
 
 
 def test_a_profile_of_other_shapes_is_refused():
-    from engine.model_presets import get_model_preset
+    from pagesim.engine.model_presets import get_model_preset
 
     cm = CalibratedCostModel(synthetic_profile())
     cm.check_model(get_model_preset("tiny"))
@@ -168,8 +168,8 @@ def test_calibrate_writes_a_complete_profile_with_raw_samples(tiny_profile):
 
 
 def test_an_interrupted_calibration_resumes_keeping_finished_tables(tmp_path):
-    from engine.calibrate.calibrate import SettingsMismatch, calibrate
-    from engine.model.config import LlamaConfig
+    from pagesim.engine.calibrate.calibrate import SettingsMismatch, calibrate
+    from pagesim.engine.model.config import LlamaConfig
 
     out = tmp_path / "p.json"
     kwargs = dict(out=out, device=torch.device("cpu"), dtype=torch.float64, backend="torch", threads=1, warmup=0,
@@ -198,7 +198,7 @@ def test_an_interrupted_calibration_resumes_keeping_finished_tables(tmp_path):
 
 
 def test_calibrate_cli_errors_are_one_line(tmp_path, capsys):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     for argv, message in [
         (["--repeats", "0"], "--repeats must be >= 1"),
@@ -215,7 +215,7 @@ def test_calibrate_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def test_simulate_with_a_profile_uses_the_calibrated_model(tiny_profile, capsys):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     argv = ["simulate", "--workload", "kwon2023-alpaca", "--num-requests", "30", "--rate", "20", "--model", "tiny",
             "--num-gpu-blocks", "64", "--profile", tiny_profile.path, "--json", "--no-progress"]

@@ -14,19 +14,19 @@ import json
 import numpy as np
 import pytest
 
-from engine.policy import Request, Scheduler, make_config
-from sim.cluster import Cluster, build_replicas
-from sim.replica import iter_chunked
-from sim.cluster_metrics import requests_subset
-from sim.cost.base import TERMS, CostModel, StepCost, StepWork
-from sim.metrics import COMPLETED, REJECTED, RequestMetrics
-from sim.router import (ROUTERS, LeastKv, LeastOutstandingTokens, PrefixAffinity, RoundRobin, make_router,
+from pagesim.engine.policy import Request, Scheduler, make_config
+from pagesim.sim.cluster import Cluster, build_replicas
+from pagesim.sim.replica import iter_chunked
+from pagesim.sim.cluster_metrics import requests_subset
+from pagesim.sim.cost.base import TERMS, CostModel, StepCost, StepWork
+from pagesim.sim.metrics import COMPLETED, REJECTED, RequestMetrics
+from pagesim.sim.router import (ROUTERS, LeastKv, LeastOutstandingTokens, PrefixAffinity, RoundRobin, make_router,
                         outstanding_tokens, request_outstanding_tokens)
-from sim.setup import RunSpec, build
-from sim.simulator import SimOptions, Simulation
-from traces.generate import generate, workload_spec
+from pagesim.sim.setup import RunSpec, build
+from pagesim.sim.simulator import SimOptions, Simulation
+from pagesim.traces.generate import generate, workload_spec
 from tests.test_sim_cli import simulate, simulate_json
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 
 class LinearCost(CostModel):
@@ -245,7 +245,7 @@ def test_a_run_keeping_no_step_rows_has_the_same_summary(monkeypatch, replicas):
     """``SimOptions(step_rows=False)`` (``pagesim simulate`` without ``--out``) keeps only what the
     summary reads, with chunks of 16 rows so every replica spills many times: the summary is the
     same, float for float, and the columns it did not keep are refused by name."""
-    from sim.step_metrics import StepMetrics
+    from pagesim.sim.step_metrics import StepMetrics
 
     monkeypatch.setitem(StepMetrics.__init__.__kwdefaults__, "chunk_rows", 16)
     trace = generate(workload_spec("kwon2023-sharegpt", rate_rps=20, num_requests=80, seed=4))
@@ -354,8 +354,8 @@ def test_arrivals_are_read_in_chunks():
 
 
 def test_a_study_grid_runs_clusters():
-    from reports.runner import run_one
-    from reports.spec import parse_spec
+    from pagesim.reports.runner import run_one
+    from pagesim.reports.spec import parse_spec
 
     spec = parse_spec("[source]\nworkload = 'shared-system-prompt'\nrate = 12.0\nnum_requests = 30\n[base]\n"
                       "kv_cache_gb = 1.0\nprefix_caching = true\n[[grid]]\nreplicas = [1, 2]\n"

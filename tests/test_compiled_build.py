@@ -1,4 +1,4 @@
-"""The opt-in compiled build (engine/compiled.py): its module list, its guard against stale
+"""The opt-in compiled build (pagesim/engine/compiled.py): its module list, its guard against stale
 extension files, and the declared types mypyc checks as the compiled modules run.
 
 The compiled build itself is built and run by CI (``.ci/run``: the same tests and figures with
@@ -12,8 +12,8 @@ from importlib.machinery import EXTENSION_SUFFIXES
 
 import pytest
 
-import engine
-from engine import compiled
+from pagesim import engine
+from pagesim.engine import compiled
 
 
 def test_every_listed_module_exists_once_and_is_importable():
@@ -35,10 +35,10 @@ def test_this_install_reports_what_it_runs_compiled():
 def tree(tmp_path, monkeypatch):
     """A project root of two modules, one of them "compiled" (an extension file beside it)."""
     for name in ("a", "b"):
-        (tmp_path / "engine" / f"{name}.py").parent.mkdir(exist_ok=True)
-        (tmp_path / "engine" / f"{name}.py").write_text(f"X = {name!r}\n")
+        (tmp_path / "pagesim" / "engine" / f"{name}.py").parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pagesim" / "engine" / f"{name}.py").write_text(f"X = {name!r}\n")
     monkeypatch.setattr(compiled, "ROOT", str(tmp_path))
-    monkeypatch.setattr(compiled, "MODULES", ("engine/a.py", "engine/b.py"))
+    monkeypatch.setattr(compiled, "MODULES", ("pagesim/engine/a.py", "pagesim/engine/b.py"))
     return tmp_path
 
 
@@ -47,19 +47,19 @@ def test_a_pure_install_has_nothing_compiled(tree):
 
 
 def test_a_compiled_module_runs_only_while_its_source_is_the_one_built(tree):
-    extension = tree / "engine" / f"a{EXTENSION_SUFFIXES[0]}"
+    extension = tree / "pagesim" / "engine" / f"a{EXTENSION_SUFFIXES[0]}"
     extension.write_bytes(b"")
-    with pytest.raises(compiled.StaleBuild, match="engine/a.py"):  # no record of the build at all
+    with pytest.raises(compiled.StaleBuild, match="pagesim/engine/a.py"):  # no record of the build at all
         compiled.compiled_modules()
     compiled.write_manifest()
-    assert compiled.compiled_modules() == ["engine.a"]
-    (tree / "engine" / "b.py").write_text("X = 'changed'\n")  # (not compiled: nothing runs stale)
-    assert compiled.compiled_modules() == ["engine.a"]
-    (tree / "engine" / "a.py").write_text("X = 'changed'\n")
+    assert compiled.compiled_modules() == ["pagesim.engine.a"]
+    (tree / "pagesim" / "engine" / "b.py").write_text("X = 'changed'\n")  # (not compiled: nothing runs stale)
+    assert compiled.compiled_modules() == ["pagesim.engine.a"]
+    (tree / "pagesim" / "engine" / "a.py").write_text("X = 'changed'\n")
     with pytest.raises(compiled.StaleBuild) as stale:
         compiled.compiled_modules()
     message = str(stale.value)
-    assert "engine/a.py" in message and "engine/b.py" not in message
+    assert "pagesim/engine/a.py" in message and "pagesim/engine/b.py" not in message
     assert compiled.REBUILD in message and compiled.CLEAN in message
     assert isinstance(stale.value, ImportError)
     extension.unlink()  # what a plain build does first (setup.py)
@@ -70,20 +70,22 @@ def test_the_command_says_a_stale_build_in_one_line(tmp_path):
     """``pagesim`` on a stale build: the message and exit 2, not a traceback (a library import
     gets the ImportError itself)."""
     root = tmp_path / "root"
-    (root / "engine").mkdir(parents=True)
-    source = open(os.path.join(compiled.ROOT, "engine", "__init__.py")).read()
-    (root / "engine" / "__init__.py").write_text(source)
-    module = open(os.path.join(compiled.ROOT, "engine", "compiled.py")).read()
-    (root / "engine" / "compiled.py").write_text(module.replace(
-        'MODULES: tuple[str, ...] = (', 'MODULES: tuple[str, ...] = ("engine/a.py",) or ('))
-    (root / "engine" / "a.py").write_text("X = 1\n")
-    (root / "engine" / f"a{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
-    script = f"import sys; sys.path.insert(0, {str(root)!r}); sys.argv[0] = {{argv0!r}}; import engine"
+    package = root / "pagesim" / "engine"
+    package.mkdir(parents=True)
+    (root / "pagesim" / "__init__.py").write_text("")
+    source = open(os.path.join(compiled.ROOT, "pagesim", "engine", "__init__.py")).read()
+    (package / "__init__.py").write_text(source)
+    module = open(os.path.join(compiled.ROOT, "pagesim", "engine", "compiled.py")).read()
+    (package / "compiled.py").write_text(module.replace(
+        'MODULES: tuple[str, ...] = (', 'MODULES: tuple[str, ...] = ("pagesim/engine/a.py",) or ('))
+    (package / "a.py").write_text("X = 1\n")
+    (package / f"a{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    script = f"import sys; sys.path.insert(0, {str(root)!r}); sys.argv[0] = {{argv0!r}}; import pagesim.engine"
     env = {**os.environ, "PYTHONPATH": ""}
     as_command = subprocess.run([sys.executable, "-c", script.format(argv0="/usr/bin/pagesim")],
                                 capture_output=True, text=True, env=env, cwd=tmp_path)
     assert as_command.returncode == 2
-    assert as_command.stderr.count("\n") == 1 and "engine/a.py" in as_command.stderr, as_command.stderr
+    assert as_command.stderr.count("\n") == 1 and "pagesim/engine/a.py" in as_command.stderr, as_command.stderr
     as_library = subprocess.run([sys.executable, "-c", script.format(argv0="-c")],
                                 capture_output=True, text=True, env=env, cwd=tmp_path)
     assert as_library.returncode == 1 and "StaleBuild" in as_library.stderr
@@ -100,11 +102,11 @@ def test_the_compiled_modules_declared_types_hold():
 
 # ------------------------------------------------- the written-out __init__ of hot dataclasses
 def _written_out():
-    from engine.policy.fast_forward import Advanced, DecodeRun, DecodeStep
-    from engine.policy.output import ScheduledSequence, SchedulerOutput
-    from engine.policy.request import Request, Sequence
-    from engine.policy.steps.base import Step
-    from engine.policy.usage import KvUsage
+    from pagesim.engine.policy.fast_forward import Advanced, DecodeRun, DecodeStep
+    from pagesim.engine.policy.output import ScheduledSequence, SchedulerOutput
+    from pagesim.engine.policy.request import Request, Sequence
+    from pagesim.engine.policy.steps.base import Step
+    from pagesim.engine.policy.usage import KvUsage
 
     return [DecodeRun, Advanced, DecodeStep, Step, Request, Sequence, ScheduledSequence, SchedulerOutput, KvUsage]
 
@@ -135,7 +137,7 @@ def test_a_written_out_init_sets_every_field(cls):
     """Each field gets its own argument, or the dataclass default (a fresh one from a factory)."""
     import dataclasses
 
-    from engine.policy.request import Request
+    from pagesim.engine.policy.request import Request
 
     if cls.__module__ in engine.COMPILED and cls is not Request:
         pytest.skip("compiled, the fields take only their declared types (checked in the pure-Python run)")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.policy import ContiguousScheduler, Request, RequestStatus, Scheduler, SchedulerConfig
+from pagesim.engine.policy import ContiguousScheduler, Request, RequestStatus, Scheduler, SchedulerConfig
 from tests.conftest import scaled_examples
 
 
@@ -417,7 +417,7 @@ def test_random_workloads_finish_within_limits(reqs, reservation, capacity, chun
 
 
 def test_under_the_v0_step_order_prompts_get_steps_of_their_own():
-    from engine.policy import make_config
+    from pagesim.engine.policy import make_config
 
     cfg = make_config("vllm-v0", block_size=16, num_gpu_blocks=4, max_model_len=32, max_num_batched_tokens=2048)
     sched = ContiguousScheduler(cfg, reservation="oracle")

@@ -1,7 +1,7 @@
 """The roofline cost model and the deployment's memory budget, against values computed by hand.
 
-The expected values below are written out from the formulas in ``sim/cost/roofline.py``'s
-docstring and the datasheet numbers in ``sim/hardware.py`` (A100 40 GB: 1,555 GB/s HBM, 312
+The expected values below are written out from the formulas in ``pagesim/sim/cost/roofline.py``'s
+docstring and the datasheet numbers in ``pagesim/sim/hardware.py`` (A100 40 GB: 1,555 GB/s HBM, 312
 TFLOPS fp16, 32 GB/s PCIe, 300 GB/s NVLink), with the model shapes spelled out as literals, so
 they do not reuse the module's own arithmetic.
 """
@@ -16,16 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.model_presets import MODEL_PRESETS
-from engine.policy import ContiguousScheduler, make_config
-from engine.policy.output import ScheduledSequence, SchedulerOutput
-from sim.cost.base import TERMS, StepCost, StepWork
-from sim.cost.roofline import ATTENTION_KERNELS, RooflineCostModel, RooflineParams
-from sim.deployment import Deployment, GiB
-from sim.hardware import GPU_PRESETS, get_gpu_preset
-from sim.simulator import SimOptions, Simulation
+from pagesim.engine.model_presets import MODEL_PRESETS
+from pagesim.engine.policy import ContiguousScheduler, make_config
+from pagesim.engine.policy.output import ScheduledSequence, SchedulerOutput
+from pagesim.sim.cost.base import TERMS, StepCost, StepWork
+from pagesim.sim.cost.roofline import ATTENTION_KERNELS, RooflineCostModel, RooflineParams
+from pagesim.sim.deployment import Deployment, GiB
+from pagesim.sim.hardware import GPU_PRESETS, get_gpu_preset
+from pagesim.sim.simulator import SimOptions, Simulation
 from tests.conftest import scaled_examples
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 # Llama 3 8B: 32 layers, hidden 4096, 32 heads, 8 KV heads of 128, MLP 14336, vocabulary 128256.
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 32, 4096, 32, 8, 128, 14336, 128256

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.policy.window_decode import HybridCounts
-from sim.cost.base import TERMS
-from sim.decode_spans import DecodeSpan, DecodeSpanLog
-from sim.step_metrics import NUM_COLUMNS, STEP_COLUMNS, StepMetrics
+from pagesim.engine.policy.window_decode import HybridCounts
+from pagesim.sim.cost.base import TERMS
+from pagesim.sim.decode_spans import DecodeSpan, DecodeSpanLog
+from pagesim.sim.step_metrics import NUM_COLUMNS, STEP_COLUMNS, StepMetrics
 from tests.conftest import scaled_examples
 from tests.test_step_metrics import random_row, record_row
 

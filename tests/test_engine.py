@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from engine.runtime import ExecutionError, RequestTooLong, SamplingParams
+from pagesim.engine.runtime import ExecutionError, RequestTooLong, SamplingParams
 from tests.engine_support import make_engine, prompt_of, request, serve
 
 PROMPTS = [prompt_of(i, length) for i, length in enumerate([13, 21, 9, 17, 30, 11])]
@@ -167,7 +167,7 @@ def test_abort_between_steps_frees_blocks_without_corrupting_others():
             engine.abort_request(aborted)
     assert aborted is not None and engine.records[aborted].status == "aborted"
     outputs = {rid: r.outputs for rid, r in engine.records.items() if r.status == "completed"}
-    from engine.runtime.reference import check_outputs
+    from pagesim.engine.runtime.reference import check_outputs
 
     report = check_outputs(engine.model, [r for r in reqs if r.request_id != aborted], outputs, lambda r: engine.sampling)
     assert report.match and report.checked_requests == 7, report.to_dict()
@@ -194,7 +194,7 @@ def test_a_request_rejected_while_scheduling_is_recorded_as_rejected():
 
 
 def test_run_takes_a_trace_on_the_wall_clock():
-    from traces.generate import generate, workload_spec
+    from pagesim.traces.generate import generate, workload_spec
 
     trace = generate(workload_spec("kwon2023-alpaca", rate_rps=200.0, num_requests=5, seed=2))
     engine = make_engine(block_size=8, num_gpu_blocks=200)

@@ -16,11 +16,11 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from engine.cli import main
-from engine.policy.admission import peak_blocks
-from engine.policy.user_plugins import builtin_names
-from engine.runtime import ExecutionError, SamplingParams
-from engine.runtime.kv_cache import PagedKVCache
+from pagesim.engine.cli import main
+from pagesim.engine.policy.admission import peak_blocks
+from pagesim.engine.policy.user_plugins import builtin_names
+from pagesim.engine.runtime import ExecutionError, SamplingParams
+from pagesim.engine.runtime.kv_cache import PagedKVCache
 from tests.conftest import scaled_examples
 from tests.engine_support import make_engine, prompt_of, request, serve
 

@@ -31,7 +31,7 @@ class _Missing(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, _Missing())
 if __name__ == "__main__":
-    from engine.cli import main
+    from pagesim.engine.cli import main
     status = main(sys.argv[1:])
     leaked = sorted(m for m in sys.modules if m.split(".")[0] in {ENGINE_ONLY!r})
     if leaked:
@@ -89,8 +89,8 @@ def test_a_study_and_its_report_run_without_the_engine(base_install, tmp_path):
 @pytest.mark.parametrize("command", [
     ["run", "--model", "tiny", "--workload", "kwon2023-alpaca", "--num-requests", "2", "--no-progress"],
     ["calibrate", "--device", "cpu", "--model", "tiny", "--quick", "--no-progress"],
-    ["validate", "--model", "tiny", "--profile", str(ROOT / "sim" / "profiles" / "tiny-cpu.json")],
-    ["simulate", "--model", "tiny", "--profile", str(ROOT / "sim" / "profiles" / "tiny-cpu.json"), "--check-profile"],
+    ["validate", "--model", "tiny", "--profile", str(ROOT / "pagesim" / "sim" / "profiles" / "tiny-cpu.json")],
+    ["simulate", "--model", "tiny", "--profile", str(ROOT / "pagesim" / "sim" / "profiles" / "tiny-cpu.json"), "--check-profile"],
 ], ids=lambda c: c[0] + ("-check-profile" if "--check-profile" in c else ""))
 def test_an_engine_command_says_which_extra_to_install(base_install, tmp_path, command):
     if command[0] == "calibrate":

@@ -10,10 +10,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from engine.policy.admission import peak_blocks
-from engine.policy.eviction import EVICTION_POLICIES
-from engine.policy.preemption import VICTIM_POLICIES
-from engine.runtime import SamplingParams
+from pagesim.engine.policy.admission import peak_blocks
+from pagesim.engine.policy.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.preemption import VICTIM_POLICIES
+from pagesim.engine.runtime import SamplingParams
 from tests.conftest import scaled_examples
 from tests.engine_support import make_engine, prompt_of, request, serve
 

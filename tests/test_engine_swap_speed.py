@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.runtime.kv_cache import PagedKVCache
+from pagesim.engine.runtime.kv_cache import PagedKVCache
 from tests.engine_support import TINY
 
 BLOCK_OPS = ("index_select", "index_copy", "index_fill", "index_put", "copy_", "fill_")

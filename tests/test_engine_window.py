@@ -6,7 +6,7 @@ tokens, layer 1 attends fully: two groups sharing one tensor) and for models who
 slides (one group, Mistral 7B v0.1's layout) or whose window is shorter than a block. In
 validation mode every block the policy releases, the ones that leave a window included, is
 filled with NaN, so a kernel that reads a dropped block fails the run; the tokens must equal the
-no-paging reference with the window applied (``engine.model.dense``).
+no-paging reference with the window applied (``pagesim.engine.model.dense``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.model import LlamaConfig, random_model
-from engine.policy import make_config
-from engine.policy.admission import hybrid_blocks, longest_written_tokens
-from engine.policy.eviction import EVICTION_POLICIES
-from engine.runtime import Engine, SamplingParams
-from engine.runtime.kv_cache import scheduler_kv_settings
+from pagesim.engine.model import LlamaConfig, random_model
+from pagesim.engine.policy import make_config
+from pagesim.engine.policy.admission import hybrid_blocks, longest_written_tokens
+from pagesim.engine.policy.eviction import EVICTION_POLICIES
+from pagesim.engine.runtime import Engine, SamplingParams
+from pagesim.engine.runtime.kv_cache import scheduler_kv_settings
 from tests.conftest import scaled_examples
 from tests.engine_support import prompt_of, request, serve
 
@@ -104,7 +104,7 @@ def test_a_long_decode_with_preemptions_reads_only_its_window():
 def test_the_window_changes_the_outputs():
     """Teeth: the same weights without the window generate other tokens, so matching the windowed
     reference is not an accident of a window that never matters."""
-    from engine.model.dense import DenseSequence
+    from pagesim.engine.model.dense import DenseSequence
 
     model = model_of("short-window")
     unwindowed = random_model(dataclasses.replace(LAYOUTS["short-window"], sliding_window=None, layer_types=()),

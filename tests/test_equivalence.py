@@ -41,23 +41,23 @@ import pytest
 from hypothesis import HealthCheck, assume, find, given, settings
 from hypothesis import strategies as st
 
-from engine.model_presets import get_model_preset
-from engine.policy import Scheduler, SchedulerConfig, make_config
-from engine.policy.admission import peak_blocks, rejection_reason
-from engine.policy.eviction import EVICTION_POLICIES
-from engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES
-from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
-from engine.runtime import Engine, SamplingParams
-from engine.runtime.reference import check_outputs
-from reports.validation import runs
-from reports.validation.compare import first_difference
-from sim.cost.roofline import RooflineCostModel, RooflineParams
-from sim.deployment import Deployment
-from sim.hardware import get_gpu_preset
-from sim.simulator import SimOptions, Simulation
+from pagesim.engine.model_presets import get_model_preset
+from pagesim.engine.policy import Scheduler, SchedulerConfig, make_config
+from pagesim.engine.policy.admission import peak_blocks, rejection_reason
+from pagesim.engine.policy.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES
+from pagesim.engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+from pagesim.engine.runtime import Engine, SamplingParams
+from pagesim.engine.runtime.reference import check_outputs
+from pagesim.reports.validation import runs
+from pagesim.reports.validation.compare import first_difference
+from pagesim.sim.cost.roofline import RooflineCostModel, RooflineParams
+from pagesim.sim.deployment import Deployment
+from pagesim.sim.hardware import get_gpu_preset
+from pagesim.sim.simulator import SimOptions, Simulation
 from tests.conftest import scaled_examples
 from tests.engine_support import TINY, tiny_model
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 VOCAB = TINY.vocab_size
 EVICTIONS = sorted(EVICTION_POLICIES)
@@ -226,7 +226,7 @@ def simulate(case: Case) -> tuple[Half, dict[str, int]]:
     sim = Simulation(case.trace, scheduler, cost_model(case.cpu_step_s), SimOptions(seed=0, sample_lengths="same"),
                      decision_sink=sink)
     # NOTE: the engine makes each offload copy within its step (update() reports it done); the
-    # simulator times them on its host link (sim/replica.py, checked in tests/test_sim_offload.py).
+    # simulator times them on its host link (pagesim/sim/replica.py, checked in tests/test_sim_offload.py).
     # The decisions are compared under the engine's timing: every copy done at its step's update.
     scheduler.complete_offload_in_update = True
     error = None
@@ -425,12 +425,12 @@ V0_REJECTS_SWAPPED = dict(block_size=2, max_model_len=64, num_gpu_blocks=20, num
 
 
 def test_a_rejection_made_mid_run_is_recorded_by_both():
-    # found by this file: sim/replica.py recorded rejections only on submit (fixed)
+    # found by this file: pagesim/sim/replica.py recorded rejections only on submit (fixed)
     check_equivalence(_case([29, 1], [6, 5], [2, 1], "vllm-v0", V0_REJECTS_SWAPPED))
 
 
 def test_rejecting_the_last_request_mid_run_is_no_stall():
-    # found by this file: sim/replica.py called that step a stall (fixed)
+    # found by this file: pagesim/sim/replica.py called that step a stall (fixed)
     check_equivalence(_case([29], [6], [2], "vllm-v0", V0_REJECTS_SWAPPED))
 
 

@@ -1,4 +1,4 @@
-"""``sim.exact_sum.exact_sum`` against ``math.fsum``: the same float, bit for bit (or the same
+"""``pagesim.sim.exact_sum.exact_sum`` against ``math.fsum``: the same float, bit for bit (or the same
 error), on arrays drawn to be hard: values over hundreds of binades, cancellations to zero and
 to one unit in the last place, ties between two floats, subnormals, NaN and infinities, sizes
 around powers of two (where the extraction's ``M`` steps) and the ones a step table's chunk has."""
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.exact_sum import MIN_VECTORIZED, exact_sum
+from pagesim.sim.exact_sum import MIN_VECTORIZED, exact_sum
 from tests.conftest import scaled_examples
 
 

@@ -4,10 +4,10 @@
 logs, step and request columns, summaries). A sequence counter the fast path sets wrong may not
 show there until some later decision reads it (``num_registered_blocks``, for instance, is read
 only when a sequence is preempted or freed). So here two schedulers take the same requests at the
-same steps, one step by step, the other through ``engine.policy.fast_forward`` wherever the
+same steps, one step by step, the other through ``pagesim.engine.policy.fast_forward`` wherever the
 simulator would (``advance`` over steady stretches up to the next arrival, ``schedule_decode_step``
 + ``update_decode_step`` for a step that admits beside the decodes or must preempt for them,
-``engine.policy.preempting_decode``), and after every step both
+``pagesim.engine.policy.preempting_decode``), and after every step both
 have taken, every sequence's fields and the pool's blocks are compared.
 
 Both schedulers make every block key when due (``kv.lazy_keys`` off, as the simulator's reference
@@ -15,7 +15,7 @@ path does), so the pools can be compared block for block; a second test keeps la
 (each block compared as unkeyed, lazily keyed or keyed), where a batch whose sequences all key
 lazily leaves their keys to settling (``DecodeRun.eager``).
 
-With implicit decoders (``engine.policy.bulk_decode``) the fast scheduler's running sequences lag
+With implicit decoders (``pagesim.engine.policy.bulk_decode``) the fast scheduler's running sequences lag
 until something reads them; the state compared is what a reader finds, taken from a copy settled
 as ``Scheduler.settle`` settles it, so that the scheduler itself goes on lagging as in a run.
 """
@@ -28,15 +28,15 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.policy import Request, Scheduler, bulk_decode, make_config
-from engine.policy import fast_forward as ff
-from engine.policy.block_pool import LAZY_KEY, BlockPool
-from engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+from pagesim.engine.policy import Request, Scheduler, bulk_decode, make_config
+from pagesim.engine.policy import fast_forward as ff
+from pagesim.engine.policy.block_pool import LAZY_KEY, BlockPool
+from pagesim.engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
 from tests.conftest import pure_python_only, scaled_examples
 
 # (The state compared is a settled deep copy's: see pure_python_only. tests/test_skip_ahead.py and the
 # oracle's cases check the compiled build's decisions and metrics.)
-pytestmark = pure_python_only("engine.policy.scheduler", "these tests deep-copy schedulers")
+pytestmark = pure_python_only("pagesim.engine.policy.scheduler", "these tests deep-copy schedulers")
 
 SEQUENCE_FIELDS = ("index", "num_computed_tokens", "num_filled_tokens", "block_table", "cpu_block_table",
                    "num_registered_blocks", "num_offered_blocks", "finished", "finish_reason", "parked", "decoding")

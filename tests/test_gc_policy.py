@@ -1,4 +1,4 @@
-"""``sim.gc_policy.collecting_less``: the collector's settings during a run, and put back after it;
+"""``pagesim.sim.gc_policy.collecting_less``: the collector's settings during a run, and put back after it;
 and the work it is spared: finished requests freed by reference counting."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import gc
 import numpy as np
 import pytest
 
-from engine.policy import Request, Scheduler, make_config
-from engine.policy.request import Sequence
-from sim.gc_policy import YOUNG_THRESHOLD, collecting_less
-from sim.simulator import SimOptions, Simulation
+from pagesim.engine.policy import Request, Scheduler, make_config
+from pagesim.engine.policy.request import Sequence
+from pagesim.sim.gc_policy import YOUNG_THRESHOLD, collecting_less
+from pagesim.sim.simulator import SimOptions, Simulation
 from tests.test_skip_ahead import roofline
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 
 @pytest.fixture

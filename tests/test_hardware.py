@@ -2,14 +2,14 @@
 
 The expected values below are written by hand from the sources named in each entry's description
 (dense = half the "with sparsity" figure NVIDIA prints; links one direction), not copied from
-``sim/hardware.py``, so a typo in the table fails here.
+``pagesim/sim/hardware.py``, so a typo in the table fails here.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from sim.hardware import (
+from pagesim.sim.hardware import (
     GPU_ALIASES,
     GPU_PRESETS,
     GpuPreset,

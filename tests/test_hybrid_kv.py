@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from engine.policy import Request, Scheduler, make_config
-from engine.policy.block_key import BlockKey
-from engine.policy.hybrid_kv import GroupKey, HybridKVCacheManager, skipped_blocks
+from pagesim.engine.policy import Request, Scheduler, make_config
+from pagesim.engine.policy.block_key import BlockKey
+from pagesim.engine.policy.hybrid_kv import GroupKey, HybridKVCacheManager, skipped_blocks
 from tests.conftest import scaled_examples
 
 

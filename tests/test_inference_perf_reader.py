@@ -1,4 +1,4 @@
-"""``traces.inference_perf``: inference-perf output folders read back as a ``Trace`` and figures.
+"""``pagesim.traces.inference_perf``: inference-perf output folders read back as a ``Trace`` and figures.
 
 Small runs written here check the trace against hand-computed expectations: row counts
 (``int(rate * duration)`` per stage), a constant stage's sends (its count, its last at the
@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import SHARED, scaled_examples
-from traces.inference_perf import (
+from pagesim.traces.inference_perf import (
     InferencePerfError,
     LatencyStats,
     LoadStage,

@@ -27,18 +27,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.cli import main
-from engine.files import InputFileError, read_small_text
-from engine.oracle import VERSION_PRESETS, load_spec
-from engine.policy import DecisionLog
-from traces.errors import TraceFormatError, TraceWarning
-from traces.loaders import columns as columns_module
-from traces.loaders import load_trace
-from traces.loaders import stream
-from traces.loaders import text as text_module
-from traces.loaders.stream import LineBlocks, decompression_cap
-from traces.loaders.text import read_csv
-from traces.loaders.columns import Numbers
+from pagesim.engine.cli import main
+from pagesim.engine.files import InputFileError, read_small_text
+from pagesim.engine.oracle import VERSION_PRESETS, load_spec
+from pagesim.engine.policy import DecisionLog
+from pagesim.traces.errors import TraceFormatError, TraceWarning
+from pagesim.traces.loaders import columns as columns_module
+from pagesim.traces.loaders import load_trace
+from pagesim.traces.loaders import stream
+from pagesim.traces.loaders import text as text_module
+from pagesim.traces.loaders.stream import LineBlocks, decompression_cap
+from pagesim.traces.loaders.text import read_csv
+from pagesim.traces.loaders.columns import Numbers
 
 SHARED_ORACLE = Path(__file__).resolve().parents[2] / "shared" / "oracle"
 LENGTHS_HEADER = "num_prefill_tokens,num_decode_tokens\n"
@@ -59,45 +59,45 @@ def gz(path: Path, data: bytes, level: int = 1) -> Path:
 
 # ----------------------------------------------------------------------------- who reads what
 def _load_profile(path):
-    from sim.cost.profile import load_profile
+    from pagesim.sim.cost.profile import load_profile
 
     return load_profile(path)
 
 
 def _hf_config(path):
-    from engine.catalog.hf_config import preset_from_hf_config
+    from pagesim.engine.catalog.hf_config import preset_from_hf_config
 
     return preset_from_hf_config(path)
 
 
 def _llama_config(path):
-    from engine.model.config import LlamaConfig
+    from pagesim.engine.model.config import LlamaConfig
 
     return LlamaConfig.from_hf(path)
 
 
 def _bench_result(path):
-    from reports.bench_result import load_result
+    from pagesim.reports.bench_result import load_result
 
     return load_result(path)
 
 
 def _tokenizer(path):
-    from traces.bench.tokenizer import load_tokenizer
+    from pagesim.traces.bench.tokenizer import load_tokenizer
 
     return load_tokenizer(path)
 
 
 def _sharegpt(path):
-    from traces.bench.sharegpt import sharegpt_trace
-    from traces.bench.tokenizer import EstimateTokenizer
+    from pagesim.traces.bench.sharegpt import sharegpt_trace
+    from pagesim.traces.bench.tokenizer import EstimateTokenizer
 
     return sharegpt_trace(path, EstimateTokenizer(), num_prompts=1)
 
 
 def _custom(path):
-    from traces.bench.custom import custom_trace
-    from traces.bench.tokenizer import EstimateTokenizer
+    from pagesim.traces.bench.custom import custom_trace
+    from pagesim.traces.bench.tokenizer import EstimateTokenizer
 
     return custom_trace(path, EstimateTokenizer(), num_prompts=1)
 
@@ -194,7 +194,7 @@ def test_read_small_text_checks_size_and_encoding(tmp_path):
 
 
 def test_a_huge_profile_is_refused_before_it_is_read(tmp_path, monkeypatch):
-    from sim.cost import profile
+    from pagesim.sim.cost import profile
 
     path = tmp_path / "profile.json"
     path.write_text("{" + " " * 5000 + "}")

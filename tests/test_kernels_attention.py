@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import paged_decode_attention, paged_prefill_attention
+from pagesim.kernels import paged_decode_attention, paged_prefill_attention
 from tests.conftest import scaled_examples
 from tests.kernels_support import assert_matches, build_paged, reference_attention, reference_decode
 
@@ -208,7 +208,7 @@ def test_gpu_cache_beyond_int32_elements():
 
 def test_torch_prefill_in_query_chunks(monkeypatch):
     """The torch backend bounds its score matrix by splitting long chunks of queries: same answer."""
-    from kernels import reference
+    from pagesim.kernels import reference
 
     gen = torch.Generator().manual_seed(13)
     paged = build_paged([90, 40], block_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float32, gen=gen)
@@ -225,7 +225,7 @@ def test_torch_prefill_in_query_chunks(monkeypatch):
 
 LARGE_CACHE_SCRIPT = r"""
 import torch
-from kernels import copy_blocks, paged_decode_attention, paged_prefill_attention, write_kv_cache
+from pagesim.kernels import copy_blocks, paged_decode_attention, paged_prefill_attention, write_kv_cache
 from tests.kernels_support import assert_matches, build_paged, reference_attention, reference_decode
 
 # A float16 cache past 2**31 elements, allocated lazily (torch.empty touches no page): only the blocks

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import copy_blocks, swap_blocks, write_kv_cache
+from pagesim.kernels import copy_blocks, swap_blocks, write_kv_cache
 from tests.conftest import scaled_examples
 from tests.kernels_support import num_blocks_for
 

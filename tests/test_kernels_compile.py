@@ -2,7 +2,7 @@
 
 The interpreter tests never compile the kernels, so an error in the native fp16/bf16 path, or a
 change that turns 16-byte loads into scalar ones or spills registers, would only show on a GPU.
-``kernels.offline_compile`` compiles for sm_90 (H100/H200) with Triton's bundled ptxas; this test
+``pagesim.kernels.offline_compile`` compiles for sm_90 (H100/H200) with Triton's bundled ptxas; this test
 runs it in a subprocess (compilation needs the kernels built outside the interpreter) on the main
 variants and checks: every variant compiles, none spills registers, and the 16-bit attention
 kernels use tensor-core instructions and 16-byte loads.
@@ -45,7 +45,7 @@ def reports() -> dict[str, dict]:
         pytest.skip("Triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    cmd = [sys.executable, "-m", "kernels.offline_compile", "--arch", "90", "--json"]
+    cmd = [sys.executable, "-m", "pagesim.kernels.offline_compile", "--arch", "90", "--json"]
     for dtype in ("bf16", "fp16", "fp32"):
         cmd += ["--dtype", dtype]
     for v in VARIANTS:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import (
+from pagesim.kernels import (
     KernelArgumentError,
     copy_blocks,
     paged_decode_attention,
@@ -177,7 +177,7 @@ def test_triton_on_cpu_without_interpreter_says_how():
     """Outside the interpreter, the Triton backend on CPU tensors explains what to set."""
     code = (
         "import torch\n"
-        "from kernels import paged_decode_attention, KernelArgumentError\n"
+        "from pagesim.kernels import paged_decode_attention, KernelArgumentError\n"
         "from tests.test_kernels_validation import decode_args\n"
         "try:\n"
         "    paged_decode_attention(**decode_args(), backend='triton')\n"

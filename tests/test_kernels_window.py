@@ -16,8 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import paged_decode_attention, paged_prefill_attention
-from kernels.validate import KernelArgumentError
+from pagesim.kernels import paged_decode_attention, paged_prefill_attention
+from pagesim.kernels.validate import KernelArgumentError
 from tests.conftest import scaled_examples
 from tests.kernels_support import assert_matches, build_paged, cdiv
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from engine.model import LlamaConfig, ModelConfigError, load_pretrained, logits_of, random_model, save_pretrained
-from engine.policy import ScheduledSequence
-from engine.runtime.attention import PagedAttention
-from engine.runtime.batch import build_batch
-from engine.runtime.kv_cache import PagedKVCache
+from pagesim.engine.model import LlamaConfig, ModelConfigError, load_pretrained, logits_of, random_model, save_pretrained
+from pagesim.engine.policy import ScheduledSequence
+from pagesim.engine.runtime.attention import PagedAttention
+from pagesim.engine.runtime.batch import build_batch
+from pagesim.engine.runtime.kv_cache import PagedKVCache
 
 TINY = LlamaConfig.named("tiny")
 PROMPT = [7, 100, 3, 250, 42, 42, 9, 311, 18, 5, 77, 480, 1, 64, 200, 33, 90]

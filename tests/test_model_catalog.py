@@ -21,11 +21,11 @@ import math
 
 import pytest
 
-import engine.cli as cli
-from engine.catalog.kv_layout import kv_layout
-from engine.catalog.lookup import normalise
-from engine.catalog.params import weight_bytes
-from engine.model_presets import MODEL_PRESETS, ModelPreset, get_model_preset, preset_from_hf_config
+import pagesim.engine.cli as cli
+from pagesim.engine.catalog.kv_layout import kv_layout
+from pagesim.engine.catalog.lookup import normalise
+from pagesim.engine.catalog.params import weight_bytes
+from pagesim.engine.model_presets import MODEL_PRESETS, ModelPreset, get_model_preset, preset_from_hf_config
 
 # ------------------------------------------------------------------------------------------------
 # 1. KV bytes per token, for every catalog entry
@@ -60,7 +60,7 @@ KV_BYTES_PER_TOKEN = {
     "opt-13b": 2 * 40 * 40 * 128 * 2,
     "opt-66b": 2 * 64 * 72 * 128 * 2,
     "opt-175b": 2 * 96 * 96 * 128 * 2,
-    # pagesim's own random-weight models (shapes in engine/catalog/models.py)
+    # pagesim's own random-weight models (shapes in pagesim/engine/catalog/models.py)
     "tiny": 2 * 2 * 2 * 16 * 2,
     "tiny-swa": 2 * 2 * 2 * 16 * 2,
     "small": 2 * 4 * 4 * 32 * 2,
@@ -434,8 +434,8 @@ def test_hugging_face_ids_resolve(typed, name):
 
 
 def test_every_preset_name_resolves_to_itself():
-    from engine.catalog.lookup import resolve_model_name
-    from engine.model_presets import MODEL_PRESETS
+    from pagesim.engine.catalog.lookup import resolve_model_name
+    from pagesim.engine.model_presets import MODEL_PRESETS
 
     assert [n for n in MODEL_PRESETS if resolve_model_name(n) != n] == []  # llama-350m was read as llama350m
     assert normalise("llama-2-7b") == "llama2-7b" and normalise("Llama-3.1-70B-Instruct") == "llama3.1-70b"

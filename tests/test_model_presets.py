@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engine.model_presets import MODEL_PRESETS, ModelPreset, get_model_preset
+from pagesim.engine.model_presets import MODEL_PRESETS, ModelPreset, get_model_preset
 
 # (layers, hidden, heads, kv heads, head dim, intermediate, vocab, max positions, mlp)
 PUBLIC_SHAPES = {

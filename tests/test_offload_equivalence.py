@@ -17,11 +17,11 @@ import numpy as np
 from hypothesis import HealthCheck, assume, find, given, settings
 from hypothesis import strategies as st
 
-from engine.policy import make_config
-from reports.validation.compare import first_difference
+from pagesim.engine.policy import make_config
+from pagesim.reports.validation.compare import first_difference
 from tests.conftest import scaled_examples
 from tests.test_equivalence import Case, cases, check_equivalence, outputs_cannot_coincide, run_engine, simulate
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 POLICIES = ("lru", "arc", "lfu")
 

@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from engine.cli import main
-from engine.policy import Request, Scheduler, make_config
-from engine.policy.offload.policies import OFFLOAD_POLICIES
-from engine.policy.plugin_guard import PluginError
-from engine.policy.user_plugins import load_plugin
+from pagesim.engine.cli import main
+from pagesim.engine.policy import Request, Scheduler, make_config
+from pagesim.engine.policy.offload.policies import OFFLOAD_POLICIES
+from pagesim.engine.policy.plugin_guard import PluginError
+from pagesim.engine.policy.user_plugins import load_plugin
 from tests.test_plugins import ROOT
 
 EXAMPLE = f"{ROOT / 'examples' / 'first_stored_offload.py'}:FirstStored"

@@ -1,6 +1,6 @@
 """The offload store's eviction policies and the store itself against trusted simple models.
 
-Each built-in offload policy (``lru``, ``arc``, ``lfu``: engine/policy/offload/policies.py) has a
+Each built-in offload policy (``lru``, ``arc``, ``lfu``: pagesim/engine/policy/offload/policies.py) has a
 reference model here written from its definition (the policy docstrings and vLLM 0.33's
 behaviour, /work/scratch/vllm_offload_spec.md section 4) with plain lists, dicts and sorting:
 
@@ -40,9 +40,9 @@ from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.policy import Request, Scheduler, make_config
-from engine.policy.offload import OFFLOAD_POLICIES, OffloadStore, make_offload_policy
-from engine.policy.offload.store import READY, STORING
+from pagesim.engine.policy import Request, Scheduler, make_config
+from pagesim.engine.policy.offload import OFFLOAD_POLICIES, OffloadStore, make_offload_policy
+from pagesim.engine.policy.offload.store import READY, STORING
 from tests.conftest import scaled_examples
 
 NUM_KEYS = 10
@@ -239,7 +239,7 @@ REFERENCE = {"lru": RefLRU, "lfu": RefLFU, "arc": RefARC}
 
 
 def test_every_built_in_offload_policy_has_a_reference_model():
-    built_in = {name for name, cls in OFFLOAD_POLICIES.items() if cls.__module__ == "engine.policy.offload.policies"}
+    built_in = {name for name, cls in OFFLOAD_POLICIES.items() if cls.__module__ == "pagesim.engine.policy.offload.policies"}
     assert built_in == set(REFERENCE)
 
 
@@ -750,7 +750,7 @@ def test_a_sync_load_budget_needs_an_offload_store():
 
 
 def test_the_cli_takes_the_budget_beside_an_offload_store_only(capsys):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     base = ["simulate", "--workload", "shared-system-prompt", "--rate", "4", "--num-requests", "20",
             "--enable-prefix-caching", "--offload-sync-load-budget-bytes", "100"]

@@ -40,16 +40,16 @@ import pytest
 from hypothesis import Phase, event, find, given, note, settings
 from hypothesis import strategies as st
 
-from engine.policy import Request, RequestStatus, Scheduler, SchedulerOutput, make_config
-from engine.policy.eviction import EVICTION_POLICIES
-from engine.policy.offload import OFFLOAD_POLICIES
-from engine.policy.offload.store import READY, STORING
-from engine.policy.output import dump_record
+from pagesim.engine.policy import Request, RequestStatus, Scheduler, SchedulerOutput, make_config
+from pagesim.engine.policy.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.offload import OFFLOAD_POLICIES
+from pagesim.engine.policy.offload.store import READY, STORING
+from pagesim.engine.policy.output import dump_record
 from tests.conftest import scaled_examples
 
 OFFLOAD_FIELDS = {"blocks_to_load", "blocks_to_store", "offload_hits", "num_free_offload_blocks"}
 BUILT_IN_OFFLOAD_POLICIES = sorted(name for name, cls in OFFLOAD_POLICIES.items()
-                                   if cls.__module__ == "engine.policy.offload.policies")
+                                   if cls.__module__ == "pagesim.engine.policy.offload.policies")
 
 
 def sampled_token(seq, sample_index: int) -> int:

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from engine.cli import main
-from engine.oracle import load_spec, replay
+from pagesim.engine.cli import main
+from pagesim.engine.oracle import load_spec, replay
 from tests.conftest import ORACLE_CASES as CASES, ORACLE_CASES_PENDING as PENDING, golden_log
 
 

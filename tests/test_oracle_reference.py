@@ -2,7 +2,7 @@
 from the README alone) checked twice:
 
 * against the golden vLLM decision logs, which validates the reading itself;
-* differentially against pagesim's ``vllm-v1`` / ``vllm-v0`` presets (``engine.oracle.replay``) on
+* differentially against pagesim's ``vllm-v1`` / ``vllm-v0`` presets (``pagesim.engine.oracle.replay``) on
   random workloads inside the README's scope, which looks for decisions the 30 golden cases do not
   pin down.
 """
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import assume, example, given, note, settings
 from hypothesis import strategies as st
 
-from engine.oracle import load_spec, replay
-from engine.policy import DecisionLog
+from pagesim.engine.oracle import load_spec, replay
+from pagesim.engine.policy import DecisionLog
 from tests.conftest import ORACLE_README_CASES as CASES, golden_log, scaled_examples
 from tests.oracle_reference import (
     StepLimitExceeded,

@@ -39,7 +39,7 @@ from tests.test_bad_inputs import ORACLE_SPEC
 CLASSES = ("device", "fifo", "symlink", "foreign folder", "dangerous folder", "stray tmp")
 LIMIT_S = 120.0  # generous: a refusal takes a second; the watchdog only guards against a hang
 
-SHIPPED_PROFILE = str(ROOT / "sim" / "profiles" / "tiny-cpu.json")
+SHIPPED_PROFILE = str(ROOT / "pagesim" / "sim" / "profiles" / "tiny-cpu.json")
 TRACE_GEN = ["trace", "gen", "--workload", "kwon2023-sharegpt", "--rate", "4", "--num-requests", "5", "-o"]
 SIM = ["simulate", "--no-progress", "--workload", "kwon2023-sharegpt", "--rate", "4", "--num-requests", "12"]
 SIM_RESULT = [*SIM, "--save-result", "--result-filename"]
@@ -350,8 +350,8 @@ def _fifo_results(f: Folder) -> str:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> dict[str, Path]:
     """A finished two-run study of ``STUDY`` (read by the report cases, copied by the study ones)."""
-    from reports.execute import run_study
-    from reports.spec import parse_spec
+    from pagesim.reports.execute import run_study
+    from pagesim.reports.spec import parse_spec
 
     out = tmp_path_factory.mktemp("output_safety") / "study"
     run_study(parse_spec(STUDY), out, workers=1, progress=False)
@@ -415,8 +415,9 @@ def test_a_write_replaces_only_a_regular_file(case, shared, tmp_path, monkeypatc
 def test_root_is_refused_before_anything_is_written(command, tmp_path, capsys, monkeypatch):
     """``study -o /`` and ``demo -o /``: run in this process with every path to the work replaced
     by a failure, so the test can never write into ``/``: the refusal must come first."""
-    import reports.execute
-    from engine.cli import main
+    from pagesim import reports
+    import pagesim.reports.execute
+    from pagesim.engine.cli import main
 
     def never(*args, **kwargs):
         pytest.fail("pagesim went on to run the study in /")
@@ -452,7 +453,7 @@ def test_a_study_resumes_in_its_own_folder_beside_its_report(shared, tmp_path):
 
 # ----------------------------------------------------------------------------- stray NAME.tmp, in process
 def test_saving_a_profile_leaves_a_users_tmp_file_alone(tmp_path):
-    from sim.cost.profile import load_profile, save_profile
+    from pagesim.sim.cost.profile import load_profile, save_profile
 
     stray = tmp_path / "p.json.tmp"
     stray.write_text("a user's file\n")
@@ -463,7 +464,7 @@ def test_saving_a_profile_leaves_a_users_tmp_file_alone(tmp_path):
 
 
 def test_staged_files_never_take_a_users_file(tmp_path):
-    from engine.atomic import staged_files
+    from pagesim.engine.atomic import staged_files
 
     target = tmp_path / "a.pdf"
     stray = tmp_path / f"a.pdf.{os.getpid()}.tmp"  # the staging name of older versions
@@ -476,8 +477,8 @@ def test_staged_files_never_take_a_users_file(tmp_path):
 
 
 def test_trace_gen_leaves_a_users_tmp_file_alone(tmp_path):
-    from traces.generate import Fixed, Poisson, WorkloadSpec, generate
-    from traces.loaders import load_trace, write_jsonl
+    from pagesim.traces.generate import Fixed, Poisson, WorkloadSpec, generate
+    from pagesim.traces.loaders import load_trace, write_jsonl
 
     trace = generate(WorkloadSpec(num_requests=5, arrivals=Poisson(4.0), prompt=Fixed(7), output=Fixed(3), seed=0))
     stray = tmp_path / f".t.jsonl.tmp{os.getpid()}"  # the staging name of older versions
@@ -489,7 +490,7 @@ def test_trace_gen_leaves_a_users_tmp_file_alone(tmp_path):
 
 # ----------------------------------------------------------------------------- engine.outputs itself
 def test_an_output_that_changes_kind_during_the_work_is_kept_and_named(tmp_path):
-    from engine.outputs import OutputFile
+    from pagesim.engine.outputs import OutputFile
 
     target = tmp_path / "r.json"
     output = OutputFile(target, "-o")  # checked: nothing there
@@ -503,7 +504,7 @@ def test_an_output_that_changes_kind_during_the_work_is_kept_and_named(tmp_path)
 
 
 def test_an_own_file_is_never_opened_through_a_link_or_as_a_fifo(tmp_path):
-    from engine.output_folders import own_opener
+    from pagesim.engine.output_folders import own_opener
 
     victim = tmp_path / "victim"
     victim.write_text("keep me\n")
@@ -516,7 +517,7 @@ def test_an_own_file_is_never_opened_through_a_link_or_as_a_fifo(tmp_path):
 
 
 def test_a_private_file_stays_private_when_replaced(tmp_path):
-    from engine.outputs import OutputFile
+    from pagesim.engine.outputs import OutputFile
 
     target = tmp_path / "r.json"
     target.write_text("old")
@@ -527,7 +528,7 @@ def test_a_private_file_stays_private_when_replaced(tmp_path):
 
 
 def test_appending_writes_through_a_link_and_never_replaces(tmp_path):
-    from engine.outputs import OutputFile
+    from pagesim.engine.outputs import OutputFile
 
     real = tmp_path / "results.jsonl"
     real.write_text('{"a": 1}\n')

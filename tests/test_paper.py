@@ -1,4 +1,4 @@
-"""The PagedAttention reproduction (sim/paper.py): its derivation and its command line."""
+"""The PagedAttention reproduction (pagesim/sim/paper.py): its derivation and its command line."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from engine.cli import main
-from sim.cost.base import StepWork
-from sim.paper import CALIBRATION_POINT, PAPER, PaperSetup, derived_engine_overhead
-from sim.setup import build
-from traces.generate import generate, workload_spec
+from pagesim.engine.cli import main
+from pagesim.sim.cost.base import StepWork
+from pagesim.sim.paper import CALIBRATION_POINT, PAPER, PaperSetup, derived_engine_overhead
+from pagesim.sim.setup import build
+from pagesim.traces.generate import generate, workload_spec
 
 
 def test_derived_overhead_puts_the_roofline_at_the_papers_step_time():

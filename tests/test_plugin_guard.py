@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.policy.plugin_guard import PluginError
-from engine.policy.user_plugins import KINDS, load_plugin
+from pagesim.engine.cli import main
+from pagesim.engine.policy.plugin_guard import PluginError
+from pagesim.engine.policy.user_plugins import KINDS, load_plugin
 from tests.conftest import pure_python_only
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ SIM = ["simulate", "--no-progress", "--json", "--workload", "kwon2023-sharegpt",
 VICTIMS = """
 import sys
 
-from engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.preemption import VictimPolicy
 
 
 class Str(VictimPolicy):
@@ -81,7 +81,7 @@ class Fine(VictimPolicy):
         return candidates[-1]
 """
 EVICTION = """
-from engine.policy.eviction import EvictionPolicy
+from pagesim.engine.policy.eviction import EvictionPolicy
 
 
 class Garbage(EvictionPolicy):
@@ -114,8 +114,8 @@ class Empty(Garbage):
         return None
 """
 OTHERS = """
-from engine.policy.preemption import PreemptionMode
-from engine.policy.scheduler import Scheduler
+from pagesim.engine.policy.preemption import PreemptionMode
+from pagesim.engine.policy.scheduler import Scheduler
 
 
 class Capitalised(PreemptionMode):
@@ -219,16 +219,16 @@ def test_a_preemption_mode_and_a_scheduler_subclass_are_guarded(tmp_path, capsys
     err = refused(capsys, [*SIM, "--plugin", f"{path}:Misuses", "--scheduler", "misuses"])
     assert re.search(r"plugin '.*:Misuses': schedule\(\) raised ValueError: cannot abort request 'no-such-request': "
                      r"it is not unfinished in this scheduler \(in "
-                     rf"engine/policy/scheduler\.py line \d+, called from .*others\.py line "
+                     rf"pagesim/engine/policy/scheduler\.py line \d+, called from .*others\.py line "
                      rf"{line_of(OTHERS, 'no-such-request')}\)$", err), err
 
 
-@pure_python_only("engine.policy.scheduler", "the test makes a scheduler without its __init__")
+@pure_python_only("pagesim.engine.policy.scheduler", "the test makes a scheduler without its __init__")
 def test_a_scheduler_subclass_lets_pagesims_own_errors_through(tmp_path, monkeypatch):
     """An error class pagesim defines, raised below the plug-in, keeps its type, so the command's
     own handling applies (``simulate`` restates vLLM 0.6.3's abort)."""
-    from engine.policy.scheduler import Scheduler
-    from engine.policy.steps.vllm_v0 import VllmV0Abort
+    from pagesim.engine.policy.scheduler import Scheduler
+    from pagesim.engine.policy.steps.vllm_v0 import VllmV0Abort
 
     def abort(self):
         raise VllmV0Abort("as vLLM 0.6.3 would")
@@ -262,7 +262,7 @@ def test_a_guarded_class_is_still_the_users_class(tmp_path):
 def test_a_plugin_file_calling_sys_exit_fails_the_run(tmp_path):
     """In a real process: `pagesim simulate` used to exit 0 having simulated nothing."""
     path = write(tmp_path, "import sys\n\nsys.exit(0)\n", "exits.py")
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", *SIM, "--plugin", f"{path}:X"],
+    proc = subprocess.run([sys.executable, "-m", "pagesim.engine.cli", *SIM, "--plugin", f"{path}:X"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == (f"pagesim simulate: error: plugin '{path}:X': {path} line 3: SystemExit: the file called "
@@ -277,10 +277,10 @@ def test_a_plugin_file_raising_keyboard_interrupt_is_reported(tmp_path, capsys):
 
 
 def test_sigterm_during_a_plugin_import_still_interrupts(tmp_path):
-    """``engine.cli.Terminated`` (SIGTERM) is a real interruption, never the file's failure."""
-    from engine.cli import Terminated
+    """``pagesim.engine.cli.Terminated`` (SIGTERM) is a real interruption, never the file's failure."""
+    from pagesim.engine.cli import Terminated
 
-    path = write(tmp_path, "from engine.cli import Terminated\nraise Terminated()\n", "term.py")
+    path = write(tmp_path, "from pagesim.engine.cli import Terminated\nraise Terminated()\n", "term.py")
     with pytest.raises(Terminated):
         load_plugin(f"{path}:X")
 
@@ -296,7 +296,8 @@ def test_keyboard_interrupt_in_a_method_stays_an_interruption(tmp_path):
 @pytest.fixture
 def nothing_built(monkeypatch):
     """Fail the test if a scheduler (and so a KV cache) is built."""
-    import sim.setup
+    from pagesim import sim
+    import pagesim.sim.setup
 
     def build_nothing(name):
         pytest.fail(f"a scheduler was built ({name})")
@@ -317,7 +318,8 @@ def test_too_many_replicas_are_refused_before_anything_is_built(capsys, nothing_
      r"1024 replicas x \(100,000 GPU blocks \+ 2,048 CPU \(swap and offload\) blocks\) = 104,497,152 blocks, more than the 50,000,000"),
 ])
 def test_a_kv_cache_too_large_to_build_is_refused_before_it_is_built(capsys, monkeypatch, flags, message):
-    import sim.setup
+    from pagesim import sim
+    import pagesim.sim.setup
 
     if "--replicas" in flags:  # the first replica is built (and checked alone), the other 1023 are not
         built = []
@@ -333,7 +335,8 @@ def test_a_kv_cache_too_large_to_build_is_refused_before_it_is_built(capsys, mon
 
 
 def test_a_memory_error_prints_its_own_message(capsys, monkeypatch):
-    import sim.setup
+    from pagesim import sim
+    import pagesim.sim.setup
 
     def exhausted(*args, **kwargs):
         raise MemoryError
@@ -347,8 +350,8 @@ def test_a_memory_error_prints_its_own_message(capsys, monkeypatch):
 CORRECT = """
 import numpy as np
 
-from engine.policy.eviction import LRUPolicy
-from engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.eviction import LRUPolicy
+from pagesim.engine.policy.preemption import VictimPolicy
 
 
 class NoPick(Exception):

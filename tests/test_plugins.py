@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.policy.user_plugins import KINDS, SCHEDULERS, load_plugin, scheduler_class, source_digest
-from reports.spec import SpecError, parse_spec, run_id
+from pagesim.engine.cli import main
+from pagesim.engine.policy.user_plugins import KINDS, SCHEDULERS, load_plugin, scheduler_class, source_digest
+from pagesim.reports.spec import SpecError, parse_spec, run_id
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{ROOT / 'examples' / 'most_remaining_victim.py'}:MostRemainingVictim"
@@ -23,7 +23,7 @@ SIM = ["simulate", "--no-progress", "--json", "--workload", "kwon2023-sharegpt",
        "--num-gpu-blocks", "300"]
 
 VICTIM = """
-from engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.preemption import VictimPolicy
 
 class CountingVictim(VictimPolicy):
     name = "counting"
@@ -35,7 +35,7 @@ class CountingVictim(VictimPolicy):
 """
 EVICTION = """
 from collections import OrderedDict
-from engine.policy.eviction import EvictionPolicy
+from pagesim.engine.policy.eviction import EvictionPolicy
 
 class MostRecentFirst(EvictionPolicy):  # no `name`: registered as the class name
     def __init__(self, stats):
@@ -58,7 +58,7 @@ class MostRecentFirst(EvictionPolicy):  # no `name`: registered as the class nam
         return block_id in self._order
 """
 MODE = """
-from engine.policy.preemption import PreemptionMode
+from pagesim.engine.policy.preemption import PreemptionMode
 
 class AlwaysSwap(PreemptionMode):
     name = "always-swap"
@@ -67,7 +67,7 @@ class AlwaysSwap(PreemptionMode):
         return "swap"
 """
 SCHEDULER = """
-from engine.policy.scheduler import Scheduler
+from pagesim.engine.policy.scheduler import Scheduler
 
 class CountingScheduler(Scheduler):
     name = "counting-scheduler"
@@ -142,7 +142,7 @@ BAD_SPECS = [
     ("{dir}/raises.py:X", r"raises\.py line 2: RuntimeError: boom"),
 ]
 OTHER = """
-from engine.policy.preemption import PreemptionMode, VictimPolicy
+from pagesim.engine.policy.preemption import PreemptionMode, VictimPolicy
 
 CONSTANT = 3
 
@@ -261,8 +261,8 @@ victim = ["running-tail", "most-remaining"]
 
 
 def test_a_study_runs_plugins_in_worker_processes(tmp_path):
-    from reports.execute import run_study
-    from reports.store import ResultsStore
+    from pagesim.reports.execute import run_study
+    from pagesim.reports.store import ResultsStore
 
     spec = parse_spec(STUDY.format(example=EXAMPLE), allow_plugins=True)
     outcome = run_study(spec, tmp_path / "study", workers=2, progress=False)
@@ -280,7 +280,7 @@ def test_the_example_study_spec_is_valid(monkeypatch):
 
 
 def test_a_spawned_worker_loads_the_plugin_itself(tmp_path):
-    from reports.runner import run_one
+    from pagesim.reports.runner import run_one
 
     runs = parse_spec(STUDY.format(example=EXAMPLE), allow_plugins=True).runs()
     config = next(c for c in runs if c["victim"] == "most-remaining")

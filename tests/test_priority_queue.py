@@ -1,7 +1,7 @@
 """Priority scheduling (vLLM 0.33's ``SchedulerConfig(policy="priority")``): the waiting queue
 against a plain sorted-list model, and the setting refused where it does not apply, by name.
 
-The queue (``engine/policy/waiting_queue.py``) must pop requests in the order vLLM's heap does,
+The queue (``pagesim/engine/policy/waiting_queue.py``) must pop requests in the order vLLM's heap does,
 ``(priority, arrival time, request id)``, whatever mix of pushes (new arrivals, preempted
 requests put back with ``appendleft``), pops and removals (aborts) reaches it; the model is a
 list kept sorted by that key.
@@ -14,9 +14,9 @@ from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.policy import make_config
-from engine.policy.request import Request
-from engine.policy.waiting_queue import PriorityWaitingQueue, priority_key
+from pagesim.engine.policy import make_config
+from pagesim.engine.policy.request import Request
+from pagesim.engine.policy.waiting_queue import PriorityWaitingQueue, priority_key
 
 
 class PriorityQueueAgainstSortedList(RuleBasedStateMachine):
@@ -94,7 +94,7 @@ def test_vllm_v0_order_refuses_priority_scheduling():
 
 
 def test_simulate_takes_the_flag_and_refuses_a_bad_name(capsys):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     with pytest.raises(SystemExit):
         main(["simulate", "--scheduling-policy", "lottery"])
@@ -105,7 +105,7 @@ def test_simulate_takes_the_flag_and_refuses_a_bad_name(capsys):
 def test_the_engine_refuses_priority_scheduling_for_now(command, capsys):
     # an un-scheduled victim's blocks stay registered in the prefix cache unwritten (vLLM 0.33 too):
     # the engine refuses the policy until --check-reference has been run against that
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     argv = [command, "--workload", "kwon2023-alpaca", "--rate", "4", "--num-requests", "2", "--model", "tiny",
             "--scheduling-policy", "priority"]

@@ -1,4 +1,4 @@
-"""A profile that knows when it no longer describes the machine (``engine.calibrate.probe``):
+"""A profile that knows when it no longer describes the machine (``pagesim.engine.calibrate.probe``):
 the load it was measured under, its probe re-timed, and its fingerprint, in ``validate`` and
 ``simulate --check-profile``."""
 
@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from engine.calibrate.probe import BUSY_SHARE, PROBE_POINT_S, PROBE_TABLES, busy_words
-from sim.cost.profile import ProfileError, load_profile
+from pagesim.engine.calibrate.probe import BUSY_SHARE, PROBE_POINT_S, PROBE_TABLES, busy_words
+from pagesim.sim.cost.profile import ProfileError, load_profile
 
 torch = pytest.importorskip("torch")
 
-from engine.cli import main  # noqa: E402
+from pagesim.engine.cli import main  # noqa: E402
 from tests.calibration_support import calibrate_tiny  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def test_busy_conditions_are_named_in_words():
 
 
 def test_the_probe_re_timed_now_flags_a_profile_measured_slower(profile_path, tmp_path):
-    from engine.calibrate.probe import check_profile
+    from pagesim.engine.calibrate.probe import check_profile
 
     stale = load_profile(_edited(profile_path, tmp_path, _slower_at_calibration))
     check = check_profile(stale)
@@ -98,7 +98,7 @@ def test_the_probe_re_timed_now_flags_a_profile_measured_slower(profile_path, tm
 
 
 def test_a_probe_that_moved_during_calibration_says_the_machine_was_unsteady(profile_path, tmp_path):
-    from engine.calibrate.probe import check_profile
+    from pagesim.engine.calibrate.probe import check_profile
 
     unsteady = load_profile(_edited(profile_path, tmp_path, lambda d: _slower_at_calibration(d, 1000.0, tables=False)))
     words = " ".join(check_profile(unsteady, tolerance=9.0).warnings)
@@ -106,7 +106,7 @@ def test_a_probe_that_moved_during_calibration_says_the_machine_was_unsteady(pro
 
 
 def test_no_probe_a_busy_calibration_and_another_machine_are_each_a_warning(profile_path, tmp_path):
-    from engine.calibrate.probe import check_profile
+    from pagesim.engine.calibrate.probe import check_profile
 
     def edit(data):
         del data["probe"]
@@ -190,7 +190,7 @@ def test_simulate_checks_a_profile_when_asked(profile_path, tmp_path, capsys):
 
 
 def test_a_resumed_calibration_keeps_the_worst_load(monkeypatch):
-    import engine.calibrate.probe as probe
+    import pagesim.engine.calibrate.probe as probe
 
     class Clock:  # this stretch as a quiet machine gives it (2 s, all on the CPU), whatever this one is doing
         now_s = 0.0
@@ -212,7 +212,7 @@ def test_a_resumed_calibration_keeps_the_worst_load(monkeypatch):
 
 
 def test_load_share_is_judged_for_one_thread_only():
-    from engine.calibrate.probe import LoadMonitor
+    from pagesim.engine.calibrate.probe import LoadMonitor
 
     assert "cpu_share" in LoadMonitor("cpu", 1).conditions()
     assert "cpu_share" not in LoadMonitor("cpu", 2).conditions()  # serial parts keep it low on a quiet machine too
@@ -220,7 +220,7 @@ def test_load_share_is_judged_for_one_thread_only():
 
 
 def test_a_probe_that_cannot_run_here_is_a_warning_not_a_traceback(profile_path, monkeypatch):
-    import engine.calibrate.probe as probe
+    import pagesim.engine.calibrate.probe as probe
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: out of memory\nmore lines")
@@ -232,7 +232,7 @@ def test_a_probe_that_cannot_run_here_is_a_warning_not_a_traceback(profile_path,
 
 
 def test_more_threads_than_cpus_is_a_fingerprint_difference(profile_path, tmp_path):
-    from engine.calibrate.probe import fingerprint_differences, usable_cpus
+    from pagesim.engine.calibrate.probe import fingerprint_differences, usable_cpus
 
     wide = load_profile(_edited(profile_path, tmp_path, lambda d: d["settings"].update(threads=usable_cpus() + 3)))
     assert f"CPU threads: profile {usable_cpus() + 3}, here {usable_cpus()} CPUs usable" in fingerprint_differences(wide)
@@ -250,7 +250,7 @@ def test_calibrating_a_complete_profile_again_keeps_it_and_its_probe(profile_pat
 def test_the_load_judged_is_the_worst_sampled_during_the_run_not_the_minute_before(monkeypatch):
     """``load_average_max`` is the highest load sampled while the calibration ran (after each
     table and at the end); the load when it started is reported beside it, and may be higher."""
-    from engine.calibrate import probe
+    from pagesim.engine.calibrate import probe
 
     loads = iter([3.0, 1.0, 2.0, 1.5])  # at the start, after two tables, at the end
     monkeypatch.setattr(probe, "load_average", lambda: next(loads))

@@ -1,4 +1,4 @@
-"""``pagesim replay`` (sim/replay.py, sim/replay_cli.py): an inference-perf run through the simulator.
+"""``pagesim replay`` (pagesim/sim/replay.py, pagesim/sim/replay_cli.py): an inference-perf run through the simulator.
 
 The comparison is checked on request tables written by hand (errors, percentiles, per token,
 timeouts as failures); the command on small runs written here (the model, TP and limits from
@@ -13,11 +13,11 @@ import json
 import numpy as np
 import pytest
 
-from engine.cli import main
-from sim.metrics import COMPLETED, TIMED_OUT, RequestMetrics
-from sim.replay import Comparison, compare, median_abs_errors, per_token, predicted_figures
+from pagesim.engine.cli import main
+from pagesim.sim.metrics import COMPLETED, TIMED_OUT, RequestMetrics
+from pagesim.sim.replay import Comparison, compare, median_abs_errors, per_token, predicted_figures
 from tests.test_inference_perf_reader import GROUNDTRUTH, config, metrics_file, write_run
-from traces.inference_perf import read_inference_perf
+from pagesim.traces.inference_perf import read_inference_perf
 
 SMALL_MODEL = {"model": "meta-llama/Llama-3.1-8B-Instruct", "tensor_parallelism": 1, "max_model_len": 2048,
                "max_num_batched_tokens": 1024, "max_num_seqs": 16}

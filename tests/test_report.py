@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from reports.execute import run_study
-from reports.findings import best_settings, findings
-from reports.pdf import build_report, report_pages
-from reports.results import load_study
-from reports.spec import parse_spec
-from reports.table_pages import all_runs
+from pagesim.reports.execute import run_study
+from pagesim.reports.findings import best_settings, findings
+from pagesim.reports.pdf import build_report, report_pages
+from pagesim.reports.results import load_study
+from pagesim.reports.spec import parse_spec
+from pagesim.reports.table_pages import all_runs
 from tests.test_study import SMALL
 
 # vLLM 0.6.3's swap with no swap space, under load: a run that fails while it runs (one that cannot be
@@ -131,7 +131,7 @@ def test_pages_without_data_are_left_out_and_named(tmp_path):
 
 
 def test_kwon2023_preset_prints_the_papers_numbers_beside_ours(tmp_path):
-    from reports.presets import KWON2023
+    from pagesim.reports.presets import KWON2023
 
     spec = parse_spec(KWON2023, ["source.num_requests=40", "grid.2.block_size=[8, 16]", "grid.3.block_size=[16]",
                                  "grid.4.block_size=[16, 64]"])
@@ -146,7 +146,7 @@ def test_kwon2023_preset_prints_the_papers_numbers_beside_ours(tmp_path):
     for expected in ("PagedAttention (Kwon et al., SOSP 2023)", "Fig. 2 memory holding tokens", "20.4%", "96.3%",
                      "Fig. 13 batched requests, Alpaca @ 30 req/s", "132.44", "parallel n=6", "beam width=4", "53.1%"):
         assert expected in text, expected
-    from reports.paper_pages import comparison_rows
+    from pagesim.reports.paper_pages import comparison_rows
 
     rows = comparison_rows(study)
     assert len(rows) == 4 + 8 + 6 and all(row[3] != "-" for row in rows), rows

@@ -15,13 +15,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reports.execute import _write_study
-from reports.findings import AXIS_NAMES, findings
-from reports.pdf import LOAD_PAGES, cover_lines, report_pages
-from reports.results import load_study
-from reports.spec import parse_spec, run_id
-from reports.store import ResultsStore
-from reports.table_pages import all_runs
+from pagesim.reports.execute import _write_study
+from pagesim.reports.findings import AXIS_NAMES, findings
+from pagesim.reports.pdf import LOAD_PAGES, cover_lines, report_pages
+from pagesim.reports.results import load_study
+from pagesim.reports.spec import parse_spec, run_id
+from pagesim.reports.store import ResultsStore
+from pagesim.reports.table_pages import all_runs
 from tests.conftest import scaled_examples
 
 AXES = {

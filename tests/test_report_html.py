@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from reports.execute import run_study
-from reports.pdf import build_report
-from reports.results import load_study
-from reports.spec import parse_spec
+from pagesim.reports.execute import run_study
+from pagesim.reports.pdf import build_report
+from pagesim.reports.results import load_study
+from pagesim.reports.spec import parse_spec
 from tests.test_study import SMALL
 
 # vLLM 0.6.3's swap with no swap space, under load: a run that fails while it runs (one that cannot be
@@ -64,8 +64,8 @@ def test_self_contained(report):
 
 
 def test_split_all_runs_pages_become_one_table(tmp_path):
-    from reports import html as report_html
-    from reports.style import Page, Table
+    from pagesim.reports import html as report_html
+    from pagesim.reports.style import Page, Table
 
     header = ["run", "block_\nsize", "load", "throughput\n(tok/s)"]
     pages = [Page("All runs (1 of 2)", "Every run: rows 1-2 of 3.", None, Table(header, [["aa", "8", "past", "1,200"], ["bb", "16", "failed", "-"]])),

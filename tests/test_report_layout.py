@@ -2,7 +2,7 @@
 off the page, no blocks (title, caption, legend, panels) on top of one another; every page draws.
 
 The checks (``tests/report_layout.py``) measure the drawn matplotlib figures of
-``reports.pdf.report_pages`` for two studies: the demo preset with fewer requests (every kind of
+``pagesim.reports.pdf.report_pages`` for two studies: the demo preset with fewer requests (every kind of
 page: 3-axis small multiples, 2-axis heatmaps, 1-axis bars, load curves, time series, stack plots,
 preemption bars, prefix-cache lines, tables) and a study with one 2-D grid. The checkers are
 themselves tested on figures built to fail and to pass.
@@ -37,10 +37,10 @@ TWO_AXES = 'block_size = [8, 16, 32]\neviction = ["lru", "fifo"]\n'
 
 
 def _spec(name: str):
-    from reports.spec import parse_spec
+    from pagesim.reports.spec import parse_spec
 
     if name == "demo":
-        from reports.presets import DEMO
+        from pagesim.reports.presets import DEMO
 
         return parse_spec(DEMO, ["source.num_requests=120", "source.rate=6.0"], origin="demo")  # rate 6: preempts
     from tests.test_study import SMALL
@@ -94,9 +94,9 @@ def _legend_onto_data(fig) -> bool:
 @pytest.fixture(scope="module", params=["demo", "two-axes"])
 def checked(request, tmp_path_factory) -> Checked:
     """Build the study, make its report pages, check and draw each page once, close the figures."""
-    from reports.execute import run_study
-    from reports.pdf import report_pages
-    from reports.results import load_study
+    from pagesim.reports.execute import run_study
+    from pagesim.reports.pdf import report_pages
+    from pagesim.reports.results import load_study
 
     out = tmp_path_factory.mktemp(request.param)
     run_study(_spec(request.param), out, workers=2, progress=False)

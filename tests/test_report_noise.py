@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from reports.execute import run_study
-from reports.findings import axis_findings, best_settings, findings
-from reports.noise import Estimate, compare, estimate, t95
-from reports.results import load_study, settings
-from reports.spec import SpecError, parse_spec
+from pagesim.reports.execute import run_study
+from pagesim.reports.findings import axis_findings, best_settings, findings
+from pagesim.reports.noise import Estimate, compare, estimate, t95
+from pagesim.reports.results import load_study, settings
+from pagesim.reports.spec import SpecError, parse_spec
 
 BASE = """
 name = "noise"
@@ -24,7 +24,7 @@ seed = [0, 1, 2]
 """
 
 NOOP_SCHEDULER = """
-from engine.policy.scheduler import Scheduler
+from pagesim.engine.policy.scheduler import Scheduler
 
 
 class SameAsDefault(Scheduler):
@@ -101,8 +101,8 @@ def test_seeds_that_change_nothing_and_one_sided_seeds_fall_back_to_the_threshol
 
 
 def test_gaps_are_relative_to_the_value_compared_with():
-    from reports.findings import compared
-    from reports.results import M
+    from pagesim.reports.findings import compared
+    from pagesim.reports.results import M
 
     thr = M["throughput_tokens_s"]
     assert compared(thr, 1270.0, 507.5, "the next") == "2.5x the next"
@@ -115,7 +115,7 @@ def test_gaps_are_relative_to_the_value_compared_with():
 
 
 def test_a_run_without_preemption_counts_has_none_not_zero():
-    from reports.results import metric
+    from pagesim.reports.results import metric
 
     assert metric({"summary": {}}, "preemptions_total") is None
     assert metric({"summary": {"preemptions": {}}}, "preemptions_total") == 0.0
@@ -133,7 +133,7 @@ def test_a_base_value_no_run_has_is_replaced_by_the_runs_value(tmp_path):
 
 def test_seeds_that_change_nothing_are_named_and_judged_by_the_threshold(tmp_path):
     """A trace rescaled to a rate draws nothing from the seed: the findings say so."""
-    from reports.findings import noise_rule
+    from pagesim.reports.findings import noise_rule
 
     trace = tmp_path / "t.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(

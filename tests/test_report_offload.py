@@ -12,17 +12,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from reports.execute import _write_study, run_study
-from reports.findings import findings
-from reports.html import HtmlReport
-from reports.offload import Sweep, offload_findings, offload_grids
-from reports.offload_pages import TITLE, offload_pages
-from reports.pdf import build_report, iter_report_pages
-from reports.results import load_study, metric
-from reports.runner import _run_spec
-from reports.spec import SpecError, parse_spec, run_id
-from reports.store import ResultsStore
-from reports.table_pages import all_runs
+from pagesim.reports.execute import _write_study, run_study
+from pagesim.reports.findings import findings
+from pagesim.reports.html import HtmlReport
+from pagesim.reports.offload import Sweep, offload_findings, offload_grids
+from pagesim.reports.offload_pages import TITLE, offload_pages
+from pagesim.reports.pdf import build_report, iter_report_pages
+from pagesim.reports.results import load_study, metric
+from pagesim.reports.runner import _run_spec
+from pagesim.reports.spec import SpecError, parse_spec, run_id
+from pagesim.reports.store import ResultsStore
+from pagesim.reports.table_pages import all_runs
 from tests.report_layout import layout_problems
 from tests.test_report_grids import fake_record
 

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.policy import Scheduler, make_config
-from engine.policy.steps.vllm_v0 import VllmV0Abort
-from engine.policy.swap_pool import SwapSpaceExhausted
-from sim.metrics import COMPLETED, TIMED_OUT, admitted_rows
-from sim.simulator import SimOptions, Simulation
+from pagesim.engine.policy import Scheduler, make_config
+from pagesim.engine.policy.steps.vllm_v0 import VllmV0Abort
+from pagesim.engine.policy.swap_pool import SwapSpaceExhausted
+from pagesim.sim.metrics import COMPLETED, TIMED_OUT, admitted_rows
+from pagesim.sim.simulator import SimOptions, Simulation
 from tests.conftest import pure_python_only, scaled_examples
 from tests.test_sim_timeline import LinearCost, paged, timeline, times, trace
 from tests.test_skip_ahead import ContextCost, assert_same_results, configs, roofline, workloads
@@ -147,7 +147,7 @@ def test_a_closed_loop_client_sends_the_next_request_when_one_times_out():
 
 
 def test_the_contiguous_baseline_aborts_alike():
-    from engine.policy import ContiguousScheduler
+    from pagesim.engine.policy import ContiguousScheduler
 
     config = make_config("pagesim", num_gpu_blocks=32, block_size=4, enable_prefix_caching=False,
                          record_decisions=True)
@@ -230,13 +230,14 @@ def test_the_property_test_sees_aborts_during_skips():
     assert plain.summary["requests_timed_out"] == 6 and plain.summary["requests_completed"] == 1
 
 
-@pure_python_only("sim.replica", "the test spies on the fast path's calls")
+@pure_python_only("pagesim.sim.replica", "the test spies on the fast path's calls")
 def test_the_step_after_an_abort_may_be_a_decode_step(monkeypatch):
     """r0 and r1 decode (max_num_seqs 2) while r2 waits; r0 times out, and the next step decodes r1
     and admits r2: with skip-ahead a ``DecodeStep``, whose record lists the abort as
     ``schedule()``'s does."""
-    import sim.replica
-    from engine.policy import fast_forward
+    from pagesim import sim
+    import pagesim.sim.replica
+    from pagesim.engine.policy import fast_forward
 
     calls = []
 
@@ -259,7 +260,7 @@ def test_the_step_after_an_abort_may_be_a_decode_step(monkeypatch):
 def test_skipping_past_a_deadline_is_caught(monkeypatch):
     """The comparison has teeth: a skip bounded by the next arrival only runs past the deadline,
     and the abort lands steps late."""
-    from sim.replica import Replica
+    from pagesim.sim.replica import Replica
 
     monkeypatch.setattr(Replica, "_next_event_s",  # (deadlines ignored)
                         lambda self, arrivals=True: self.next_arrival_s if arrivals else math.inf)
@@ -286,7 +287,7 @@ def test_cli_summary_with_a_timeout_is_the_same_without_skip_ahead(capsys, extra
                                           ("0", "got 0.0"), ("inf", "got inf"), ("nan", "got nan"),
                                           ("soon", "takes a number of seconds, got 'soon'")])
 def test_bad_timeouts_are_one_line_errors(capsys, value, words):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["simulate", "--num-requests", "5", "--no-progress", "--request-timeout", value])
@@ -296,7 +297,7 @@ def test_bad_timeouts_are_one_line_errors(capsys, value, words):
 
 
 def test_the_command_refuses_a_negative_timeout():
-    done = subprocess.run([sys.executable, "-m", "engine.cli", "simulate", "--request-timeout", "-1",
+    done = subprocess.run([sys.executable, "-m", "pagesim.engine.cli", "simulate", "--request-timeout", "-1",
                            "--num-requests", "5", "--no-progress"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == ("pagesim simulate: error: --request-timeout must be a positive, finite number of seconds, "
@@ -304,7 +305,7 @@ def test_the_command_refuses_a_negative_timeout():
 
 
 def test_the_summary_says_how_many_timed_out(tmp_path, capsys):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     out = tmp_path / "out"
     assert main(["simulate", "--workload", "kwon2023-sharegpt", "--rate", "8", "--num-requests", "40",
@@ -340,7 +341,7 @@ request_timeout_s = [1.5, 30]
 
 
 def test_a_study_spec_takes_the_timeout_as_a_setting_and_an_axis():
-    from reports.spec import SpecError, parse_spec, run_id
+    from pagesim.reports.spec import SpecError, parse_spec, run_id
 
     spec = parse_spec(SPEC)
     assert sorted(c["request_timeout_s"] for c in spec.runs()) == [1.5, 30.0]
@@ -357,8 +358,8 @@ def test_a_study_spec_takes_the_timeout_as_a_setting_and_an_axis():
 
 
 def test_a_study_run_applies_its_timeout():
-    from reports.runner import run_one
-    from reports.spec import parse_spec
+    from pagesim.reports.runner import run_one
+    from pagesim.reports.spec import parse_spec
 
     results = {c["request_timeout_s"]: run_one(c) for c in parse_spec(SPEC).runs()}
     short, long = results[1.5]["summary"], results[30.0]["summary"]
@@ -375,7 +376,7 @@ def test_the_engine_aborts_between_steps_on_its_clock():
     pytest.importorskip("torch")
     import copy
 
-    from engine.runtime.reference import check_outputs
+    from pagesim.engine.runtime.reference import check_outputs
     from tests.engine_support import make_engine, prompt_of, request
 
     engine = make_engine(block_size=4, num_gpu_blocks=32, record_decisions=True)

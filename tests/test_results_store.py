@@ -11,11 +11,11 @@ import warnings
 
 import pytest
 
-from reports.execute import run_study
-from reports.pdf import build_report
-from reports.results import load_study
-from reports.spec import parse_spec, run_id
-from reports.store import ResultsStore, ResultsWarning, parse_record
+from pagesim.reports.execute import run_study
+from pagesim.reports.pdf import build_report
+from pagesim.reports.results import load_study
+from pagesim.reports.spec import parse_spec, run_id
+from pagesim.reports.store import ResultsStore, ResultsWarning, parse_record
 
 TINY = """
 name = "tiny"
@@ -215,8 +215,8 @@ def test_a_bad_study_json_is_one_error_naming_it(tmp_path, content, why):
 
 
 def test_the_command_line_shows_the_warning_as_one_line(tmp_path, capsys):
-    from reports.store import ResultsWarning
-    from traces.source import reported_warnings
+    from pagesim.reports.store import ResultsWarning
+    from pagesim.traces.source import reported_warnings
 
     store = ResultsStore(tmp_path / "results.jsonl")
     store.path.write_bytes(b"\x00\n" + line(record("a")))

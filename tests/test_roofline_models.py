@@ -3,7 +3,7 @@ DeepSeek V3, Qwen3 MoE, gpt-oss), FP8 weights, MLA, sliding windows, an fp8 KV c
 parallelism, and the refusal of weights that do not fit; plus GPU aliases through the CLI.
 
 As in ``tests/test_cost_model.py``, the expected values are written out by hand from the formulas
-in ``sim/cost/roofline.py``'s docstring and the datasheet numbers in ``sim/hardware.py`` (H100 SXM:
+in ``pagesim/sim/cost/roofline.py``'s docstring and the datasheet numbers in ``pagesim/sim/hardware.py`` (H100 SXM:
 3,350 GB/s HBM, 989 / 1,979 TFLOPS bf16 / fp8 dense, 450 GB/s NVLink one way; H200: 4,800 GB/s,
 the same peaks; A100 80 GB: 2,039 GB/s, 312 TFLOPS, no fp8), with the model shapes as literals,
 so they do not reuse the module's own arithmetic.
@@ -18,13 +18,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.cli import main
-from engine.model_presets import MODEL_PRESETS
-from engine.policy.output import ScheduledSequence, SchedulerOutput
-from sim.cost.base import TERMS, StepWork
-from sim.cost.roofline import RooflineCostModel, RooflineParams
-from sim.deployment import Deployment, GiB
-from sim.hardware import GPU_PRESETS, get_gpu_preset
+from pagesim.engine.cli import main
+from pagesim.engine.model_presets import MODEL_PRESETS
+from pagesim.engine.policy.output import ScheduledSequence, SchedulerOutput
+from pagesim.sim.cost.base import TERMS, StepWork
+from pagesim.sim.cost.roofline import RooflineCostModel, RooflineParams
+from pagesim.sim.deployment import Deployment, GiB
+from pagesim.sim.hardware import GPU_PRESETS, get_gpu_preset
 from tests.conftest import scaled_examples
 
 # Datasheet numbers at the default efficiencies (mem 0.8, mfu 0.7, attention 0.5, link 0.7)

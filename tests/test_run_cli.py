@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from engine.cli import main
-from engine.model import random_model, save_pretrained
+from pagesim.engine.cli import main
+from pagesim.engine.model import random_model, save_pretrained
 from tests.engine_support import TINY
 
 BASE = ["run", "--workload", "kwon2023-alpaca", "--num-requests", "16", "--model", "tiny", "--block-size", "8",
@@ -40,7 +40,7 @@ def test_issue_commands(capsys, extra, mode):
 
 
 def test_out_dir_holds_the_decision_log_and_tables(tmp_path, capsys):
-    from engine.policy import DecisionLog
+    from pagesim.engine.policy import DecisionLog
 
     out = tmp_path / "run"
     assert main(["run", "--workload", "kwon2023-alpaca", "--num-requests", "4", "--num-gpu-blocks", "64",

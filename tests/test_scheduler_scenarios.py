@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.policy import CostPreemption, Request, Scheduler, SwapSpaceExhausted, make_config
+from pagesim.engine.policy import CostPreemption, Request, Scheduler, SwapSpaceExhausted, make_config
 
 TIMELINE_KEYS = (
     "step",
@@ -321,7 +321,7 @@ def test_decision_log_round_trips_through_jsonl(tmp_path):
     run_to_end(scheduler)
     path = tmp_path / "log.jsonl"
     scheduler.decision_log.write_jsonl(path)
-    from engine.policy import DecisionLog
+    from pagesim.engine.policy import DecisionLog
 
     again = DecisionLog.read_jsonl(path)
     assert again == scheduler.decision_log

@@ -1,4 +1,4 @@
-"""``engine/policy/seed0_set.py``: strings that hash as under ``PYTHONHASHSEED=0``, so the
+"""``pagesim/engine/policy/seed0_set.py``: strings that hash as under ``PYTHONHASHSEED=0``, so the
 policy's sets of request ids walk in vLLM's order whatever seed this process has.
 
 Checked against a real child interpreter started with ``PYTHONHASHSEED=0``, and end to end: the
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from engine.policy.seed0_set import Seed0Str, seed0_hash
+from pagesim.engine.policy.seed0_set import Seed0Str, seed0_hash
 from tests.conftest import ORACLE_CASES, golden_log
 
 # every storage width CPython uses (1, 2 and 4 bytes a character), lengths around SipHash's
@@ -58,7 +58,7 @@ OFFLOAD_CASES = [p for p in ORACLE_CASES if p.parent.name == "vllm-0.33-v1-offlo
 @pytest.mark.parametrize("hash_seed", ["1", "2"])  # (each made another decision before seed0_set.py)
 def test_offload_cases_make_vllms_decisions_under_another_hash_seed(hash_seed):
     cases = [(str(p), str(golden_log(p))) for p in OFFLOAD_CASES]
-    code = ("import contextlib, io, json; from engine.cli import main\n"
+    code = ("import contextlib, io, json; from pagesim.engine.cli import main\n"
             "out = []\n"
             f"for spec, golden in {cases!r}:\n"
             "    buf = io.StringIO()\n"

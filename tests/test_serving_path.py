@@ -1,4 +1,4 @@
-"""The serving path around the forward pass (sim/serving_path.py), on timelines added up by hand.
+"""The serving path around the forward pass (pagesim/sim/serving_path.py), on timelines added up by hand.
 
 ``LinearCost`` (test_sim_timeline) charges 1.0 s per step plus 0.1 s per computed token: a
 4-token prefill takes 1.4 s, a decode of n sequences 1.0 + 0.1 n s. The frontend terms used here
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim.serving_path import SERVING_PATHS, ServingPath, roofline_overrides, serving_path, serving_path_from_args
+from pagesim.sim.serving_path import SERVING_PATHS, ServingPath, roofline_overrides, serving_path, serving_path_from_args
 from tests.conftest import scaled_examples
 from tests.test_sim_timeline import LinearCost, paged, r9, simulate, timeline, times, trace
 
@@ -120,7 +120,7 @@ def test_named_paths_and_the_cli_default():
 
 
 def test_simulate_cli_states_the_path(tmp_path, capsys):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     out = tmp_path / "o"
     assert main(["simulate", "--workload", "shared-system-prompt", "--num-requests", "20", "--rate", "4",

@@ -1,6 +1,6 @@
 """``pagesim simulate`` end to end: the JSON summary, the --out files, determinism, bad input.
 
-Most runs go through ``engine.cli.main`` in-process (fast); the determinism check runs the
+Most runs go through ``pagesim.engine.cli.main`` in-process (fast); the determinism check runs the
 installed ``pagesim`` entry point twice in fresh interpreters, with different hash seeds, so that
 anything depending on ``PYTHONHASHSEED`` or process state would show.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from pagesim.engine.cli import main
 from tests.conftest import SHARED
 
 WORKLOAD = ["--workload", "kwon2023-sharegpt", "--rate", "4", "--num-requests", "50"]

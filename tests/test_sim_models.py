@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.model_presets import MODEL_PRESETS
-from sim.cost.base import StepWork
-from sim.cost.calibrated import CalibratedCostModel
-from sim.cost.profile import load_profile
+from pagesim.engine.model_presets import MODEL_PRESETS
+from pagesim.sim.cost.base import StepWork
+from pagesim.sim.cost.calibrated import CalibratedCostModel
+from pagesim.sim.cost.profile import load_profile
 from tests.conftest import SHARED
 from tests.test_sim_cli import simulate, simulate_json
 
@@ -66,7 +66,7 @@ def test_llama31_serves_the_long_context_trace(capsys):
 
 
 def test_the_calibrated_model_costs_sliding_layers_at_their_window():
-    profile = load_profile("sim/profiles/tiny-cpu.json")
+    profile = load_profile("pagesim/sim/profiles/tiny-cpu.json")
     plain, windowed = CalibratedCostModel(profile), CalibratedCostModel(profile)
     plain.check_model(MODEL_PRESETS["tiny"])
     windowed.check_model(MODEL_PRESETS["tiny-swa"])

@@ -1,4 +1,4 @@
-"""The simulator with KV offloading (``engine.policy.offload``): the host link's copies, the
+"""The simulator with KV offloading (``pagesim.engine.policy.offload``): the host link's copies, the
 per-tier metrics, and ``pagesim simulate``'s offload flags.
 
 The CLI runs replay a tiny Mooncake-like trace (``conversations``): 8 conversations, each
@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.cli import main
-from engine.policy import Scheduler, make_config
-from sim.cluster import Cluster
-from sim.router import make_router
-from sim.simulator import SimOptions, Simulation
-from traces.trace import Trace
+from pagesim.engine.cli import main
+from pagesim.engine.policy import Scheduler, make_config
+from pagesim.sim.cluster import Cluster
+from pagesim.sim.router import make_router
+from pagesim.sim.simulator import SimOptions, Simulation
+from pagesim.traces.trace import Trace
 from tests.test_sim_properties import LinearCost as SimLinearCost
 
 BLOCK_BYTES = 32 * 8 * 128 * 2 * 2 * 16  # llama3-8b bf16: one 16-token block of every layer, K and V
@@ -312,7 +312,7 @@ def test_bench_offload_smoke(tmp_path):
 
 
 def test_a_contiguous_baseline_refuses_offloading():
-    from sim.setup import RunSpec
+    from pagesim.sim.setup import RunSpec
 
     with pytest.raises(ValueError, match="--kv-offloading-size applies to the paged allocator only"):
         RunSpec(allocator="max", kv_offloading_gb=8.0)

@@ -24,12 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.policy import ContiguousScheduler, Scheduler, make_config
-from sim.cost.base import TERMS, CostModel, StepCost, StepWork
-from sim.metrics import COMPLETED, REJECTED
-from sim.simulator import SimOptions, Simulation
+from pagesim.engine.policy import ContiguousScheduler, Scheduler, make_config
+from pagesim.sim.cost.base import TERMS, CostModel, StepCost, StepWork
+from pagesim.sim.metrics import COMPLETED, REJECTED
+from pagesim.sim.simulator import SimOptions, Simulation
 from tests.conftest import pure_python_only, scaled_examples
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 PREFIX_BLOCK_TOKENS = 4
 
@@ -333,7 +333,7 @@ def test_contiguous_baseline_runs_beam_search(allocator):
 
 def brute_force_usage(sched: Scheduler):
     """KV usage recounted from every block table: a block holds the tokens its fullest holder wrote."""
-    from engine.policy.usage import KvUsage
+    from pagesim.engine.policy.usage import KvUsage
 
     bs, pool = sched.block_size, sched.pool
     held: dict[int, int] = {}
@@ -369,14 +369,14 @@ def recounted_run(trace: Trace, setup: dict) -> list:
     return checked
 
 
-@pure_python_only("engine.policy.scheduler", "the test replaces the scheduler's kv_usage with a checking one")
+@pure_python_only("pagesim.engine.policy.scheduler", "the test replaces the scheduler's kv_usage with a checking one")
 @settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_kv_usage_equals_a_recount_of_every_block_table(case):
     recounted_run(*case)
 
 
-@pure_python_only("engine.policy.scheduler", "the test replaces the scheduler's kv_usage with a checking one")
+@pure_python_only("pagesim.engine.policy.scheduler", "the test replaces the scheduler's kv_usage with a checking one")
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_kv_usage_recount_with_sharing_and_preemption(mode):
     # four samples per request share their prompt blocks; a tight pool forces preemptions

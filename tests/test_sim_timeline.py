@@ -17,11 +17,11 @@ import json
 import numpy as np
 import pytest
 
-from engine.policy import ContiguousScheduler, Scheduler, make_config
-from sim.cost.base import TERMS, CostModel, StepCost, StepWork
-from sim.metrics import COMPLETED, REJECTED
-from sim.simulator import SimOptions, Simulation
-from traces.trace import Trace
+from pagesim.engine.policy import ContiguousScheduler, Scheduler, make_config
+from pagesim.sim.cost.base import TERMS, CostModel, StepCost, StepWork
+from pagesim.sim.metrics import COMPLETED, REJECTED
+from pagesim.sim.simulator import SimOptions, Simulation
+from pagesim.traces.trace import Trace
 
 
 class LinearCost(CostModel):

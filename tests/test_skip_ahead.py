@@ -26,20 +26,20 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.policy import Scheduler, make_config
-from engine.policy import fast_forward
-from engine.policy.steps.vllm_v0 import VllmV0Abort
-from engine.policy.swap_pool import SwapSpaceExhausted
-from sim.cost.base import TERMS, CostModel, StepCost, StepWork
-from sim.cost.roofline import RooflineCostModel
-from sim.deployment import Deployment
-from sim.hardware import get_gpu_preset
-from sim.metrics import STEP_COLUMNS
-from sim.simulator import SimOptions, Simulation
-from engine.model_presets import get_model_preset
+from pagesim.engine.policy import Scheduler, make_config
+from pagesim.engine.policy import fast_forward
+from pagesim.engine.policy.steps.vllm_v0 import VllmV0Abort
+from pagesim.engine.policy.swap_pool import SwapSpaceExhausted
+from pagesim.sim.cost.base import TERMS, CostModel, StepCost, StepWork
+from pagesim.sim.cost.roofline import RooflineCostModel
+from pagesim.sim.deployment import Deployment
+from pagesim.sim.hardware import get_gpu_preset
+from pagesim.sim.metrics import STEP_COLUMNS
+from pagesim.sim.simulator import SimOptions, Simulation
+from pagesim.engine.model_presets import get_model_preset
 from tests.conftest import pure_python_only, scaled_examples
 from tests.test_sim_properties import shared_prefix_columns
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "output_tokens",
                    "generation_len", "preemptions", "status", "release_step")
@@ -116,7 +116,7 @@ def configs(draw, trace: Trace):
         settings_["preemption_mode"] = draw(st.sampled_from(["recompute", "swap"]))
         settings_["enable_prefix_caching"] = draw(st.booleans())
         settings_["eviction_policy"] = draw(st.sampled_from(["lru", "fifo", "lfu", "radix-leaf"]))
-        if settings_["enable_prefix_caching"]:  # now and then a second tier (engine/policy/offload)
+        if settings_["enable_prefix_caching"]:  # now and then a second tier (pagesim/engine/policy/offload)
             settings_["num_offload_blocks"] = draw(st.sampled_from([0, 0, 2, 16, 256]))
             settings_["offload_eviction_policy"] = draw(st.sampled_from(["lru", "arc", "lfu"]))
             if settings_["num_offload_blocks"]:
@@ -274,7 +274,7 @@ def check_carried_batches(trace: Trace, preset: str, settings_: dict, cost_model
         return got
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("sim.replica.decode_batch", checked)
+        patch.setattr("pagesim.sim.replica.decode_batch", checked)
         run(trace, preset, settings_, cost_model, skip_ahead=True, record=False)
     return len(carried_calls)
 
@@ -297,12 +297,13 @@ def test_decode_heavy_runs_mostly_skip(cost, caching):
     assert skipped > 0.7 * plain.summary["steps"]
 
 
-@pure_python_only("sim.skip_ahead", "the test counts the calls it makes to _plan_short")
+@pure_python_only("pagesim.sim.skip_ahead", "the test counts the calls it makes to _plan_short")
 @pytest.mark.parametrize("short_skip", [0, 10**9])
 def test_either_way_of_costing_a_skip_changes_nothing(short_skip, monkeypatch):
     """Every skip costed with numpy (``SHORT_SKIP`` 0), or every one in Python floats: the same
     decisions and metrics as step by step, so both paths are checked whatever the default."""
-    import sim.skip_ahead
+    from pagesim import sim
+    import pagesim.sim.skip_ahead
 
     monkeypatch.setattr(sim.skip_ahead, "SHORT_SKIP", short_skip)
     calls = Counter()
@@ -331,7 +332,8 @@ class CalledDecodeRoofline(RooflineCostModel):
 def test_short_skips_that_call_the_decode_function_change_nothing(monkeypatch):
     """``_plan_short``'s loop for a decode attention function it must call (every skip costed
     in Python floats)."""
-    import sim.skip_ahead
+    from pagesim import sim
+    import pagesim.sim.skip_ahead
 
     monkeypatch.setattr(sim.skip_ahead, "SHORT_SKIP", 10**9)
     model = lambda: CalledDecodeRoofline(Deployment(get_model_preset("llama3-8b"), get_gpu_preset("a100-80gb"), 1))  # noqa: E731
@@ -361,12 +363,13 @@ def test_tight_pool_with_preemptions_still_identical():
     assert plain.summary["preemptions"]["swap"] > 0 and skipped > 0
 
 
-@pure_python_only("sim.skip_ahead", "the test spies on the advance() calls it makes")
+@pure_python_only("pagesim.sim.skip_ahead", "the test spies on the advance() calls it makes")
 @pytest.mark.parametrize("preset, mode", [("pagesim", "swap"), ("pagesim", "recompute"), ("vllm-v0", "vllm-v0")])
 def test_skips_while_requests_are_swapped_out_or_waiting_under_either_order(preset, mode, monkeypatch):
     """Steps are skipped, identically, while a request waits or is swapped out (its queue's head
     refused for a reason decodes cannot change), under both step orders."""
-    import sim.skip_ahead
+    from pagesim import sim
+    import pagesim.sim.skip_ahead
 
     queues = Counter()
     real = fast_forward.advance
@@ -387,7 +390,7 @@ def test_skips_while_requests_are_swapped_out_or_waiting_under_either_order(pres
 
 def test_an_abort_between_steps_ends_a_refusal():
     """An aborted request frees blocks and batch room: the queue heads refused before may fit."""
-    from engine.policy import Request
+    from pagesim.engine.policy import Request
 
     s = Scheduler(make_config("pagesim", block_size=4, num_gpu_blocks=12, max_model_len=256, max_num_seqs=1))
     s.add_request(Request("a", 8, 40))
@@ -412,7 +415,7 @@ def test_comparison_has_teeth(monkeypatch):
 
 @pytest.mark.parametrize("extra", [[], ["--replicas", "3", "--router", "least-kv"]])
 def test_cli_summary_is_the_same_without_skip_ahead(capsys, extra):
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     args = ["simulate", "--workload", "kwon2023-sharegpt", "--rate", "8", "--num-requests", "60", "--json", "--no-progress", *extra]
     summaries = []
@@ -452,11 +455,11 @@ def test_recomputed_requests_hit_their_own_lazily_keyed_blocks(eviction):
     assert own_hits(log) > 0
 
 
-@pure_python_only("engine.policy.kv_manager", "the test replaces a KVCacheManager method its own methods call")
+@pure_python_only("pagesim.engine.policy.kv_manager", "the test replaces a KVCacheManager method its own methods call")
 def test_lazy_keys_comparison_has_teeth(monkeypatch):
     """A lazily keyed block that never gets its real key cannot be found by its recomputed owner:
     fewer hits, other decisions; caught."""
-    from engine.policy.kv_manager import KVCacheManager
+    from pagesim.engine.policy.kv_manager import KVCacheManager
 
     trace, settings_ = recompute_hits_own_blocks()
     monkeypatch.setattr(KVCacheManager, "_materialize", lambda self, seq: None)
@@ -467,9 +470,9 @@ def test_lazy_keys_comparison_has_teeth(monkeypatch):
 def test_lazy_keys_only_where_content_is_unique():
     """Named prompts keep eager keys (another request may share them); a prompt of unique content
     is lazy from block 0; one with prefix identities from the first block past them; n > 1 never."""
-    from engine.policy import Request
-    from engine.policy.block_pool import LAZY_KEY
-    from engine.policy.kv_manager import NEVER
+    from pagesim.engine.policy import Request
+    from pagesim.engine.policy.block_pool import LAZY_KEY
+    from pagesim.engine.policy.kv_manager import NEVER
 
     config = make_config("pagesim", block_size=4, num_gpu_blocks=64, max_model_len=256, enable_prefix_caching=True)
     sched = Scheduler(config)

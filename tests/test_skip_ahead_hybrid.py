@@ -2,13 +2,13 @@
 
 Two things are skipped here that ``tests/test_skip_ahead.py`` does not reach:
 
-- a **hybrid KV cache** (sliding-window layer groups, ``engine/policy/hybrid_kv.py``), whose
-  decodes drop the blocks that leave each window (``engine/policy/window_decode.py``): generated
+- a **hybrid KV cache** (sliding-window layer groups, ``pagesim/engine/policy/hybrid_kv.py``), whose
+  decodes drop the blocks that leave each window (``pagesim/engine/policy/window_decode.py``): generated
   layouts (sliding then full, full then sliding, all sliding, several sliding groups, two
   windows), windows from one token to a few blocks, prefix caching with every retention rule,
   every eviction policy, pools tight enough to preempt, parallel samples;
 - a **cost model with a sliding window** (``CostModel.attention_window``), whose windowed decode
-  context stops growing at the window (``sim.skip_ahead.window_contexts``): the roofline of a
+  context stops growing at the window (``pagesim.sim.skip_ahead.window_contexts``): the roofline of a
   windowed model (vectorized and short-skip forms) and a model with no vectorized form, also
   over caches that keep every block (``--disable-hybrid-kv-cache-manager``).
 
@@ -27,17 +27,17 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.model_presets import get_model_preset
-from engine.policy import fast_forward, window_decode
-from sim.cost.base import TERMS, StepCost, StepWork
-from sim.cost.roofline import RooflineCostModel
-from sim.deployment import Deployment
-from sim.hardware import get_gpu_preset
-from sim.skip_ahead import window_contexts
+from pagesim.engine.model_presets import get_model_preset
+from pagesim.engine.policy import fast_forward, window_decode
+from pagesim.sim.cost.base import TERMS, StepCost, StepWork
+from pagesim.sim.cost.roofline import RooflineCostModel
+from pagesim.sim.deployment import Deployment
+from pagesim.sim.hardware import get_gpu_preset
+from pagesim.sim.skip_ahead import window_contexts
 from tests.conftest import pure_python_only, scaled_examples
 from tests.test_skip_ahead import (RUN_STATS, ContextCost, assert_same, check_carried_batches, decode_heavy, roofline,
                                    run, workloads)
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 COST_WINDOW = 24  # the windowed cost models' window: reached within the generated runs
 
@@ -156,7 +156,7 @@ def test_tight_hybrid_pool_with_recomputes_still_identical():
     assert plain.summary["preemptions"]["recompute"] > 0 and skipped > 0
 
 
-@pure_python_only("sim.replica", "the test replaces queues_stay_refused, which the replica's loop calls")
+@pure_python_only("pagesim.sim.replica", "the test replaces queues_stay_refused, which the replica's loop calls")
 def test_a_head_refused_for_blocks_does_not_stay_refused_under_windows(monkeypatch):
     """Drops free blocks, so a waiting head refused for blocks may fit a few steps later: skipping
     on as if it stayed refused (as it does without windows) delays its admission; caught. Four
@@ -174,7 +174,7 @@ def test_a_head_refused_for_blocks_does_not_stay_refused_under_windows(monkeypat
         return not waiting or (hint is not None and hint[0] == s.next_step - 1 and not s._finished_in_last_update
                                and hint[1] in fast_forward.STABLE_WAITING_STOPS)
 
-    monkeypatch.setattr("sim.replica.queues_stay_refused", without_the_window_rule)
+    monkeypatch.setattr("pagesim.sim.replica.queues_stay_refused", without_the_window_rule)
     with pytest.raises(AssertionError, match="decision record"):
         assert_same(trace, "pagesim", settings_, windowed_roofline)
 
@@ -200,7 +200,7 @@ def test_roofline_windowed_decode_forms_match_step_cost():
 def summaries_with_and_without_skip_ahead(capsys, args: list[str]) -> list[dict]:
     """``pagesim`` ``args`` (a ``--json`` simulate) run twice, skip-ahead on then off: both summaries,
     less the wall time."""
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     summaries = []
     for flags in ([], ["--no-skip-ahead"]):

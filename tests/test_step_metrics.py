@@ -18,12 +18,12 @@ from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.policy.usage import KvUsage
-from sim.cost.base import TERMS, StepCost, StepWork
-from sim.bench_metrics import Slo
-from sim.metrics import COMPLETED, RequestMetrics, summarize
-from sim.step_metrics import KEPT_COLUMNS, NUM_COLUMNS, STEP_COLUMNS, StepMetrics
-from sim.step_sums import SUM_COLUMNS, SUM_KEYS, chunk_sums
+from pagesim.engine.policy.usage import KvUsage
+from pagesim.sim.cost.base import TERMS, StepCost, StepWork
+from pagesim.sim.bench_metrics import Slo
+from pagesim.sim.metrics import COMPLETED, RequestMetrics, summarize
+from pagesim.sim.step_metrics import KEPT_COLUMNS, NUM_COLUMNS, STEP_COLUMNS, StepMetrics
+from pagesim.sim.step_sums import SUM_COLUMNS, SUM_KEYS, chunk_sums
 
 MAGNITUDES = (1e-12, 1e-6, 1e-3, 1.0, 7.0, 1e4, 1e8, 1e16)
 

@@ -1,4 +1,4 @@
-"""``sim.step_sums.chunk_sums`` against its definition: per key, ``math.fsum`` of the products
+"""``pagesim.sim.step_sums.chunk_sums`` against its definition: per key, ``math.fsum`` of the products
 as a Python list, computed here independently (the shortcuts it takes for all-zero columns and
 for chunks whose every step holds blocks must give the same floats, bit for bit)."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.step_sums import SUM_COLUMNS, SUM_KEYS, chunk_sums
+from pagesim.sim.step_sums import SUM_COLUMNS, SUM_KEYS, chunk_sums
 from tests.conftest import scaled_examples
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from reports.execute import run_study
-from reports.spec import SpecError, parse_spec, run_id
-from reports.store import ResultsStore
+from pagesim.reports.execute import run_study
+from pagesim.reports.spec import SpecError, parse_spec, run_id
+from pagesim.reports.store import ResultsStore
 from tests.processes import assert_none_left
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +146,7 @@ def test_killed_study_resumes_and_every_run_appears_once(tmp_path):
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(SMALL.replace("num_requests = 30", "num_requests = 60"))
     out = tmp_path / "study"
-    cmd = [sys.executable, "-m", "engine.cli", "study", str(spec_path), "-o", str(out), "--workers", "1", "--no-progress"]
+    cmd = [sys.executable, "-m", "pagesim.engine.cli", "study", str(spec_path), "-o", str(out), "--workers", "1", "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     results = out / "results.jsonl"
     deadline = time.time() + 120
@@ -187,21 +187,21 @@ def test_study_cli_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[source]\nworkload = 'shared-system-prompt'\n")
     for args, message in (([str(bad)], "needs num_requests"), (["nope"], "not a preset (demo, kwon2023)")):
-        out = subprocess.run([sys.executable, "-m", "engine.cli", "study", *args, "-o", str(tmp_path / "o")],
+        out = subprocess.run([sys.executable, "-m", "pagesim.engine.cli", "study", *args, "-o", str(tmp_path / "o")],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(tmp_path), "-o", str(tmp_path / "r.pdf")],
+    out = subprocess.run([sys.executable, "-m", "pagesim.engine.cli", "report", str(tmp_path), "-o", str(tmp_path / "r.pdf")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "not a study folder" in out.stderr
     failing = tmp_path / "failing.toml"
     failing.write_text(SMALL.split("[[grid]]")[0] + FAILING)
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "study", str(failing), "-o", str(tmp_path / "f"),
+    out = subprocess.run([sys.executable, "-m", "pagesim.engine.cli", "study", str(failing), "-o", str(tmp_path / "f"),
                           "--workers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "2 runs (0 from before, 2 now, 1 failed)" in out.stdout, out.stderr
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(tmp_path / "f")], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "pagesim.engine.cli", "report", str(tmp_path / "f")], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "needs -o PDF, --html HTML, or both" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(tmp_path / "f"), "--html",
+    out = subprocess.run([sys.executable, "-m", "pagesim.engine.cli", "report", str(tmp_path / "f"), "--html",
                           str(tmp_path / "r.html"), "--noise-threshold", "100"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "--noise-threshold is a percentage in [0, 100)" in out.stderr
@@ -210,7 +210,7 @@ def test_study_cli_errors_are_one_line(tmp_path):
 def test_study_off_a_terminal_prints_a_line_per_run_and_the_findings(tmp_path):
     spec = tmp_path / "spec.toml"
     spec.write_text(SMALL.split("[[grid]]")[0] + "[[grid]]\nblock_size = [8, 16]\n")
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "study", str(spec), "-o", str(tmp_path / "s"),
+    out = subprocess.run([sys.executable, "-m", "pagesim.engine.cli", "study", str(spec), "-o", str(tmp_path / "s"),
                           "--workers", "1", "--html", str(tmp_path / "s.html")], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -219,7 +219,7 @@ def test_study_off_a_terminal_prints_a_line_per_run_and_the_findings(tmp_path):
     assert any("block_size=8: ok in " in line for line in lines), lines
     assert "Findings:" in out.stdout and "- Block size (8, 16; 2 runs at 6 requests/s" in out.stdout
     assert (tmp_path / "s.html").stat().st_size > 10_000 and f"wrote {tmp_path / 's.html'}" in out.stdout
-    quiet = subprocess.run([sys.executable, "-m", "engine.cli", "study", str(spec), "-o", str(tmp_path / "s"),
+    quiet = subprocess.run([sys.executable, "-m", "pagesim.engine.cli", "study", str(spec), "-o", str(tmp_path / "s"),
                             "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert quiet.returncode == 0 and "[1/2]" not in quiet.stderr and "2 from before" in quiet.stdout
 
@@ -228,7 +228,7 @@ def test_ctrl_c_on_a_process_pool_keeps_finished_runs_and_leaves_no_worker(tmp_p
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(SMALL.replace("num_requests = 30", "num_requests = 60"))
     out = tmp_path / "study"
-    cmd = [sys.executable, "-m", "engine.cli", "study", str(spec_path), "-o", str(out), "--workers", "2", "--no-progress"]
+    cmd = [sys.executable, "-m", "pagesim.engine.cli", "study", str(spec_path), "-o", str(out), "--workers", "2", "--no-progress"]
     # Its own process group, as a terminal's Ctrl-C reaches; SIGINT at its default even where this test
     # runs as a background job (which starts with SIGINT ignored, and Python keeps it so).
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -258,7 +258,7 @@ def test_a_study_written_before_later_settings_existed_has_the_same_runs():
     # are at their defaults, so its runs keep their ids (a report of it used to raise KeyError)
     from dataclasses import replace
 
-    from reports.spec import LATER_SETTINGS
+    from pagesim.reports.spec import LATER_SETTINGS
 
     spec = parse_spec(SMALL)
     old = replace(spec, base={k: v for k, v in spec.base.items() if k not in LATER_SETTINGS})

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from reports.spec import MAX_RUNS, SpecError, StudySpec, parse_spec
+from pagesim.engine.cli import main
+from pagesim.reports.spec import MAX_RUNS, SpecError, StudySpec, parse_spec
 from tests.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ kv_cache_gb = 1.0
 """
 LOUD = """
 from pathlib import Path
-from engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.preemption import VictimPolicy
 Path(__file__).with_name("ran.txt").write_text("the plug-in's file ran")
 class Loud(VictimPolicy):
     name = "{name}"
@@ -101,13 +101,13 @@ def test_max_runs_on_the_command_line(tmp_path, capsys):
 
 
 def test_a_second_study_on_a_folder_is_told_the_holders_pid(tmp_path):
-    from reports.execute import _exclusive
+    from pagesim.reports.execute import _exclusive
 
     out = tmp_path / "study"
     out.mkdir()
     with _exclusive(out):
         assert (out / ".lock").read_text().split() == [str(os.getpid()), socket.gethostname()]
-        script = ("import sys; from pathlib import Path; from reports.execute import _exclusive\n"
+        script = ("import sys; from pathlib import Path; from pagesim.reports.execute import _exclusive\n"
                   "try:\n    _exclusive(Path(sys.argv[1])).__enter__()\nexcept ValueError as e:\n    print(e)\n")
         held = subprocess.run([sys.executable, "-c", script, str(out)], cwd=ROOT, capture_output=True, text=True,
                               timeout=60)
@@ -131,7 +131,7 @@ def test_a_worker_killed_under_the_study_is_one_line(tmp_path):
     spec = tmp_path / "spec.toml"
     spec.write_text(SOURCE.replace("num_requests = 20", "num_requests = 600") +
                     "[[grid]]\nblock_size = [8, 16, 32, 64]\npreemption = [\"recompute\", \"swap\"]\n")
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "study", str(spec), "-o", str(tmp_path / "out"),
+    proc = subprocess.Popen([sys.executable, "-m", "pagesim.engine.cli", "study", str(spec), "-o", str(tmp_path / "out"),
                              "--workers", "2", "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -212,8 +212,8 @@ def small_tmpfs(path: Path, size: str):
 
 @pytest.fixture(scope="module")
 def finished_study(tmp_path_factory) -> Path:
-    from reports.execute import run_study
-    from reports.spec import parse_spec
+    from pagesim.reports.execute import run_study
+    from pagesim.reports.spec import parse_spec
 
     out = tmp_path_factory.mktemp("faults") / "study"
     run_study(parse_spec(QUICK), out, workers=1, progress=False)

@@ -1,6 +1,6 @@
 """A study's workers stay small however many runs they serve (issue 56: 6.7 MB a run, 3.25 GB
-after 955 runs): a process keeps no earlier run's deployment (``sim.gc_policy``), and a worker is
-replaced by a fresh process after ``RUNS_PER_WORKER`` runs (``reports.execute``), without the
+after 955 runs): a process keeps no earlier run's deployment (``pagesim.sim.gc_policy``), and a worker is
+replaced by a fresh process after ``RUNS_PER_WORKER`` runs (``pagesim.reports.execute``), without the
 hang CPython 3.11-3.13 has there (gh-115634). ``benchmarks/bench_study_memory.py`` measures the
 workers' memory; these tests check the mechanisms, with no timing."""
 
@@ -39,14 +39,14 @@ def python(script: str, spec: str, timeout_s: float = 240) -> dict:
 
 def test_a_process_running_many_simulations_keeps_few_earlier_runs_deployments():
     """Earlier runs' deployments (scheduler, block pool: a reference cycle) are collected before a
-    run freezes the heap, once they may make a quarter of it (``sim.gc_policy``: CPython's rule for
+    run freezes the heap, once they may make a quarter of it (``pagesim.sim.gc_policy``: CPython's rule for
     full collections); before, every one stayed (frozen, then never collected): 40 pools after 40
     runs."""
     out = python("""
         import gc, json, sys
-        from engine.policy.block_pool import BlockPool
-        from reports.runner import run_one
-        from reports.spec import parse_spec
+        from pagesim.engine.policy.block_pool import BlockPool
+        from pagesim.reports.runner import run_one
+        from pagesim.reports.spec import parse_spec
 
         alive, statuses = [], []
         for config in parse_spec(sys.argv[1]).runs():
@@ -66,8 +66,8 @@ def test_workers_are_replaced_after_their_runs_and_the_study_finishes():
     run comes back, served by more processes than two, never more than two at a time."""
     out = python("""
         import json, os, sys
-        from reports.execute import run_local
-        from reports.spec import parse_spec, run_id
+        from pagesim.reports.execute import run_local
+        from pagesim.reports.spec import parse_spec, run_id
         from tests.processes import descendants
 
         def workers():

@@ -6,10 +6,10 @@ figures, the findings' phrases, plain numbers, and examples that run from a fres
   hits it lost; nobody coming back, nothing missed, every eviction plain recycling; a request
   preempted by recompute that finds its own blocks gone counts them (``num_resume_blocks_lost``),
   the same with skip-ahead on and off;
-- ``sim.ideal_cache`` against a block-by-block reference built from the simulator's own keys
+- ``pagesim.sim.ideal_cache`` against a block-by-block reference built from the simulator's own keys
   (``Request.block_contents`` chained into ``BlockKey``s) and, for tiny cases, against every subset
   of reuse intervals (MIN is optimal); a simulated run never beats it;
-- ``reports.findings.compared`` over generated values: grammatical, plain, never "0x";
+- ``pagesim.reports.findings.compared`` over generated values: grammatical, plain, never "0x";
 - the printed summary: no exponent notation, grouped digits, "allocated" / "holding tokens";
 - a study whose eviction policies tie says why; the report's eviction page draws;
 - every examples/*.toml parses from the repository with its trace inside it, and its first run
@@ -28,13 +28,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.policy import Scheduler, make_config
-from engine.policy.block_key import chain_keys
-from sim.ideal_cache import belady_hits, ideal_cache, reuse_intervals
-from sim.simulator import SimOptions, Simulation
+from pagesim.engine.policy import Scheduler, make_config
+from pagesim.engine.policy.block_key import chain_keys
+from pagesim.sim.ideal_cache import belady_hits, ideal_cache, reuse_intervals
+from pagesim.sim.simulator import SimOptions, Simulation
 from tests.conftest import scaled_examples
 from tests.test_skip_ahead import roofline
-from traces.trace import Trace
+from pagesim.traces.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,8 +192,8 @@ def test_prefix_caching_off_reports_no_ideal_cache():
 
 
 def test_a_cluster_sums_its_replicas_ideal_caches():
-    from sim.cluster import Cluster
-    from sim.router import make_router
+    from pagesim.sim.cluster import Cluster
+    from pagesim.sim.router import make_router
 
     trace = _trace([(0.1 * k, [1, 2, 3, 4, 5 + k % 3], 2) for k in range(12)])
     config = dict(block_size=PREFIX, num_gpu_blocks=12, enable_prefix_caching=True)
@@ -218,8 +218,8 @@ VALUES = st.one_of(st.just(0.0), st.floats(1e-6, 1e7, allow_nan=False), st.sampl
                                                  "prefix_hit_rate", "memory_utilization"]),
        other=st.sampled_from(["the next", "the best"]))
 def test_compared_phrases_are_plain_english(a, b, key, other):
-    from reports.findings import compared
-    from reports.results import M
+    from pagesim.reports.findings import compared
+    from pagesim.reports.results import M
 
     metric = M[key]
     if metric.fraction:
@@ -232,8 +232,8 @@ def test_compared_phrases_are_plain_english(a, b, key, other):
 
 
 def test_compared_reads_as_the_issue_asks():
-    from reports.findings import compared
-    from reports.results import M
+    from pagesim.reports.findings import compared
+    from pagesim.reports.results import M
 
     thr, ttft = M["throughput_tokens_s"], M["ttft_s.p99"]
     assert compared(thr, 2.5, 1.0, "the next") == "2.5x the next"
@@ -247,7 +247,7 @@ def test_compared_reads_as_the_issue_asks():
                                          (0.05188, "0.05188"), (0.0, "0"), (None, "-"), (1.5e-7, "0.00000015"),
                                          (123456789.0, "123,456,789"), (-2.5, "-2.5")])
 def test_plain_numbers(value, text):
-    from sim.output import plain
+    from pagesim.sim.output import plain
 
     assert plain(value) == text
 
@@ -255,7 +255,7 @@ def test_plain_numbers(value, text):
 @settings(max_examples=scaled_examples(200), deadline=None)
 @given(x=st.floats(-1e12, 1e12, allow_nan=False))
 def test_plain_never_writes_an_exponent_and_keeps_four_figures(x):
-    from sim.output import plain
+    from pagesim.sim.output import plain
 
     text = plain(x)
     assert not re.search(r"[eE]", text)
@@ -264,8 +264,8 @@ def test_plain_never_writes_an_exponent_and_keeps_four_figures(x):
 
 
 def test_the_printed_summary_is_plain_and_says_what_its_memory_figures_are_shares_of(capsys):
-    from sim import cli as sim_cli
-    from engine.cli import build_parser
+    from pagesim.sim import cli as sim_cli
+    from pagesim.engine.cli import build_parser
 
     args = build_parser().parse_args(["simulate", "--workload", "multi-turn-chat", "--num-requests", "300",
                                       "--rate", "20", "--num-gpu-blocks", "2000", "--no-progress"])
@@ -281,11 +281,11 @@ def test_the_printed_summary_is_plain_and_says_what_its_memory_figures_are_share
 
 # ------------------------------------------------------------ reports: eviction ties
 def test_a_study_whose_eviction_policies_tie_says_why(tmp_path):
-    from reports.execute import run_study
-    from reports.findings import outline_lines
-    from reports.pages import eviction_page
-    from reports.results import load_study
-    from reports.spec import parse_spec
+    from pagesim.reports.execute import run_study
+    from pagesim.reports.findings import outline_lines
+    from pagesim.reports.pages import eviction_page
+    from pagesim.reports.results import load_study
+    from pagesim.reports.spec import parse_spec
 
     spec = parse_spec('name = "tie"\n[source]\nworkload = "shared-system-prompt"\nrate = 4.0\nnum_requests = 40\n'
                       '[base]\nmodel = "llama3-8b"\ngpu = "a100-80gb"\nnum_gpu_blocks = 4000\nprefix_caching = true\n'
@@ -310,8 +310,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
 def test_each_example_study_runs_from_a_fresh_clone(path, monkeypatch):
     """Parsed from the repository root, as the examples say to run them: a trace it names lies
     inside the repository (no ../shared); its first run, on a few requests, runs."""
-    from reports.runner import run_one
-    from reports.spec import load_spec
+    from pagesim.reports.runner import run_one
+    from pagesim.reports.spec import load_spec
 
     assert "../" not in path.read_text(), f"{path.name} reaches outside the repository"
     monkeypatch.chdir(ROOT)
@@ -332,7 +332,7 @@ def test_the_examples_sample_trace_is_pagesims_own_and_made_again_the_same(tmp_p
     import gzip
     import re
 
-    from engine.cli import main
+    from pagesim.engine.cli import main
 
     readme = (ROOT / "examples" / "traces" / "README.md").read_text()
     command = re.search(r"pagesim trace gen (.*?) -o long-conversations\.jsonl", readme, re.S).group(1)
@@ -346,7 +346,7 @@ def test_the_examples_sample_trace_is_pagesims_own_and_made_again_the_same(tmp_p
 def test_the_ideal_cache_reads_requests_in_the_order_given():
     """Row indices out of order are the order the requests reach the cache (priority scheduling):
     the same figures as a trace written in that order."""
-    from sim.ideal_cache import ideal_cache
+    from pagesim.sim.ideal_cache import ideal_cache
 
     prompts = [[1, 2, 3], [7, 8, 9], [1, 2, 4], [7, 8, 5]]
     trace = _trace([(0.1 * k, p, 2) for k, p in enumerate(prompts)])

@@ -1,9 +1,9 @@
-"""torch's CPU threads (``engine.threads``) and progress off a terminal (``engine.progress``).
+"""torch's CPU threads (``pagesim.engine.threads``) and progress off a terminal (``pagesim.engine.progress``).
 
 ``--threads`` on ``run``, ``calibrate`` and ``validate``: one check (>= 1), the count torch is given
 and reported (``threads`` in the JSON), and each command's default: ``run`` the usable CPUs less
 the load, ``calibrate`` 1, ``validate`` the profile's. Progress: with stderr not a terminal (as
-under pytest) each long command prints a line every ``engine.progress.LINE_INTERVAL_S``, here
+under pytest) each long command prints a line every ``pagesim.engine.progress.LINE_INTERVAL_S``, here
 shortened; the tests assert that the lines appear, never when (the machines are shared).
 """
 
@@ -19,10 +19,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import engine.progress as progress_module  # noqa: E402
-import engine.threads as threads_module  # noqa: E402
-from engine.cli import main  # noqa: E402
-from engine.progress import ProgressLines, progress  # noqa: E402
+import pagesim.engine.progress as progress_module  # noqa: E402
+import pagesim.engine.threads as threads_module  # noqa: E402
+from pagesim.engine.cli import main  # noqa: E402
+from pagesim.engine.progress import ProgressLines, progress  # noqa: E402
 from tests.calibration_support import TINY_GRID, calibrate_tiny  # noqa: E402
 
 RUN = ["run", "--model", "tiny", "--workload", "kwon2023-alpaca", "--num-requests", "16", "--block-size", "8",
@@ -114,7 +114,7 @@ def test_validate_runs_with_the_profiles_threads(profile, capsys):
 def test_validate_warns_of_threads_other_than_the_profiles_and_strict_refuses_them(profile, monkeypatch, capsys):
     from types import SimpleNamespace
 
-    from reports.validation.cli import _set_threads
+    from pagesim.reports.validation.cli import _set_threads
 
     given = []
     monkeypatch.setattr(threads_module, "set_threads", given.append)
@@ -194,7 +194,7 @@ def test_simulate_prints_progress_lines_off_a_terminal(short_interval, capsys):
 
 
 def test_calibrate_prints_a_line_per_table_and_progress_lines(monkeypatch, short_interval, tmp_path, capsys):
-    import engine.calibrate.calibrate as calibrate_module
+    import pagesim.engine.calibrate.calibrate as calibrate_module
 
     monkeypatch.setattr(calibrate_module, "calibrate", functools.partial(calibrate_module.calibrate, grid=TINY_GRID))
     out = tmp_path / "p.json"

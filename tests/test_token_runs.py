@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.token_runs import TokenRuns
+from pagesim.sim.token_runs import TokenRuns
 from tests.conftest import scaled_examples
 
 NUM_REQUESTS = 6

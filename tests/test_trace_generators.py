@@ -1,4 +1,4 @@
-"""Property tests of ``traces.generate``: what a spec asks for is what the trace holds.
+"""Property tests of ``pagesim.traces.generate``: what a spec asks for is what the trace holds.
 
 Statistical checks use tolerances of about five standard errors of the estimate (computed from
 the distribution's own moments), so a correct generator fails one with probability around 1e-6
@@ -19,7 +19,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import scaled_examples
-from traces.generate import (
+from pagesim.traces.generate import (
     Constant,
     Conversations,
     Fixed,
@@ -34,8 +34,8 @@ from traces.generate import (
     generate,
     workload_spec,
 )
-from traces.loaders import load_trace, write_jsonl
-from traces.loaders.pagesim_jsonl import same_columns
+from pagesim.traces.loaders import load_trace, write_jsonl
+from pagesim.traces.loaders.pagesim_jsonl import same_columns
 
 Z = 5.0  # standard errors allowed
 # a sample standard deviation (or cv) of skewed values has a heavier right tail than a normal
@@ -521,7 +521,7 @@ def test_kwon_presets_are_capped_like_vllms_benchmark_and_keep_the_paper_means(n
 @settings(deadline=None, max_examples=scaled_examples(25))
 @given(mean=st.floats(1.2, 900.0), cv=st.floats(0.1, 2.0), high=st.integers(2, 2048), seed=seeds)
 def test_truncated_lognormal_has_its_mean_within_the_cap(mean, cv, high, seed):
-    from traces.generate.lengths import TruncatedLogNormal
+    from pagesim.traces.generate.lengths import TruncatedLogNormal
 
     try:
         dist = TruncatedLogNormal(mean, cv, high)

@@ -19,10 +19,10 @@ from datetime import datetime, timedelta
 import numpy as np
 import pytest
 
-from engine.cli import main
+from pagesim.engine.cli import main
 from tests.conftest import SHARED
-from traces.errors import TraceFormatError, TraceWarning
-from traces.loaders import load_trace
+from pagesim.traces.errors import TraceFormatError, TraceWarning
+from pagesim.traces.loaders import load_trace
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"

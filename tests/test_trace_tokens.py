@@ -1,9 +1,9 @@
 """Prefix identities become tokens that share exactly what the identities share, at any block size.
 
 A Mooncake-style trace gives each prompt as chained ``hash_ids`` of 512 tokens. The engine needs
-token ids (``traces.tokens``), the simulator uses the identities directly (``Request``'s identity
+token ids (``pagesim.traces.tokens``), the simulator uses the identities directly (``Request``'s identity
 mode), and ``trace stats --block-size`` predicts the ideal hit ratio from identities alone
-(``traces.stats.prefix_reuse_at``). All three must agree with the ground truth computed here
+(``pagesim.traces.stats.prefix_reuse_at``). All three must agree with the ground truth computed here
 from the materialised tokens: a full block of B tokens is reusable exactly when the whole prefix
 up to its end appeared before.
 """
@@ -14,9 +14,9 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from tests.conftest import scaled_examples
-from traces.stats import prefix_reuse_at
-from traces.tokens import identity_tokens
-from traces.trace import Trace
+from pagesim.traces.stats import prefix_reuse_at
+from pagesim.traces.tokens import identity_tokens
+from pagesim.traces.trace import Trace
 
 ID_TOKENS = 512
 VOCAB = 32000

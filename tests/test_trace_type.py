@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from engine.cli import main
-from engine.policy.request import Request
-from traces.errors import TraceFormatError
-from traces.generate import generate, workload_spec
-from traces.loaders import load_trace
-from traces.loaders.pagesim_jsonl import same_columns
-from traces.trace import Trace
+from pagesim.engine.cli import main
+from pagesim.engine.policy.request import Request
+from pagesim.traces.errors import TraceFormatError
+from pagesim.traces.generate import generate, workload_spec
+from pagesim.traces.loaders import load_trace
+from pagesim.traces.loaders.pagesim_jsonl import same_columns
+from pagesim.traces.trace import Trace
 
 
 def _trace(**overrides):
@@ -262,7 +262,7 @@ def test_piecewise_schedule_is_not_shifted_by_the_conversation_warm_up(tmp_path,
 
 def test_drawn_arrivals_keep_the_process_start(tmp_path):
     (tmp_path / "l.csv").write_text("num_prefill_tokens,num_decode_tokens\n" + "10,5\n" * 100)
-    from traces.generate.arrivals import Piecewise
+    from pagesim.traces.generate.arrivals import Piecewise
 
     trace = load_trace(tmp_path / "l.csv", arrivals=Piecewise(((300.0, 0.0), (100.0, 20.0))))
     assert trace.arrival_s[0] >= 300  # not moved to 0

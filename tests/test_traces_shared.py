@@ -11,10 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from engine.cli import main
+from pagesim.engine.cli import main
 from tests.conftest import SHARED
-from traces.loaders import detect_format, load_trace
-from traces.stats import trace_stats
+from pagesim.traces.loaders import detect_format, load_trace
+from pagesim.traces.stats import trace_stats
 
 TRACES = SHARED / "traces"
 AZURE = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"

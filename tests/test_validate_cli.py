@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.cli import main  # noqa: E402
+from pagesim.engine.cli import main  # noqa: E402
 from tests.calibration_support import calibrate_tiny  # noqa: E402
 from tests.conftest import timed_only  # noqa: E402
 
@@ -144,8 +144,8 @@ def test_a_16_bit_profile_checks_the_reference_in_float32_and_times_in_its_own_d
 
 
 def test_a_model_widened_for_the_check_narrows_back_exactly():
-    from engine.model import load_model
-    from reports.validation.validate import in_dtype, reference_dtype
+    from pagesim.engine.model import load_model
+    from pagesim.reports.validation.validate import in_dtype, reference_dtype
 
     model = load_model("tiny", seed=0, dtype=torch.bfloat16)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -1,4 +1,4 @@
-"""Validation errors that add up (``reports.validation.decompose``).
+"""Validation errors that add up (``pagesim.reports.validation.decompose``).
 
 On synthetic timelines the parts are known exactly: a cost model off by a factor gives latency
 errors of that factor, the engine's waits between steps are their own part, and the decisions
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from reports.validation.decompose import EngineTimeline, decompose
-from sim.metrics import COMPLETED, RequestMetrics
+from pagesim.reports.validation.decompose import EngineTimeline, decompose
+from pagesim.sim.metrics import COMPLETED, RequestMetrics
 
 
 @dataclass
@@ -123,7 +123,7 @@ class StepTimes:  # (duck-typed: the replica calls step_cost and the usage hooks
         self.measured, self.factor, self.calls = list(measured), factor, 0
 
     def step_cost(self, work):
-        from sim.cost.base import TERMS, StepCost
+        from pagesim.sim.cost.base import TERMS, StepCost
 
         seconds = self.factor * self.measured[self.calls]
         self.calls += 1
@@ -132,12 +132,12 @@ class StepTimes:  # (duck-typed: the replica calls step_cost and the usage hooks
 
 @pytest.mark.parametrize("factor", [1.0, 2.5])
 def test_on_the_engine_a_cost_model_off_by_a_factor_gives_that_factor(factor):
-    from engine.model import load_model
-    from engine.policy import make_config
-    from engine.policy.scheduler import Scheduler
-    from reports.validation import compare, runs
-    from sim.simulator import SimOptions, Simulation
-    from traces.generate import generate, workload_spec
+    from pagesim.engine.model import load_model
+    from pagesim.engine.policy import make_config
+    from pagesim.engine.policy.scheduler import Scheduler
+    from pagesim.reports.validation import compare, runs
+    from pagesim.sim.simulator import SimOptions, Simulation
+    from pagesim.traces.generate import generate, workload_spec
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.oracle.replay import fake_token
-from engine.policy import Request, Scheduler, make_config
-from engine.policy.steps.vllm_v0 import SchedulingBudget, VllmV0Abort, touched_blocks
+from pagesim.engine.oracle.replay import fake_token
+from pagesim.engine.policy import Request, Scheduler, make_config
+from pagesim.engine.policy.steps.vllm_v0 import SchedulingBudget, VllmV0Abort, touched_blocks
 
 
 def v0(**overrides) -> Scheduler:

@@ -1,0 +1,131 @@
+"""pagesim replay DIR: an inference-perf run's workload and load stages through the simulator, and
+what the run measured beside what the simulator predicts (``pagesim.sim.replay``).
+
+DIR is an inference-perf results folder (``config.yaml`` and its ``*_lifecycle_metrics.json``)
+or the experiment folder above it, whose ``exp-config.yaml`` gives the model, the tensor
+parallelism and vLLM's limits; flags given here win. The GPU is not recorded in either file, so
+``--gpu`` is required. The server is taken to be vLLM V1 (``--policy vllm-v1``, serving path
+``vllm``) unless told otherwise, and each request runs under the client's timeout (inference-perf's
+``request_timeout``, else aiohttp's 300 s). Without measurements it simulates the run and prints
+the predicted figures alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    from pagesim.sim.cli import add_cost_args, add_deployment_args
+    from pagesim.sim.serving_path import add_serving_path_args
+
+    p = subparsers.add_parser(
+        "replay", help="replay an inference-perf run through the simulator: measured vs predicted latency",
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+    )
+    p.add_argument("run_dir", metavar="DIR", help="an inference-perf results folder, or the experiment folder above it")
+    add_deployment_args(p)
+    # (filled from the run's files when not given: nothing is simulated on a guess)
+    p.set_defaults(model=None, gpu=None, tp=None, policy="vllm-v1")
+    o = p.add_argument_group("simulation")
+    o.add_argument("--seed", type=int, default=0,
+                   help="redraws the run's send times and prompt order (inference-perf's are not recorded; default 0)")
+    add_cost_args(o)
+    o.add_argument("--request-timeout", type=float, metavar="S",
+                   help="the client's timeout in seconds (default: the run's: inference-perf's request_timeout, "
+                        "else aiohttp's 300 s)")
+    o.add_argument("--no-skip-ahead", dest="skip_ahead", action="store_false",
+                   help="run every step one by one (same results, slower)")
+    o.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+    o.add_argument("--save-result", action="store_true",
+                   help="also write the comparison as JSON to --result-dir/--result-filename")
+    o.add_argument("--result-dir", metavar="DIR", default=".", help="where --save-result writes (default .)")
+    o.add_argument("--result-filename", metavar="NAME",
+                   help="the file --save-result writes (default replay-<the run's folder name>.json)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    add_serving_path_args(p)
+    p.set_defaults(func=run)
+
+
+def fill_from_run(args: argparse.Namespace, run) -> None:
+    """The model, tensor parallelism and vLLM limits the run's files state, where the command line
+    did not give them; the GPU must be given."""
+    server = run.server
+    if args.gpu is None:
+        raise ValueError("give --gpu: an inference-perf run does not record the GPU it ran on "
+                         "(the shared H100 runs: --gpu h100-sxm)")
+    if args.model is None:
+        args.model = server.model or run.model_name
+        if args.model is None:
+            raise ValueError(f"{run.config_file}: neither server.model_name nor exp-config.yaml's model names "
+                             "the model: give --model")
+    if args.tp is None:
+        args.tp = server.tensor_parallelism or 1
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        if getattr(args, name) is None and getattr(server, name) is not None:
+            setattr(args, name, getattr(server, name))
+
+
+def run(args: argparse.Namespace) -> int:
+    from pagesim.sim.cli import _plain, run_spec_from_args
+    from pagesim.sim.cluster import Cluster, build_replicas
+    from pagesim.sim.replay import compare, format_table, median_abs_errors
+    from pagesim.sim.serving_path import path_words, serving_path_from_args
+    from pagesim.sim.simulator import SimOptions
+    from pagesim.traces.inference_perf import read_inference_perf
+
+    measured_run = read_inference_perf(args.run_dir)
+    fill_from_run(args, measured_run)
+    args.out, args.profile = None, None  # (run_spec_from_args: no decision log; the roofline)
+    trace = measured_run.trace(seed=args.seed)
+    spec = run_spec_from_args(args)
+    built = build_replicas(spec, 1)[0]
+    path = serving_path_from_args(args, args.policy)
+    timeout_s = measured_run.client_timeout_s if args.request_timeout is None else args.request_timeout
+    options = SimOptions(seed=args.seed, skip_ahead=args.skip_ahead, step_rows=False, serving_path=path,
+                         request_timeout_s=timeout_s)
+    progress = None
+    if not args.no_progress:
+        from pagesim.engine.progress import progress as make_progress
+
+        progress = make_progress("replay", "simulating", len(trace), "requests", disable=False)
+    try:
+        result = Cluster(trace, [(built.scheduler, built.cost_model)], None, options, tp=args.tp,
+                         progress=progress.update if progress else None).run()
+    finally:
+        if progress:
+            progress.close()
+    rows = compare(measured_run, trace, result.requests)
+    settings = {"model": built.deployment.model.name, "gpu": built.deployment.gpu.name, "tp": args.tp,
+                "policy": args.policy, "max_num_seqs": built.scheduler.config.max_num_seqs,
+                "max_num_batched_tokens": built.scheduler.config.max_num_batched_tokens,
+                "max_model_len": built.scheduler.config.max_model_len,
+                "attention_kernel": args.attention_kernel, "serving_path": _plain(path) if path else "none",
+                "client_timeout_s": timeout_s, "seed": args.seed}
+    report = {"run": str(measured_run.results_dir), "workload": measured_run.workload, "settings": settings,
+              "rows": [row.to_json() for row in rows], "median_abs_errors": median_abs_errors(rows),
+              "sim_wall_s": result.wall_s}
+    if args.save_result:
+        from pagesim.sim.output import write_json
+
+        name = args.result_filename or f"replay-{_run_name(measured_run.results_dir)}.json"
+        write_json(Path(args.result_dir) / name, report)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(measured_run.describe())
+    print(f"simulated: {settings['model']} on {settings['gpu']} x{args.tp}, policy {args.policy}, "
+          f"{built.batch_limits_words()}, attention kernel {args.attention_kernel}, {path_words(path)}; "
+          f"seed {args.seed}; "
+          f"{result.wall_s:.1f} s wall\n")
+    print(format_table(rows))
+    sys.stdout.flush()
+    return 0
+
+
+def _run_name(results_dir: Path) -> str:
+    """The experiment's folder name (the results folder's parent when it is called ``results``)."""
+    return results_dir.parent.name if results_dir.name == "results" and results_dir.parent.name else results_dir.name
