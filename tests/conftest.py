@@ -41,6 +41,19 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
 settings.load_profile(PROFILE)
 
 
+#: The suite's slowest tests (``@pytest.mark.slow``: the deepest properties, the scripts that start
+#: many processes) are left out of a plain ``pytest -q`` so that it stays a few minutes on two cores;
+#: CI runs them too (``pytest -q -m slow``). They run whenever asked: ``-m slow`` (or any ``-m``),
+#: ``PAGESIM_SLOW=1``, or a test named by its node id (``pytest tests/test_x.py::test_y``).
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("markexpr") or os.environ.get("PAGESIM_SLOW") == "1" or any("::" in a for a in config.args):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 #: Tests that assert a wall-clock figure (an accuracy or a speed) run only when asked, on a machine
 #: kept quiet for them: ``PAGESIM_TIMED_TESTS=1 pytest ...``. The default suite asserts no timing
 #: (it must pass on a shared, busy machine; issue 56).

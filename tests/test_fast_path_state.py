@@ -141,6 +141,7 @@ def cases(draw):
     return preset, settings_, spec
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_fast_path_leaves_every_sequence_as_step_by_step(case):
@@ -157,6 +158,7 @@ def test_fast_path_leaves_every_sequence_as_step_by_step(case):
     event("some steps skipped" if len(fast) < len(plain) else "no step skipped")
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_fast_path_gives_the_same_lazy_keys_as_step_by_step(case):

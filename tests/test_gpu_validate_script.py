@@ -40,6 +40,7 @@ def test_script_parses_and_refuses_unknown_arguments(tmp_path):
     assert proc.returncode == 2 and "unknown argument --bogus" in proc.stderr
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 def test_smoke_calibrates_falls_back_and_validates(tmp_path):
     # `small` cannot calibrate in 2 s (importing torch alone takes about that): killed at its limit,
     # as an overrunning llama3-8b is on the GPU, then the fallback (tiny) is calibrated and validated

@@ -421,6 +421,7 @@ def test_blocks_of_blank_lines_are_skipped_and_counted(tmp_path, monkeypatch, ne
         load_trace(path, "jsonl")
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 def test_memory_holds_columns_not_text(tmp_path):
     rows = 200_000
     path = tmp_path / "big.csv"

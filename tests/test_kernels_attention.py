@@ -74,6 +74,7 @@ def test_decode_torch_matches_reference(shape):
     _decode_check(shape, "torch", None)
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(20))
 @given(shape=attention_shapes(max_seqs=3, max_len=200, max_kv_heads=2), num_splits=st.sampled_from([None, 1, 2, 3, 5]))
 def test_decode_triton_matches_reference(shape, num_splits):
@@ -111,6 +112,7 @@ def test_prefill_torch_matches_reference(shape, q_lens):
     _prefill_check(shape, q_lens, "torch")
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(12))
 @given(shape=attention_shapes(max_seqs=2, max_len=150, max_kv_heads=2), q_lens=_q_lens(80))
 def test_prefill_triton_matches_reference(shape, q_lens):

@@ -28,6 +28,7 @@ def _cache(num_blocks, block_size, kv_heads, head_dim, dtype, gen):
     return torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(25))
 @given(
     dtype=st.sampled_from(DTYPES),

@@ -55,6 +55,7 @@ def reports() -> dict[str, dict]:
     return {r["name"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])}
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 def test_every_variant_compiles_for_sm90(reports):
     for wanted in VARIANTS:
         assert any(wanted in name for name in reports), f"no compiled variant matches {wanted!r}"

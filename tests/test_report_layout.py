@@ -122,6 +122,7 @@ def checked(request, tmp_path_factory) -> Checked:
     return result
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 def test_every_page_draws_to_png(checked):
     assert len(checked.pages) >= 4
     for title, _, png in checked.pages:

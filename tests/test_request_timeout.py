@@ -183,6 +183,7 @@ def run(tr, preset: str, settings_: dict, cost_model, *, skip_ahead: bool, timeo
     return result, lines, runs, sim.replica.steps_skipped
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_timeouts_change_no_decision_with_skip_ahead(data):

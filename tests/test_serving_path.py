@@ -69,6 +69,7 @@ def test_async_scheduling_arrivals_during_the_last_running_step_join_at_once_whe
     assert timeline(result) == [(0.0, 1.4, 4, 1), (1.4, 1.4, 4, 1)]
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(40), deadline=None)
 @given(arrivals=st.lists(st.floats(0.0, 20.0, allow_nan=False), min_size=1, max_size=8),
        outputs=st.lists(st.integers(1, 12), min_size=8, max_size=8),

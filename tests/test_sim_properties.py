@@ -216,6 +216,7 @@ def check_run(trace: Trace, setup: dict, result, records: list[str]) -> None:
     assert sorted(finished) == sorted(f"r{i}" for i in np.flatnonzero(done))
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_paged_runs_end_and_add_up(case):
@@ -224,6 +225,7 @@ def test_paged_runs_end_and_add_up(case):
     check_run(trace, setup, result, records)
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases(allocators=("max", "pow2", "oracle")))
 def test_contiguous_runs_end_and_add_up(case):
@@ -232,6 +234,7 @@ def test_contiguous_runs_end_and_add_up(case):
     check_run(trace, setup, result, records)
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_same_trace_and_seed_give_the_same_run(case):
@@ -244,6 +247,7 @@ def test_same_trace_and_seed_give_the_same_run(case):
         np.testing.assert_array_equal(getattr(first.requests, name), getattr(second.requests, name))
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_summary_is_json_and_invariant_to_the_decision_sink(case):
@@ -369,6 +373,7 @@ def recounted_run(trace: Trace, setup: dict) -> list:
     return checked
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @pure_python_only("pagesim.engine.policy.scheduler", "the test replaces the scheduler's kv_usage with a checking one")
 @settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())

@@ -203,6 +203,7 @@ def assert_same_results(plain, fast) -> None:
     assert json.dumps(plain.summary, sort_keys=True) == json.dumps(fast.summary, sort_keys=True)
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_skip_ahead_changes_no_decision_and_no_metric(data):
@@ -214,6 +215,7 @@ def test_skip_ahead_changes_no_decision_and_no_metric(data):
     event("a skip went on past a finish" if RUN_STATS["past_finish"] else "no skip past a finish")
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_carried_batch_is_the_batch_decode_batch_finds(data):

@@ -86,6 +86,7 @@ def hybrid_configs(draw, trace: Trace):
     return preset, settings_
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_skip_ahead_with_sliding_windows_changes_no_decision_and_no_metric(data):
@@ -96,6 +97,7 @@ def test_skip_ahead_with_sliding_windows_changes_no_decision_and_no_metric(data)
     event("skipped steps" if skipped else "no step skipped")
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_windowed_cost_models_over_one_group_change_nothing(data):
@@ -109,6 +111,7 @@ def test_windowed_cost_models_over_one_group_change_nothing(data):
     assert_same(trace, preset, settings_, data.draw(st.sampled_from([windowed_roofline, WindowedContextCost])))
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_carried_hybrid_batch_is_the_batch_decode_batch_finds(data):

@@ -169,6 +169,7 @@ def test_no_prefix_identities_no_reuse():
     assert (result.ideal_hit_rate, result.infinite_hit_rate, result.reusable_blocks) == (0.0, 0.0, 0)
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 @settings(max_examples=scaled_examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_no_simulated_run_beats_the_ideal_cache(data):

@@ -37,6 +37,7 @@ def _validate(argv, capsys):
     return code, capsys.readouterr()
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 def test_validate_reports_identical_decisions_and_every_error_key(profile, tmp_path, capsys):
     code, cap = _validate([*SMALL, "--profile", profile, "--preemption", "swap", "--num-cpu-blocks", "8", "--json",
                            "--out", str(tmp_path / "v")], capsys)
