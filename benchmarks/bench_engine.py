@@ -36,7 +36,7 @@ import torch
 from pagesim.engine.model import LlamaConfig, random_model
 from pagesim.engine.model.dense import DenseSequence
 from pagesim.engine.policy import make_config
-from pagesim.engine.policy.admission import peak_blocks
+from pagesim.engine.policy.scheduling.admission import peak_blocks
 from pagesim.engine.runtime import Engine
 from pagesim.traces.generate import generate, workload_spec
 

@@ -83,7 +83,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagesim.engine.policy import EVICTION_POLICIES, BlockPool, Request, Scheduler, make_config
-from pagesim.engine.policy.block_key import BlockKey, chain_keys
+from pagesim.engine.policy.memory.block_key import BlockKey, chain_keys
 
 TARGET_PAIRS_PER_S = 1_000_000
 TABLE_BLOCKS = 16  # blocks per table in the batched variants (256 tokens at block size 16)

@@ -14,8 +14,8 @@ Use it with ``--plugin examples/most_remaining_victim.py:MostRemainingVictim --v
 
 from collections.abc import Sequence
 
-from pagesim.engine.policy.preemption import VictimPolicy
-from pagesim.engine.policy.request import Request
+from pagesim.engine.policy.scheduling.preemption import VictimPolicy
+from pagesim.engine.policy.scheduling.request import Request
 
 
 def remaining_tokens(request: Request) -> int:

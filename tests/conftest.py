@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Every block table freed with a layout is checked against the pool (pagesim.engine.policy.block_pool's
+# Every block table freed with a layout is checked against the pool (pagesim.engine.policy.memory.block_pool's
 # BlockPool.check_layouts), here and in the command-line runs tests start.
 os.environ.setdefault("PAGESIM_CHECK_LAYOUTS", "1")
 
@@ -109,7 +109,7 @@ def golden_log(spec_path: Path) -> Path:
 def plugin_registries():
     """The plug-in registries (victim, eviction, preemption, scheduler) as the test found them,
     put back after it: a plug-in a test loads does not outlive the test."""
-    from pagesim.engine.policy.user_plugins import KINDS
+    from pagesim.engine.policy.plugins.user import KINDS
 
     saved = {kind: dict(k.registry) for kind, k in KINDS.items()}
     yield

@@ -87,7 +87,7 @@ ORACLE_SPEC = {
 }
 
 VICTIM = """\
-from pagesim.engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.scheduling.preemption import VictimPolicy
 
 
 class BadVictim(VictimPolicy):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pagesim.engine.cli import main
-from pagesim.reports.bench_result import load_result
+from pagesim.sim.bench_result import load_result
 from pagesim.reports.compare import compare, distributions
 from tests.engine_support import make_engine, request
 

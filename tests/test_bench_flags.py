@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from pagesim.engine.cli import build_parser, main, nearest_flag, typo_distance, unknown_flags_message
-from pagesim.reports.bench_result import PerRequest, bench_result, load_result
+from pagesim.sim.bench_result import PerRequest, bench_result, load_result
 from tests.bad_inputs_harness import error_line, run_pagesim
 from tests.test_bench_datasets import word_tokenizer  # noqa: F401 (a fixture, shared with the datasets' tests)
 from tests.test_bench_metrics import vllm_per_second

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from pagesim.engine.cli import main
 from pagesim.engine.policy import Scheduler, make_config
-from pagesim.reports.bench_result import PerRequest, bench_result
+from pagesim.sim.bench_result import PerRequest, bench_result
 from pagesim.sim import bench_metrics
 from pagesim.sim.bench_metrics import Slo, latency_stats, peak_in_flight, percentile_key, weighted_percentile
 from pagesim.sim.bench_output import per_request
@@ -336,7 +336,7 @@ def test_slo_meets_counts_one_token_requests_as_tpot_zero():
     assert Slo(e2el_s=2.0).meets(np.array([5.0]), np.array([5.0]), np.array([2.0])).tolist() == [True]
 
 
-# --------------------------------------------------------- reports.bench_result by hand
+# --------------------------------------------------------- sim.bench_result by hand
 def test_bench_result_by_hand():
     """Four requests: two of several tokens, one of one token, one failed (vLLM's formulas)."""
     per = PerRequest(

@@ -201,7 +201,7 @@ def test_arrivals_that_need_a_rate_are_refused_before_the_first_run():
 
 
 VICTIM = """
-from pagesim.engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.scheduling.preemption import VictimPolicy
 
 
 class Careful(VictimPolicy):
@@ -302,7 +302,7 @@ EXITS = """
 import os
 from os import _exit
 
-from pagesim.engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.scheduling.preemption import VictimPolicy
 
 
 class OsExit(VictimPolicy):
@@ -356,7 +356,7 @@ def test_os_exit_outside_a_plugin_still_exits():
     """The stand-in leaves pagesim's own ``os._exit`` (a worker's watchdog) as it was."""
     script = textwrap.dedent("""
         import os, sys
-        from pagesim.engine.policy.exit_guard import watch
+        from pagesim.engine.policy.plugins.exit_guard import watch
         watch(sys.argv[1])
         os._exit(7)
     """)

@@ -1,4 +1,4 @@
-"""Buddy placement (pagesim/engine/policy/buddy.py) and the contiguous allocator that uses it."""
+"""Buddy placement (pagesim/engine/policy/baselines/buddy.py) and the contiguous allocator that uses it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesim.engine.policy.buddy import BuddySpace, order_for
-from pagesim.engine.policy.contiguous import ContiguousAllocator
+from pagesim.engine.policy.baselines.buddy import BuddySpace, order_for
+from pagesim.engine.policy.baselines.contiguous import ContiguousAllocator
 from tests.conftest import scaled_examples
 
 

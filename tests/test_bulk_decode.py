@@ -1,4 +1,4 @@
-"""``pagesim.engine.policy.bulk_decode``'s bookkeeping: the buckets hold exactly the sequences that allocate
+"""``pagesim.engine.policy.fast_path.bulk_decode``'s bookkeeping: the buckets hold exactly the sequences that allocate
 (and fill) a block in each step, in scheduling order, through joins and leaves; the bucket sizes
 a span's idle slots follow from are the same read from the buckets as counted from the offsets,
 and give each residue's count the way ``DecodeSpan.fill`` reads them.
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagesim.engine.policy import Request
-from pagesim.engine.policy.bulk_decode import bucket_sizes, join, leave, make_buckets
-from pagesim.engine.policy.request import Sequence
+from pagesim.engine.policy.fast_path.bulk_decode import bucket_sizes, join, leave, make_buckets
+from pagesim.engine.policy.scheduling.request import Sequence
 from tests.conftest import pure_python_only, scaled_examples
 
 
@@ -23,7 +23,7 @@ def _seqs(n: int) -> list[Sequence]:
     return [Sequence(Request(f"r{i}", prompt_len=1, max_tokens=1), 0) for i in range(n)]
 
 
-@pure_python_only("pagesim.engine.policy.bulk_decode", "the test hands bucket_sizes a stand-in for a DecodeRun")
+@pure_python_only("pagesim.engine.policy.fast_path.bulk_decode", "the test hands bucket_sizes a stand-in for a DecodeRun")
 @settings(max_examples=scaled_examples(100), deadline=None)
 @given(data=st.data())
 def test_buckets_are_the_sequences_reaching_a_boundary(data):
@@ -73,7 +73,7 @@ def test_steps_within_blocks_counts_each_steps_allocations(data):
     """``fast_forward._steps_within_blocks`` (whole periods at once, then a bucket per step) is
     the most steps, up to the horizon, whose new blocks fit in the free ones: as counting every
     sequence in every step finds, read from the buckets or from the offsets."""
-    from pagesim.engine.policy.fast_forward import _steps_within_blocks
+    from pagesim.engine.policy.fast_path.fast_forward import _steps_within_blocks
 
     bs = data.draw(st.sampled_from([1, 2, 3, 4, 16]))
     step = data.draw(st.integers(0, 5_000))

@@ -8,7 +8,7 @@ import pytest
 
 import pagesim.engine.cli as cli
 from pagesim.engine.model_presets import MODEL_PRESETS
-from pagesim.engine.policy.capacity import RequestFootprint, compute_capacity, paged_footprint
+from pagesim.engine.catalog.capacity import RequestFootprint, compute_capacity, paged_footprint
 
 WORKED_LENGTHS = [128, 700, 1500, 300, 2900, 50, 4100, 900]
 

@@ -102,11 +102,11 @@ def test_the_compiled_modules_declared_types_hold():
 
 # ------------------------------------------------- the written-out __init__ of hot dataclasses
 def _written_out():
-    from pagesim.engine.policy.fast_forward import Advanced, DecodeRun, DecodeStep
-    from pagesim.engine.policy.output import ScheduledSequence, SchedulerOutput
-    from pagesim.engine.policy.request import Request, Sequence
-    from pagesim.engine.policy.steps.base import Step
-    from pagesim.engine.policy.usage import KvUsage
+    from pagesim.engine.policy.fast_path.fast_forward import Advanced, DecodeRun, DecodeStep
+    from pagesim.engine.policy.scheduling.output import ScheduledSequence, SchedulerOutput
+    from pagesim.engine.policy.scheduling.request import Request, Sequence
+    from pagesim.engine.policy.scheduling.steps.base import Step
+    from pagesim.engine.policy.memory.usage import KvUsage
 
     return [DecodeRun, Advanced, DecodeStep, Step, Request, Sequence, ScheduledSequence, SchedulerOutput, KvUsage]
 
@@ -137,7 +137,7 @@ def test_a_written_out_init_sets_every_field(cls):
     """Each field gets its own argument, or the dataclass default (a fresh one from a factory)."""
     import dataclasses
 
-    from pagesim.engine.policy.request import Request
+    from pagesim.engine.policy.scheduling.request import Request
 
     if cls.__module__ in engine.COMPILED and cls is not Request:
         pytest.skip("compiled, the fields take only their declared types (checked in the pure-Python run)")

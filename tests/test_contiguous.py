@@ -7,7 +7,7 @@ from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagesim.engine.policy.contiguous import ContiguousAllocator
+from pagesim.engine.policy.baselines.contiguous import ContiguousAllocator
 
 
 def test_first_fit_placements_and_reuse_of_a_freed_hole():

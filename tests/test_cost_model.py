@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from pagesim.engine.model_presets import MODEL_PRESETS
 from pagesim.engine.policy import ContiguousScheduler, make_config
-from pagesim.engine.policy.output import ScheduledSequence, SchedulerOutput
+from pagesim.engine.policy.scheduling.output import ScheduledSequence, SchedulerOutput
 from pagesim.sim.cost.base import TERMS, StepCost, StepWork
 from pagesim.sim.cost.roofline import ATTENTION_KERNELS, RooflineCostModel, RooflineParams
 from pagesim.sim.deployment import Deployment, GiB

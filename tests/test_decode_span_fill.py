@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesim.engine.policy.window_decode import HybridCounts
+from pagesim.engine.policy.fast_path.window_decode import HybridCounts
 from pagesim.sim.cost.base import TERMS
 from pagesim.sim.decode_spans import DecodeSpan, DecodeSpanLog
 from pagesim.sim.step_metrics import NUM_COLUMNS, STEP_COLUMNS, StepMetrics

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from pagesim.engine.cli import main
-from pagesim.engine.policy.admission import peak_blocks
-from pagesim.engine.policy.user_plugins import builtin_names
+from pagesim.engine.policy.scheduling.admission import peak_blocks
+from pagesim.engine.policy.plugins.user import builtin_names
 from pagesim.engine.runtime import ExecutionError, SamplingParams
 from pagesim.engine.runtime.kv_cache import PagedKVCache
 from tests.conftest import scaled_examples

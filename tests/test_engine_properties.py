@@ -10,9 +10,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from pagesim.engine.policy.admission import peak_blocks
-from pagesim.engine.policy.eviction import EVICTION_POLICIES
-from pagesim.engine.policy.preemption import VICTIM_POLICIES
+from pagesim.engine.policy.scheduling.admission import peak_blocks
+from pagesim.engine.policy.memory.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.scheduling.preemption import VICTIM_POLICIES
 from pagesim.engine.runtime import SamplingParams
 from tests.conftest import scaled_examples
 from tests.engine_support import make_engine, prompt_of, request, serve

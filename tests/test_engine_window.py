@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from pagesim.engine.model import LlamaConfig, random_model
 from pagesim.engine.policy import make_config
-from pagesim.engine.policy.admission import hybrid_blocks, longest_written_tokens
-from pagesim.engine.policy.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.scheduling.admission import hybrid_blocks, longest_written_tokens
+from pagesim.engine.policy.memory.eviction import EVICTION_POLICIES
 from pagesim.engine.runtime import Engine, SamplingParams
 from pagesim.engine.runtime.kv_cache import scheduler_kv_settings
 from tests.conftest import scaled_examples

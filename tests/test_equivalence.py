@@ -43,10 +43,10 @@ from hypothesis import strategies as st
 
 from pagesim.engine.model_presets import get_model_preset
 from pagesim.engine.policy import Scheduler, SchedulerConfig, make_config
-from pagesim.engine.policy.admission import peak_blocks, rejection_reason
-from pagesim.engine.policy.eviction import EVICTION_POLICIES
-from pagesim.engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES
-from pagesim.engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+from pagesim.engine.policy.scheduling.admission import peak_blocks, rejection_reason
+from pagesim.engine.policy.memory.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.scheduling.preemption import PREEMPTION_MODES, VICTIM_POLICIES
+from pagesim.engine.policy.scheduling.steps.vllm_v0 import VLLM_V0_ABORTS
 from pagesim.engine.runtime import Engine, SamplingParams
 from pagesim.engine.runtime.reference import check_outputs
 from pagesim.reports.validation import runs

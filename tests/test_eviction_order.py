@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagesim.engine.policy.block_key import BlockKey, chain_keys
-from pagesim.engine.policy.block_pool import BlockPool, NoFreeBlocksError
+from pagesim.engine.policy.memory.block_key import BlockKey, chain_keys
+from pagesim.engine.policy.memory.block_pool import BlockPool, NoFreeBlocksError
 
 
 def cached_table(pool: BlockPool, keys: list[BlockKey]) -> list[int]:

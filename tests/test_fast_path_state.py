@@ -4,10 +4,10 @@
 logs, step and request columns, summaries). A sequence counter the fast path sets wrong may not
 show there until some later decision reads it (``num_registered_blocks``, for instance, is read
 only when a sequence is preempted or freed). So here two schedulers take the same requests at the
-same steps, one step by step, the other through ``pagesim.engine.policy.fast_forward`` wherever the
+same steps, one step by step, the other through ``pagesim.engine.policy.fast_path.fast_forward`` wherever the
 simulator would (``advance`` over steady stretches up to the next arrival, ``schedule_decode_step``
 + ``update_decode_step`` for a step that admits beside the decodes or must preempt for them,
-``pagesim.engine.policy.preempting_decode``), and after every step both
+``pagesim.engine.policy.fast_path.preempting_decode``), and after every step both
 have taken, every sequence's fields and the pool's blocks are compared.
 
 Both schedulers make every block key when due (``kv.lazy_keys`` off, as the simulator's reference
@@ -15,7 +15,7 @@ path does), so the pools can be compared block for block; a second test keeps la
 (each block compared as unkeyed, lazily keyed or keyed), where a batch whose sequences all key
 lazily leaves their keys to settling (``DecodeRun.eager``).
 
-With implicit decoders (``pagesim.engine.policy.bulk_decode``) the fast scheduler's running sequences lag
+With implicit decoders (``pagesim.engine.policy.fast_path.bulk_decode``) the fast scheduler's running sequences lag
 until something reads them; the state compared is what a reader finds, taken from a copy settled
 as ``Scheduler.settle`` settles it, so that the scheduler itself goes on lagging as in a run.
 """
@@ -28,15 +28,17 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pagesim.engine.policy import Request, Scheduler, bulk_decode, make_config
-from pagesim.engine.policy import fast_forward as ff
-from pagesim.engine.policy.block_pool import LAZY_KEY, BlockPool
-from pagesim.engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+from pagesim.engine.policy import Request, Scheduler, make_config
+from pagesim.engine.policy.fast_path import bulk_decode
+from pagesim.engine.policy.scheduling import lag
+from pagesim.engine.policy.fast_path import fast_forward as ff
+from pagesim.engine.policy.memory.block_pool import LAZY_KEY, BlockPool
+from pagesim.engine.policy.scheduling.steps.vllm_v0 import VLLM_V0_ABORTS
 from tests.conftest import pure_python_only, scaled_examples
 
 # (The state compared is a settled deep copy's: see pure_python_only. tests/test_skip_ahead.py and the
 # oracle's cases check the compiled build's decisions and metrics.)
-pytestmark = pure_python_only("pagesim.engine.policy.scheduler", "these tests deep-copy schedulers")
+pytestmark = pure_python_only("pagesim.engine.policy.scheduling.scheduler", "these tests deep-copy schedulers")
 
 SEQUENCE_FIELDS = ("index", "num_computed_tokens", "num_filled_tokens", "block_table", "cpu_block_table",
                    "num_registered_blocks", "num_offered_blocks", "finished", "finish_reason", "parked", "decoding")
@@ -185,7 +187,8 @@ def test_lazy_key_comparison_has_teeth(monkeypatch):
     spec = [(0, 9, 30, 1), (3, 5, 30, 1), (6, 7, 20, 1), (9, 3, 25, 1)]
     plain = drive(config, spec, fast=False, lazy_keys=True)
     assert all(step_state == plain[step] for step, step_state in drive(config, spec, fast=True, lazy_keys=True).items())
-    monkeypatch.setattr(bulk_decode, "key_lazily", lambda keys, seq, full: None)
+    monkeypatch.setattr(lag, "key_lazily", lambda keys, seq, full: None)  # (settling's)
+    monkeypatch.setattr(bulk_decode, "key_lazily", lambda keys, seq, full: None)  # (apply_in_bulk's)
     assert _compared_apart(monkeypatch, config, spec, plain, lazy_keys=True)
     assert _caught(monkeypatch, config, spec, plain, lazy_keys=True)
 
@@ -227,11 +230,11 @@ def _decode_once_lagging(seqs, computed, kv, pool):
     return counts
 
 
-_REAL_SETTLE_ONE = bulk_decode.settle_one
+_REAL_SETTLE_ONE = lag.settle_one
 
 
 def _settle_one_lagging(seq, *args):
-    """``bulk_decode.settle_one`` that leaves the sequence's registered-block counter where it was."""
+    """``lag.settle_one`` that leaves the sequence's registered-block counter where it was."""
     before = seq.num_registered_blocks
     _REAL_SETTLE_ONE(seq, *args)
     seq.num_registered_blocks = before
@@ -250,7 +253,8 @@ def test_state_comparison_has_teeth(monkeypatch, implicit):
     unmodified = drive(config, spec, fast=True)
     assert all(unmodified[step] == plain[step] for step in unmodified)
     if implicit:
-        monkeypatch.setattr(bulk_decode, "settle_one", _settle_one_lagging)
+        monkeypatch.setattr(lag, "settle_one", _settle_one_lagging)  # (settle's, the scheduler's)
+        monkeypatch.setattr(bulk_decode, "settle_one", _settle_one_lagging)  # (apply_in_bulk's)
     else:
         monkeypatch.setattr(ff, "_decode_once", _decode_once_lagging)
     assert _compared_apart(monkeypatch, config, spec, plain)

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from pagesim.engine.policy.block_key import BlockKey
-from pagesim.engine.policy.block_pool import LAZY_KEY, BlockPool
+from pagesim.engine.policy.memory.block_key import BlockKey
+from pagesim.engine.policy.memory.block_pool import LAZY_KEY, BlockPool
 
 
 def _pool_with_table(keyed: int, shared: tuple[int, ...] = ()) -> tuple[BlockPool, list[int]]:

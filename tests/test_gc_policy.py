@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pagesim.engine.policy import Request, Scheduler, make_config
-from pagesim.engine.policy.request import Sequence
+from pagesim.engine.policy.scheduling.request import Sequence
 from pagesim.sim.gc_policy import YOUNG_THRESHOLD, collecting_less
 from pagesim.sim.simulator import SimOptions, Simulation
 from tests.test_skip_ahead import roofline

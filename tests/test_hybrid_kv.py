@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from pagesim.engine.policy import Request, Scheduler, make_config
-from pagesim.engine.policy.block_key import BlockKey
-from pagesim.engine.policy.hybrid_kv import GroupKey, HybridKVCacheManager, skipped_blocks
+from pagesim.engine.policy.memory.block_key import BlockKey
+from pagesim.engine.policy.memory.hybrid_kv import GroupKey, HybridKVCacheManager, skipped_blocks
 from tests.conftest import scaled_examples
 
 

@@ -77,7 +77,7 @@ def _llama_config(path):
 
 
 def _bench_result(path):
-    from pagesim.reports.bench_result import load_result
+    from pagesim.sim.bench_result import load_result
 
     return load_result(path)
 

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesim.engine.policy.eviction import LRUPolicy
+from pagesim.engine.policy.memory.eviction import LRUPolicy
 from tests.conftest import scaled_examples
 
 ops = st.lists(st.tuples(st.sampled_from(["add", "add_many", "remove", "pop", "pop_many"]),

@@ -13,8 +13,8 @@ import pytest
 from pagesim.engine.cli import main
 from pagesim.engine.policy import Request, Scheduler, make_config
 from pagesim.engine.policy.offload.policies import OFFLOAD_POLICIES
-from pagesim.engine.policy.plugin_guard import PluginError
-from pagesim.engine.policy.user_plugins import load_plugin
+from pagesim.engine.policy.plugins.guard import PluginError
+from pagesim.engine.policy.plugins.user import load_plugin
 from tests.test_plugins import ROOT
 
 EXAMPLE = f"{ROOT / 'examples' / 'first_stored_offload.py'}:FirstStored"

@@ -41,10 +41,10 @@ from hypothesis import Phase, event, find, given, note, settings
 from hypothesis import strategies as st
 
 from pagesim.engine.policy import Request, RequestStatus, Scheduler, SchedulerOutput, make_config
-from pagesim.engine.policy.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.memory.eviction import EVICTION_POLICIES
 from pagesim.engine.policy.offload import OFFLOAD_POLICIES
 from pagesim.engine.policy.offload.store import READY, STORING
-from pagesim.engine.policy.output import dump_record
+from pagesim.engine.policy.scheduling.output import dump_record
 from tests.conftest import scaled_examples
 
 OFFLOAD_FIELDS = {"blocks_to_load", "blocks_to_store", "offload_hits", "num_free_offload_blocks"}

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from pagesim.engine.cli import main
-from pagesim.engine.policy.plugin_guard import PluginError
-from pagesim.engine.policy.user_plugins import KINDS, load_plugin
+from pagesim.engine.policy.plugins.guard import PluginError
+from pagesim.engine.policy.plugins.user import KINDS, load_plugin
 from tests.conftest import pure_python_only
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ SIM = ["simulate", "--no-progress", "--json", "--workload", "kwon2023-sharegpt",
 VICTIMS = """
 import sys
 
-from pagesim.engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.scheduling.preemption import VictimPolicy
 
 
 class Str(VictimPolicy):
@@ -81,7 +81,7 @@ class Fine(VictimPolicy):
         return candidates[-1]
 """
 EVICTION = """
-from pagesim.engine.policy.eviction import EvictionPolicy
+from pagesim.engine.policy.memory.eviction import EvictionPolicy
 
 
 class Garbage(EvictionPolicy):
@@ -114,8 +114,8 @@ class Empty(Garbage):
         return None
 """
 OTHERS = """
-from pagesim.engine.policy.preemption import PreemptionMode
-from pagesim.engine.policy.scheduler import Scheduler
+from pagesim.engine.policy.scheduling.preemption import PreemptionMode
+from pagesim.engine.policy.scheduling.scheduler import Scheduler
 
 
 class Capitalised(PreemptionMode):
@@ -219,16 +219,16 @@ def test_a_preemption_mode_and_a_scheduler_subclass_are_guarded(tmp_path, capsys
     err = refused(capsys, [*SIM, "--plugin", f"{path}:Misuses", "--scheduler", "misuses"])
     assert re.search(r"plugin '.*:Misuses': schedule\(\) raised ValueError: cannot abort request 'no-such-request': "
                      r"it is not unfinished in this scheduler \(in "
-                     rf"pagesim/engine/policy/scheduler\.py line \d+, called from .*others\.py line "
+                     rf"pagesim/engine/policy/scheduling/scheduler\.py line \d+, called from .*others\.py line "
                      rf"{line_of(OTHERS, 'no-such-request')}\)$", err), err
 
 
-@pure_python_only("pagesim.engine.policy.scheduler", "the test makes a scheduler without its __init__")
+@pure_python_only("pagesim.engine.policy.scheduling.scheduler", "the test makes a scheduler without its __init__")
 def test_a_scheduler_subclass_lets_pagesims_own_errors_through(tmp_path, monkeypatch):
     """An error class pagesim defines, raised below the plug-in, keeps its type, so the command's
     own handling applies (``simulate`` restates vLLM 0.6.3's abort)."""
-    from pagesim.engine.policy.scheduler import Scheduler
-    from pagesim.engine.policy.steps.vllm_v0 import VllmV0Abort
+    from pagesim.engine.policy.scheduling.scheduler import Scheduler
+    from pagesim.engine.policy.scheduling.steps.vllm_v0 import VllmV0Abort
 
     def abort(self):
         raise VllmV0Abort("as vLLM 0.6.3 would")
@@ -350,8 +350,8 @@ def test_a_memory_error_prints_its_own_message(capsys, monkeypatch):
 CORRECT = """
 import numpy as np
 
-from pagesim.engine.policy.eviction import LRUPolicy
-from pagesim.engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.memory.eviction import LRUPolicy
+from pagesim.engine.policy.scheduling.preemption import VictimPolicy
 
 
 class NoPick(Exception):

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from pagesim.engine.cli import main
-from pagesim.engine.policy.user_plugins import KINDS, SCHEDULERS, load_plugin, scheduler_class, source_digest
-from pagesim.reports.spec import SpecError, parse_spec, run_id
+from pagesim.engine.policy.plugins.user import KINDS, SCHEDULERS, load_plugin, scheduler_class, source_digest
+from pagesim.reports.run_config import run_id
+from pagesim.reports.spec import SpecError, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{ROOT / 'examples' / 'most_remaining_victim.py'}:MostRemainingVictim"
@@ -23,7 +24,7 @@ SIM = ["simulate", "--no-progress", "--json", "--workload", "kwon2023-sharegpt",
        "--num-gpu-blocks", "300"]
 
 VICTIM = """
-from pagesim.engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.scheduling.preemption import VictimPolicy
 
 class CountingVictim(VictimPolicy):
     name = "counting"
@@ -35,7 +36,7 @@ class CountingVictim(VictimPolicy):
 """
 EVICTION = """
 from collections import OrderedDict
-from pagesim.engine.policy.eviction import EvictionPolicy
+from pagesim.engine.policy.memory.eviction import EvictionPolicy
 
 class MostRecentFirst(EvictionPolicy):  # no `name`: registered as the class name
     def __init__(self, stats):
@@ -58,7 +59,7 @@ class MostRecentFirst(EvictionPolicy):  # no `name`: registered as the class nam
         return block_id in self._order
 """
 MODE = """
-from pagesim.engine.policy.preemption import PreemptionMode
+from pagesim.engine.policy.scheduling.preemption import PreemptionMode
 
 class AlwaysSwap(PreemptionMode):
     name = "always-swap"
@@ -67,7 +68,7 @@ class AlwaysSwap(PreemptionMode):
         return "swap"
 """
 SCHEDULER = """
-from pagesim.engine.policy.scheduler import Scheduler
+from pagesim.engine.policy.scheduling.scheduler import Scheduler
 
 class CountingScheduler(Scheduler):
     name = "counting-scheduler"
@@ -142,7 +143,7 @@ BAD_SPECS = [
     ("{dir}/raises.py:X", r"raises\.py line 2: RuntimeError: boom"),
 ]
 OTHER = """
-from pagesim.engine.policy.preemption import PreemptionMode, VictimPolicy
+from pagesim.engine.policy.scheduling.preemption import PreemptionMode, VictimPolicy
 
 CONSTANT = 3
 

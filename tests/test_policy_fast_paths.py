@@ -11,11 +11,11 @@ import random
 
 import pytest
 
-from pagesim.engine.policy.block_key import ROOT_HASH, BlockKey, default_hash
-from pagesim.engine.policy.block_pool import BlockPool
-from pagesim.engine.policy.eviction import EVICTION_POLICIES
-from pagesim.engine.policy.prefix_cache import PrefixCacheIndex
-from pagesim.engine.policy.request import Request
+from pagesim.engine.policy.memory.block_key import ROOT_HASH, BlockKey, default_hash
+from pagesim.engine.policy.memory.block_pool import BlockPool
+from pagesim.engine.policy.memory.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.memory.prefix_cache import PrefixCacheIndex
+from pagesim.engine.policy.scheduling.request import Request
 
 
 def general_content(request: Request, seq, start: int, end: int) -> tuple:
@@ -103,8 +103,8 @@ def test_pools_track_the_key_tree_only_for_policies_that_read_it():
 def test_a_subclass_makes_the_pools_shortcut_promises_only_by_stating_them():
     """``lru`` promises it reads no block stats; a plug-in subclass that orders by hit counts
     does not inherit that promise, so the pool keeps its counts."""
-    from pagesim.engine.policy.block_key import BlockKey
-    from pagesim.engine.policy.eviction import LRUPolicy
+    from pagesim.engine.policy.memory.block_key import BlockKey
+    from pagesim.engine.policy.memory.eviction import LRUPolicy
 
     class HitsFirst(LRUPolicy):  # keeps lru's queue, reads hit counts (a plug-in author's variant)
         name = "hits-first-test"

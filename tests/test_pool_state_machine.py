@@ -30,12 +30,12 @@ from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagesim.engine.policy.block_key import BlockKey, chain_keys, default_hash
-from pagesim.engine.policy.block_pool import BlockPool
-from pagesim.engine.policy.eviction import EVICTION_POLICIES
-from pagesim.engine.policy.kv_manager import KVCacheManager, cdiv
-from pagesim.engine.policy.request import Request, Sequence
-from pagesim.engine.policy.swap_pool import SwapPool
+from pagesim.engine.policy.memory.block_key import BlockKey, chain_keys, default_hash
+from pagesim.engine.policy.memory.block_pool import BlockPool
+from pagesim.engine.policy.memory.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.memory.kv_manager import KVCacheManager, cdiv
+from pagesim.engine.policy.scheduling.request import Request, Sequence
+from pagesim.engine.policy.memory.swap_pool import SwapPool
 from tests.conftest import scaled_examples
 
 VOCAB = 4  # token ids 0..3: prefix hits and duplicate contents are common

@@ -1,4 +1,4 @@
-"""``pagesim.engine.policy.preempting_decode``: a decode step that must preempt, or that copies on write
+"""``pagesim.engine.policy.fast_path.preempting_decode``: a decode step that must preempt, or that copies on write
 after a parallel-sampling fork, leaves the policy's state exactly as ``schedule()`` + ``update()``
 leave it, under every built-in victim policy, both preemption modes, with and without prefix
 caching, and the simulator reports the same run.
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from pagesim.engine.policy import fast_forward as ff
-from pagesim.engine.policy import Scheduler, make_config, preempting_decode
-from pagesim.engine.policy.preemption import VICTIM_POLICIES
+from pagesim.engine.policy.fast_path import fast_forward as ff
+from pagesim.engine.policy import Scheduler, make_config
+from pagesim.engine.policy.fast_path import preempting_decode
+from pagesim.engine.policy.scheduling.preemption import VICTIM_POLICIES
 from tests.conftest import pure_python_only
 from tests.test_fast_path_state import drive
 
-pytestmark = pure_python_only("pagesim.engine.policy.scheduler", "these tests deep-copy schedulers (test_fast_path_state.drive)")
+pytestmark = pure_python_only("pagesim.engine.policy.scheduling.scheduler", "these tests deep-copy schedulers (test_fast_path_state.drive)")
 
 #: Eight requests of different lengths arriving over eight steps, two with two parallel samples:
 #: far more than 40 blocks of 4 hold.

@@ -1,7 +1,7 @@
 """Priority scheduling (vLLM 0.33's ``SchedulerConfig(policy="priority")``): the waiting queue
 against a plain sorted-list model, and the setting refused where it does not apply, by name.
 
-The queue (``pagesim/engine/policy/waiting_queue.py``) must pop requests in the order vLLM's heap does,
+The queue (``pagesim/engine/policy/scheduling/waiting_queue.py``) must pop requests in the order vLLM's heap does,
 ``(priority, arrival time, request id)``, whatever mix of pushes (new arrivals, preempted
 requests put back with ``appendleft``), pops and removals (aborts) reaches it; the model is a
 list kept sorted by that key.
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagesim.engine.policy import make_config
-from pagesim.engine.policy.request import Request
-from pagesim.engine.policy.waiting_queue import PriorityWaitingQueue, priority_key
+from pagesim.engine.policy.scheduling.request import Request
+from pagesim.engine.policy.scheduling.waiting_queue import PriorityWaitingQueue, priority_key
 
 
 class PriorityQueueAgainstSortedList(RuleBasedStateMachine):

@@ -19,7 +19,8 @@ from pagesim.reports.execute import _write_study
 from pagesim.reports.findings import AXIS_NAMES, findings
 from pagesim.reports.pdf import LOAD_PAGES, cover_lines, report_pages
 from pagesim.reports.results import load_study
-from pagesim.reports.spec import parse_spec, run_id
+from pagesim.reports.run_config import run_id
+from pagesim.reports.spec import parse_spec
 from pagesim.reports.store import ResultsStore
 from pagesim.reports.table_pages import all_runs
 from tests.conftest import scaled_examples

@@ -24,7 +24,7 @@ seed = [0, 1, 2]
 """
 
 NOOP_SCHEDULER = """
-from pagesim.engine.policy.scheduler import Scheduler
+from pagesim.engine.policy.scheduling.scheduler import Scheduler
 
 
 class SameAsDefault(Scheduler):
@@ -101,7 +101,7 @@ def test_seeds_that_change_nothing_and_one_sided_seeds_fall_back_to_the_threshol
 
 
 def test_gaps_are_relative_to_the_value_compared_with():
-    from pagesim.reports.findings import compared
+    from pagesim.reports.claims import compared
     from pagesim.reports.results import M
 
     thr = M["throughput_tokens_s"]

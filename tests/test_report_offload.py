@@ -19,8 +19,9 @@ from pagesim.reports.offload import Sweep, offload_findings, offload_grids
 from pagesim.reports.offload_pages import TITLE, offload_pages
 from pagesim.reports.pdf import build_report, iter_report_pages
 from pagesim.reports.results import load_study, metric
+from pagesim.reports.run_config import run_id
 from pagesim.reports.runner import _run_spec
-from pagesim.reports.spec import SpecError, parse_spec, run_id
+from pagesim.reports.spec import SpecError, parse_spec
 from pagesim.reports.store import ResultsStore
 from pagesim.reports.table_pages import all_runs
 from tests.report_layout import layout_problems

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pagesim.engine.policy import Scheduler, make_config
-from pagesim.engine.policy.steps.vllm_v0 import VllmV0Abort
-from pagesim.engine.policy.swap_pool import SwapSpaceExhausted
+from pagesim.engine.policy.scheduling.steps.vllm_v0 import VllmV0Abort
+from pagesim.engine.policy.memory.swap_pool import SwapSpaceExhausted
 from pagesim.sim.metrics import COMPLETED, TIMED_OUT, admitted_rows
 from pagesim.sim.simulator import SimOptions, Simulation
 from tests.conftest import pure_python_only, scaled_examples
@@ -238,7 +238,7 @@ def test_the_step_after_an_abort_may_be_a_decode_step(monkeypatch):
     ``schedule()``'s does."""
     from pagesim import sim
     import pagesim.sim.replica
-    from pagesim.engine.policy import fast_forward
+    from pagesim.engine.policy.fast_path import fast_forward
 
     calls = []
 
@@ -342,7 +342,8 @@ request_timeout_s = [1.5, 30]
 
 
 def test_a_study_spec_takes_the_timeout_as_a_setting_and_an_axis():
-    from pagesim.reports.spec import SpecError, parse_spec, run_id
+    from pagesim.reports.run_config import run_id
+    from pagesim.reports.spec import SpecError, parse_spec
 
     spec = parse_spec(SPEC)
     assert sorted(c["request_timeout_s"] for c in spec.runs()) == [1.5, 30.0]

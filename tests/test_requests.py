@@ -83,7 +83,7 @@ def test_block_contents_are_block_content_block_by_block(kind, block_size):
     applies: prompts with no token ids (by no identity, or by identities of whole blocks, or of
     segments a block straddles), prompts of token ids, unnamed outputs, and outputs with a named
     token or not yet generated; every start and stop, so runs that cross the prompt's end too."""
-    from pagesim.engine.policy.request import Sequence
+    from pagesim.engine.policy.scheduling.request import Sequence
 
     prompt = {"plain": {}, "identities": dict(prefix_block_ids=[7, 8, 9], prefix_block_tokens=16),
               "ragged identities": dict(prefix_block_ids=[7, 8], prefix_block_tokens=6),

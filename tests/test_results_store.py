@@ -14,7 +14,8 @@ import pytest
 from pagesim.reports.execute import run_study
 from pagesim.reports.pdf import build_report
 from pagesim.reports.results import load_study
-from pagesim.reports.spec import parse_spec, run_id
+from pagesim.reports.run_config import run_id
+from pagesim.reports.spec import parse_spec
 from pagesim.reports.store import ResultsStore, ResultsWarning, parse_record
 
 TINY = """

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from pagesim.engine.cli import main
 from pagesim.engine.model_presets import MODEL_PRESETS
-from pagesim.engine.policy.output import ScheduledSequence, SchedulerOutput
+from pagesim.engine.policy.scheduling.output import ScheduledSequence, SchedulerOutput
 from pagesim.sim.cost.base import TERMS, StepWork
 from pagesim.sim.cost.roofline import RooflineCostModel, RooflineParams
 from pagesim.sim.deployment import Deployment, GiB

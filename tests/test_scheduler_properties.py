@@ -20,8 +20,8 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from pagesim.engine.policy import Request, RequestStatus, Scheduler, SchedulerOutput, make_config
-from pagesim.engine.policy.eviction import EVICTION_POLICIES
-from pagesim.engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+from pagesim.engine.policy.memory.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.scheduling.steps.vllm_v0 import VLLM_V0_ABORTS
 from tests.conftest import scaled_examples
 
 

@@ -1,4 +1,4 @@
-"""``pagesim/engine/policy/seed0_set.py``: strings that hash as under ``PYTHONHASHSEED=0``, so the
+"""``pagesim/engine/policy/offload/seed0_set.py``: strings that hash as under ``PYTHONHASHSEED=0``, so the
 policy's sets of request ids walk in vLLM's order whatever seed this process has.
 
 Checked against a real child interpreter started with ``PYTHONHASHSEED=0``, and end to end: the
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from pagesim.engine.policy.seed0_set import Seed0Str, seed0_hash
+from pagesim.engine.policy.offload.seed0_set import Seed0Str, seed0_hash
 from tests.conftest import ORACLE_CASES, golden_log
 
 # every storage width CPython uses (1, 2 and 4 bytes a character), lengths around SipHash's

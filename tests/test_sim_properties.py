@@ -337,7 +337,7 @@ def test_contiguous_baseline_runs_beam_search(allocator):
 
 def brute_force_usage(sched: Scheduler):
     """KV usage recounted from every block table: a block holds the tokens its fullest holder wrote."""
-    from pagesim.engine.policy.usage import KvUsage
+    from pagesim.engine.policy.memory.usage import KvUsage
 
     bs, pool = sched.block_size, sched.pool
     held: dict[int, int] = {}
@@ -374,14 +374,14 @@ def recounted_run(trace: Trace, setup: dict) -> list:
 
 
 @pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
-@pure_python_only("pagesim.engine.policy.scheduler", "the test replaces the scheduler's kv_usage with a checking one")
+@pure_python_only("pagesim.engine.policy.scheduling.scheduler", "the test replaces the scheduler's kv_usage with a checking one")
 @settings(max_examples=scaled_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_kv_usage_equals_a_recount_of_every_block_table(case):
     recounted_run(*case)
 
 
-@pure_python_only("pagesim.engine.policy.scheduler", "the test replaces the scheduler's kv_usage with a checking one")
+@pure_python_only("pagesim.engine.policy.scheduling.scheduler", "the test replaces the scheduler's kv_usage with a checking one")
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_kv_usage_recount_with_sharing_and_preemption(mode):
     # four samples per request share their prompt blocks; a tight pool forces preemptions

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pagesim.engine.policy import Scheduler, make_config
-from pagesim.engine.policy import fast_forward
-from pagesim.engine.policy.steps.vllm_v0 import VllmV0Abort
-from pagesim.engine.policy.swap_pool import SwapSpaceExhausted
+from pagesim.engine.policy.fast_path import fast_forward
+from pagesim.engine.policy.scheduling.steps.vllm_v0 import VllmV0Abort
+from pagesim.engine.policy.memory.swap_pool import SwapSpaceExhausted
 from pagesim.sim.cost.base import TERMS, CostModel, StepCost, StepWork
 from pagesim.sim.cost.roofline import RooflineCostModel
 from pagesim.sim.deployment import Deployment
@@ -457,11 +457,11 @@ def test_recomputed_requests_hit_their_own_lazily_keyed_blocks(eviction):
     assert own_hits(log) > 0
 
 
-@pure_python_only("pagesim.engine.policy.kv_manager", "the test replaces a KVCacheManager method its own methods call")
+@pure_python_only("pagesim.engine.policy.memory.kv_manager", "the test replaces a KVCacheManager method its own methods call")
 def test_lazy_keys_comparison_has_teeth(monkeypatch):
     """A lazily keyed block that never gets its real key cannot be found by its recomputed owner:
     fewer hits, other decisions; caught."""
-    from pagesim.engine.policy.kv_manager import KVCacheManager
+    from pagesim.engine.policy.memory.kv_manager import KVCacheManager
 
     trace, settings_ = recompute_hits_own_blocks()
     monkeypatch.setattr(KVCacheManager, "_materialize", lambda self, seq: None)
@@ -473,8 +473,8 @@ def test_lazy_keys_only_where_content_is_unique():
     """Named prompts keep eager keys (another request may share them); a prompt of unique content
     is lazy from block 0; one with prefix identities from the first block past them; n > 1 never."""
     from pagesim.engine.policy import Request
-    from pagesim.engine.policy.block_pool import LAZY_KEY
-    from pagesim.engine.policy.kv_manager import NEVER
+    from pagesim.engine.policy.memory.block_pool import LAZY_KEY
+    from pagesim.engine.policy.memory.kv_manager import NEVER
 
     config = make_config("pagesim", block_size=4, num_gpu_blocks=64, max_model_len=256, enable_prefix_caching=True)
     sched = Scheduler(config)

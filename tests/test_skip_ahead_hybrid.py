@@ -2,8 +2,8 @@
 
 Two things are skipped here that ``tests/test_skip_ahead.py`` does not reach:
 
-- a **hybrid KV cache** (sliding-window layer groups, ``pagesim/engine/policy/hybrid_kv.py``), whose
-  decodes drop the blocks that leave each window (``pagesim/engine/policy/window_decode.py``): generated
+- a **hybrid KV cache** (sliding-window layer groups, ``pagesim/engine/policy/memory/hybrid_kv.py``), whose
+  decodes drop the blocks that leave each window (``pagesim/engine/policy/fast_path/window_decode.py``): generated
   layouts (sliding then full, full then sliding, all sliding, several sliding groups, two
   windows), windows from one token to a few blocks, prefix caching with every retention rule,
   every eviction policy, pools tight enough to preempt, parallel samples;
@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pagesim.engine.model_presets import get_model_preset
-from pagesim.engine.policy import fast_forward, window_decode
+from pagesim.engine.policy.fast_path import fast_forward, window_decode
 from pagesim.sim.cost.base import TERMS, StepCost, StepWork
 from pagesim.sim.cost.roofline import RooflineCostModel
 from pagesim.sim.deployment import Deployment

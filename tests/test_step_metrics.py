@@ -18,7 +18,7 @@ from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagesim.engine.policy.usage import KvUsage
+from pagesim.engine.policy.memory.usage import KvUsage
 from pagesim.sim.cost.base import TERMS, StepCost, StepWork
 from pagesim.sim.bench_metrics import Slo
 from pagesim.sim.metrics import COMPLETED, RequestMetrics, summarize

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from pagesim.reports.execute import run_study
-from pagesim.reports.spec import SpecError, parse_spec, run_id
+from pagesim.reports.run_config import run_id
+from pagesim.reports.spec import SpecError, parse_spec
 from pagesim.reports.store import ResultsStore
 from tests.processes import assert_none_left
 

@@ -28,7 +28,7 @@ kv_cache_gb = 1.0
 """
 LOUD = """
 from pathlib import Path
-from pagesim.engine.policy.preemption import VictimPolicy
+from pagesim.engine.policy.scheduling.preemption import VictimPolicy
 Path(__file__).with_name("ran.txt").write_text("the plug-in's file ran")
 class Loud(VictimPolicy):
     name = "{name}"

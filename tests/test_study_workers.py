@@ -44,7 +44,7 @@ def test_a_process_running_many_simulations_keeps_few_earlier_runs_deployments()
     runs."""
     out = python("""
         import gc, json, sys
-        from pagesim.engine.policy.block_pool import BlockPool
+        from pagesim.engine.policy.memory.block_pool import BlockPool
         from pagesim.reports.runner import run_one
         from pagesim.reports.spec import parse_spec
 
@@ -67,7 +67,8 @@ def test_workers_are_replaced_after_their_runs_and_the_study_finishes():
     out = python("""
         import json, os, sys
         from pagesim.reports.execute import run_local
-        from pagesim.reports.spec import parse_spec, run_id
+        from pagesim.reports.run_config import run_id
+        from pagesim.reports.spec import parse_spec
         from tests.processes import descendants
 
         def workers():

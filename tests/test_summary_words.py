@@ -9,7 +9,7 @@ figures, the findings' phrases, plain numbers, and examples that run from a fres
 - ``pagesim.sim.ideal_cache`` against a block-by-block reference built from the simulator's own keys
   (``Request.block_contents`` chained into ``BlockKey``s) and, for tiny cases, against every subset
   of reuse intervals (MIN is optimal); a simulated run never beats it;
-- ``pagesim.reports.findings.compared`` over generated values: grammatical, plain, never "0x";
+- ``pagesim.reports.claims.compared`` over generated values: grammatical, plain, never "0x";
 - the printed summary: no exponent notation, grouped digits, "allocated" / "holding tokens";
 - a study whose eviction policies tie says why; the report's eviction page draws;
 - every examples/*.toml parses from the repository with its trace inside it, and its first run
@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagesim.engine.policy import Scheduler, make_config
-from pagesim.engine.policy.block_key import chain_keys
+from pagesim.engine.policy.memory.block_key import chain_keys
 from pagesim.sim.ideal_cache import belady_hits, ideal_cache, reuse_intervals
 from pagesim.sim.simulator import SimOptions, Simulation
 from tests.conftest import scaled_examples
@@ -219,7 +219,7 @@ VALUES = st.one_of(st.just(0.0), st.floats(1e-6, 1e7, allow_nan=False), st.sampl
                                                  "prefix_hit_rate", "memory_utilization"]),
        other=st.sampled_from(["the next", "the best"]))
 def test_compared_phrases_are_plain_english(a, b, key, other):
-    from pagesim.reports.findings import compared
+    from pagesim.reports.claims import compared
     from pagesim.reports.results import M
 
     metric = M[key]
@@ -233,7 +233,7 @@ def test_compared_phrases_are_plain_english(a, b, key, other):
 
 
 def test_compared_reads_as_the_issue_asks():
-    from pagesim.reports.findings import compared
+    from pagesim.reports.claims import compared
     from pagesim.reports.results import M
 
     thr, ttft = M["throughput_tokens_s"], M["ttft_s.p99"]

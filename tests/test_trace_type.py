@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pagesim.engine.cli import main
-from pagesim.engine.policy.request import Request
+from pagesim.engine.policy.scheduling.request import Request
 from pagesim.traces.errors import TraceFormatError
 from pagesim.traces.generate import generate, workload_spec
 from pagesim.traces.loaders import load_trace

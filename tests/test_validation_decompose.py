@@ -134,7 +134,7 @@ class StepTimes:  # (duck-typed: the replica calls step_cost and the usage hooks
 def test_on_the_engine_a_cost_model_off_by_a_factor_gives_that_factor(factor):
     from pagesim.engine.model import load_model
     from pagesim.engine.policy import make_config
-    from pagesim.engine.policy.scheduler import Scheduler
+    from pagesim.engine.policy.scheduling.scheduler import Scheduler
     from pagesim.reports.validation import compare, runs
     from pagesim.sim.simulator import SimOptions, Simulation
     from pagesim.traces.generate import generate, workload_spec

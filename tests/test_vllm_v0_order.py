@@ -8,7 +8,7 @@ import pytest
 
 from pagesim.engine.oracle.replay import fake_token
 from pagesim.engine.policy import Request, Scheduler, make_config
-from pagesim.engine.policy.steps.vllm_v0 import SchedulingBudget, VllmV0Abort, touched_blocks
+from pagesim.engine.policy.scheduling.steps.vllm_v0 import SchedulingBudget, VllmV0Abort, touched_blocks
 
 
 def v0(**overrides) -> Scheduler:

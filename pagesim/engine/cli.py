@@ -18,8 +18,8 @@ import threading
 
 # name -> module that defines add_parser(subparsers) and whose parser sets ``func``.
 SUBCOMMANDS: dict[str, str] = {
-    "memory": "pagesim.engine.policy.capacity_cli",
-    "presets": "pagesim.engine.policy.presets_cli",
+    "memory": "pagesim.engine.commands.memory",
+    "presets": "pagesim.engine.commands.presets",
     "oracle": "pagesim.engine.oracle.cli",
     "trace": "pagesim.traces.cli",
     "simulate": "pagesim.sim.cli",

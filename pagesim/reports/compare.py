@@ -201,7 +201,7 @@ def _entries_problem(key: str, values: list, kind: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pagesim.reports.bench_result import load_result
+    from pagesim.sim.bench_result import load_result
 
     a, b = load_result(args.a), load_result(args.b)
     for name, side in ((args.a, a), (args.b, b)):

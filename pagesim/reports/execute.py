@@ -47,8 +47,9 @@ from typing import Any
 from pagesim.engine.catalog.hf_config import ModelConfigWarning
 from pagesim.engine.output_folders import check_fill_folder, own_opener
 from pagesim.engine.outputs import OutputFile
+from pagesim.reports.run_config import RunConfig, run_id
 from pagesim.reports.runner import run_one
-from pagesim.reports.spec import RunConfig, StudySpec, run_id
+from pagesim.reports.spec import StudySpec
 from pagesim.reports.store import ResultsStore
 from pagesim.traces.source import show_as_lines
 
@@ -311,7 +312,7 @@ def _bar(total: int, initial: int, name: str, enabled: bool):
 
 def _progress_line(record: dict[str, Any], base: dict[str, Any], done: int, total: int) -> str:
     """E.g. ``[7/31] run 3f2a... block_size=8, preemption=swap: ok in 0.8 s``."""
-    from pagesim.reports.results import describe_config
+    from pagesim.reports.run_config import describe_config
 
     status = "ok" if record["status"] == "ok" else "failed"
     return (f"[{done}/{total}] run {record['id']} {describe_config(record['config'], base)}: {status} in "

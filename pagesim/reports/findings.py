@@ -12,18 +12,22 @@ threshold without seeds):
   where the best is not measurably ahead;
 - ``load_findings``: per offered rate, the regime the runs are in (``pagesim.reports.load``), so a reader
   knows what the conclusions hold for.
+
+Their pieces (settings ranked on a metric, two values compared in words, a ``Finding``, the
+phrases of its head) are ``pagesim.reports.claims``'s, shared with the offload sweep's findings.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from pagesim.reports.claims import Finding, compared, or_words, rank, rate_key, regime_words, runs_words
 from pagesim.reports.load import REGIMES, nominal_rps, run_load
-from pagesim.reports.noise import Estimate, compare, rule_words
+from pagesim.reports.noise import rule_words
+from pagesim.reports.offload import POLICY, SIZE, offload_findings
+from pagesim.reports.results import HEADLINE, METRICS, RATE_AXES, M, Setting, Study, metric, order, settings
+from pagesim.reports.run_config import SEED, describe_config, value_label
 from pagesim.sim.output import plain
-from pagesim.reports.results import (HEADLINE, METRICS, RATE_AXES, SEED, M, Metric, Setting, Study, describe_config, metric,
-                             order, settings, value_label)
 
 # Not policy choices: load, workload, resources, baselines and seeds. The summary ranks only runs that
 # have these at the base, so "best" never means "less traffic" or "a bigger GPU".
@@ -39,71 +43,6 @@ AXIS_NAMES = {"block_size": "Block size", "eviction": "Eviction policy", "preemp
               "request_timeout_s": "Client timeout (s)"}
 
 
-@dataclass
-class Ranking:
-    """Settings ranked on one metric: ``best`` first; ``tied`` the others within noise of it."""
-
-    metric: Metric
-    scored: list[tuple[Setting, Estimate]]  # best first
-    tied: list[tuple[Setting, Estimate]]  # within noise of the best (the best itself excluded)
-
-    @property
-    def all_tied(self) -> bool:
-        return len(self.tied) == len(self.scored) - 1
-
-    @property
-    def unique(self) -> bool:
-        return not self.tied
-
-
-def rank(group: list[Setting], metric: Metric, threshold: float) -> Ranking | None:
-    scored = [(s, e) for s in group if (e := s.estimate(metric.key)) is not None]
-    if len(scored) < 2:
-        return None
-    scored.sort(key=lambda se: se[1].mean, reverse=metric.better == "max")
-    best = scored[0][1]
-    tied = [(s, e) for s, e in scored[1:] if compare(e, best, threshold=threshold, fraction=metric.fraction) == 0]
-    return Ranking(metric, scored, tied)
-
-
-def compared(metric: Metric, a: float, b: float, other: str | None = None) -> str:
-    """How ``a`` compares with ``b``, in words with plain numbers, ``other`` naming what ``b`` is
-    ("the next", "the best"; ``None``: left unsaid, as in "x -> y (60% higher)"). A rate's gap is
-    in percentage points; otherwise "2.5x the next" from twice as high on, "60% higher than the
-    next" below that, "60% lower than the next" for anything lower (never "0x": 0 against a
-    positive ``b`` is 100% lower); and "12 against 0 for the next" when ``b`` is 0. Digits
-    enough to compare with a 2% threshold."""
-    than = f" than {other}" if other else ""
-    if metric.fraction:
-        return f"{plain(abs(a - b) * 100, 2)} points {'higher' if a > b else 'lower'}{than}"
-    if a == b:
-        return f"equal to {other}" if other else "no change"
-    if b == 0:
-        return f"{metric.with_unit(a)} against 0{f' for {other}' if other else ''}"
-    if a > b and b > 0 and a >= 2 * b:
-        return f"{plain(a / b, 3)}x {other}" if other else f"{plain(a / b, 3)}x"
-    rel = abs(a - b) / abs(b)  # relative to the value compared with
-    if rel > 1:  # (a sign change: a ratio or a percentage would mislead)
-        return f"{metric.with_unit(a)} against {metric.with_unit(b)}{f' for {other}' if other else ''}"
-    percent = f"{rel:.{2 if rel < 0.1 else 1}%}"
-    return f"{percent} {'higher' if a > b else 'lower'}{than}"
-
-
-def _regimes(records: list[dict[str, Any]]) -> str:
-    """E.g. "at 6.41 requests/s, all past saturation" for the runs a comparison rests on."""
-    loads = [run_load(r) for r in records]
-    rates = sorted({k for r in records if (k := _rate_key(r)) is not None})
-    counts = {k: sum(ld.regime == k for ld in loads) for k in REGIMES}
-    counts = {k: v for k, v in counts.items() if v}
-    words = {k: (f"{k} saturation" if k != "unknown" else "of unknown load") for k in counts}
-    if len(counts) == 1:
-        regime = f"all {words[next(iter(counts))]}"
-    else:
-        regime = ", ".join(f"{v} {words[k]}" for k, v in counts.items())
-    at = f"at {', '.join(plain(r, 3) for r in rates)} requests/s, " if rates else ""
-    return at + regime
-
-
 VALUE_UNITS = {"kv_cache_gb": " GiB", "swap_space_gb": " GiB", "kv_offloading_size": " GiB"}
 
 
@@ -112,21 +51,7 @@ def _name(axis: str, setting: Setting) -> str:
     return f"{plain(value)}{VALUE_UNITS[axis]}" if value is not None and axis in VALUE_UNITS else value_label(value)
 
 
-@dataclass
-class Finding:
-    """What one axis changes: ``head`` names the axis, its values and the runs; ``claims`` one per metric."""
-
-    head: str
-    claims: list[str]
-
-    @property
-    def sentence(self) -> str:
-        return f"{self.head}: {'; '.join(self.claims)}."
-
-
 def axis_finding_items(study: Study) -> list[Finding]:
-    from pagesim.reports.offload import POLICY, SIZE, offload_findings
-
     offload = offload_findings(study)  # (the offload size and policy read as one sweep, when a grid varies the size)
     out = []
     for axis in study.varying():
@@ -156,15 +81,15 @@ def axis_finding_items(study: Study) -> list[Finding]:
                               f"{tied} within noise; {_name(axis, worst)} {compared(metric, worst_e.mean, best_e.mean, 'the best')} "
                               f"({metric.with_unit(worst_e.mean)})")
         if flat:
-            claims.append(f"no measurable difference in {_join(flat)}")
+            claims.append(f"no measurable difference in {or_words(flat)}")
         records = [r for s in group for r in s.records]
         if axis == "eviction" and M["prefix_hit_rate"].label in flat:
             why = eviction_tie_words(records, study.threshold)
             if why:
                 claims.append(why)
         held = "".join(f"{k}={value_label(v)}, " for k, v in fixed.items())
-        head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {_runs(len(records))} {_regimes(records)}, {held}every "
-                "other setting at the base)")
+        head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {runs_words(len(records))} {regime_words(records)}, "
+                f"{held}every other setting at the base)")
         out.append(Finding(head, claims))
     return out + offload
 
@@ -231,10 +156,6 @@ def axis_findings(study: Study) -> list[str]:
     return [f.sentence for f in axis_finding_items(study)]
 
 
-def _join(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
-
-
 def comparable(study: Study) -> list[dict[str, Any]]:
     """OK runs at the base load, workload, resources, allocator: they differ in policy (and seed) only."""
     base = {**study.base, **study.anchor()}
@@ -265,14 +186,6 @@ def best_settings(study: Study) -> list[dict[str, Any]]:
     return rows
 
 
-def _rate_key(record: dict[str, Any]) -> float | None:
-    nominal = nominal_rps(record)
-    if nominal is not None:
-        return round(nominal, 6)
-    offered = run_load(record).offered_rps
-    return round(offered, 3) if offered else None
-
-
 def _rate_words(key: float | None, records: list[dict[str, Any]]) -> str:
     """E.g. "5 requests/s (4.66-6.01 offered as drawn)"."""
     if key is None:
@@ -284,21 +197,17 @@ def _rate_words(key: float | None, records: list[dict[str, Any]]) -> str:
     return f"{plain(key, 3)} requests/s ({drawn} offered as drawn)"
 
 
-def _runs(n: int) -> str:
-    return f"{n} run" if n == 1 else f"{n} runs"
-
-
 def load_findings(study: Study) -> list[str]:
     """Per request rate: how many runs are below, near or past saturation."""
     by_rate: dict[float | None, list[dict[str, Any]]] = {}
     for r in study.ok:
-        by_rate.setdefault(_rate_key(r), []).append(r)
+        by_rate.setdefault(rate_key(r), []).append(r)
     lines = []
     for key in sorted(by_rate, key=lambda x: (x is None, x or 0.0)):
         records = by_rate[key]
         counts = {k: v for k in REGIMES if (v := sum(run_load(r).regime == k for r in records))}
         what = ", ".join(f"{v} {k} saturation" if k != "unknown" else f"{v} unknown" for k, v in counts.items())
-        lines.append(f"At {_rate_words(key, records)}: {what} ({_runs(len(records))}).")
+        lines.append(f"At {_rate_words(key, records)}: {what} ({runs_words(len(records))}).")
     return lines
 
 

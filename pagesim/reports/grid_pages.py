@@ -19,8 +19,8 @@ import numpy as np
 
 from pagesim.reports.findings import AXIS_NAMES
 from pagesim.reports.noise import Estimate
-from pagesim.reports.results import HEADLINE, RATE_AXES, SEED, Metric, Setting, Study, order, settings, value_label
-from pagesim.reports.spec import moot_settings
+from pagesim.reports.results import HEADLINE, RATE_AXES, Metric, Setting, Study, order, settings
+from pagesim.reports.run_config import SEED, moot_settings, value_label
 from pagesim.reports.style import Page, from_zero, new_page, plain_ticks
 
 PANELS_PER_PAGE = 6

@@ -16,7 +16,8 @@ import numpy as np
 
 from pagesim.reports.load import run_load
 from pagesim.reports.noise import estimate
-from pagesim.reports.results import RATE_AXES, SEED, Study, metric, value_label
+from pagesim.reports.results import RATE_AXES, Study, metric
+from pagesim.reports.run_config import SEED, value_label
 from pagesim.reports.style import Page, from_zero, legend_rows, new_page, page_legend, plain_ticks
 
 MARKERS = {"below": "o", "near": "s", "past": "X", "unknown": "d"}

@@ -5,7 +5,7 @@ GPUs; 0: off). Its runs are read from the grid itself, so every setting the grid
 at the base; the grid's other axes (the offload policy and the seed aside) are *facets*: the
 report draws one page per combination (``pagesim.reports.offload_pages``) and the finding reads the
 first. In a facet, ``Sweep`` keys each setting by (size, policy); the run without an offload store
-has no policy (``pagesim.reports.spec.moot_settings``) and stands at size 0 for every policy.
+has no policy (``pagesim.reports.run_config.moot_settings``) and stands at size 0 for every policy.
 
 ``offload_findings`` says, per offload grid, what the CPU tier added to the HBM-only hit rate and
 TTFT at the largest size, and which policy is best there, each judged by ``pagesim.reports.noise``: a
@@ -18,9 +18,10 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from pagesim.reports.claims import Finding, compared, or_words, rank, regime_words, runs_words
 from pagesim.reports.noise import Estimate, compare
-from pagesim.reports.results import M, SEED, Setting, Study, order, settings, value_label
-from pagesim.reports.spec import offloading
+from pagesim.reports.results import M, Setting, Study, order, settings
+from pagesim.reports.run_config import SEED, offloading, value_label
 
 SIZE = "kv_offloading_size"
 POLICY = "kv_offloading_policy"
@@ -91,10 +92,8 @@ def policy_label(policy: Any, study: Study) -> str:
     return f"{base} (the base's)" if base else "lru (the default)"
 
 
-def offload_findings(study: Study) -> list:
-    """A ``findings.Finding`` per offload grid (its first facet), or none."""
-    from pagesim.reports.findings import Finding
-
+def offload_findings(study: Study) -> list[Finding]:
+    """A ``claims.Finding`` per offload grid (its first facet), or none."""
     out = []
     for _index, grid, records in offload_grids(study):
         facet, members = facets(grid, records)[0]
@@ -106,8 +105,6 @@ def offload_findings(study: Study) -> list:
 
 
 def _head(study: Study, grid: dict[str, list], facet: dict[str, Any], sweep: Sweep) -> str:
-    from pagesim.reports.findings import _regimes, _runs
-
     sizes = ", ".join(f"{s:g}" for s in sweep.sizes)
     policies = ", ".join(policy_label(p, study) for p in sweep.policies)
     runs = sweep.records()
@@ -115,14 +112,12 @@ def _head(study: Study, grid: dict[str, list], facet: dict[str, Any], sweep: Swe
     held += "".join(f"{k}={value_label(v[0])}, " for k, v in grid.items()
                     if len(v) == 1 and k not in (SEED, SIZE, POLICY))
     zero = ", 0 = HBM only" if sweep.shared(sweep.sizes[0]) else ""
-    return (f"KV offloading (offload size {sizes} GiB{zero}; policy {policies}; {_runs(len(runs))} "
-            f"{_regimes(runs)}, {held}every other setting at the base)")
+    return (f"KV offloading (offload size {sizes} GiB{zero}; policy {policies}; {runs_words(len(runs))} "
+            f"{regime_words(runs)}, {held}every other setting at the base)")
 
 
 def _size_claims(study: Study, sweep: Sweep) -> list[str]:
     """Per policy, the largest size against HBM only (size 0), where the sweep has both."""
-    from pagesim.reports.findings import _join, compared
-
     smallest, largest = sweep.sizes[0], sweep.sizes[-1]
     if not sweep.shared(smallest):
         return []
@@ -146,7 +141,7 @@ def _size_claims(study: Study, sweep: Sweep) -> list[str]:
         where = f"{largest:g} GiB {policy_label(policy, study)} against HBM only"
         if cpu is not None and "prefix hit rate" not in flat:
             where += f", CPU hits {M['offload_hit_rate'].with_unit(cpu.mean)} of prompt tokens"
-        parts = changed + ([f"no measurable change in {_join(flat)}"] if flat else [])
+        parts = changed + ([f"no measurable change in {or_words(flat)}"] if flat else [])
         if parts:
             claims.append(f"{where}: {'; '.join(parts)}")
     return claims
@@ -154,8 +149,6 @@ def _size_claims(study: Study, sweep: Sweep) -> list[str]:
 
 def _policy_claims(study: Study, sweep: Sweep) -> list[str]:
     """The policies at the largest size, per metric: the best where it is ahead by more than noise."""
-    from pagesim.reports.findings import _join, compared, rank
-
     largest = sweep.sizes[-1]
     group = [s for p in sweep.policies if p is not None and (s := sweep.cells.get((largest, p))) is not None]
     if len(group) < 2:
@@ -180,7 +173,7 @@ def _policy_claims(study: Study, sweep: Sweep) -> list[str]:
                           f"({metric.with_unit(best_e.mean)}) with {tied} within noise; {worst.config.get(POLICY)} "
                           f"{compared(metric, worst_e.mean, best_e.mean, 'the best')} ({metric.with_unit(worst_e.mean)})")
     if flat:
-        claims.append(f"at {largest:g} GiB, no measurable difference between the policies in {_join(flat)}")
+        claims.append(f"at {largest:g} GiB, no measurable difference between the policies in {or_words(flat)}")
     return claims
 
 

@@ -10,11 +10,12 @@ seed aside), at most ``MAX_PAGES`` per grid. Each page has three panels over the
   loaded from the CPU offload store, one bar per offload policy;
 - TTFT mean and TTFT p99, one line per offload policy.
 
-Size 0 is offloading off (HBM only): its one run carries no policy (``pagesim.reports.spec.moot_settings``)
-and is the first point of every policy's line. A setting with seeds is the mean of its runs with
-the 95% interval (``pagesim.reports.noise``). Hit rates are over admitted prompt tokens (the simulator's
-``hbm_hit_rate`` + ``offload_hit_rate`` = ``prefix_hit_rate``; a run without an offload store has
-all its hits in HBM, ``pagesim.reports.results.OFFLOAD_OFF``).
+Size 0 is offloading off (HBM only): its one run carries no policy
+(``pagesim.reports.run_config.moot_settings``) and is the first point of every policy's line. A
+setting with seeds is the mean of its runs with the 95% interval (``pagesim.reports.noise``). Hit
+rates are over admitted prompt tokens (the simulator's ``hbm_hit_rate`` + ``offload_hit_rate`` =
+``prefix_hit_rate``; a run without an offload store has all its hits in HBM,
+``pagesim.reports.results.OFFLOAD_OFF``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from pagesim.reports.offload import POLICY, SIZE, Sweep, estimate_of, facets, offload_grids, policy_label
-from pagesim.reports.results import M, SEED, Study, value_label
+from pagesim.reports.results import M, Study
+from pagesim.reports.run_config import SEED, value_label
 from pagesim.reports.style import Page, Table, legend_rows, new_page, page_legend, plain_ticks
 
 MAX_PAGES = 6  # per grid; the rest of its facets are in the all-runs table and the grid pages

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from pagesim.reports.grid_pages import axis_label, axis_title
-from pagesim.reports.results import Study, metric, order, value_label
+from pagesim.reports.results import Study, metric, order
+from pagesim.reports.run_config import value_label
 from pagesim.reports.style import Page, from_zero, legend_rows, new_page, page_legend, plain_ticks, short
 
 

@@ -38,7 +38,8 @@ from pagesim.reports.offload import offload_grids  # noqa: E402
 from pagesim.reports.offload_pages import TITLE as OFFLOAD_TITLE  # noqa: E402
 from pagesim.reports.offload_pages import offload_pages  # noqa: E402
 from pagesim.reports.pages import FIGURE_PAGES  # noqa: E402
-from pagesim.reports.results import Study, describe_config, load_study  # noqa: E402
+from pagesim.reports.results import Study, load_study  # noqa: E402
+from pagesim.reports.run_config import describe_config  # noqa: E402
 from pagesim.reports.style import PAGE, Page, Table, new_page  # noqa: E402
 from pagesim.reports.table_pages import table_pages  # noqa: E402
 

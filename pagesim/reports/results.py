@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagesim.reports.noise import DEFAULT_THRESHOLD, Estimate, estimate
+from pagesim.reports.run_config import SEED, moot_settings, offloading, run_id
+from pagesim.reports.spec import StudySpec
 from pagesim.reports.store import ResultsStore
 
-from pagesim.reports.noise import DEFAULT_THRESHOLD, Estimate, estimate
-
-SEED = "seed"  # the replicate axis: never a plotted axis, averaged over
 RATE_AXES = ("rate_scale", "rate")  # load axes: plotted as curves over request rate
 
 
@@ -117,8 +117,6 @@ class Study:
     def anchor(self) -> dict[str, Any]:
         """Settings whose base value no completed run has (a spec whose grids all list rates other
         than the source's, say), each held at the value most completed runs have instead."""
-        from pagesim.reports.spec import moot_settings
-
         if self._anchor is None:
             self._anchor = {}
             for key, value in self.base.items():
@@ -134,8 +132,6 @@ class Study:
         """OK runs that differ from the base only in ``vary`` (other keys at base, or as ``fixed``;
         a base value no run has is replaced by ``anchor``'s; a setting moot for a run, such as the
         offload policy of a run without an offload store, never excludes it)."""
-        from pagesim.reports.spec import moot_settings
-
         want = {**self.base, **self.anchor(), **fixed}
         out = []
         for r in self.ok:
@@ -159,8 +155,6 @@ class Study:
     def grids(self) -> list[tuple[dict[str, list], list[dict[str, Any]]]]:
         """Each ``[[grid]]`` of the spec with its completed runs (a run two grids share is in both)."""
         if self._grids is None:
-            from pagesim.reports.spec import StudySpec, run_id
-
             by_id = {r["id"]: r for r in self.ok}
             grids = self.meta.get("grids") or [self.axes()]
             self._grids = []
@@ -269,25 +263,11 @@ def metric(record: dict[str, Any], key: str) -> float | None:
 def _offload_off(record: dict[str, Any], key: str) -> float | None:
     """An offload key a run does not report: its value without an offload store if the run had
     none (and a prefix hit rate to split), else unknown (a simulator that does not split tiers)."""
-    from pagesim.reports.spec import offloading
-
     hit_rate = metric(record, "prefix_hit_rate")
     if offloading(record.get("config") or {}) or hit_rate is None:
         return None
     value = OFFLOAD_OFF[key]
     return hit_rate if value == "prefix_hit_rate" else value
-
-
-def describe_config(config: dict[str, Any], base: dict[str, Any], *, seed: bool = True) -> str:
-    """The settings that distinguish a run from the study's base (or "base settings")."""
-    diff = [f"{k}={value_label(v)}" for k, v in config.items()
-            if k != "source" and k in base and base[k] != v and (seed or k != SEED)]
-    return ", ".join(diff) or "base settings"
-
-
-def value_label(value: Any) -> str:
-    """A setting's value as the report writes it (None: the preset's default)."""
-    return "preset default" if value is None else str(value)
 
 
 def order(value: Any) -> tuple:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pagesim.reports.spec import RunConfig, moot_settings, offloading, run_id
+from pagesim.reports.run_config import RunConfig, moot_settings, offloading, run_id
 from pagesim.sim.cost.roofline import RooflineParams
 from pagesim.sim.metrics import COMPLETED
 
@@ -163,7 +163,7 @@ def _cost_params(config: RunConfig) -> dict[str, float]:
 def _plugins(config: RunConfig) -> tuple[str, ...]:
     """The run's plug-in specs, loaded here (a worker process has not seen them), and refused if
     a file changed since the study was planned (its runs would not be the ones their ids name)."""
-    from pagesim.engine.policy.user_plugins import load_plugins, source_digest
+    from pagesim.engine.policy.plugins.user import load_plugins, source_digest
 
     specs = tuple(config.get("plugins", ()))
     if specs and source_digest(load_plugins(specs)) != config["plugins_digest"]:

@@ -19,9 +19,10 @@ A study spec is a TOML document::
 
 Each ``[[grid]]`` table is a cartesian product of its axes over the ``[base]`` settings; the study
 is the union of its grids, with runs that coincide counted once. A run is a flat ``RunConfig``
-dict (source + settings); its id is a hash of that dict, so the same run keeps its id across
-invocations (which is what lets a study resume). ``overrides`` (``KEY=VALUE`` with a dotted key into
-the document, the value in TOML syntax or a bare string) change the document before validation.
+dict (source + settings); its id is a hash of that dict (``pagesim.reports.run_config``), so the
+same run keeps its id across invocations (which is what lets a study resume). ``overrides``
+(``KEY=VALUE`` with a dotted key into the document, the value in TOML syntax or a bare string)
+change the document before validation.
 
 vLLM's names for the same settings are accepted and renamed (``VLLM_SOURCE_NAMES``,
 ``VLLM_SETTING_NAMES``): ``num_prompts``, ``request_rate``, ``tensor_parallel_size``,
@@ -31,9 +32,9 @@ vLLM's names for the same settings are accepted and renamed (``VLLM_SOURCE_NAMES
 KV offloading (a second KV tier in CPU memory, ``pagesim/engine/policy/offload``) is two settings:
 ``kv_offloading_size`` (GiB over the replica's GPUs, as vLLM's ``--kv-offloading-size``; absent or
 0: off) and ``kv_offloading_policy`` (the offload store's eviction: lru, arc, lfu). Without an
-offload store the policy means nothing, so a run of size 0 carries no policy (``moot_settings``):
-``kv_offloading_size = [0, 64]`` x ``kv_offloading_policy = ["lru", "arc"]`` is three runs, the
-HBM-only one shared by both policies.
+offload store the policy means nothing, so a run of size 0 carries no policy
+(``pagesim.reports.run_config.moot_settings``): ``kv_offloading_size = [0, 64]`` x
+``kv_offloading_policy = ["lru", "arc"]`` is three runs, the HBM-only one shared by both policies.
 
 ``request_timeout_s`` (a setting, in ``[base]`` or a grid axis; inference-perf's ``request_timeout``
 is accepted for it): the benchmark client gives up on a request unfinished that many seconds after
@@ -52,7 +53,7 @@ a difference only where intervals separate (``pagesim.reports.noise``). A run's 
 shifts the workload's seed, so seeds draw different requests.
 
 ``plugins = ["my_victim.py:MyVictim", ...]`` (top level; paths relative to the working directory)
-loads the user's own policy pieces (``pagesim.engine.policy.user_plugins``) before the settings are checked,
+loads the user's own policy pieces (``pagesim.engine.policy.plugins.user``) before the settings are checked,
 so grid values may name them (``victim = ["running-tail", "my-victim"]``; a ``Scheduler`` subclass
 by ``scheduler = ["default", "MyScheduler"]``). Every run then carries the spec strings, which each
 worker loads again, and a digest of the files, so an edited plug-in gets new run ids. Loading a
@@ -70,7 +71,6 @@ run fails at run time only for what happens while it runs.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
@@ -79,6 +79,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagesim.reports.run_config import RunConfig, describe_config, moot_settings, offloading, run_id
 from pagesim.traces.generate.workload import MAX_REQUESTS
 
 SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int, "arrival": str, "format": str,
@@ -110,7 +111,7 @@ SETTINGS: dict[str, Any] = {
     # policy, none otherwise), vLLM's --async-scheduling (None: the path's), and the roofline's paged
     # decode kernel (sim.cost.roofline.ATTENTION_KERNELS; None: flash)
     "serving_path": None, "async_scheduling": None, "attention_kernel": None,
-    # vLLM's --scheduling-policy: "fcfs" (None: the default) or "priority" (vLLM 0.33's: pagesim/engine/policy/config.py)
+    # vLLM's --scheduling-policy: "fcfs" (None: the default) or "priority" (vLLM 0.33's: pagesim/engine/policy/scheduling/config.py)
     "scheduling_policy": None,
 }
 SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
@@ -138,14 +139,6 @@ MAX_SPEC_BYTES = 4 * 2**20  # a study spec is a page of TOML; a bigger file is n
 
 class SpecError(ValueError):
     """A study spec that cannot run; the message names the key."""
-
-
-RunConfig = dict[str, Any]
-
-
-def run_id(config: RunConfig) -> str:
-    """Stable id of a run: the first 16 hex digits of SHA-256 over its canonical JSON."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -181,18 +174,6 @@ class StudySpec:
                     config.pop(key, None)
                 configs.setdefault(run_id(config), config)
         return list(configs.values())
-
-
-def offloading(config: RunConfig) -> bool:
-    """Whether the run has an offload store (a paged run of ``kv_offloading_size`` > 0)."""
-    return bool(config.get("kv_offloading_size")) and config.get("allocator", "paged") == "paged"
-
-
-def moot_settings(config: RunConfig) -> set[str]:
-    """Settings that mean nothing to this run: the offload policy without an offload store. A
-    run's config leaves them out (so runs differing only in them are one run), and the report
-    neither compares nor labels a run by them."""
-    return set() if offloading(config) else {"kv_offloading_policy"}
 
 
 def load_spec(path: str | Path, overrides: Iterable[str] = (), *, allow_plugins: bool = False,
@@ -347,7 +328,7 @@ def _source(value: Any, origin: str) -> dict[str, Any]:
 def _plugins(value: Any, origin: str, allowed: bool) -> dict[str, Any]:
     """Load the spec's plug-ins (registering their names for the checks); the settings they add.
     Nothing is loaded (no file runs) unless the caller allows plug-ins."""
-    from pagesim.engine.policy.user_plugins import load_plugins, source_digest
+    from pagesim.engine.policy.plugins.user import load_plugins, source_digest
 
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise SpecError(f"{origin}: plugins must be a list of \"FILE.py:CLASS\" strings")
@@ -400,13 +381,13 @@ def _typed(value: Any, kind: type | tuple, where: str) -> Any:
 def _check_run(config: RunConfig, origin: str) -> None:
     """What can be refused before anything runs (the rest fails per run, recorded with its error)."""
     from pagesim.engine.catalog.kv_layout import KV_CACHE_DTYPES
-    from pagesim.engine.catalog.model import WEIGHT_FORMATS
+    from pagesim.engine.catalog.params import WEIGHT_FORMATS
     from pagesim.engine.model_presets import MODEL_PRESETS, nearest_names, resolve_model_name
     from pagesim.engine.policy import EVICTION_POLICIES, PREEMPTION_MODES, VICTIM_POLICIES
-    from pagesim.engine.policy.waiting_queue import SCHEDULING_POLICIES
-    from pagesim.engine.policy.contiguous import PLACEMENTS
-    from pagesim.engine.policy.presets import PRESETS
-    from pagesim.engine.policy.user_plugins import SCHEDULERS
+    from pagesim.engine.policy.scheduling.waiting_queue import SCHEDULING_POLICIES
+    from pagesim.engine.policy.baselines.contiguous import PLACEMENTS
+    from pagesim.engine.policy.scheduling.presets import PRESETS
+    from pagesim.engine.policy.plugins.user import SCHEDULERS
     from pagesim.sim.cluster import MAX_REPLICAS
     from pagesim.sim.hardware import gpu_names, resolve_gpu_name
     from pagesim.sim.router import ROUTERS
@@ -485,7 +466,6 @@ def _check_plan(config: RunConfig, base: dict[str, Any], origin: str, planned: s
     KV cache against the GPUs, the KV blocks over the replicas), allocating nothing and drawing no
     request; a run that could only fail so is refused here, before the first run, naming the
     settings that make it."""
-    from pagesim.reports.results import describe_config
     from pagesim.reports.runner import plan_run
 
     key = json.dumps({k: v for k, v in config.items() if k not in NOT_BUILT}, sort_keys=True)
@@ -533,7 +513,7 @@ def _check_serving(config: RunConfig, origin: str) -> None:
 def _check_offloading(config: RunConfig, origin: str) -> None:
     """An offload store's size, and what it needs of the run: prefix caching (it keeps prefix-cache
     blocks by their keys) and vLLM v1's step order (what the policy preset sets)."""
-    from pagesim.engine.policy.presets import PRESETS, make_config
+    from pagesim.engine.policy.scheduling.presets import PRESETS, make_config
 
     size = config.get("kv_offloading_size")
     if size is not None and not 0 <= size < math.inf:

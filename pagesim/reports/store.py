@@ -37,7 +37,7 @@ from typing import Any
 from pagesim.engine.atomic import staged_files, writing
 from pagesim.engine.files import first_non_finite, open_regular
 from pagesim.engine.output_folders import own_opener
-from pagesim.reports.spec import run_id
+from pagesim.reports.run_config import run_id
 
 STATUSES = ("ok", "error")
 # NaN, Infinity, or an exponent of 3+ digits (1e400 reads as infinity): only then is a record walked

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pagesim.reports.load import run_load
-from pagesim.reports.results import M, SEED, Study, metric, value_label
-from pagesim.reports.spec import moot_settings, offloading
+from pagesim.reports.results import M, Study, metric
+from pagesim.reports.run_config import SEED, moot_settings, offloading, value_label
 from pagesim.reports.style import Page, Table, new_page
 
 COLUMNS = (

@@ -11,7 +11,7 @@
 - ``--goodput ttft:MS tpot:MS e2el:MS``: goodput SLOs in milliseconds, only those named (vLLM's
   meaning); without it the summary keeps pagesim's default SLOs (``--slo-ttft``, ``--slo-tpot``);
 - ``--save-result [--result-dir DIR] [--result-filename NAME] [--save-detailed]``: vLLM bench's
-  result JSON (``pagesim.reports.bench_result``); ``--append-result`` adds it as one more line to the file
+  result JSON (``pagesim.sim.bench_result``); ``--append-result`` adds it as one more line to the file
   (vLLM's: a newline, then the JSON), and writes it like ``--save-result`` when the file is new;
 - ``--label NAME``: the result file's ``label`` (``null`` without it, as vLLM 0.33 writes) and the
   default file name's first word (else the backend, ``pagesim``); ``--metadata KEY=VALUE ...``:

@@ -1,4 +1,4 @@
-"""``simulate --save-result``: a simulated run as vLLM bench's result file (``pagesim.reports.bench_result``).
+"""``simulate --save-result``: a simulated run as vLLM bench's result file (``pagesim.sim.bench_result``).
 
 Each request's send time, TTFT, end-to-end latency and inter-token gaps come from the run's
 per-request table and token runs (``pagesim.sim.token_runs``: a gap is a step time the request lived
@@ -33,7 +33,7 @@ from pagesim.sim.token_runs import request_itls
 
 
 def per_request(result, replicas, *, with_itls: bool):
-    from pagesim.reports.bench_result import PerRequest
+    from pagesim.sim.bench_result import PerRequest
 
     m = result.requests
     n = len(m.status)
@@ -74,7 +74,7 @@ def _replica_of(result, n: int) -> np.ndarray:
 
 def save_bench_result(args, bench, trace, result, replicas, summary: dict, info: dict):
     """Write the result file ``--save-result`` asks for; returns its path."""
-    from pagesim.reports.bench_result import MAX_DETAILED_TOKENS
+    from pagesim.sim.bench_result import MAX_DETAILED_TOKENS
 
     m = result.requests
     with_itls = bench.save_detailed or int(m.output_tokens.sum()) <= MAX_DETAILED_TOKENS
@@ -100,10 +100,10 @@ def save_bench_result(args, bench, trace, result, replicas, summary: dict, info:
 
 def write_vllm_result(bench, per, *, duration_s: float, model_id: str, tokenizer_id: str, num_prompts: int,
                       request_rate: float, burstiness: float, pagesim: dict, file_rate: float | None = None) -> Path:
-    """The result file of a run (``per``: a ``pagesim.reports.bench_result.PerRequest``), written or appended
+    """The result file of a run (``per``: a ``pagesim.sim.bench_result.PerRequest``), written or appended
     as ``bench`` (``pagesim.sim.bench_args.BenchSettings``) asks; returns its path. ``file_rate``: the rate
     the default file name states, when it is not ``request_rate``."""
-    from pagesim.reports.bench_result import bench_result, result_path, setup_keys, write_result
+    from pagesim.sim.bench_result import bench_result, result_path, setup_keys, write_result
 
     keys = setup_keys(model_id=model_id, tokenizer_id=tokenizer_id, num_prompts=num_prompts,
                       request_rate=request_rate, burstiness=burstiness, max_concurrency=bench.max_concurrency,

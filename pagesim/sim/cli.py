@@ -76,8 +76,8 @@ def add_deployment_args(p) -> None:
     """The deployment (model, GPU, parallelism, memory) and policy flags ``simulate`` and
     ``replay`` share."""
     from pagesim.engine.catalog.kv_layout import KV_CACHE_DTYPES
-    from pagesim.engine.catalog.model import WEIGHT_FORMATS
-    from pagesim.engine.policy.cli_args import add_policy_args
+    from pagesim.engine.catalog.params import WEIGHT_FORMATS
+    from pagesim.engine.commands.policy_args import add_policy_args
     from pagesim.sim.hardware import GPU_PRESETS
     from pagesim.sim.setup import ALLOCATORS
 
@@ -112,7 +112,7 @@ def add_deployment_args(p) -> None:
 
 
 def run_spec_from_args(args):
-    from pagesim.engine.policy.cli_args import policy_overrides
+    from pagesim.engine.commands.policy_args import policy_overrides
     from pagesim.sim.setup import RunSpec
 
     overrides = policy_overrides(args)
@@ -170,7 +170,7 @@ def _cost_params(items: list[str]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     from pagesim.engine.atomic import OutputFolder
-    from pagesim.reports.bench_result import reserve_result_file
+    from pagesim.sim.bench_result import reserve_result_file
     from pagesim.sim.bench_args import bench_settings
     from pagesim.sim.bench_output import save_bench_result
     from pagesim.sim.output import OUT_FILES, rejection_words, summary_table
@@ -253,7 +253,7 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     """Build and run the deployment, writing ``--out``'s files into ``out`` (the partial folder);
     returns the cluster, its result, the run's description and the wall seconds it took."""
     from pagesim.engine.output_folders import create_text
-    from pagesim.engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
+    from pagesim.engine.policy.scheduling.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
     from pagesim.sim.bench_args import summary_slo
     from pagesim.sim.cluster import Cluster, build_replicas
     from pagesim.sim.output import write_json, write_tables, write_timeline

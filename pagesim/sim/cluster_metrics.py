@@ -25,7 +25,10 @@ step table. Definitions, beyond ``pagesim.sim.metrics``:
   ``kv_cache_slots``.
 
 A one-replica cluster's summary is the single-replica summary, key for key; ``router`` and
-``replicas`` are added only for two or more.
+``replicas`` are added only for two or more. One replica's figures beyond its tables (its
+scheduler's prefix hits and evictions, ``scheduler_figures``; the ideal cache's, ``ideal_figures``;
+its inter-token gaps, ``replica_itl``) are defined here once, for both: a single-replica
+``pagesim.sim.simulator.Simulation`` summarizes its run with them too.
 """
 
 from __future__ import annotations
@@ -33,14 +36,18 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator, Sequence
 from functools import reduce
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pagesim.sim.bench_metrics import DEFAULT_PERCENTILES, Slo
 from pagesim.sim.ideal_cache import IdealCache, ideal_cache
-from pagesim.sim.metrics import OffloadTotals, RequestMetrics, StepMetrics, admitted_rows, summarize
+from pagesim.sim.metrics import COMPLETED, OffloadTotals, RequestMetrics, StepMetrics, admitted_rows, summarize
 from pagesim.sim.step_metrics import STEP_COLUMNS
-from pagesim.sim.token_runs import ItlSample
+from pagesim.sim.token_runs import ItlSample, itl_sample
+
+if TYPE_CHECKING:
+    from pagesim.sim.replica import Replica
 
 
 class ClusterSteps:
@@ -141,6 +148,17 @@ def ideal_figures(trace, scheduler, rows: np.ndarray, requests: RequestMetrics |
     return ideal_cache(trace, config.block_size, capacity, rows, hit_last_block=last)
 
 
+def replica_itl(replica: Replica, rows=None) -> ItlSample:
+    """The inter-token gaps of the completed requests ``replica`` served (``rows``: those it was
+    routed; default all of the run's)."""
+    m = replica.requests
+    if rows is None:
+        rows = np.arange(len(m.status))
+    done = rows[m.status[rows] == COMPLETED]
+    runs = replica.token_runs.runs(replica.index, done)
+    return itl_sample(runs, replica.steps.array("start_s"), replica.steps.array("duration_s"))
+
+
 def offload_totals(replicas: Sequence) -> OffloadTotals | None:
     """The replicas' offload tiers together (``None``: offloading is off)."""
     totals = [t for t in (r.offload_totals() for r in replicas) if t is not None]
@@ -154,8 +172,6 @@ def cluster_summary(requests: RequestMetrics, replicas: Sequence, replica_of: np
     replicas (``replicas``: ``pagesim.sim.replica.Replica`` objects); ``block_bytes``: one KV block over
     a replica's GPUs; ``trace``: the run's, for the ideal cache's figures (each replica's over the
     requests routed to it; the cluster's their sum)."""
-    from pagesim.sim.simulator import replica_itl
-
     common = {"slo": slo, "percentiles": percentiles, "block_bytes": block_bytes, "request_timeout_s": request_timeout_s}
     admitted = admitted_rows(requests)
     ideals = [ideal_figures(trace, r.scheduler, admitted & (replica_of == k), requests) for k, r in enumerate(replicas)]

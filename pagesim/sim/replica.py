@@ -50,7 +50,7 @@ had left: it has timed out all the same (``_completed``). A deadline is an event
 a skip of pure decode steps ends before the earliest pending one (``_next_event_s``).
 
 Invariant: a step that schedules, moves, rejects and preempts nothing while requests are unfinished is
-a policy bug, not a wait: the replica raises rather than spin (``pagesim.engine.policy.progress`` says
+a policy bug, not a wait: the replica raises rather than spin (``pagesim.engine.policy.scheduling.progress`` says
 when). A step that only preempts (vLLM v0 does this when the last running request cannot grow)
 costs the engine's per-step overhead and lets the next step admit.
 """
@@ -66,13 +66,13 @@ import numpy as np
 import simpy
 
 from pagesim.engine.policy import Request
-from pagesim.engine.policy.fast_forward import (DecodeRun, decode_batch, decode_step_usage, preempting_batch,
+from pagesim.engine.policy.fast_path.fast_forward import (DecodeRun, decode_batch, decode_step_usage, preempting_batch,
                                         queues_stay_refused, runs_prefills_alone, schedule_decode_step,
                                         takes_decode_steps, update_decode_step)
-from pagesim.engine.policy.scheduler import Scheduler
-from pagesim.engine.policy.output import dump_record
-from pagesim.engine.policy.usage import KvUsage
-from pagesim.engine.policy.progress import ProgressWatch
+from pagesim.engine.policy.scheduling.scheduler import Scheduler
+from pagesim.engine.policy.scheduling.output import dump_record
+from pagesim.engine.policy.memory.usage import KvUsage
+from pagesim.engine.policy.scheduling.progress import ProgressWatch
 from pagesim.sim.cost.base import CostModel, StepWork
 from pagesim.sim.decode_spans import DecodeSpanLog
 from pagesim.sim.errors import SimulationStalled

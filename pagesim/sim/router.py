@@ -33,7 +33,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence as SequenceT
 
-from pagesim.engine.policy.request import Request, Sequence
+from pagesim.engine.policy.scheduling.request import Request, Sequence
 
 
 def request_outstanding_tokens(request: Request) -> int:

@@ -15,7 +15,7 @@ and so is a cache of more than ``MAX_KV_BLOCKS`` blocks (GPU plus CPU, over all 
 anything is allocated: the policy's bookkeeping is Python lists, one entry per block.
 
 A model with sliding-window layers gets vLLM v1's hybrid KV cache (a block table per layer group,
-``pagesim.engine.policy.hybrid_kv``; ``hybrid_kv=False`` is vLLM's ``--disable-hybrid-kv-cache-manager``):
+``pagesim.engine.policy.memory.hybrid_kv``; ``hybrid_kv=False`` is vLLM's ``--disable-hybrid-kv-cache-manager``):
 its blocks hold one group's layers, and the policy reserves vLLM's null block for the entries a
 window drops. ``max_model_len`` defaults to the model's context, as vLLM's does.
 """
@@ -28,9 +28,9 @@ from typing import Any
 
 from pagesim.engine.model_presets import ModelPreset, get_model_preset
 from pagesim.engine.policy import make_config
-from pagesim.engine.policy.contiguous import PLACEMENTS, RESERVATION_MODES
-from pagesim.engine.policy.contiguous_scheduler import ContiguousScheduler
-from pagesim.engine.policy.user_plugins import load_plugins, scheduler_class
+from pagesim.engine.policy.baselines.contiguous import PLACEMENTS, RESERVATION_MODES
+from pagesim.engine.policy.baselines.contiguous_scheduler import ContiguousScheduler
+from pagesim.engine.policy.plugins.user import load_plugins, scheduler_class
 from pagesim.sim.cost.base import CostModel
 from pagesim.sim.cost.calibrated import CalibratedCostModel
 from pagesim.sim.cost.profile import load_profile

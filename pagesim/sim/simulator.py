@@ -22,12 +22,12 @@ import simpy
 from pagesim.sim.bench_args import check_request_timeout
 from pagesim.sim.bench_metrics import DEFAULT_PERCENTILES, Slo
 from pagesim.sim.client import ClosedLoopClient
+from pagesim.sim.cluster_metrics import ideal_figures, replica_itl, scheduler_figures
 from pagesim.sim.cost.base import CostModel
 from pagesim.sim.gc_policy import collecting_less
-from pagesim.sim.metrics import COMPLETED, RequestMetrics, StepMetrics, admitted_rows, summarize
+from pagesim.sim.metrics import RequestMetrics, StepMetrics, admitted_rows, summarize
 from pagesim.sim.serving_path import ServingPath
 from pagesim.sim.replica import Replica, arrival_process
-from pagesim.sim.token_runs import ItlSample, itl_sample
 from pagesim.sim.workload import BeamModel, RequestFactory
 from pagesim.traces.trace import Trace
 
@@ -115,8 +115,6 @@ class Simulation:
         sched = self.scheduler
         if sched.has_unfinished_requests:  # the event queue ran dry with work left: a policy bug
             raise RuntimeError(f"simulation ended with {len(sched.requests)} requests unfinished")
-        from pagesim.sim.cluster_metrics import ideal_figures, scheduler_figures
-
         ideal = ideal_figures(self.trace, sched, admitted_rows(self.request_metrics), self.request_metrics)
         summary = summarize(
             self.request_metrics, self.step_metrics, slo=self.options.slo, percentiles=self.options.percentiles,
@@ -125,16 +123,3 @@ class Simulation:
             request_timeout_s=self.options.request_timeout_s,
         )
         return SimResult(summary, self.request_metrics, self.step_metrics, sched, wall_s)
-
-
-def replica_itl(replica: Replica, rows=None) -> ItlSample:
-    """The inter-token gaps of the completed requests ``replica`` served (``rows``: those it was
-    routed; default all of the run's)."""
-    import numpy as np
-
-    m = replica.requests
-    if rows is None:
-        rows = np.arange(len(m.status))
-    done = rows[m.status[rows] == COMPLETED]
-    runs = replica.token_runs.runs(replica.index, done)
-    return itl_sample(runs, replica.steps.array("start_s"), replica.steps.array("duration_s"))

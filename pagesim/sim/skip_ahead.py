@@ -1,6 +1,6 @@
 """Skip-ahead in the simulator: time, cost and metrics of k pure decode steps at once.
 
-The policy side (``pagesim.engine.policy.fast_forward``) says when a replica's scheduler is decoding
+The policy side (``pagesim.engine.policy.fast_path.fast_forward``) says when a replica's scheduler is decoding
 steadily and how many steps it can stay so, and applies them. This module does what the
 replica's step loop would have done for each of those steps: ask the cost model for their
 durations (``plan_skip``), apply them and record their step metrics (``skip``). Its one caller
@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 import simpy
 
-from pagesim.engine.policy.bulk_decode import bucket_sizes
-from pagesim.engine.policy.fast_forward import DecodeRun, DecodeStep, advance
+from pagesim.engine.policy.fast_path.bulk_decode import bucket_sizes
+from pagesim.engine.policy.fast_path.fast_forward import DecodeRun, DecodeStep, advance
 from pagesim.sim.cost.base import CostModel, StepWork
 
 #: At most this many steps are costed at once (bounds the arrays; a longer run continues next time).

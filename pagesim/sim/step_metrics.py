@@ -58,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pagesim.engine.policy.usage import KvUsage
+from pagesim.engine.policy.memory.usage import KvUsage
 from pagesim.sim.cost.base import TERMS, StepCost, StepWork
 from pagesim.sim.step_sums import SUM_COLUMNS, chunk_sums
 

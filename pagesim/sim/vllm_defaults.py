@@ -13,7 +13,7 @@ vLLM 0.33 (``vllm/engine/arg_utils.py``, ``EngineArgs.get_batch_defaults``, the
 
 Without chunked prefill the token budget is at least ``max_model_len`` (as vLLM's). The offline
 ``LLM`` class has larger defaults (16,384 tokens on H100 and H200); pagesim models the server.
-pagesim's own presets keep 256 sequences and 8,192 tokens (``pagesim.engine.policy.config``).
+pagesim's own presets keep 256 sequences and 8,192 tokens (``pagesim.engine.policy.scheduling.config``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from pagesim.engine.policy import Request, SchedulerOutput
-from pagesim.engine.policy.sampling import BeamChoices
+from pagesim.engine.policy.scheduling.sampling import BeamChoices
 from pagesim.traces.trace import Trace
 
 SAMPLE_LENGTHS = ("drawn", "same")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pagesim.engine.policy.request import Request
+from pagesim.engine.policy.scheduling.request import Request
 from pagesim.traces.errors import TraceFormatError
 
 _INT = np.int64

@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import datetime
 import gc
-import platform
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from pagesim.engine.calibrate.grids import grids as default_grids
-from pagesim.engine.calibrate.measure import Bench
+from pagesim.engine.calibrate.machine import device_info, versions
+from pagesim.engine.calibrate.measure import Bench, summarize_samples
 from pagesim.engine.calibrate.probe import LoadMonitor, probe_points, run_probe
 from pagesim.engine.model.config import LlamaConfig
 from pagesim.engine.model.weights import dtype_name
@@ -35,47 +34,11 @@ class SettingsMismatch(ValueError):
     """``out`` holds a profile made with other settings."""
 
 
-def device_info(device: torch.device, threads: int) -> dict:
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return {"type": "cuda", "name": props.name, "memory_bytes": props.total_memory,
-                "capability": f"{props.major}.{props.minor}"}
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"type": "cpu", "name": name, "threads": threads}
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()}
-    for name in ("pagesim", "triton", "numpy"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = None
-    if torch.cuda.is_available():
-        out["cuda"] = torch.version.cuda
-    return out
-
-
 def model_shapes(config: LlamaConfig, dtype: torch.dtype) -> dict:
     return {"name": config.name, "num_layers": config.num_layers, "hidden_size": config.hidden_size,
             "num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads, "head_dim": config.head_dim,
             "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size,
             "max_position_embeddings": config.max_position_embeddings, "dtype": dtype_name(dtype)}
-
-
-def summarize_samples(samples: list[float]) -> tuple[float, float]:
-    """(median, interquartile range) of one grid point's samples."""
-    q1, med, q3 = np.percentile(samples, [25, 50, 75])
-    return float(med), float(q3 - q1)
 
 
 def calibrate(config: LlamaConfig, *, out: Path, device: torch.device, dtype: torch.dtype, backend: str,

@@ -4,7 +4,8 @@
 final norm and vocabulary projection at full size) in the dtype, on the device and with the
 attention backend the engine would use. Every ``time_<table>(point)`` returns ``repeats``
 samples (seconds) after ``warmup`` untimed ones; on CUDA each timed span is bracketed by
-synchronisation, so a sample is launch plus device time.
+synchronisation, so a sample is launch plus device time. ``summarize_samples`` gives a point's
+median and interquartile range, as the profile and its probe keep them.
 
 Where each table is timed:
 - ``dense_layer``, ``model_outer``, ``cache_write``, ``decode_attention``, ``prefill_attention``,
@@ -25,12 +26,19 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from pagesim.engine.model.config import LlamaConfig
-from pagesim.engine.policy.output import ScheduledSequence, SchedulerOutput
+from pagesim.engine.policy.scheduling.output import ScheduledSequence, SchedulerOutput
 from pagesim.engine.model.weights import random_model
 from pagesim.kernels import paged_decode_attention, paged_prefill_attention, write_kv_cache
+
+
+def summarize_samples(samples: list[float]) -> tuple[float, float]:
+    """(median, interquartile range) of one grid point's samples."""
+    q1, med, q3 = np.percentile(samples, [25, 50, 75])
+    return float(med), float(q3 - q1)
 
 
 class Bench:

@@ -153,8 +153,7 @@ def probe_points(profile) -> list[tuple[str, tuple[float, ...]]]:
 
 def run_probe(config, points, *, device, dtype, backend: str, seed: int = 0) -> dict[str, Any]:
     """Time ``points`` (``(table, point)``) on a fresh one-layer model; the profile's ``probe`` record."""
-    from pagesim.engine.calibrate.calibrate import summarize_samples
-    from pagesim.engine.calibrate.measure import Bench
+    from pagesim.engine.calibrate.measure import Bench, summarize_samples
 
     started = time.perf_counter()
     bench = Bench(config, dtype=dtype, device=device, backend=backend, warmup=PROBE_WARMUP, repeats=PROBE_REPEATS,
@@ -236,7 +235,7 @@ def fingerprint_differences(profile) -> list[str]:
     ``"what: profile X, here Y"`` each."""
     import torch
 
-    from pagesim.engine.calibrate.calibrate import device_info, versions
+    from pagesim.engine.calibrate.machine import device_info, versions
 
     dev = profile.device
     if dev.get("type") == "cuda" and not torch.cuda.is_available():

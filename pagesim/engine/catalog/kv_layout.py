@@ -15,7 +15,7 @@ manager), which still drops the blocks that leave the window.
 
 In a sliding-window group, a token's K/V is needed only while it is within the window of the
 tokens still to be computed; the policy frees (or leaves to the prefix cache) the blocks that
-fall wholly outside (``pagesim.engine.policy.hybrid_kv``). vLLM's ``--disable-hybrid-kv-cache-manager``
+fall wholly outside (``pagesim.engine.policy.memory.hybrid_kv``). vLLM's ``--disable-hybrid-kv-cache-manager``
 (``hybrid=False`` here) keeps every layer in full-attention groups instead.
 
 Bytes: a token takes ``kv_elements_per_token_layer x kv dtype bytes`` per layer (GQA: K and V of
@@ -75,7 +75,7 @@ class KvLayout:
 
     def scheduler_settings(self) -> dict:
         """The scheduler settings this layout needs: for sliding-window groups their windows and
-        vLLM's null block (``pagesim.engine.policy.hybrid_kv``); nothing for one full group."""
+        vLLM's null block (``pagesim.engine.policy.memory.hybrid_kv``); nothing for one full group."""
         if not self.is_hybrid:
             return {}
         return {"kv_group_windows": self.windows, "reserve_null_block": True}

@@ -38,12 +38,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagesim.engine.catalog.params import WEIGHT_FORMATS, param_breakdown
+
 MLP_KINDS = ("swiglu", "gelu")
 ATTENTION_KINDS = ("gqa", "mla")
 LAYER_KINDS = ("full", "sliding")
-#: Checkpoint weight formats: bytes per weight of the linear layers (``WEIGHT_FORMATS``) and which
-#: weights they cover (see ``ModelPreset.weight_bytes``).
-WEIGHT_FORMATS = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp4": 17 / 32}
 
 
 def _positive(owner: str, name: str, value: object) -> None:
@@ -103,7 +102,7 @@ class ModelPreset:
     qk_norm: bool = False  # RMSNorm of head_dim on queries and keys (Qwen3, Gemma 3)
     norms_per_layer: int = 2  # Gemma 3 has four (before and after attention and MLP)
     moe: MoeShape | None = None
-    # Checkpoint format of the weights (WEIGHT_FORMATS); None: every weight in the model's dtype.
+    # Checkpoint format of the weights (params.WEIGHT_FORMATS); None: every weight in the model's dtype.
     weight_format: str | None = None
     source: str = field(default="", compare=False)  # the public config this preset follows
 
@@ -225,14 +224,10 @@ class ModelPreset:
 
         Matches the published totals: llama3-8b 8,030,261,248; opt-13b 12,853,473,280; gpt-oss-120b
         116,829,156,672; deepseek-v3 671,026,419,200 (without its multi-token-prediction layer)."""
-        from pagesim.engine.catalog.params import param_breakdown
-
         return param_breakdown(self).total
 
     @property
     def num_active_params(self) -> int:
         """Parameters one token passes through: all but the routed experts it does not use
         (Mixtral's and DeepSeek's convention, embeddings included)."""
-        from pagesim.engine.catalog.params import param_breakdown
-
         return param_breakdown(self).active

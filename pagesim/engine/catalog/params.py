@@ -12,19 +12,25 @@ token multiplies.
 - ``router``: the routers' weights;
 - ``small``: norms, biases, attention sinks: negligible work, stored in the model's dtype.
 
-Bytes per weight follow the checkpoint's ``weight_format`` (``weight_bytes``): ``fp8`` stores every
-linear layer's weights in one byte (attention, MLPs, experts: DeepSeek V3's release and the FP8
-checkpoints vLLM serves; embeddings, lm head, router, norms and biases stay 16-bit, and the block
-scales, 4 bytes per 128 x 128 block, are left out), ``mxfp4`` stores the routed experts in 4.25
-bits (4-bit values, one 8-bit scale per 32: gpt-oss's release; everything else 16-bit).
+Bytes per weight follow the checkpoint's ``weight_format``, one of ``WEIGHT_FORMATS``
+(``weight_bytes``): ``fp8`` stores every linear layer's weights in one byte (attention, MLPs,
+experts: DeepSeek V3's release and the FP8 checkpoints vLLM serves; embeddings, lm head, router,
+norms and biases stay 16-bit, and the block scales, 4 bytes per 128 x 128 block, are left out),
+``mxfp4`` stores the routed experts in 4.25 bits (4-bit values, one 8-bit scale per 32: gpt-oss's
+release; everything else 16-bit).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pagesim.engine.catalog.model import WEIGHT_FORMATS, ModelPreset
+if TYPE_CHECKING:  # NOTE: for annotations only: model.py imports this module (num_params counts here)
+    from pagesim.engine.catalog.model import ModelPreset
 
+#: Checkpoint weight formats: bytes per weight of the weights each format covers (which weights:
+#: the module docstring).
+WEIGHT_FORMATS = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp4": 17 / 32}
 _SIXTEEN_BIT = 2.0
 
 

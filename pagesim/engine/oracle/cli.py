@@ -24,8 +24,8 @@ from pathlib import Path
 from pagesim.engine.oracle.replay import ReplayResult, replay
 from pagesim.engine.oracle.spec import load_spec
 from pagesim.engine.policy import PRESETS, DecisionLog
-from pagesim.engine.policy.output import dump_record
-from pagesim.engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS
+from pagesim.engine.policy.scheduling.output import dump_record
+from pagesim.engine.policy.scheduling.steps.vllm_v0 import VLLM_V0_ABORTS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from pagesim.engine.oracle.spec import OracleSpec
 from pagesim.engine.policy import Request, Scheduler, SchedulerOutput
-from pagesim.engine.policy.request import Sequence
+from pagesim.engine.policy.scheduling.request import Sequence
 
 
 def fake_token(seq: Sequence, sample_index: int) -> int:

@@ -5,18 +5,18 @@ unchanged. ``Scheduler.schedule()`` returns a frozen ``SchedulerOutput`` (the on
 policy and execution) and the executor answers with ``Scheduler.update()``.
 """
 
-from pagesim.engine.policy.block_key import BlockKey
-from pagesim.engine.policy.block_pool import BlockPool, NoFreeBlocksError
-from pagesim.engine.policy.config import SchedulerConfig
-from pagesim.engine.policy.contiguous_scheduler import ContiguousScheduler
-from pagesim.engine.policy.eviction import EVICTION_POLICIES
-from pagesim.engine.policy.kv_manager import KVCacheManager
-from pagesim.engine.policy.output import DecisionLog, ScheduledSequence, SchedulerOutput
-from pagesim.engine.policy.preemption import PREEMPTION_MODES, VICTIM_POLICIES, CostPreemption
-from pagesim.engine.policy.presets import PRESETS, make_config
-from pagesim.engine.policy.request import Request, RequestStatus, Sequence
-from pagesim.engine.policy.scheduler import Scheduler
-from pagesim.engine.policy.swap_pool import SwapPool, SwapSpaceExhausted
+from pagesim.engine.policy.memory.block_key import BlockKey
+from pagesim.engine.policy.memory.block_pool import BlockPool, NoFreeBlocksError
+from pagesim.engine.policy.scheduling.config import SchedulerConfig
+from pagesim.engine.policy.baselines.contiguous_scheduler import ContiguousScheduler
+from pagesim.engine.policy.memory.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.memory.kv_manager import KVCacheManager
+from pagesim.engine.policy.scheduling.output import DecisionLog, ScheduledSequence, SchedulerOutput
+from pagesim.engine.policy.scheduling.preemption import PREEMPTION_MODES, VICTIM_POLICIES, CostPreemption
+from pagesim.engine.policy.scheduling.presets import PRESETS, make_config
+from pagesim.engine.policy.scheduling.request import Request, RequestStatus, Sequence
+from pagesim.engine.policy.scheduling.scheduler import Scheduler
+from pagesim.engine.policy.memory.swap_pool import SwapPool, SwapSpaceExhausted
 
 __all__ = [
     "EVICTION_POLICIES",

@@ -25,7 +25,7 @@ LONG_WAIT_S = 600.0  # a trace whose last arrival is later than this is worth a 
 
 
 def add_parser(subparsers) -> None:
-    from pagesim.engine.policy.cli_args import add_policy_args
+    from pagesim.engine.commands.policy_args import add_policy_args
     from pagesim.engine.threads import add_threads_arg
     from pagesim.sim.bench_args import add_bench_args
     from pagesim.traces.source import add_source_args
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from pagesim.engine.atomic import OutputFolder
     from pagesim.engine.runtime.run_output import OUT_FILES
     from pagesim.engine.threads import checked_threads, default_threads, set_threads
-    from pagesim.reports.bench_result import reserve_result_file
+    from pagesim.sim.bench_result import reserve_result_file
     from pagesim.sim.bench_args import bench_settings
     from pagesim.traces.source import reported_warnings, trace_from_args
 
@@ -134,8 +134,8 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
     """Serve ``requests``, report, and write ``--out`` into ``folder`` (an ``OutputFolder``, or None)."""
     import copy
 
-    from pagesim.engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
-    from pagesim.engine.policy.user_plugins import scheduler_class
+    from pagesim.engine.policy.scheduling.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
+    from pagesim.engine.policy.plugins.user import scheduler_class
     from pagesim.engine.runtime import Engine
     from pagesim.engine.runtime.engine import EngineStalled
     from pagesim.engine.runtime.reference import check_outputs
@@ -251,7 +251,7 @@ def refuse_priority_on_the_engine(overrides: dict, command: str) -> None:
 
 def _scheduler_config(args, config, dtype, device):
     from pagesim.engine.policy import make_config
-    from pagesim.engine.policy.cli_args import offload_blocks, policy_overrides
+    from pagesim.engine.commands.policy_args import offload_blocks, policy_overrides
     from pagesim.engine.runtime.kv_cache import GiB, block_bytes, blocks_for_budget, scheduler_kv_settings
 
     overrides = policy_overrides(args)
@@ -345,7 +345,7 @@ def _requests(trace, args, config, sched_config, offline: bool):
 def _check_servable(requests, sched_config) -> None:
     """Refuse a run in which the policy would reject every request (its own reasons, up front)."""
     from pagesim.engine.policy import Scheduler
-    from pagesim.engine.policy.admission import rejection_reason
+    from pagesim.engine.policy.scheduling.admission import rejection_reason
 
     probe = Scheduler(sched_config)  # what add_request would say, without a model
     first = None

@@ -44,7 +44,7 @@ import torch
 
 from pagesim.engine.model.llama import LlamaForCausalLM
 from pagesim.engine.policy import Request, Scheduler, SchedulerConfig, SchedulerOutput
-from pagesim.engine.policy.progress import ProgressWatch
+from pagesim.engine.policy.scheduling.progress import ProgressWatch
 from pagesim.engine.runtime.kv_cache import PagedKVCache, scheduler_kv_settings
 from pagesim.engine.runtime.runner import ExecutionError, ModelRunner, Releases, StepLogits
 from pagesim.engine.runtime.sampler import SamplingParams, assign_beam_indices, beam_candidates, sample_token

@@ -169,7 +169,7 @@ def write_out(out: Path, engine, summary: dict) -> None:
     """``OUT_FILES`` into ``out``, an existing (partial) folder, each a new file (``create_text``:
     never through a link, never over a file already there)."""
     from pagesim.engine.output_folders import create_text
-    from pagesim.engine.policy.output import dump_record
+    from pagesim.engine.policy.scheduling.output import dump_record
 
     with create_text(out / "decisions.jsonl", encoding="ascii") as f:
         for record in engine.scheduler.decision_log:
@@ -201,14 +201,14 @@ def write_out(out: Path, engine, summary: dict) -> None:
 
 
 def save_bench_result(args, engine, summary: dict, num_prompts: int):
-    """``pagesim run --save-result``: the run as vLLM bench's result file (``pagesim.reports.bench_result``);
+    """``pagesim run --save-result``: the run as vLLM bench's result file (``pagesim.sim.bench_result``);
     a rejected request is a failed one; the ITLs are the gaps between the steps that gave each
     request a token, on the wall clock."""
     import math
 
     import numpy as np
 
-    from pagesim.reports.bench_result import PerRequest
+    from pagesim.sim.bench_result import PerRequest
     from pagesim.sim.bench_output import write_vllm_result
 
     bench = args.bench

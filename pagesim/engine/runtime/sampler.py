@@ -12,7 +12,7 @@ Beam search (deterministic, EOS ignored, so all beams have one length and no len
 applies): each step, every (live beam, token) candidate scores the beam's cumulative log-prob
 plus the token's; the best ``beam_width`` survive, ties going to the lower beam index, then the
 lower token id. ``assign_beam_indices`` states which sequence index each survivor gets, exactly
-as the policy's output processor forks them (``pagesim.engine.policy.sampling``): a parent's first
+as the policy's output processor forks them (``pagesim.engine.policy.scheduling.sampling``): a parent's first
 choice keeps the parent, later ones become new children in choice order.
 """
 

@@ -38,7 +38,7 @@ def serve_warmups(make_engine: Callable[[], object], first_request, count: int, 
         request.request_id = f"warmup-{k}"
         request.arrival_time_s = 0.0
         copies.append(request)
-    from pagesim.engine.policy.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
+    from pagesim.engine.policy.scheduling.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
     from pagesim.engine.runtime.engine import EngineStalled
 
     started = time.perf_counter()

@@ -22,7 +22,7 @@ DEFAULT_CPU_BLOCKS = 64
 
 
 def add_parser(subparsers) -> None:
-    from pagesim.engine.policy.cli_args import add_policy_args
+    from pagesim.engine.commands.policy_args import add_policy_args
     from pagesim.engine.threads import add_threads_arg
     from pagesim.traces.source import add_source_args
 
@@ -58,7 +58,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pagesim.engine.policy.cli_args import policy_overrides
+    from pagesim.engine.commands.policy_args import policy_overrides
     from pagesim.engine.runtime.cli import refuse_priority_on_the_engine
     from pagesim.sim.cost.profile import load_profile
     from pagesim.traces.source import reported_warnings, trace_from_args
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from pagesim.engine.model import load_model
     from pagesim.engine.model.weights import DTYPES as TORCH_DTYPES, model_config
     from pagesim.engine.policy import make_config
-    from pagesim.engine.policy.user_plugins import scheduler_class
+    from pagesim.engine.policy.plugins.user import scheduler_class
     from pagesim.reports.validation.validate import validate
     from pagesim.engine.runtime.kv_cache import scheduler_kv_settings
     from pagesim.sim.cost.calibrated import CalibratedCostModel

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pagesim.engine.policy.output import SchedulerOutput
+from pagesim.engine.policy.scheduling.output import SchedulerOutput
 
 #: The terms every cost model reports, in display order.
 TERMS = ("linear", "moe", "prefill_attention", "decode_attention", "cache_write", "cow_copy", "tp_comm",

@@ -11,7 +11,7 @@ import numpy as np
 from pagesim.traces.bench.identities import PREFIX_CHUNK_TOKENS, chunk_identities
 from pagesim.traces.bench.tokenizer import MAX_TEXT_CHARS
 from pagesim.traces.errors import TraceFormatError
-from pagesim.traces.generate.lengths import MAX_LENGTH_TOKENS
+from pagesim.traces.limits import MAX_LENGTH_TOKENS
 from pagesim.traces.loaders.stream import limit_text
 from pagesim.traces.trace import Trace
 

@@ -34,7 +34,7 @@ from pagesim.traces.bench.custom import whole_count
 from pagesim.traces.bench.reading import iter_jsonl
 from pagesim.traces.bench.tokenizer import Tokenizer, warn_if_one_id
 from pagesim.traces.errors import TraceFormatError
-from pagesim.traces.generate.lengths import MAX_LENGTH_TOKENS
+from pagesim.traces.limits import MAX_LENGTH_TOKENS
 from pagesim.traces.loaders.stream import require_regular_file
 from pagesim.traces.trace import Trace
 

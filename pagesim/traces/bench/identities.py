@@ -5,7 +5,7 @@ A prefix cache shares what two prompts share at the start. For a trace to carry 
 hash of ``tokens[16k:16k+16]`` and of the chunk's length (the last chunk may be short, and a
 short chunk never equals a full one). The policy's prefix cache chains block keys (a block's
 key includes its parent's), so two prompts share cached blocks exactly as long as their chunks
-agree from the first one on; ``pagesim.engine.policy.request`` turns identities into block content at any
+agree from the first one on; ``pagesim.engine.policy.scheduling.request`` turns identities into block content at any
 block size (``_identity_segments``). At block sizes that are multiples of 16 this is the sharing
 vLLM would see with the same token ids; below 16, a prompt's short last chunk shares nothing.
 

@@ -14,9 +14,10 @@
 
 ``parse_lengths("lognormal:mean=161.31,cv=1")`` builds one from a CLI flag.
 
-Every length lies in ``[1, MAX_LENGTH_TOKENS]``: a bound that asks for more (a fixed length of
-1e14 tokens, a uniform or lognormal reaching past it) is refused, and a lognormal without a
-``high`` is cut at it, so a generated trace never holds a length no model could take.
+Every length lies in ``[1, MAX_LENGTH_TOKENS]`` (``pagesim.traces.limits``): a bound that asks
+for more (a fixed length of 1e14 tokens, a uniform or lognormal reaching past it) is refused, and
+a lognormal without a ``high`` is cut at it, so a generated trace never holds a length no model
+could take.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-#: The longest prompt or output a generator draws: past any model's context (Llama 4 Scout's is 10M
-#: tokens), and small enough that a sum over a trace's lengths stays far inside int64.
-MAX_LENGTH_TOKENS = 2**24
+from pagesim.traces.limits import MAX_LENGTH_TOKENS
 
 
 def _check_tokens(what: str, tokens: int) -> None:

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagesim.traces.generate.arrivals import Poisson
-from pagesim.traces.generate.lengths import MAX_LENGTH_TOKENS, LengthPairs, LogNormal
+from pagesim.traces.generate.lengths import LengthPairs, LogNormal
+from pagesim.traces.limits import MAX_LENGTH_TOKENS
 from pagesim.traces.trace import Trace
 
 

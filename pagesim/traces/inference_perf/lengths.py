@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagesim.traces.generate.lengths import MAX_LENGTH_TOKENS
 from pagesim.traces.inference_perf.keys import Node
+from pagesim.traces.limits import MAX_LENGTH_TOKENS
 
 DISTRIBUTION_TYPES = ("normal", "fixed")
 

@@ -19,6 +19,7 @@ from pagesim.traces.loaders.azure import load_azure
 from pagesim.traces.loaders.burstgpt import load_burstgpt
 from pagesim.traces.loaders.generic import ColumnMap, load_csv, load_jsonl, load_lengths
 from pagesim.traces.loaders.mooncake import load_mooncake
+from pagesim.traces.loaders.names import AZURE_COLUMNS, BURSTGPT_COLUMNS, MOONCAKE_KEYS
 from pagesim.traces.loaders.pagesim_jsonl import is_header, load_pagesim, write_jsonl
 from pagesim.traces.loaders.stream import PathArg, open_text
 from pagesim.traces.loaders.text import header_names, numbered_first_line
@@ -38,9 +39,6 @@ FORMATS: dict[str, str] = {
 
 # formats whose columns and arrival times are fixed (no --columns, --time-unit or --arrival)
 FIXED_FORMATS = ("azure", "mooncake", "burstgpt", "pagesim")
-MOONCAKE_KEYS = {"timestamp", "input_length", "output_length", "hash_ids"}
-AZURE_COLUMNS = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
-BURSTGPT_COLUMNS = {"Timestamp", "Model", "Request tokens", "Response tokens", "Log Type"}
 
 
 def detect_format(path: PathArg) -> str:

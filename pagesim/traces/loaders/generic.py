@@ -5,7 +5,8 @@ required; ``arrival`` may be absent (a length-only file such as the ShareGPT len
 ``num_prefill_tokens, num_decode_tokens``), in which case arrivals come from an arrival process
 (``pagesim.traces.generate.arrivals``) or, with none given, every request arrives at 0 and the trace says
 it has no arrivals. Arrival stamps are in ``time_unit`` (s, ms or us) and become seconds from the
-first request. Without an explicit map, common column names are recognised (``ALIASES``).
+first request. Without an explicit map, common column names are recognised
+(``pagesim.traces.loaders.names.ALIASES``).
 """
 
 from __future__ import annotations
@@ -17,26 +18,13 @@ import numpy as np
 from pagesim.traces.errors import TraceFormatError
 from pagesim.traces.loaders.build import build_trace
 from pagesim.traces.loaders.columns import ChunkedColumns, Column, Identities, Numbers, clip, names_said
+from pagesim.traces.loaders.names import ALIASES, known_column_names
 from pagesim.traces.loaders.stream import PathArg
-from pagesim.traces.loaders.text import csv_header, known_column_names, read_csv, read_jsonl
+from pagesim.traces.loaders.text import csv_header, read_csv, read_jsonl
 from pagesim.traces.trace import Trace
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
-# field -> column names recognised without a map (first match wins)
-ALIASES: dict[str, tuple[str, ...]] = {
-    "arrival": ("arrival_s", "arrival_time", "arrival", "timestamp", "time"),
-    "prompt": ("prompt_len", "input_length", "input_len", "prompt_tokens", "input_tokens",
-               "num_prefill_tokens", "context_tokens", "prompt_length"),
-    "output": ("output_len", "output_length", "output_tokens", "num_decode_tokens",
-               "generated_tokens", "response_tokens", "completion_tokens"),
-    "prefix_ids": ("prefix_ids", "hash_ids"),
-    "n": ("n",),
-    "beam_width": ("beam_width",),
-    "priority": ("priority",),
-    "conversation_id": ("conversation_id",),
-    "turn": ("turn",),
-}
 _INTEGER_FIELDS = ("n", "beam_width", "priority", "conversation_id", "turn")
 
 

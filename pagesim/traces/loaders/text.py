@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from itertools import chain
 
 from pagesim.engine.files import InputFileError, describe_value, loads_json
 from pagesim.traces.errors import TraceFormatError, warn
 from pagesim.traces.loaders.columns import CHUNK_ROWS, ChunkedColumns, Column, clip, names_said
+from pagesim.traces.loaders.names import known_column_names
 from pagesim.traces.loaders.stream import MAX_LINE_CHARS, LineBlocks, PathArg, limit_text
 
 
@@ -173,16 +174,6 @@ def _column_index(path: PathArg, header: list[str], kinds: dict[str, Column], li
             path, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
             f"(the header has {names_said(header, known_column_names(wanted))})", line)
     return {name: header.index(kind.column) for name, kind in kinds.items()}
-
-
-def known_column_names(given: Iterable[str] = ()) -> set[str]:
-    """Column and key names an error may quote: those of the formats pagesim reads, the names it
-    recognises (``ALIASES``) and ``given`` (the user's ``--columns``)."""
-    from pagesim.traces.loaders import AZURE_COLUMNS, BURSTGPT_COLUMNS, MOONCAKE_KEYS
-    from pagesim.traces.loaders.generic import ALIASES
-
-    return {*AZURE_COLUMNS, *BURSTGPT_COLUMNS, *MOONCAKE_KEYS, *given,
-            *(name for names in ALIASES.values() for name in names)}
 
 
 def _add_rows(table: ChunkedColumns, rows: list[list[str]], starts: list[int], index: dict[str, int]) -> None:

@@ -52,10 +52,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from pagesim.engine.policy.block_key import BlockKey
+from pagesim.engine.policy.memory.block_key import BlockKey
 from pagesim.engine.policy.offload.store import OffloadStore
-from pagesim.engine.policy.request import Request, Sequence
-from pagesim.engine.policy.seed0_set import Seed0Str
+from pagesim.engine.policy.scheduling.request import Request, Sequence
+from pagesim.engine.policy.offload.seed0_set import Seed0Str
 
 
 @dataclass(slots=True)

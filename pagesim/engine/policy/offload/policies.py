@@ -33,7 +33,7 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable
 from typing import ClassVar
 
-from pagesim.engine.policy.plugins import lookup
+from pagesim.engine.policy.plugins.lookup import lookup
 
 Key = Hashable
 
