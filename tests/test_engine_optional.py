@@ -86,6 +86,14 @@ def test_a_study_and_its_report_run_without_the_engine(base_install, tmp_path):
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.slow  # the demo: 31 simulations (about 15 s on two cores)
+def test_the_demo_runs_without_the_engine(base_install, tmp_path):
+    done = base_install("demo", "-o", str(tmp_path / "demo"), "--no-progress", timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "demo" / "report.pdf").stat().st_size > 0 and (tmp_path / "demo" / "report.html").is_file()
+    assert len((tmp_path / "demo" / "demo-study" / "results.jsonl").read_text().splitlines()) == 31
+
+
 @pytest.mark.parametrize("command", [
     ["run", "--model", "tiny", "--workload", "kwon2023-alpaca", "--num-requests", "2", "--no-progress"],
     ["calibrate", "--device", "cpu", "--model", "tiny", "--quick", "--no-progress"],
