@@ -438,6 +438,7 @@ def test_root_is_refused_before_anything_is_written(command, tmp_path, capsys, m
 
 
 # ----------------------------------------------------------------------------- resuming in a study's own folder
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 def test_a_study_resumes_in_its_own_folder_beside_its_report(shared, tmp_path):
     f = Folder(tmp_path, shared)
     argv = [*_study(f), "s"]

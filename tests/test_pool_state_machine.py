@@ -620,6 +620,11 @@ TestPoolMachineLRU = _test_case("lru")
 TestPoolMachineFIFO = _test_case("fifo")
 TestPoolMachineLFU = _test_case("lfu")
 TestPoolMachineRadixLeaf = _test_case("radix-leaf")
+# lru (vLLM's order) runs in every pytest -q; the other three are among the suite's slowest: CI runs
+# them (pytest -m slow); see tests/conftest.py
+for _case in (TestPoolMachineFIFO, TestPoolMachineLFU, TestPoolMachineRadixLeaf):
+    _case.pytestmark = [pytest.mark.slow]
+del _case  # (a module-level TestCase name would be collected a second time)
 MODELLED_POLICIES = ("lru", "fifo", "lfu", "radix-leaf")
 
 

@@ -33,6 +33,7 @@ def _texts(pdf_path) -> list[str]:
     return [" ".join(page.extract_text().split()) for page in pypdf.PdfReader(pdf_path).pages]
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 def test_report_pages_and_texts(study_dir, tmp_path):
     pdf = tmp_path / "report.pdf"
     titles = build_report(study_dir, pdf)
@@ -60,6 +61,7 @@ def test_report_pages_and_texts(study_dir, tmp_path):
         assert " ".join(title.split())[:30] in text, title
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 def test_all_runs_table_lists_every_run(study_dir, tmp_path):
     study = load_study(study_dir)
     table = all_runs(study)
@@ -130,6 +132,7 @@ def test_pages_without_data_are_left_out_and_named(tmp_path):
     assert "needs a setting run at two or more request rates" in cover
 
 
+@pytest.mark.slow  # one of the suite's slowest: CI runs it (pytest -m slow); see tests/conftest.py
 def test_kwon2023_preset_prints_the_papers_numbers_beside_ours(tmp_path):
     from pagesim.reports.presets import KWON2023
 
