@@ -77,7 +77,6 @@ from pathlib import Path
 from time import perf_counter, process_time
 
 try:
-    from pagesim import engine
     import pagesim.engine.policy  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

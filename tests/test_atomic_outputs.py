@@ -120,7 +120,6 @@ def test_a_full_disk_names_the_target_not_the_partial_folder(tmp_path):
 
 # ----------------------------------------------------------------------------- simulate --out, run --out
 def test_simulate_out_failing_midway_keeps_the_old_output(tmp_path, capsys, monkeypatch):
-    from pagesim import sim
     import pagesim.sim.output
 
     out = tmp_path / "out"
@@ -128,7 +127,7 @@ def test_simulate_out_failing_midway_keeps_the_old_output(tmp_path, capsys, monk
     capsys.readouterr()
     old = snapshot(out)
     assert set(old) == SIM_FILES
-    monkeypatch.setattr(sim.output, "write_timeline", disk_full)  # after the log, summary and tables
+    monkeypatch.setattr(pagesim.sim.output, "write_timeline", disk_full)  # after the log, summary and tables
     line = one_error(capsys, [*SIM, "--seed", "2", "--out", str(out)])
     assert line == f"pagesim simulate: error: {out}: No space left on device"
     assert snapshot(out) == old and beside(out) == []
@@ -139,26 +138,24 @@ def test_simulate_out_failing_midway_keeps_the_old_output(tmp_path, capsys, monk
 
 
 def test_simulate_out_onto_a_foreign_folder_is_refused_before_simulating(tmp_path, capsys, monkeypatch):
-    from pagesim import sim
     import pagesim.sim.cluster
 
     out = tmp_path / "results"
     out.mkdir()
     (out / "paper.tex").write_text("mine")
-    monkeypatch.setattr(sim.cluster, "build_replicas", lambda *a: pytest.fail("simulated anyway"))
+    monkeypatch.setattr(pagesim.sim.cluster, "build_replicas", lambda *a: pytest.fail("simulated anyway"))
     line = one_error(capsys, [*SIM, "--out", str(out)])
     assert "paper.tex" in line and "give a new or empty one" in line
     assert snapshot(out) == {"paper.tex": b"mine"}
 
 
 def test_simulate_interrupted_leaves_no_partial_folder(tmp_path, capsys, monkeypatch):
-    from pagesim import sim
     import pagesim.sim.cluster
 
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.cluster.Cluster, "run", interrupted)
+    monkeypatch.setattr(pagesim.sim.cluster.Cluster, "run", interrupted)
     out = tmp_path / "out"
     assert main([*SIM, "--out", str(out)]) == 130
     assert list(tmp_path.iterdir()) == []

@@ -54,12 +54,11 @@ def refused(argv: list[str], cwd: Path, command: str) -> str:
 @pytest.fixture
 def eight_gib(monkeypatch):
     """8 GiB available in RAM, whatever this machine has; and no model loaded."""
-    from pagesim import engine
     import pagesim.engine.model
     import pagesim.engine.runtime.memory_check as memory_check
 
     monkeypatch.setattr(memory_check, "host_available", lambda: Available(8 * GiB, "available in RAM"))
-    monkeypatch.setattr(engine.model, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(pagesim.engine.model, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
 
 
 def test_run_refuses_a_model_that_does_not_fit_with_each_size(eight_gib, capsys):
@@ -93,7 +92,6 @@ def test_run_names_the_kv_flags_when_the_cache_is_what_does_not_fit(eight_gib, c
 
 def test_an_allocation_failing_past_the_check_is_one_line_naming_the_model(monkeypatch, capsys):
     """Memory taken by another process between the check and the load: torch's words, in one line."""
-    from pagesim import engine
     import pagesim.engine.model
     import pagesim.engine.runtime.memory_check as memory_check
     from pagesim.engine.cli import main
@@ -103,7 +101,7 @@ def test_an_allocation_failing_past_the_check_is_one_line_naming_the_model(monke
                            "you tried to allocate 234881024 bytes. Error code 12 (Cannot allocate memory)")
 
     monkeypatch.setattr(memory_check, "host_available", lambda: Available(1 << 50, "available in RAM"))
-    monkeypatch.setattr(engine.model, "load_model", fails)
+    monkeypatch.setattr(pagesim.engine.model, "load_model", fails)
     with pytest.raises(SystemExit) as exc:
         main(["run", "--workload", "kwon2023-alpaca", "--num-requests", "4", "--no-progress"])
     err = capsys.readouterr().err

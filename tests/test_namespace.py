@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def test_the_wheel_in_a_fresh_environment_beside_transformers_and_kernels(tmp_pa
     assert done.returncode == 0, done.stderr
     (wheel,) = wheels.glob("pagesim-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {name.split("/")[0] for name in names} == {"pagesim", "pagesim-0.1.0.dist-info"}
+    dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"  # (pagesim-VERSION.dist-info)
+    assert {name.split("/")[0] for name in names} == {"pagesim", dist_info}
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["pagesim"]
     assert "pagesim/sim/profiles/tiny-cpu.json" in names  # (package data kept)
@@ -85,7 +87,7 @@ def test_the_wheel_in_a_fresh_environment_beside_transformers_and_kernels(tmp_pa
     python = venv / "bin" / "python"
     fresh = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                 capture_output=True, text=True, check=True).stdout.strip())
-    ours = Path(sysconfig_purelib())
+    ours = Path(sysconfig.get_paths()["purelib"])
     (fresh / "dependencies.pth").write_text(f"{ours}\n")  # (a plain path line: its .pth files are not run)
     done = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
                           capture_output=True, text=True, check=False, timeout=600)
@@ -102,9 +104,3 @@ def test_the_wheel_in_a_fresh_environment_beside_transformers_and_kernels(tmp_pa
                          check=False, timeout=600, cwd=tmp_path, env=env)
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["requests_completed"] == 20
-
-
-def sysconfig_purelib() -> str:
-    import sysconfig
-
-    return sysconfig.get_paths()["purelib"]

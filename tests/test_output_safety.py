@@ -415,16 +415,15 @@ def test_a_write_replaces_only_a_regular_file(case, shared, tmp_path, monkeypatc
 def test_root_is_refused_before_anything_is_written(command, tmp_path, capsys, monkeypatch):
     """``study -o /`` and ``demo -o /``: run in this process with every path to the work replaced
     by a failure, so the test can never write into ``/``: the refusal must come first."""
-    from pagesim import reports
     import pagesim.reports.execute
     from pagesim.engine.cli import main
 
     def never(*args, **kwargs):
         pytest.fail("pagesim went on to run the study in /")
 
-    monkeypatch.setattr(reports.execute, "run_study", never)
-    monkeypatch.setattr(reports.execute, "_run_locked", never)
-    monkeypatch.setattr(reports.execute, "_exclusive", never)
+    monkeypatch.setattr(pagesim.reports.execute, "run_study", never)
+    monkeypatch.setattr(pagesim.reports.execute, "_run_locked", never)
+    monkeypatch.setattr(pagesim.reports.execute, "_exclusive", never)
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "spec.toml"
     spec.write_text(STUDY)

@@ -296,13 +296,12 @@ def test_keyboard_interrupt_in_a_method_stays_an_interruption(tmp_path):
 @pytest.fixture
 def nothing_built(monkeypatch):
     """Fail the test if a scheduler (and so a KV cache) is built."""
-    from pagesim import sim
     import pagesim.sim.setup
 
     def build_nothing(name):
         pytest.fail(f"a scheduler was built ({name})")
 
-    monkeypatch.setattr(sim.setup, "scheduler_class", build_nothing)
+    monkeypatch.setattr(pagesim.sim.setup, "scheduler_class", build_nothing)
 
 
 def test_too_many_replicas_are_refused_before_anything_is_built(capsys, nothing_built):
@@ -318,15 +317,14 @@ def test_too_many_replicas_are_refused_before_anything_is_built(capsys, nothing_
      r"1024 replicas x \(100,000 GPU blocks \+ 2,048 CPU \(swap and offload\) blocks\) = 104,497,152 blocks, more than the 50,000,000"),
 ])
 def test_a_kv_cache_too_large_to_build_is_refused_before_it_is_built(capsys, monkeypatch, flags, message):
-    from pagesim import sim
     import pagesim.sim.setup
 
     if "--replicas" in flags:  # the first replica is built (and checked alone), the other 1023 are not
         built = []
-        real = sim.setup.scheduler_class
-        monkeypatch.setattr(sim.setup, "scheduler_class", lambda name: built.append(name) or real(name))
+        real = pagesim.sim.setup.scheduler_class
+        monkeypatch.setattr(pagesim.sim.setup, "scheduler_class", lambda name: built.append(name) or real(name))
     else:
-        monkeypatch.setattr(sim.setup, "scheduler_class", lambda name: pytest.fail("a scheduler was built"))
+        monkeypatch.setattr(pagesim.sim.setup, "scheduler_class", lambda name: pytest.fail("a scheduler was built"))
     argv = [*(SIM[:-2] if "--num-gpu-blocks" in flags else SIM), *flags]  # (SIM's --num-gpu-blocks 300 replaced)
     err = refused(capsys, argv)
     assert re.search(message, err), err
@@ -335,13 +333,12 @@ def test_a_kv_cache_too_large_to_build_is_refused_before_it_is_built(capsys, mon
 
 
 def test_a_memory_error_prints_its_own_message(capsys, monkeypatch):
-    from pagesim import sim
     import pagesim.sim.setup
 
     def exhausted(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr(sim.setup, "scheduler_class", lambda name: exhausted)
+    monkeypatch.setattr(pagesim.sim.setup, "scheduler_class", lambda name: exhausted)
     err = refused(capsys, SIM)
     assert err == "pagesim simulate: error: out of memory building a KV cache of 300 GPU and 2,048 CPU blocks"
 

@@ -236,7 +236,6 @@ def test_the_step_after_an_abort_may_be_a_decode_step(monkeypatch):
     """r0 and r1 decode (max_num_seqs 2) while r2 waits; r0 times out, and the next step decodes r1
     and admits r2: with skip-ahead a ``DecodeStep``, whose record lists the abort as
     ``schedule()``'s does."""
-    from pagesim import sim
     import pagesim.sim.replica
     from pagesim.engine.policy.fast_path import fast_forward
 
@@ -246,7 +245,7 @@ def test_the_step_after_an_abort_may_be_a_decode_step(monkeypatch):
         calls.append(bool(run_.scheduler._pending_aborts))
         return fast_forward.schedule_decode_step(run_)
 
-    monkeypatch.setattr(sim.replica, "schedule_decode_step", spy)
+    monkeypatch.setattr(pagesim.sim.replica, "schedule_decode_step", spy)
     tr = trace([0.0, 0.5, 0.6], [8] * 3, [200, 200, 20])
     settings_ = dict(block_size=4, num_gpu_blocks=600, max_model_len=512, max_num_seqs=2)
     plain, plain_log, plain_runs, _ = run(tr, "pagesim", settings_, roofline(), skip_ahead=False, timeout_s=1.0)

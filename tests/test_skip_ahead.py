@@ -304,18 +304,17 @@ def test_decode_heavy_runs_mostly_skip(cost, caching):
 def test_either_way_of_costing_a_skip_changes_nothing(short_skip, monkeypatch):
     """Every skip costed with numpy (``SHORT_SKIP`` 0), or every one in Python floats: the same
     decisions and metrics as step by step, so both paths are checked whatever the default."""
-    from pagesim import sim
     import pagesim.sim.skip_ahead
 
-    monkeypatch.setattr(sim.skip_ahead, "SHORT_SKIP", short_skip)
+    monkeypatch.setattr(pagesim.sim.skip_ahead, "SHORT_SKIP", short_skip)
     calls = Counter()
-    plan_short = sim.skip_ahead._plan_short
+    plan_short = pagesim.sim.skip_ahead._plan_short
 
     def counted(*args, **kwargs):
         calls["short"] += 1
         return plan_short(*args, **kwargs)
 
-    monkeypatch.setattr(sim.skip_ahead, "_plan_short", counted)
+    monkeypatch.setattr(pagesim.sim.skip_ahead, "_plan_short", counted)
     trace = decode_heavy()
     skipped = assert_same(trace, "pagesim", dict(block_size=4, num_gpu_blocks=400, max_model_len=256), roofline)
     assert skipped > 0 and (calls["short"] > 0) == (short_skip > 0)
@@ -334,10 +333,9 @@ class CalledDecodeRoofline(RooflineCostModel):
 def test_short_skips_that_call_the_decode_function_change_nothing(monkeypatch):
     """``_plan_short``'s loop for a decode attention function it must call (every skip costed
     in Python floats)."""
-    from pagesim import sim
     import pagesim.sim.skip_ahead
 
-    monkeypatch.setattr(sim.skip_ahead, "SHORT_SKIP", 10**9)
+    monkeypatch.setattr(pagesim.sim.skip_ahead, "SHORT_SKIP", 10**9)
     model = lambda: CalledDecodeRoofline(Deployment(get_model_preset("llama3-8b"), get_gpu_preset("a100-80gb"), 1))  # noqa: E731
     skipped = assert_same(decode_heavy(), "pagesim", dict(block_size=4, num_gpu_blocks=400, max_model_len=256), model)
     assert skipped > 0
@@ -370,7 +368,6 @@ def test_tight_pool_with_preemptions_still_identical():
 def test_skips_while_requests_are_swapped_out_or_waiting_under_either_order(preset, mode, monkeypatch):
     """Steps are skipped, identically, while a request waits or is swapped out (its queue's head
     refused for a reason decodes cannot change), under both step orders."""
-    from pagesim import sim
     import pagesim.sim.skip_ahead
 
     queues = Counter()
@@ -381,7 +378,7 @@ def test_skips_while_requests_are_swapped_out_or_waiting_under_either_order(pres
         queues["swapped" if s.swapped else "waiting" if s.waiting else "empty"] += 1
         return real(run_, k)
 
-    monkeypatch.setattr(sim.skip_ahead, "advance", spy)
+    monkeypatch.setattr(pagesim.sim.skip_ahead, "advance", spy)
     trace = decode_heavy(16)
     settings_ = dict(block_size=4, num_gpu_blocks=60, num_cpu_blocks=256, max_model_len=256, preemption_mode=mode)
     assert assert_same(trace, preset, settings_, roofline) > 0
