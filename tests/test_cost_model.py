@@ -37,6 +37,10 @@ PEAK = 312e12
 BW = 1555e9 * 0.8
 PCIE = 32e9 * 0.8
 LINK = 300e9 * 0.7
+# Llama 3 8B's kernels a step: 4 small ones per layer (input norm, rotary, post norm, activation) at
+# 3 us plus 4 per step (embedding, final norm, the sampler's two); 6 priced ones per layer (QKV,
+# cache write, attention, output, gate-up, down) plus the lm head at their 0.5 us launch gap.
+KERNELS_S = (4 + LAYERS * 4) * 3e-6 + (1 + LAYERS * 6) * 0.5e-6
 
 
 def llama(tp: int = 1, **params) -> RooflineCostModel:
@@ -88,7 +92,8 @@ def test_decode_step_by_hand():
         "moe": 0.0,  # a dense model has no experts
         "ep_comm": 0.0,
         "sampling": 50e-6 + 2 * 4 * VOCAB * 4 / BW,
-        "cpu_overhead": 1e-3 + 4 * 10e-6,
+        "kernel_launch": KERNELS_S,
+        "cpu_overhead": 0.5e-3 + 4 * 10e-6,
         "swap": 0.0,
     }
     assert cost.terms.keys() == set(TERMS)
@@ -124,7 +129,8 @@ def test_prefill_step_by_hand():
         "moe": 0.0,  # a dense model has no experts
         "ep_comm": 0.0,
         "sampling": 50e-6 + 2 * 1 * VOCAB * 4 / BW,
-        "cpu_overhead": 1e-3 + 10e-6,
+        "kernel_launch": KERNELS_S,
+        "cpu_overhead": 0.5e-3 + 10e-6,
         "swap": 0.0,
     }
     for term in TERMS:
@@ -187,9 +193,10 @@ def test_tp2_halves_weight_bytes_and_kv_per_gpu():
     c1, c2 = llama(1).step_cost(work), llama(2).step_cost(work)
     assert c2.terms["linear"] == pytest.approx(c1.terms["linear"] / 2, rel=1e-12)
     assert c2.terms["decode_attention"] == pytest.approx(c1.terms["decode_attention"] / 2, rel=1e-12)
-    # two ring all-reduces per layer of 4 tokens' hidden states, plus a latency each
+    # two ring all-reduces per layer of 4 tokens' hidden states, plus NCCL's ring latency each
+    # (6.6 us and 0.6 us for each of its 2 (tp - 1) steps)
     allreduce = 4 * HIDDEN * 2
-    expected_comm = LAYERS * 2 * (2 * (2 - 1) / 2 * allreduce / LINK + 8e-6)
+    expected_comm = LAYERS * 2 * (2 * (2 - 1) / 2 * allreduce / LINK + 6.6e-6 + 2 * 0.6e-6)
     assert c1.terms["tp_comm"] == 0.0
     assert c2.terms["tp_comm"] == pytest.approx(expected_comm, rel=1e-12)
 
@@ -261,8 +268,9 @@ def test_terms_are_non_negative_and_add_up(batch, tp, model, gpu, block_size, co
     assert cost.compute_s == pytest.approx(cost.total_s - cost.swap_s, rel=1e-12, abs=1e-18)
     assert (cost.swap_s > 0) == bool(swap_out or swap_in)
     assert (cost.terms["tp_comm"] > 0) == (tp > 1 and work.num_tokens > 0)
+    assert (cost.terms["kernel_launch"] > 0) == (work.num_tokens > 0)  # a step that computes launches kernels
     if work.num_tokens:
-        assert cost.terms["cpu_overhead"] == pytest.approx(1e-3 + 10e-6 * len(batch))
+        assert cost.terms["cpu_overhead"] == pytest.approx(0.5e-3 + 10e-6 * len(batch))
 
 
 def test_step_cost_totals():
@@ -279,6 +287,9 @@ def test_step_cost_totals():
     ("mem_efficiency", 2.0, "mem_efficiency"),
     ("pcie_efficiency", 0.0, "pcie_efficiency"),
     ("interconnect_efficiency", 1.01, "interconnect_efficiency"),
+    ("moe_mem_efficiency", 0.0, "moe_mem_efficiency"),
+    ("moe_mfu", 1.5, "moe_mfu must be 0"),
+    ("kernel_s", -1e-6, "kernel_s"),
     ("cpu_step_s", -1e-3, ">= 0"),
     ("block_overhead_tokens", -1.0, ">= 0"),
     ("sampling_fixed_s", "0.1", "must be a finite number"),

@@ -108,7 +108,7 @@ def roofline_overrides(path: ServingPath | None, kernel: str = "flash") -> dict[
     (vLLM V1's ``step_with_batch_queue``: ``schedule()`` and ``execute_model`` of step k + 1 are
     issued before step k's output is awaited), so the roofline's per-sequence CPU term
     (``cpu_per_seq_s``) is hidden; its per-step term (``cpu_step_s``: the sampler's
-    synchronisation, launch gaps between the step's kernels, output handling) is not."""
+    synchronisation, output handling) is not, nor are the step's kernels (``kernel_launch``)."""
     from pagesim.sim.cost.roofline import ATTENTION_KERNELS
 
     params = {"cpu_per_seq_s": 0.0} if path is not None and path.async_scheduling else {}

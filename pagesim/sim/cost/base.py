@@ -25,7 +25,7 @@ from pagesim.engine.policy.scheduling.output import SchedulerOutput
 
 #: The terms every cost model reports, in display order.
 TERMS = ("linear", "moe", "prefill_attention", "decode_attention", "cache_write", "cow_copy", "tp_comm",
-         "ep_comm", "sampling", "cpu_overhead", "swap")
+         "ep_comm", "sampling", "kernel_launch", "cpu_overhead", "swap")
 
 
 def window_pairs(start: int, new: int, window: int) -> int:

@@ -10,12 +10,14 @@ Per step, on one GPU of a ``tp``-way replica (each GPU does ``1/tp`` of the work
   GPU's FP8 peak where it has one (W8A8, as vLLM runs FP8 checkpoints on Hopper), else at the
   16-bit peak; the lm head (16-bit in FP8 checkpoints) at the 16-bit peak; MXFP4 experts at the
   16-bit peak (weight-only kernels).
-- ``moe``: the routed experts of MoE layers. Each token multiplies ``experts_per_token`` experts;
-  the step reads the weights of the *distinct* experts its ``T`` tokens touch, ``E (1 - (1 -
-  k/E)^T)`` per layer for ``E`` experts and ``k`` per token under uniform routing (a Mixtral decode
-  of one token reads 2 of 8, a batch of 64 nearly all 8). With expert parallelism each GPU holds
-  ``E / ep`` experts and does ``1/ep`` of the expert work; the bytes and FLOPs per GPU are those of
-  tensor parallelism, the traffic differs (``ep_comm``).
+- ``moe``: the routed experts of MoE layers, as vLLM's fused-MoE kernel runs them
+  (``pagesim.sim.cost.fused_moe``): the weights of the *distinct* experts the step's ``T`` tokens
+  touch, ``E (1 - (1 - k/E)^T)`` per layer under uniform routing (a Mixtral decode of one token
+  reads 2 of 8, a batch of 64 nearly all 8), streamed at ``moe_mem_efficiency`` of bandwidth plus
+  ``moe_expert_s`` each, and their FLOPs at the fraction of the 16-bit peak that measured fused-MoE
+  kernels reach for experts of that size on one GPU (``moe_mfu``; FP8 experts too), the two added
+  in quadrature (they overlap imperfectly). With expert parallelism each GPU holds ``E / ep``
+  whole experts and does ``1/ep`` of the expert work; the traffic differs (``ep_comm``).
 - ``prefill_attention``: ``2 x heads x (qk_dim + v_dim)`` FLOPs per causal (query, key) pair and
   layer (GQA: ``4 x heads x head_dim``), at ``attention_efficiency`` of peak, or reading the cached
   context's K/V if that is longer. Sliding-window layers count only the pairs within the window.
@@ -41,17 +43,25 @@ Per step, on one GPU of a ``tp``-way replica (each GPU does ``1/tp`` of the work
   written; ``sampling``: logits (fp32, vocabulary wide) read and written per sampled sequence, plus
   a fixed cost when anything samples.
 - ``tp_comm``: two all-reduces per layer of the step's hidden states (ring: ``2 (tp-1)/tp`` of the
-  bytes over the GPU link) plus a latency each; zero at tp = 1. With expert parallelism an MoE
-  layer's second all-reduce is replaced by ``ep_comm``: each token's hidden state dispatched to
-  its ``k`` experts and combined back (all-to-all, ``(ep-1)/ep`` of it crossing the link).
-- ``cpu_overhead``: the engine's own per-step time (scheduling, input preparation, launch) as a
-  fixed part plus a part per scheduled sequence.
+  bytes over the GPU link) plus NCCL's ring latency each (``allreduce_latency_s`` and
+  ``allreduce_hop_s`` per ring step: ``pagesim.sim.cost.kernel_counts``); zero at tp = 1. With expert
+  parallelism an MoE layer's second all-reduce is replaced by ``ep_comm``: each token's hidden
+  state dispatched to its ``k`` experts and combined back (all-to-all, ``(ep-1)/ep`` of it crossing
+  the link).
+- ``kernel_launch``: the kernels a step launches whatever its batch, counted from the model's
+  structure (``pagesim.sim.cost.kernel_counts``): ``kernel_s`` for each small one (norms, rotary,
+  routing, FP8 quantization) and ``launch_gap_s`` for each the other terms price; DeepSeek's 61
+  layers launch about 1,800 a step.
+- ``cpu_overhead``: the engine's own per-step time (the sampler's synchronisation, output
+  handling) as a fixed part plus a part per scheduled sequence (hidden under asynchronous
+  scheduling: ``pagesim.sim.serving_path``).
 - ``swap``: blocks over the host link at ``pcie_efficiency`` of its bandwidth (each GPU moves
   its own share over its own link; the link is full duplex, so a step's swap-outs and swap-ins
   overlap and the larger of the two sets the time).
 
-The efficiencies are stated defaults, not fits; issue "Calibration" replaces this model with one
-measured on the real kernels. Nothing here depends on the scheduler, so a block-size or policy
+The efficiencies are stated defaults, not fits to any serving run (the fused-MoE and kernel figures
+come from published kernel measurements, each module says which); ``pagesim calibrate`` replaces
+this model with one measured on the real kernels. Nothing here depends on the scheduler, so a block-size or policy
 what-if changes only the ``StepWork`` it is given.
 """
 
@@ -64,6 +74,9 @@ import numpy as np
 
 from pagesim.engine.catalog.params import param_breakdown
 from pagesim.sim.cost.base import TERMS, CostModel, StepCost, StepWork
+from pagesim.sim.cost.fused_moe import MOE_EXPERT_S, MOE_MEM_EFFICIENCY, FusedMoeCost
+from pagesim.sim.cost.kernel_counts import (KERNEL_S, LAUNCH_GAP_S, NCCL_RING_BASE_S, NCCL_RING_HOP_S, allreduce_s,
+                                            kernels_per_step)
 from pagesim.sim.deployment import Deployment
 
 
@@ -75,9 +88,15 @@ class RooflineParams:
     block_overhead_tokens: float = 0.0  # paged decode: per-block cost, in tokens' worth of reading (ATTENTION_KERNELS)
     pcie_efficiency: float = 0.8  # of the host link's bandwidth for swaps
     interconnect_efficiency: float = 0.7
-    allreduce_latency_s: float = 8e-6
+    allreduce_latency_s: float = NCCL_RING_BASE_S  # a small all-reduce's base latency (kernel_counts)
+    allreduce_hop_s: float = NCCL_RING_HOP_S  # and per ring step over the GPU link
+    kernel_s: float = KERNEL_S  # per small kernel of a step (kernel_counts)
+    launch_gap_s: float = LAUNCH_GAP_S  # per kernel the other terms price (kernel_counts)
+    moe_mfu: float = 0.0  # fused-MoE fraction of the 16-bit peak; 0: by expert size (fused_moe)
+    moe_mem_efficiency: float = MOE_MEM_EFFICIENCY  # fused-MoE weight streaming, of HBM bandwidth
+    moe_expert_s: float = MOE_EXPERT_S  # and per expert it touches (fused_moe)
     sampling_fixed_s: float = 50e-6
-    cpu_step_s: float = 1e-3  # per-step engine overhead
+    cpu_step_s: float = 0.5e-3  # per-step engine time besides its kernels (1 ms with them for a dense 7B)
     cpu_per_seq_s: float = 10e-6  # per scheduled sequence
 
     def __post_init__(self) -> None:
@@ -85,7 +104,9 @@ class RooflineParams:
             value = getattr(self, f.name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
                 raise ValueError(f"roofline parameter {f.name} must be a finite number >= 0, got {value!r}")
-        for name in ("mfu", "attention_efficiency", "mem_efficiency", "pcie_efficiency", "interconnect_efficiency"):
+        if self.moe_mfu > 1:
+            raise ValueError(f"roofline parameter moe_mfu must be 0 (by expert size) or in (0, 1], got {self.moe_mfu!r}")
+        for name in ("mfu", "moe_mem_efficiency", "attention_efficiency", "mem_efficiency", "pcie_efficiency", "interconnect_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"roofline parameter {name} must be in (0, 1], got {getattr(self, name)!r}")
 
@@ -144,14 +165,16 @@ class RooflineCostModel(CostModel):
         if mla is not None:
             self._mla_decode_flops = m.num_layers * 2 * heads * (2 * mla.kv_lora_rank + mla.qk_rope_head_dim)
             self._mla_context_flops = m.num_layers * 2 * mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
-        moe = m.moe
-        self._moe = moe
-        if moe is not None:
-            self._expert_flops = gpu.matmul_flops(fp8=weights.format == "fp8")
-            self._moe_layers = m.num_moe_layers
-            self._expert_weights = 3 * m.hidden_size * moe.intermediate_size
-            self._expert_bytes = weights.expert
+        self._moe = None
+        if m.moe is not None:
+            self._moe = FusedMoeCost(m.moe, m.num_moe_layers, m.hidden_size, tp, deployment.ep, weights.expert,
+                                     gpu.hbm_bytes_per_s, self._flops, mem_efficiency=p.moe_mem_efficiency,
+                                     expert_s=p.moe_expert_s, mfu=p.moe_mfu)
         self._ep = deployment.ep
+        self._moe_layers = m.num_moe_layers
+        small, priced = kernels_per_step(m, weights.format)
+        self._kernel_launch_s = small * p.kernel_s + priced * p.launch_gap_s
+        self._allreduce_s = allreduce_s(tp, p.allreduce_latency_s, p.allreduce_hop_s)
         self._vocab = m.vocab_size
         self._hidden_bytes_per_token = m.hidden_size * m.dtype_bytes
         self._num_layers = m.num_layers
@@ -161,11 +184,7 @@ class RooflineCostModel(CostModel):
 
     def distinct_experts(self, num_tokens: int) -> float:
         """Expected experts of one MoE layer that ``num_tokens`` tokens touch (uniform top-k routing)."""
-        moe = self._moe
-        if moe is None or num_tokens <= 0:
-            return 0.0
-        e, k = moe.num_experts, moe.experts_per_token
-        return e * (1.0 - (1.0 - k / e) ** num_tokens)
+        return 0.0 if self._moe is None else self._moe.distinct_experts(num_tokens)
 
     def step_cost(self, work: StepWork) -> StepCost:
         p = self.params
@@ -182,8 +201,9 @@ class RooflineCostModel(CostModel):
                            + 2 * work.num_sampled * self._lm_head_weights / (self._flops * p.mfu))
             terms["linear"] = max(compute, weight_bytes / bw)
             if self._moe is not None:
-                terms["moe"] = self._moe_s(work.num_tokens)
+                terms["moe"] = self._moe.seconds(work.num_tokens)
             terms["cache_write"] = work.num_tokens * self._kv_token_bytes / bw
+            terms["kernel_launch"] = self._kernel_launch_s
             if self._tp > 1:
                 terms["tp_comm"], terms["ep_comm"] = self._comm_s(work.num_tokens)
         terms["cpu_overhead"] = p.cpu_step_s + p.cpu_per_seq_s * work.num_seqs  # every step pays it
@@ -200,24 +220,17 @@ class RooflineCostModel(CostModel):
             terms["swap"] = max(work.num_swap_out_blocks, work.num_swap_in_blocks) * block_bytes / self._pcie
         return StepCost(terms)
 
-    def _moe_s(self, num_tokens: int) -> float:
-        moe = self._moe
-        flops = 2 * num_tokens * moe.experts_per_token * self._expert_weights * self._moe_layers / self._tp
-        read = self._moe_layers * self.distinct_experts(num_tokens) * self._expert_bytes / self._tp
-        return max(flops / (self._expert_flops * self.params.mfu), read / self._bw)
-
     def _comm_s(self, num_tokens: int) -> tuple[float, float]:
         """(tensor-parallel all-reduces, expert-parallel all-to-all) seconds of a step."""
-        p = self.params
         tp = self._tp
         allreduce_bytes = num_tokens * self._hidden_bytes_per_token
-        per_allreduce = 2 * (tp - 1) / tp * allreduce_bytes / self._link + p.allreduce_latency_s
+        per_allreduce = 2 * (tp - 1) / tp * allreduce_bytes / self._link + self._allreduce_s
         if self._ep == 1:
             return self._num_layers * 2 * per_allreduce, 0.0
         ep, layers = self._ep, self._moe_layers
         # dispatch and combine: each GPU's share of the tokens, k copies each, (ep-1)/ep of them remote
-        moved = num_tokens / ep * self._moe.experts_per_token * self._hidden_bytes_per_token * (ep - 1) / ep
-        all_to_all = layers * 2 * (moved / self._link + p.allreduce_latency_s)
+        moved = num_tokens / ep * self._moe.moe.experts_per_token * self._hidden_bytes_per_token * (ep - 1) / ep
+        all_to_all = layers * 2 * (moved / self._link + self._allreduce_s)
         return (2 * self._num_layers - layers) * per_allreduce, all_to_all
 
     def _prefill_attention_s(self, work: StepWork) -> float:
