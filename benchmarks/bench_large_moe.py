@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GROUNDTRUTH = ROOT.parent / "shared" / "groundtruth" / "large-moe-public.md"
 
-_QWEN = ["--policy", "vllm-v1", "--model", "qwen3-235b-a22b", "--gpu", "h100-sxm", "--dataset-name", "random", "--rate", "inf",
-         "--max-num-seqs", "1024"]
+_QWEN = ["--policy", "vllm-v1", "--model", "qwen3-235b-a22b", "--gpu", "h100-sxm", "--dataset-name", "random",
+         "--rate", "inf", "--max-num-seqs", "1024"]
 _DEEPSEEK = ["--policy", "vllm-v1", "--model", "deepseek-r1", "--gpu", "h200", "--tp", "8", "--dataset-name", "random",
              "--no-enable-prefix-caching", "--max-num-batched-tokens", "32768"]
 

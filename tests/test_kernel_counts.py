@@ -27,7 +27,8 @@ def test_dense_gqa_layer():
 def test_moe_layer_adds_routing_sorting_and_the_sum():
     # Mixtral: attention 2 small + 4 priced; MoE: post norm, top-k, sort, activation, sum (5 small),
     # router and the two expert GEMMs (3 priced)
-    assert kernels_per_step(MODEL_PRESETS["mixtral-8x7b"], "bf16") == (PER_STEP_SMALL + 32 * 7, PER_STEP_PRICED + 32 * 7)
+    mixtral = MODEL_PRESETS["mixtral-8x7b"]
+    assert kernels_per_step(mixtral, "bf16") == (PER_STEP_SMALL + 32 * 7, PER_STEP_PRICED + 32 * 7)
     # Qwen3-235B: q/k norms too; 94 layers; in FP8, 2 attention and 2 expert quantizations a layer
     qwen = MODEL_PRESETS["qwen3-235b-a22b"]
     assert kernels_per_step(qwen, "bf16") == (PER_STEP_SMALL + 94 * 8, PER_STEP_PRICED + 94 * 7)

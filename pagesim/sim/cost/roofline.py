@@ -59,10 +59,10 @@ Per step, on one GPU of a ``tp``-way replica (each GPU does ``1/tp`` of the work
   its own share over its own link; the link is full duplex, so a step's swap-outs and swap-ins
   overlap and the larger of the two sets the time).
 
-The efficiencies are stated defaults, not fits to any serving run (the fused-MoE and kernel figures
-come from published kernel measurements, each module says which); ``pagesim calibrate`` replaces
-this model with one measured on the real kernels. Nothing here depends on the scheduler, so a block-size or policy
-what-if changes only the ``StepWork`` it is given.
+The efficiencies are stated defaults, not fits to any serving run (the fused-MoE and kernel
+figures come from published kernel measurements, each module says which); ``pagesim calibrate``
+replaces this model with one measured on the real kernels. Nothing here depends on the scheduler,
+so a block-size or policy what-if changes only the ``StepWork`` it is given.
 """
 
 from __future__ import annotations
@@ -105,8 +105,10 @@ class RooflineParams:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
                 raise ValueError(f"roofline parameter {f.name} must be a finite number >= 0, got {value!r}")
         if self.moe_mfu > 1:
-            raise ValueError(f"roofline parameter moe_mfu must be 0 (by expert size) or in (0, 1], got {self.moe_mfu!r}")
-        for name in ("mfu", "moe_mem_efficiency", "attention_efficiency", "mem_efficiency", "pcie_efficiency", "interconnect_efficiency"):
+            raise ValueError(f"roofline parameter moe_mfu must be 0 (by expert size) or in (0, 1], "
+                             f"got {self.moe_mfu!r}")
+        for name in ("mfu", "moe_mem_efficiency", "attention_efficiency", "mem_efficiency", "pcie_efficiency",
+                     "interconnect_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"roofline parameter {name} must be in (0, 1], got {getattr(self, name)!r}")
 
