@@ -29,17 +29,22 @@ DEFAULT_GROUNDTRUTH = ROOT.parent / "shared" / "groundtruth" / "vllm-0.15.1-h100
 LABELS = {"e2e": "E2E", "ttft": "TTFT", "per_token": "per token"}
 
 
-def replay(experiment: Path, seed: int, extra: list[str]) -> dict:
-    """``pagesim replay --json`` of one experiment, in this process."""
+def pagesim_json(argv: list[str]) -> dict:
+    """The JSON a ``pagesim ... --json`` command prints, run in this process (bench_large_moe too)."""
     from pagesim.engine.cli import main
 
     out = io.StringIO()
-    argv = ["replay", str(experiment), "--gpu", "h100-sxm", "--json", "--no-progress", "--seed", str(seed), *extra]
     with redirect_stdout(out):
         status = main(argv)
     if status:
-        raise SystemExit(f"pagesim replay {experiment.name} exited {status}")
+        raise SystemExit(f"pagesim {' '.join(argv)} exited {status}")
     return json.loads(out.getvalue())
+
+
+def replay(experiment: Path, seed: int, extra: list[str]) -> dict:
+    """``pagesim replay --json`` of one experiment."""
+    return pagesim_json(["replay", str(experiment), "--gpu", "h100-sxm", "--json", "--no-progress", "--seed", str(seed),
+                         *extra])
 
 
 def rows_of(report: dict):

@@ -16,13 +16,12 @@ throughput (the file says so); DeepSeek's were made with SGLang, whose kernels d
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import re
 import sys
 import time
-from contextlib import redirect_stdout
 from pathlib import Path
+
+from bench_groundtruth import pagesim_json  # (this script's folder is on the path when it runs)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GROUNDTRUTH = ROOT.parent / "shared" / "groundtruth" / "large-moe-public.md"
@@ -64,24 +63,22 @@ SETUPS = [
 ]
 
 
-def measured_rows(text: str) -> dict[tuple[str, tuple[str, ...]], list[str]]:
-    """Every table row of the file, keyed by (the section's model word, its cells), cells as written."""
-    rows: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+def measured_rows(text: str) -> list[tuple[str, list[str]]]:
+    """Every table row of the file: (its section's first word, its cells as written)."""
+    rows = []
     section = ""
     for line in text.splitlines():
         if line.startswith("## "):
             section = line[3:].split("-")[0].strip()
         elif line.startswith("|") and not set(line) <= set("|-: "):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            rows[(section, tuple(cells))] = cells
+            rows.append((section, [c.strip() for c in line.strip().strip("|").split("|")]))
     return rows
 
 
-def find(rows: dict, section: str, first: tuple[str, ...]) -> list[str] | None:
-    for (name, cells), row in rows.items():
-        if name.startswith(section) and cells[:len(first)] == first:
-            return row
-    return None
+def find(rows: list[tuple[str, list[str]]], section: str, first: tuple[str, ...]) -> list[str] | None:
+    """The first row of ``section`` whose leading cells are ``first``."""
+    return next((cells for name, cells in rows if name.startswith(section) and tuple(cells[:len(first)]) == first),
+                None)
 
 
 def number(cell: str) -> float:
@@ -90,14 +87,7 @@ def number(cell: str) -> float:
 
 def simulate(flags: list[str], extra: list[str]) -> dict:
     """``pagesim simulate --json`` in this process."""
-    from pagesim.engine.cli import main
-
-    out = io.StringIO()
-    with redirect_stdout(out):
-        status = main(["simulate", *flags, *extra, "--seed", "0", "--json", "--no-progress"])
-    if status:
-        raise SystemExit(f"pagesim simulate {' '.join(flags)} exited {status}")
-    return json.loads(out.getvalue())
+    return pagesim_json(["simulate", *flags, *extra, "--seed", "0", "--json", "--no-progress"])
 
 
 def main() -> int:
