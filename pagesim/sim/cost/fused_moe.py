@@ -66,13 +66,12 @@ class FusedMoeCost:
         self.moe = moe
         self._layers = layers
         self._tp = tp
-        self._ep = ep
         self._expert_weights = 3 * hidden * moe.intermediate_size
         shard = self._expert_weights / (tp if ep == 1 else 1)  # expert parallelism keeps experts whole
         self.mfu = mfu or moe_mfu(shard)
-        self._bytes_per_expert_gpu = expert_bytes / tp  # the same per GPU either way: ep = tp holds E/ep whole
-        self._stream = hbm_bytes_per_s * mem_efficiency
-        self._expert_s = expert_s
+        # Per touched expert: its bytes on this GPU (the same either way: ep = tp holds E/ep whole
+        # experts) streamed, and its own time, which under ep only the GPU holding it pays
+        self._per_expert_s = expert_bytes / tp / (hbm_bytes_per_s * mem_efficiency) + expert_s / ep
         self._flops = peak_flops * self.mfu
 
     def distinct_experts(self, num_tokens: int) -> float:
@@ -83,9 +82,7 @@ class FusedMoeCost:
         return e * (1.0 - (1.0 - k / e) ** num_tokens)
 
     def seconds(self, num_tokens: int) -> float:
-        distinct = self.distinct_experts(num_tokens)
-        read = self._layers * distinct * (self._bytes_per_expert_gpu / self._stream
-                                          + self._expert_s * (1 if self._ep == 1 else 1 / self._ep))
+        read = self._layers * self.distinct_experts(num_tokens) * self._per_expert_s
         flops = 2 * num_tokens * self.moe.experts_per_token * self._expert_weights * self._layers / self._tp
         compute = flops / self._flops
         return math.hypot(compute, read)  # streaming and computing overlap imperfectly (module docstring)
