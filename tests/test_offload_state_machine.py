@@ -3,7 +3,8 @@
 Random workloads (prompts drawn from a few shared prefixes, parallel samples and beams now and
 then, arrivals spread over the first steps) run through ``Scheduler.schedule()`` / ``update()``
 with a small GPU pool, an offload store from one block to roomy, every offload policy, recompute
-and swap preemption, chunked prefill on and off and both ``offload_prompt_only`` settings.
+and swap preemption, chunked prefill on and off, both ``offload_prompt_only`` settings and both
+connectors (vLLM 0.33's and 0.15's).
 
 A *two-tier shadow* executes every ``SchedulerOutput`` in the documented order (swap out, swap
 in, offload loads, copy-on-write, the forward pass, offload stores) on contents: every slot of a
@@ -240,6 +241,7 @@ def workloads(draw, *, offload: bool = True, offload_policy: str | None = None):
             num_offload_blocks=draw(st.one_of(st.integers(1, 8), st.just(64))),
             offload_eviction_policy=offload_policy or draw(st.sampled_from(BUILT_IN_OFFLOAD_POLICIES)),
             offload_prompt_only=draw(st.booleans()),
+            offload_connector=draw(st.sampled_from(["0.33", "0.15"])),
         )
     prefixes = [[7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [21, 22, 23, 24, 25, 26]]
     requests = []

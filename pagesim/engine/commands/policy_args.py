@@ -19,7 +19,8 @@ from typing import Any
 #: flag attribute -> SchedulerConfig field (values taken as given)
 _DIRECT = (("eviction", "eviction_policy"), ("preemption", "preemption_mode"), ("victim", "victim_policy"),
            ("kv_offloading_policy", "offload_eviction_policy"), ("scheduling_policy", "scheduling_policy"),
-           ("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens"))
+           ("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens"),
+           ("offload_connector", "offload_connector"))
 #: flag attribute -> SchedulerConfig field (on / off)
 _SWITCHES = (("prefix_caching", "enable_prefix_caching"), ("chunked_prefill", "enable_chunked_prefill"))
 
@@ -84,6 +85,10 @@ def add_policy_args(parser: argparse.ArgumentParser):
                         "option sync_load_budget_bytes, counted per GPU; default 0: every load asynchronous, the "
                         "request parked until its copy is done); a load that fits and leaves a token to compute runs "
                         "in its own step")
+    s.add_argument("--offload-connector", choices=["0.33", "0.15"],
+                   help="KV offloading: which vLLM's OffloadingConnector to follow: 0.33 (the default) or 0.15 "
+                        "(vLLM 0.15.1's: every full block stored, a store reported done only when its request "
+                        "finishes, victims found by walking the whole store, which costs the scheduler CPU time)")
     s.add_argument("--prefix-cache-retention-interval", metavar="N|dense",
                    help="sliding-window groups: key only the window's tail at resume points (0, vLLM 0.33's "
                         "default), also one per N tokens, or every full block (dense)")

@@ -42,6 +42,24 @@ What happens, step by step (``Scheduler`` and the ``vllm-v1`` step order call th
    and a parked request may be promoted. A request preempted with stores in flight has them
    flushed (done in that step, vLLM's ``jobs_to_flush``), so it can be looked up again.
 
+**vLLM 0.15's connector** (``connector="0.15"``: the ``OffloadingConnector`` of vLLM 0.15.1, as
+``vllm serve --kv-offloading-size`` ran it in early 2026) differs in four places, each kept here:
+
+- it stores every full block a request computes, generated ones too (it has no prompt-only mode);
+- a store is reported done only once its request has finished (the worker's ``get_finished``
+  names a request in ``finished_sending`` only after ``finished_req_ids`` did), or when the
+  request is preempted (``build_connector_meta`` completes the victims' stores): until then its
+  blocks are neither found by a lookup nor evictable, however long the request runs;
+- a lookup counts the blocks ready in the store up to the first that is not, with no "not yet"
+  for blocks still being stored (only for blocks being loaded for another request);
+- a finished request offers nothing more (``request_finished`` forgets it).
+
+Its CPU manager also finds victims by walking every entry it holds (``OffloadStore``'s
+``step_scan_entries``): once running requests' blocks, pinned until they finish, fill the store,
+every offer is refused after a walk through all of it, and every running request offers again at
+every step. The scheduler's time grows with that walk, which the cost model prices
+(``pagesim.sim.cost.roofline``, ``offload_scan_entry_s``).
+
 Invariants: a parked request is in the scheduler's ``kv_holding`` queue and nowhere else; its
 keys are pinned in the store until its load is reported done; every copy in flight belongs to a
 job the executor has still to report.
@@ -53,6 +71,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pagesim.engine.policy.memory.block_key import BlockKey
+from pagesim.engine.policy.offload.policies import OffloadLRU
 from pagesim.engine.policy.offload.store import OffloadStore
 from pagesim.engine.policy.scheduling.request import Request, Sequence
 from pagesim.engine.policy.offload.seed0_set import Seed0Str
@@ -90,15 +109,33 @@ class _RequestState:
     tables: dict = field(default_factory=dict)
     finished: bool = False
     aborted: bool = False
+    held: list = field(default_factory=list)  # vLLM 0.15: keys copied, not reported done until it finishes
+    # vLLM 0.15: per sequence index, its last refused offer (store generation, first and end
+    # block, keys not stored), for the shortcut in _offer_seq
+    refused: dict = field(default_factory=dict)
+
+
+#: The connectors ``OffloadManager`` follows: vLLM 0.33's (the default) and vLLM 0.15.1's.
+CONNECTORS = ("0.33", "0.15")
 
 
 class OffloadManager:
     def __init__(self, store: OffloadStore, kv, *, prompt_only: bool = True,
-                 sync_load_budget_bytes: int = 0, block_bytes: int = 0):
+                 sync_load_budget_bytes: int = 0, block_bytes: int = 0, connector: str = "0.33"):
+        if connector not in CONNECTORS:
+            raise ValueError(f"unknown offloading connector {connector!r}; known: {', '.join(CONNECTORS)}")
         self.store = store
         self.kv = kv  # KVCacheManager: block keys, the GPU pool
         self.block_size = kv.block_size
-        self.prompt_only = prompt_only
+        self.v015 = connector == "0.15"
+        self.connector = connector
+        self.prompt_only = prompt_only and not self.v015  # (0.15 stores generated blocks too)
+        if self.v015:
+            store.access_on_refusal = False
+        # a refused offer met again with the store unchanged is refused again (no key it offered
+        # was stored since, no slot freed or unpinned): counted, not recomputed; for the LRU
+        # policy, whose eviction only counts the evictable keys outside the offer
+        self._shortcut_refusals = self.v015 and type(store.policy) is OffloadLRU and not store._hears_misses
         self.sync_load_budget_bytes = sync_load_budget_bytes
         self.block_bytes = block_bytes
         self._seen: dict[str, _Seen] = {}
@@ -117,7 +154,8 @@ class OffloadManager:
     # ----------------------------------------------------------- the step
     def begin_step(self) -> None:
         self._step_sync_bytes = 0
-        self.store.step_evictions = 0
+        store = self.store
+        store.step_evictions = store.step_scan_entries = store.step_refusals = 0
 
     def has_unoffered(self, requests) -> bool:
         """Whether one of these (running) requests has blocks it could offer and has not with
@@ -147,6 +185,11 @@ class OffloadManager:
             state = self._states.get(request_id)
             if state is not None:
                 self._flushed.extend(j for j in state.jobs if not self._jobs[j].is_load)
+                if self.v015:  # (its stores are reported done at once, flushed ones included)
+                    stores = [self._jobs[j] for j in state.jobs if not self._jobs[j].is_load]
+                    self._release(state, [key for job in stores for key in job.keys])
+                    for job in stores:  # (done: nothing more to report when the copy ends)
+                        job.keys = []
         copies: list[tuple[int, int]] = []
         for request in scheduled:
             state = self._states.get(request.request_id)
@@ -155,10 +198,11 @@ class OffloadManager:
         finished = [str(i) for i in self._finished_ids]  # (the set's order under PYTHONHASHSEED=0)
         self._finished_ids = set()
         num_running_stores = len(copies)
-        for request_id in finished:
-            state = self._states.get(request_id)
-            if state is not None:
-                self._offer(state, copies, step)
+        if not self.v015:  # (0.15: a finished request offers nothing more)
+            for request_id in finished:
+                state = self._states.get(request_id)
+                if state is not None:
+                    self._offer(state, copies, step)
         for request_id in finished:
             seen = self._seen.pop(request_id, None)
             if seen is not None:
@@ -166,6 +210,7 @@ class OffloadManager:
                 self.store.policy.request_finished(request_id, keys, seen.reused)
             state = self._states.get(request_id)
             if state is not None and not state.jobs:
+                self._release(state)
                 del self._states[request_id]
         self.num_stored_blocks += len(copies)
         self.num_finished_stores = len(copies) - num_running_stores
@@ -197,11 +242,24 @@ class OffloadManager:
         if end <= start:
             return
         kv = self.kv
+        store = self.store
+        if self._shortcut_refusals:
+            last = state.refused.get(seq.index)
+            if last is not None and last[0] == store.generation and last[1] == start and end >= last[2]:
+                # (the same offer, perhaps longer, to an unchanged store: refused again)
+                num_new = last[3] + sum(1 for j in range(last[2], end) if kv.block_key(seq, j) not in store)
+                store.refuse(num_new)
+                state.refused[seq.index] = (store.generation, start, end, num_new)
+                return
         keys = [kv.block_key(seq, j) for j in range(start, end)]
         positions = list(range(start, end))
         seen = self._seen_by(request.request_id)
-        store = self.store
+        refused_before = store.num_refused_blocks
         slots = store.prepare_store(keys, request.request_id, positions, seen.missed)
+        if slots is None and self.v015:  # refused: offered again next time (0.15: nothing seen)
+            state.refused[seq.index] = (store.generation, start, end, store.num_refused_blocks - refused_before)
+            return
+        state.refused.pop(seq.index, None)
         if slots is None:  # refused: offered again next time (still, the request saw them)
             for j, key in zip(positions, keys):
                 if store.is_ready(key):
@@ -239,10 +297,13 @@ class OffloadManager:
     def output_fields(self, loads: list[tuple[int, int]], hits: dict[str, int], stores: list[tuple[int, int]],
                       parked: tuple[str, ...] = ()) -> dict:
         """The step's ``SchedulerOutput`` fields of offloading."""
-        return dict(num_free_offload_blocks=self.store.num_free_blocks, blocks_to_load=tuple(loads),
+        store = self.store
+        return dict(num_free_offload_blocks=store.num_free_blocks, blocks_to_load=tuple(loads),
                     blocks_to_store=tuple(stores), offload_hits=MappingProxyType(hits),
                     num_finished_stores=self.num_finished_stores, parked=parked,
-                    offload_evictions=self.store.step_evictions)
+                    offload_evictions=store.step_evictions,
+                    offload_scan_entries=store.step_scan_entries if self.v015 else 0,
+                    offload_refusals=store.step_refusals if self.v015 else 0)
 
     # ------------------------------------------------------------ lookups
     def lookup(self, seq: Sequence, first_block: int) -> tuple[list[BlockKey], bool] | None:
@@ -253,7 +314,7 @@ class OffloadManager:
         state = self._state_of(request)
         seq.num_offered_blocks = 0  # (vLLM's next_stored_chunk_idx: the first block not offered with success)
         state.tables.pop(seq.index, None)
-        if state.jobs:
+        if state.jobs and not self.v015:
             return None
         store = self.store
         kv = self.kv
@@ -267,6 +328,8 @@ class OffloadManager:
                 break
             stored = store.key_of[slot]
             if store.is_pending(key):
+                if self.v015:  # (0.15: the hit ends at the first block not ready)
+                    break
                 pending = True
             elif stored is not key:  # (equal: compare later keys in one link, see adopt_key)
                 kv.adopt_key(seq, j, stored)
@@ -341,13 +404,25 @@ class OffloadManager:
             self.store.complete_load(job.keys)
             if not job.sync:
                 self._being_loaded.difference_update(job.keys)
-        else:
-            self.store.complete_store(job.keys)
         state = self._states.get(job.request_id)
+        if not job.is_load:
+            if self.v015 and state is not None:  # (reported done once its request has finished)
+                state.held.extend(job.keys)
+            else:
+                self.store.complete_store(job.keys)
         if state is not None:
             state.jobs.discard(job_id)
-            if state.finished and not state.jobs and Seed0Str(job.request_id) not in self._finished_ids:
-                del self._states[job.request_id]
+            if state.finished and not state.jobs:
+                self._release(state)  # (0.15: reported now, its request finished, its copies done)
+                if Seed0Str(job.request_id) not in self._finished_ids:
+                    del self._states[job.request_id]
+
+    def _release(self, state: _RequestState, keys: list | None = None) -> None:
+        """vLLM 0.15: the stores ``state``'s request has copied (and ``keys``) are reported done."""
+        held = state.held + (keys or [])
+        if held:
+            state.held = []
+            self.store.complete_store(held)
 
     # ------------------------------------------------------------- requests
     def request_finished(self, request: Request, *, aborted: bool = False) -> None:
@@ -362,6 +437,8 @@ class OffloadManager:
         state.finished = True
         state.aborted = aborted
         self._finished_ids.add(Seed0Str(request_id))
+        if self.v015 and not state.jobs:  # (its copies done: the worker reports it with its finish)
+            self._release(state)
 
     def _state_of(self, request: Request) -> _RequestState:
         state = self._states.get(request.request_id)

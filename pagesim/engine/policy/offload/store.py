@@ -52,6 +52,16 @@ class OffloadStore:
         self.num_evictions = 0
         self.step_evictions = 0  # since the manager last cleared it (one step's, vLLM's offload_evictions)
         self.num_refused_blocks = 0  # offered blocks not stored: the store had no room
+        # vLLM 0.15's CPU manager finds victims by walking all its entries in LRU order (an
+        # OrderedDict) for those not pinned: the entries a step's offers walk, and the offers it
+        # refused (each walked every entry), since the manager last cleared them (scan_work)
+        self.step_scan_entries = 0
+        self.step_refusals = 0
+        # vLLM 0.15's manager records an offer's access only when it stores it (False: as it)
+        self.access_on_refusal = True
+        # bumped by every change to what the store holds or may evict: a refused offer whose
+        # store is unchanged since is refused again (OffloadManager's shortcut)
+        self.generation = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -96,7 +106,8 @@ class OffloadStore:
                 used.append(key)
                 used_positions.append(position)
         policy = self.policy
-        if used or new:
+        access_now = self.access_on_refusal or not new
+        if (used or new) and access_now:
             # (vLLM records the access of the keys to store too, refused or not: none is stored, so
             # only a policy that ranks requests by their first access, as LRU does, hears of it)
             policy.access(used, request_id, used_positions)
@@ -115,14 +126,20 @@ class OffloadStore:
             # (of the keys offered, only those ready could be evicted: protect them)
             victims = policy.evict(need, set(used))
             if victims is None:
-                self.num_refused_blocks += len(new)
+                self.refuse(len(new))
                 return None
+            # (a walk that finds enough stops at the last victim: counted as if the unpinned
+            # entries came first, as a finished request's entries do; a lower bound)
+            self.step_scan_entries += need
             for key in victims:
                 if state.get(key) != READY:  # (a plug-in's mistake: say so rather than corrupt the store)
                     raise ValueError(f"offload eviction policy {policy.name!r} evicted a key the store "
                                      f"{'does not hold' if key not in state else 'is copying'}")
             for key in victims:
                 self._drop(key)
+        if not access_now:
+            policy.access(used, request_id, used_positions)
+        self.generation += 1
         slots = {}
         slot_of, key_of, insert = self.slot_of, self.key_of, policy.insert
         storing = self._storing
@@ -135,6 +152,13 @@ class OffloadStore:
             storing.add(key)
             slots[key] = slot
         return slots
+
+    def refuse(self, num_new: int) -> None:
+        """Count an offer refused for want of room for its ``num_new`` keys not stored: vLLM
+        0.15's manager walked every entry looking for victims."""
+        self.num_refused_blocks += num_new
+        self.step_scan_entries += len(self.slot_of)
+        self.step_refusals += 1
 
     def _take_slot(self) -> int:
         if self._num_never_used:
@@ -165,6 +189,7 @@ class OffloadStore:
             state[key] = s + 1
             self._loading.append(key)
             slots.append(self.slot_of[key])
+        self.generation += 1
         self.policy.access(list(keys), request_id, positions)
         return slots
 
@@ -179,6 +204,7 @@ class OffloadStore:
             storing.discard(key)
         if done:
             self.policy.set_evictable_many(done)
+            self.generation += 1
 
     def complete(self) -> None:
         """Every copy in flight is done."""
@@ -194,6 +220,7 @@ class OffloadStore:
             loading.remove(key)
             if s == READY:
                 policy.set_evictable(key, True)
+        self.generation += 1
 
     # ------------------------------------------------------------ checking
     def check(self) -> None:

@@ -69,6 +69,10 @@ class SchedulerConfig:
     # runs synchronously, in the request's own step.
     offload_sync_load_budget_bytes: int = 0
     offload_block_bytes: int = 0
+    # Which vLLM's OffloadingConnector the offload store follows (OffloadManager): "0.33" (the
+    # default) or "0.15" (vLLM 0.15.1's: every full block stored, a store reported done only once
+    # its request has finished, its CPU manager's eviction a walk through every entry).
+    offload_connector: str = "0.33"
 
     # Which waiting request is admitted first and which running one is preempted (vLLM's
     # --scheduling-policy): "fcfs", first come first served (the waiting queue in arrival order,
@@ -187,6 +191,12 @@ class SchedulerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.offload_connector not in ("0.33", "0.15"):
+            raise ValueError(f"offload_connector (--kv-offloading-connector) must be '0.33' or '0.15', "
+                             f"got {self.offload_connector!r}")
+        if self.offload_connector == "0.15" and self.offload_sync_load_budget_bytes:
+            raise ValueError("offload_sync_load_budget_bytes (--offload-sync-load-budget-bytes) is vLLM 0.33's: "
+                             "vLLM 0.15's connector loads asynchronously only")
         if not n:
             if self.offload_sync_load_budget_bytes:
                 raise ValueError("offload_sync_load_budget_bytes (--offload-sync-load-budget-bytes) applies to loads from "

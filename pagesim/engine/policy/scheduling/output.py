@@ -127,6 +127,10 @@ class SchedulerOutput:
     offload_evictions: int = 0  # offload slots evicted this step
     # requests aborted since the last step, before this one was scheduled (their blocks already freed)
     aborted: tuple[str, ...] = ()
+    # vLLM 0.15's connector only (OffloadManager): the store entries its CPU manager walked for
+    # this step's offers, and the offers it refused (each after walking all of them): CPU time
+    offload_scan_entries: int = 0
+    offload_refusals: int = 0
 
     # (Written out as ScheduledSequence's is.)
     def __init__(self, step: int, scheduled: tuple[ScheduledSequence, ...], num_scheduled_tokens: Mapping[str, int],
@@ -137,7 +141,8 @@ class SchedulerOutput:
                  blocks_to_load: tuple[Pair, ...] = (), blocks_to_store: tuple[Pair, ...] = (),
                  offload_hits: Mapping[str, int] | None = None, num_finished_stores: int = 0,
                  parked: tuple[str, ...] = (),
-                 offload_evictions: int = 0, aborted: tuple[str, ...] = ()) -> None:
+                 offload_evictions: int = 0, aborted: tuple[str, ...] = (), offload_scan_entries: int = 0,
+                 offload_refusals: int = 0) -> None:
         object.__setattr__(self, "step", step)
         object.__setattr__(self, "scheduled", scheduled)
         object.__setattr__(self, "num_scheduled_tokens", num_scheduled_tokens)
@@ -160,6 +165,8 @@ class SchedulerOutput:
         object.__setattr__(self, "parked", parked)
         object.__setattr__(self, "offload_evictions", offload_evictions)
         object.__setattr__(self, "aborted", aborted)
+        object.__setattr__(self, "offload_scan_entries", offload_scan_entries)
+        object.__setattr__(self, "offload_refusals", offload_refusals)
 
     @property
     def order(self) -> tuple[str, ...]:

@@ -84,7 +84,8 @@ class Scheduler:
             self.offload = OffloadManager(OffloadStore(config.num_offload_blocks, config.offload_eviction_policy),
                                           self.kv, prompt_only=config.offload_prompt_only,
                                           sync_load_budget_bytes=config.offload_sync_load_budget_bytes,
-                                          block_bytes=config.offload_block_bytes)
+                                          block_bytes=config.offload_block_bytes,
+                                          connector=config.offload_connector)
         # Whether update() reports every copy a step issued done (a step's loads and stores take
         # one step, as the engine makes them); else the executor reports them (OffloadManager.complete).
         self.complete_offload_in_update = True
