@@ -116,7 +116,7 @@ def test_named_paths_and_the_cli_default():
     with pytest.raises(ValueError, match="--frontend-latency-ms takes two finite numbers"):
         serving_path_from_args(Args(), "vllm-v1")
     # asynchronous scheduling hides the scheduler's per-request CPU work, not the per-step time
-    assert roofline_overrides(SERVING_PATHS["vllm"]) == {"cpu_per_seq_s": 0.0}
+    assert roofline_overrides(SERVING_PATHS["vllm"]) == {"scheduler_overlap": 1.0}
     assert roofline_overrides(None) == {}
 
 

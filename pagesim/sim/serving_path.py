@@ -106,12 +106,14 @@ def roofline_overrides(path: ServingPath | None, kernel: str = "flash") -> dict[
     (``pagesim.sim.cost.roofline.ATTENTION_KERNELS``) set. With asynchronous scheduling the scheduler's and
     the input preparation's per-request CPU work for a step runs while the previous step computes
     (vLLM V1's ``step_with_batch_queue``: ``schedule()`` and ``execute_model`` of step k + 1 are
-    issued before step k's output is awaited), so the roofline's per-sequence CPU term
-    (``cpu_per_seq_s``) is hidden; its per-step term (``cpu_step_s``: the sampler's
-    synchronisation, output handling) is not, nor are the step's kernels (``kernel_launch``)."""
+    issued before step k's output is awaited: ``scheduler_overlap`` 1), so the roofline's
+    per-sequence CPU term (``cpu_per_seq_s``) is hidden behind the forward pass, as are the KV
+    offloading connector's walks (``pagesim.sim.cost.connector_cpu``) up to its length; its
+    per-step term (``cpu_step_s``: the sampler's synchronisation, output handling) is not, nor
+    are the step's kernels (``kernel_launch``)."""
     from pagesim.sim.cost.roofline import ATTENTION_KERNELS
 
-    params = {"cpu_per_seq_s": 0.0} if path is not None and path.async_scheduling else {}
+    params = {"scheduler_overlap": 1.0} if path is not None and path.async_scheduling else {}
     return {**params, **(ATTENTION_KERNELS[kernel] if kernel != "flash" else {})}
 
 

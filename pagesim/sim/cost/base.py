@@ -60,6 +60,10 @@ class StepWork:
     prefill_window_context_tokens: int = 0
     decode_window_context_tokens: int = 0
     block_size: int | None = 16  # None: a contiguous cache (no blocks)
+    # vLLM 0.15's offloading connector: the store entries its CPU manager walked for this step's
+    # offers and the offers it refused (SchedulerOutput's; scheduler CPU time, not GPU work)
+    offload_scan_entries: int = 0
+    offload_refusals: int = 0
 
     @classmethod
     def from_output(cls, output: SchedulerOutput, block_size: int | None, window: int | None = None) -> StepWork:
@@ -89,7 +93,8 @@ class StepWork:
             num_cow_blocks=len(output.blocks_to_copy),
             num_swap_out_blocks=len(output.blocks_to_swap_out),
             num_swap_in_blocks=len(output.blocks_to_swap_in),
-            block_size=block_size,
+            block_size=block_size, offload_scan_entries=output.offload_scan_entries,
+            offload_refusals=output.offload_refusals,
         )
 
     @classmethod

@@ -55,6 +55,11 @@ Per step, on one GPU of a ``tp``-way replica (each GPU does ``1/tp`` of the work
 - ``cpu_overhead``: the engine's own per-step time (the sampler's synchronisation, output
   handling) as a fixed part plus a part per scheduled sequence (hidden under asynchronous
   scheduling: ``pagesim.sim.serving_path``).
+  With vLLM 0.15's KV offloading connector (``--offload-connector 0.15``) the scheduler also
+  pays for its CPU manager's walks through the offload store (``pagesim.sim.cost.connector_cpu``:
+  ``offload_scan_entry_s`` per entry walked, ``offload_refusal_s`` per refused offer); under
+  asynchronous scheduling (``scheduler_overlap`` 1, which the serving path sets) that time and the
+  per-sequence part run beside the forward pass, and only what exceeds it lengthens the step.
 - ``swap``: blocks over the host link at ``pcie_efficiency`` of its bandwidth (each GPU moves
   its own share over its own link; the link is full duplex, so a step's swap-outs and swap-ins
   overlap and the larger of the two sets the time).
@@ -74,6 +79,7 @@ import numpy as np
 
 from pagesim.engine.catalog.params import param_breakdown
 from pagesim.sim.cost.base import TERMS, CostModel, StepCost, StepWork
+from pagesim.sim.cost.connector_cpu import OFFLOAD_REFUSAL_S, OFFLOAD_SCAN_ENTRY_S, exposed_cpu_s
 from pagesim.sim.cost.fused_moe import MOE_EXPERT_S, MOE_MEM_EFFICIENCY, FusedMoeCost
 from pagesim.sim.cost.kernel_counts import (KERNEL_S, LAUNCH_GAP_S, NCCL_RING_BASE_S, NCCL_RING_HOP_S, allreduce_s,
                                             kernels_per_step)
@@ -98,6 +104,11 @@ class RooflineParams:
     sampling_fixed_s: float = 50e-6
     cpu_step_s: float = 0.5e-3  # per-step engine time besides its kernels (1 ms with them for a dense 7B)
     cpu_per_seq_s: float = 10e-6  # per scheduled sequence
+    offload_scan_entry_s: float = OFFLOAD_SCAN_ENTRY_S  # vLLM 0.15's offload manager, per entry walked (connector_cpu)
+    offload_refusal_s: float = OFFLOAD_REFUSAL_S  # and per offer it refused
+    # 1 (asynchronous scheduling, which the serving path sets): the scheduler's CPU work for a step
+    # (cpu_per_seq_s, the connector's walks) runs beside the forward pass; 0: before it
+    scheduler_overlap: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -107,6 +118,8 @@ class RooflineParams:
         if self.moe_mfu > 1:
             raise ValueError(f"roofline parameter moe_mfu must be 0 (by expert size) or in (0, 1], "
                              f"got {self.moe_mfu!r}")
+        if self.scheduler_overlap not in (0, 1):
+            raise ValueError(f"roofline parameter scheduler_overlap must be 0 or 1, got {self.scheduler_overlap!r}")
         for name in ("mfu", "moe_mem_efficiency", "attention_efficiency", "mem_efficiency", "pcie_efficiency",
                      "interconnect_efficiency"):
             if not 0 < getattr(self, name) <= 1:
@@ -208,7 +221,9 @@ class RooflineCostModel(CostModel):
             terms["kernel_launch"] = self._kernel_launch_s
             if self._tp > 1:
                 terms["tp_comm"], terms["ep_comm"] = self._comm_s(work.num_tokens)
-        terms["cpu_overhead"] = p.cpu_step_s + p.cpu_per_seq_s * work.num_seqs  # every step pays it
+        overlap = p.scheduler_overlap == 1
+        # every step pays it; the per-sequence part runs beside the forward pass when they overlap
+        terms["cpu_overhead"] = p.cpu_step_s if overlap else p.cpu_step_s + p.cpu_per_seq_s * work.num_seqs
         if work.prefill_attention_pairs:
             terms["prefill_attention"] = self._prefill_attention_s(work)
         if work.decode_context_tokens:
@@ -220,6 +235,14 @@ class RooflineCostModel(CostModel):
         if work.num_swap_out_blocks or work.num_swap_in_blocks:
             # PCIe is full duplex: swap-outs and swap-ins of one step move side by side
             terms["swap"] = max(work.num_swap_out_blocks, work.num_swap_in_blocks) * block_bytes / self._pcie
+        if work.offload_scan_entries or work.offload_refusals:  # (vLLM 0.15's connector: connector_cpu)
+            cpu = work.offload_scan_entries * p.offload_scan_entry_s + work.offload_refusals * p.offload_refusal_s
+            if overlap:  # what the scheduler does beside the forward pass, against it
+                cpu += p.cpu_per_seq_s * work.num_seqs
+                forward = sum(v for k, v in terms.items() if k not in ("cpu_overhead", "swap"))
+                terms["cpu_overhead"] += exposed_cpu_s(cpu, forward, overlap=True)
+            else:
+                terms["cpu_overhead"] += cpu
         return StepCost(terms)
 
     def _comm_s(self, num_tokens: int) -> tuple[float, float]:
