@@ -4,8 +4,8 @@ beside predicted latency, per experiment and stage, with the median errors per m
     python benchmarks/bench_groundtruth.py [--groundtruth DIR] [--seed S] [-- extra replay flags]
 
 Each experiment is ``pagesim replay EXPERIMENT --gpu h100-sxm`` (its model, tensor parallelism and
-vLLM limits from its ``exp-config.yaml``; no per-experiment setting): the same constants for all
-eight. Per token is ``(mean E2E - mean TTFT) / (output_len - 1)``, the figure the shared README
+vLLM limits from its ``exp-config.yaml``; no per-experiment setting) with the server flags every
+one of these runs had beyond those (``SERVER_FLAGS``): the same constants for all eight. Per token is ``(mean E2E - mean TTFT) / (output_len - 1)``, the figure the shared README
 defines (inference-perf's ``time_per_output_token`` is per streamed event). The CPU seconds the
 replays took are printed at the end (the target: under a minute of one core for all eight).
 Skips, saying so, when the folder is absent. Not a test: nothing here asserts a figure.
@@ -27,6 +27,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GROUNDTRUTH = ROOT.parent / "shared" / "groundtruth" / "vllm-0.15.1-h100"
 LABELS = {"e2e": "E2E", "ttft": "TTFT", "per_token": "per token"}
+#: What the BLIS harness added to every one of these servers (its observability values, applied to
+#: all its February 2026 runs: inference-sim/tektonc-data-collection,
+#: tektoncsample/blis-inference-perf/values-observability.yaml, ``offloading_size: 8.0``, passed as
+#: ``--kv-offloading-size``; the servers' logs show ``kv_connector='OffloadingConnector'`` with
+#: ``cpu_bytes_to_use`` 8 GiB): vLLM 0.15's native CPU offloading, 8 GiB over the replica's GPUs.
+#: ``--as-configured`` leaves them out (the experiments' own config files do not name them).
+SERVER_FLAGS = ["--kv-offloading-size", "8", "--offload-connector", "0.15"]
 
 
 def pagesim_json(argv: list[str]) -> dict:
@@ -57,8 +64,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groundtruth", type=Path, default=DEFAULT_GROUNDTRUTH)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--as-configured", action="store_true",
+                        help="without SERVER_FLAGS: only what the experiments' config files say")
     parser.add_argument("extra", nargs="*", help="flags passed to every replay (after --)")
     args = parser.parse_args()
+    extra = (args.extra if args.as_configured else SERVER_FLAGS + args.extra)
     experiments = sorted(p for p in args.groundtruth.glob("*") if (p / "results" / "config.yaml").is_file())
     if not experiments:
         print(f"skipped: no inference-perf experiments under {args.groundtruth}")
@@ -70,7 +80,7 @@ def main() -> int:
     print(f"{'experiment':<34}{'row':>6}  {'E2E mean':>19}  {'p90':>7} {'p99':>7}  {'TTFT mean':>21}  "
           f"{'p90':>7} {'p99':>7}  {'per token':>19}  {'failed (meas/pred)':>18}")
     for experiment in experiments:
-        report = replay(experiment, args.seed, args.extra)
+        report = replay(experiment, args.seed, extra)
         family = "mixtral-8x7b" if "mixtral" in experiment.name else "llama-2-7b"
         name = experiment.name.split("-", 2)[2]
         for row_name, row in rows_of(report):
