@@ -257,6 +257,8 @@ def _offload_line(s: dict, deployment: dict, pct) -> str:
     blocks = deployment["scheduler"]["num_offload_blocks"]  # one replica's store
     gib = blocks * deployment["kv_cache"]["block_bytes"] * deployment["tp"] / 2**30
     size = f"{blocks:,} blocks ({plain(gib)} GiB){' per replica' if 'replicas' in s else ''}"
+    if deployment["scheduler"].get("offload_connector", "0.33") != "0.33":
+        size += f", vLLM {deployment['scheduler']['offload_connector']}'s connector"
     return (f"offload    {size}: hits HBM {pct(s['hbm_hit_rate'])} + CPU {pct(s['offload_hit_rate'])} of admitted "
             f"prompt tokens; loaded {s['offload_loaded_blocks']:,} / stored {s['offload_stored_blocks']:,} blocks, "
             f"{s['offload_evictions']:,} evicted, {s['offload_refused_blocks']:,} refused; link busy "

@@ -104,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
                 "max_num_batched_tokens": built.scheduler.config.max_num_batched_tokens,
                 "max_model_len": built.scheduler.config.max_model_len,
                 "attention_kernel": args.attention_kernel, "serving_path": _plain(path) if path else "none",
-                "client_timeout_s": timeout_s, "seed": args.seed}
+                "client_timeout_s": timeout_s, "seed": args.seed,
+                "num_offload_blocks": built.scheduler.config.num_offload_blocks,
+                "offload_connector": built.scheduler.config.offload_connector if built.scheduler.config.num_offload_blocks
+                else None}
     report = {"run": str(measured_run.results_dir), "workload": measured_run.workload, "settings": settings,
               "rows": [row.to_json() for row in rows], "median_abs_errors": median_abs_errors(rows),
               "sim_wall_s": result.wall_s}
@@ -118,12 +121,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(measured_run.describe())
     print(f"simulated: {settings['model']} on {settings['gpu']} x{args.tp}, policy {args.policy}, "
-          f"{built.batch_limits_words()}, attention kernel {args.attention_kernel}, {path_words(path)}; "
+          f"{built.batch_limits_words()}, attention kernel {args.attention_kernel}, {_offload_words(built)}"
+          f"{path_words(path)}; "
           f"seed {args.seed}; "
           f"{result.wall_s:.1f} s wall\n")
     print(format_table(rows))
     sys.stdout.flush()
     return 0
+
+
+def _offload_words(built) -> str:
+    """The offload store, as the summary line says it ("" without one)."""
+    config = built.scheduler.config
+    if not config.num_offload_blocks:
+        return ""
+    return f"KV offloading {config.num_offload_blocks:,} blocks (vLLM {config.offload_connector}'s connector), "
 
 
 def _run_name(results_dir: Path) -> str:
