@@ -248,6 +248,17 @@ def test_pagesim_run_serves_cpu_tier_hits_equal_to_the_reference(capsys):
     assert summary["requests_completed"] == 8
 
 
+@pytest.mark.parametrize("size", ["0.001", "0.0002"])
+def test_pagesim_run_with_vllm_0_15s_connector_matches_the_reference(capsys, size):
+    """vLLM 0.15's connector on the real engine: generated blocks stored too, stores pinned until
+    their request finishes; a roomy store and one of 26 blocks the running requests fill."""
+    assert main([*RUN, "--kv-offloading-size", size, "--offload-connector", "0.15", "--check-reference",
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["outputs_match_reference"] is True and summary["reference_mismatches"] == []
+    assert summary["requests_completed"] == 8 and summary["offload_stored_blocks"] > 0
+
+
 def test_pagesim_run_without_offloading_reports_as_before(capsys):
     assert main([*RUN, "--num-prompts", "2", "--json"]) == 0
     assert not OFFLOAD_KEYS & set(json.loads(capsys.readouterr().out))
