@@ -33,6 +33,7 @@ def _builtin_choices() -> dict[str, list[str]]:
 
 
 def add_policy_args(parser: argparse.ArgumentParser):
+    from pagesim.engine.policy.offload.manager import CONNECTORS
     from pagesim.engine.policy.scheduling.presets import PRESETS
 
     choices = _builtin_choices()
@@ -85,7 +86,7 @@ def add_policy_args(parser: argparse.ArgumentParser):
                         "option sync_load_budget_bytes, counted per GPU; default 0: every load asynchronous, the "
                         "request parked until its copy is done); a load that fits and leaves a token to compute runs "
                         "in its own step")
-    s.add_argument("--offload-connector", choices=["0.33", "0.15"],
+    s.add_argument("--offload-connector", choices=list(CONNECTORS),
                    help="KV offloading: which vLLM's OffloadingConnector to follow: 0.33 (the default) or 0.15 "
                         "(vLLM 0.15.1's: every full block stored, a store reported done only when its request "
                         "finishes, victims found by walking the whole store, which costs the scheduler CPU time)")

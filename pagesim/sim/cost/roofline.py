@@ -237,12 +237,11 @@ class RooflineCostModel(CostModel):
             terms["swap"] = max(work.num_swap_out_blocks, work.num_swap_in_blocks) * block_bytes / self._pcie
         if work.offload_scan_entries or work.offload_refusals:  # (vLLM 0.15's connector: connector_cpu)
             cpu = work.offload_scan_entries * p.offload_scan_entry_s + work.offload_refusals * p.offload_refusal_s
+            forward = 0.0
             if overlap:  # what the scheduler does beside the forward pass, against it
                 cpu += p.cpu_per_seq_s * work.num_seqs
                 forward = sum(v for k, v in terms.items() if k not in ("cpu_overhead", "swap"))
-                terms["cpu_overhead"] += exposed_cpu_s(cpu, forward, overlap=True)
-            else:
-                terms["cpu_overhead"] += cpu
+            terms["cpu_overhead"] += exposed_cpu_s(cpu, forward, overlap=overlap)
         return StepCost(terms)
 
     def _comm_s(self, num_tokens: int) -> tuple[float, float]:

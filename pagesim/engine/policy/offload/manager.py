@@ -128,7 +128,6 @@ class OffloadManager:
         self.kv = kv  # KVCacheManager: block keys, the GPU pool
         self.block_size = kv.block_size
         self.v015 = connector == "0.15"
-        self.connector = connector
         self.prompt_only = prompt_only and not self.v015  # (0.15 stores generated blocks too)
         if self.v015:
             store.access_on_refusal = False
@@ -184,11 +183,11 @@ class OffloadManager:
         for request_id in preempted:
             state = self._states.get(request_id)
             if state is not None:
-                self._flushed.extend(j for j in state.jobs if not self._jobs[j].is_load)
+                stores = [j for j in state.jobs if not self._jobs[j].is_load]
+                self._flushed.extend(stores)
                 if self.v015:  # (its stores are reported done at once, flushed ones included)
-                    stores = [self._jobs[j] for j in state.jobs if not self._jobs[j].is_load]
-                    self._release(state, [key for job in stores for key in job.keys])
-                    for job in stores:  # (done: nothing more to report when the copy ends)
+                    self._release(state, [key for j in stores for key in self._jobs[j].keys])
+                    for job in map(self._jobs.__getitem__, stores):  # (done: nothing more to report when the copy ends)
                         job.keys = []
         copies: list[tuple[int, int]] = []
         for request in scheduled:

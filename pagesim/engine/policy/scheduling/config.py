@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from pagesim.engine.policy.memory.eviction import EVICTION_POLICIES
+from pagesim.engine.policy.offload.manager import CONNECTORS
 from pagesim.engine.policy.offload.policies import OFFLOAD_POLICIES
 from pagesim.engine.policy.plugins.lookup import lookup
 from pagesim.engine.policy.scheduling.preemption import PreemptionMode, VictimPolicy, make_preemption_mode, make_victim_policy
@@ -191,8 +192,8 @@ class SchedulerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if self.offload_connector not in ("0.33", "0.15"):
-            raise ValueError(f"offload_connector (--kv-offloading-connector) must be '0.33' or '0.15', "
+        if self.offload_connector not in CONNECTORS:
+            raise ValueError(f"offload_connector (--offload-connector) must be one of {', '.join(CONNECTORS)}, "
                              f"got {self.offload_connector!r}")
         if self.offload_connector == "0.15" and self.offload_sync_load_budget_bytes:
             raise ValueError("offload_sync_load_budget_bytes (--offload-sync-load-budget-bytes) is vLLM 0.33's: "
