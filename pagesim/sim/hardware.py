@@ -118,6 +118,21 @@ GPU_PRESETS: dict[str, GpuPreset] = {
     )
 }
 
+#: Devices that are not GPUs, which ``get_gpu_preset`` and ``resolve_gpu_name`` also answer for but
+#: ``GPU_PRESETS`` (the GPU catalog) does not list. ``cpu`` is the engine on this machine's CPU
+#: (``pagesim run --device cpu``): its figures are nominal, not a datasheet's, for the roofline a fit
+#: to the engine's own CPU runs scales (``pagesim calibrate --from-measurements``); simulating a
+#: CPU from them unfitted says little.
+HOST_PRESETS: dict[str, GpuPreset] = {
+    g.name: g
+    for g in (
+        GpuPreset("cpu", 16 * 1024 * MiB, 20 * GB, 48 * 10**9, 10 * GB, 10 * GB, None,
+                  "nominal host CPU, not a datasheet: one x86 core's fp64 FMA peak (AVX2: two 4-wide "
+                  "FMA units at 3 GHz, 48 GFLOP/s) and its DRAM bandwidth (20 GB/s), 16 GiB; copies "
+                  "and peers at 10 GB/s. For fits to the engine's CPU runs"),
+    )
+}
+
 # Normalised spellings (see normalise_gpu_name) -> canonical names.
 GPU_ALIASES: dict[str, str] = {
     "a100": "a100-80gb",
@@ -160,7 +175,7 @@ def gpu_names() -> list[str]:
 def resolve_gpu_name(name: str) -> str:
     """The canonical name for ``name`` (a canonical name or an alias, any case or spacing)."""
     key = normalise_gpu_name(name)
-    if key in GPU_PRESETS:
+    if key in GPU_PRESETS or key in HOST_PRESETS:
         return key
     if key in GPU_ALIASES:
         return GPU_ALIASES[key]
@@ -171,4 +186,5 @@ def resolve_gpu_name(name: str) -> str:
 
 
 def get_gpu_preset(name: str) -> GpuPreset:
-    return GPU_PRESETS[resolve_gpu_name(name)]
+    key = resolve_gpu_name(name)
+    return GPU_PRESETS[key] if key in GPU_PRESETS else HOST_PRESETS[key]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -34,6 +35,9 @@ def add_parser(subparsers) -> None:
     o.add_argument("--seed", type=int, default=0,
                    help="redraws the run's send times and prompt order (inference-perf's are not recorded; default 0)")
     add_cost_args(o)
+    o.add_argument("--profile", metavar="FILE",
+                   help="a fitted profile (pagesim calibrate --from-measurements): its parameters instead of the "
+                        "roofline's defaults")
     o.add_argument("--request-timeout", type=float, metavar="S",
                    help="the client's timeout in seconds (default: the run's: inference-perf's request_timeout, "
                         "else aiohttp's 300 s)")
@@ -69,17 +73,29 @@ def fill_from_run(args: argparse.Namespace, run) -> None:
             setattr(args, name, getattr(server, name))
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass
+class ReplayRun:
+    """One measured run simulated: its comparison rows and what produced them."""
+
+    rows: list  # pagesim.sim.replay.Comparison, per stage then the whole run
+    settings: dict  # the deployment and options simulated, as the JSON report states them
+    built: object  # the replica (pagesim.sim.cluster.build_replicas)
+    path: object  # the serving path (None: the plain one)
+    wall_s: float
+
+
+def simulate_run(args: argparse.Namespace, measured_run, progress=None) -> ReplayRun:
+    """``measured_run`` (an ``InferencePerfRun``, with ``fill_from_run(args, ...)`` done) through the
+    simulator as ``args`` set it up, compared stage by stage (``pagesim.sim.replay.compare``);
+    ``progress``: called with the number of requests finished. ``pagesim calibrate
+    --from-measurements`` calls it at every parameter point it tries."""
     from pagesim.sim.cli import _plain, run_spec_from_args
     from pagesim.sim.cluster import Cluster, build_replicas
-    from pagesim.sim.replay import compare, format_table, median_abs_errors
-    from pagesim.sim.serving_path import path_words, serving_path_from_args
+    from pagesim.sim.replay import compare
+    from pagesim.sim.serving_path import serving_path_from_args
     from pagesim.sim.simulator import SimOptions
-    from pagesim.traces.inference_perf import read_inference_perf
 
-    measured_run = read_inference_perf(args.run_dir)
-    fill_from_run(args, measured_run)
-    args.out, args.profile = None, None  # (run_spec_from_args: no decision log; the roofline)
+    args.out = None  # (run_spec_from_args: no decision log)
     trace = measured_run.trace(seed=args.seed)
     spec = run_spec_from_args(args)
     built = build_replicas(spec, 1)[0]
@@ -87,18 +103,8 @@ def run(args: argparse.Namespace) -> int:
     timeout_s = measured_run.client_timeout_s if args.request_timeout is None else args.request_timeout
     options = SimOptions(seed=args.seed, skip_ahead=args.skip_ahead, step_rows=False, serving_path=path,
                          request_timeout_s=timeout_s)
-    progress = None
-    if not args.no_progress:
-        from pagesim.engine.progress import progress as make_progress
-
-        progress = make_progress("replay", "simulating", len(trace), "requests", disable=False)
-    try:
-        result = Cluster(trace, [(built.scheduler, built.cost_model)], None, options, tp=args.tp,
-                         progress=progress.update if progress else None).run()
-    finally:
-        if progress:
-            progress.close()
-    rows = compare(measured_run, trace, result.requests)
+    result = Cluster(trace, [(built.scheduler, built.cost_model)], None, options, tp=args.tp,
+                     progress=progress).run()
     settings = {"model": built.deployment.model.name, "gpu": built.deployment.gpu.name, "tp": args.tp,
                 "policy": args.policy, "max_num_seqs": built.scheduler.config.max_num_seqs,
                 "max_num_batched_tokens": built.scheduler.config.max_num_batched_tokens,
@@ -108,9 +114,34 @@ def run(args: argparse.Namespace) -> int:
                 "num_offload_blocks": built.scheduler.config.num_offload_blocks,
                 "offload_connector": built.scheduler.config.offload_connector if built.scheduler.config.num_offload_blocks
                 else None}
+    return ReplayRun(compare(measured_run, trace, result.requests), settings, built, path, result.wall_s)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pagesim.sim.fit.profile_file import apply_profile
+    from pagesim.sim.replay import format_table, median_abs_errors
+    from pagesim.sim.serving_path import path_words
+    from pagesim.traces.inference_perf import read_inference_perf
+
+    measured_run = read_inference_perf(args.run_dir)
+    fill_from_run(args, measured_run)
+    profile_words = apply_profile(args, "replay")  # a fitted profile's parameters; a kernel-timed one is refused
+    progress = None
+    if not args.no_progress:
+        from pagesim.engine.progress import progress as make_progress
+
+        progress = make_progress("replay", "simulating", measured_run.num_requests, "requests", disable=False)
+    try:
+        done = simulate_run(args, measured_run, progress.update if progress else None)
+    finally:
+        if progress:
+            progress.close()
+    rows, settings, built, path = done.rows, done.settings, done.built, done.path
+    if profile_words:
+        settings["profile"] = profile_words
     report = {"run": str(measured_run.results_dir), "workload": measured_run.workload, "settings": settings,
               "rows": [row.to_json() for row in rows], "median_abs_errors": median_abs_errors(rows),
-              "sim_wall_s": result.wall_s}
+              "sim_wall_s": done.wall_s}
     if args.save_result:
         from pagesim.sim.output import write_json
 
@@ -123,8 +154,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"simulated: {settings['model']} on {settings['gpu']} x{args.tp}, policy {args.policy}, "
           f"{built.batch_limits_words()}, attention kernel {args.attention_kernel}, {_offload_words(built)}"
           f"{path_words(path)}; "
+          f"{'cost model: ' + profile_words + '; ' if profile_words else ''}"
           f"seed {args.seed}; "
-          f"{result.wall_s:.1f} s wall\n")
+          f"{done.wall_s:.1f} s wall\n")
     print(format_table(rows))
     sys.stdout.flush()
     return 0

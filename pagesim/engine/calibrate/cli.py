@@ -25,8 +25,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="time the real kernels and policy into a profile for the simulator",
                               description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: cuda if available)")
-    p.add_argument("--model", default="tiny", help="preset (tiny, small, llama-125m, llama3-8b, ...) or a Hugging Face "
-                   "Llama folder (only its config is read) (default tiny)")
+    p.add_argument("--model", help="preset (tiny, small, llama-125m, llama3-8b, ...) or a Hugging Face Llama folder "
+                   "(only its config is read) (default tiny; with --from-measurements: the measurements' own)")
     p.add_argument("--dtype", choices=list(DTYPES), default="auto",
                    help="auto: what pagesim run uses there (float64 on CPU, bfloat16 on CUDA)")
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto",
@@ -39,10 +39,21 @@ def add_parser(subparsers) -> None:
     p.add_argument("--force", action="store_true", help="overwrite --out even if it holds another run's profile")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (on a terminal), nor a line per table and a line a minute (otherwise)")
+    from pagesim.reports.fit_cli import add_fit_args
+
+    add_fit_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_measurements:
+        from pagesim.reports.fit_cli import run_fit
+
+        return run_fit(args)
+    for flag in ("holdout", "gpu", "tp", "server_flags", "report", "json"):
+        if getattr(args, flag):
+            raise ValueError(f"--{flag.replace('_', '-')} applies with --from-measurements")
+    args.model = args.model or "tiny"
     import torch
 
     from pagesim.engine.calibrate.calibrate import calibrate
