@@ -95,14 +95,14 @@ def cover_lines(study: Study, omitted: list[tuple[str, str]]) -> list[tuple[str,
         ("deployment", f"{base['model']} on {base['gpu']} (tp {base['tp']}), policy {base['policy']}, KV cache "
                        f"{_kv_cache_words(study)}, swap space {base['swap_space_gb']:g} GiB"),
         ("base settings", ", ".join(f"{k}={v}" for k, v in base.items() if v is not None and k not in shown
-                                    and k not in ("plugins", "plugins_digest")) or "the defaults"),
+                                    and k not in ("plugins", "plugins_digest", "profile")) or "the defaults"),
         ("grid axes", "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in meta["axes"].items()) or "none"),
         ("runs", f"{len(meta['run_ids'])} in the study: {len(study.ok)} completed, {len(study.failed)} failed, "
                  f"{len(meta['run_ids']) - len(study.records)} not run yet"),
         ("load", " ".join(load_findings(study)) or "no completed runs"),
         ("load rule", RULE),
         ("noise rule", noise_rule(study)),
-        ("cost model", "roofline (no calibration profile: calibration and simulated-vs-measured pages absent)"),
+        ("cost model", _cost_model_words(base)),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions().items())),
     ]
     if meta.get("description"):
@@ -110,6 +110,15 @@ def cover_lines(study: Study, omitted: list[tuple[str, str]]) -> list[tuple[str,
     if omitted:
         lines.append(("pages left out", "; ".join(f"{t} ({why})" for t, why in omitted)))
     return lines
+
+
+def _cost_model_words(base: dict) -> str:
+    profile = base.get("profile")
+    if profile:
+        params = ", ".join(f"{k} {v:.4g}" for k, v in sorted(profile["roofline"].items()))
+        return (f"roofline with fitted profile {profile['path']} (pagesim calibrate --from-measurements on "
+                f"{profile['gpu']}: {params}, frontend {profile['frontend_ms'][0]:.3g} ms in)")
+    return "roofline (no calibration profile: calibration and simulated-vs-measured pages absent)"
 
 
 def cover(study: Study, omitted: list[tuple[str, str]]) -> Page:

@@ -140,7 +140,8 @@ def _run_spec(config: RunConfig):
     spec = replace(spec, cost_params=_cost_params(config))
     overhead_s = _engine_overhead_s(config["engine_overhead_ms"], spec)
     if overhead_s:
-        spec = replace(spec, cost_params={**spec.cost_params, "cpu_step_s": RooflineParams().cpu_step_s + overhead_s})
+        cpu_step_s = spec.cost_params.get("cpu_step_s", RooflineParams().cpu_step_s)
+        spec = replace(spec, cost_params={**spec.cost_params, "cpu_step_s": cpu_step_s + overhead_s})
     return spec
 
 
@@ -148,16 +149,20 @@ def _serving_path(config: RunConfig):
     """The run's serving path (``pagesim.sim.serving_path``; None: the plain one)."""
     from pagesim.sim.serving_path import chosen_path
 
-    return chosen_path(config.get("serving_path"), config["policy"], config.get("async_scheduling"))
+    profile = config.get("profile")  # a fitted profile's frontend terms (spec._profile)
+    return chosen_path(config.get("serving_path"), config["policy"], config.get("async_scheduling"),
+                       profile["frontend_ms"] if profile else None)
 
 
 def _cost_params(config: RunConfig) -> dict[str, float]:
     """The roofline's overrides: the serving path's, then the attention kernel's (the paper's own
-    kernel when the run reproduces the 2023 engine, ``engine_overhead_ms = "kwon2023"``)."""
+    kernel when the run reproduces the 2023 engine, ``engine_overhead_ms = "kwon2023"``), then a
+    fitted profile's."""
     from pagesim.sim.serving_path import roofline_overrides
 
     kernel = config.get("attention_kernel") or ("paged-2023" if config["engine_overhead_ms"] == "kwon2023" else "flash")
-    return roofline_overrides(_serving_path(config), kernel)
+    profile = config.get("profile")  # a fitted profile's parameters (spec._profile)
+    return {**roofline_overrides(_serving_path(config), kernel), **(profile["roofline"] if profile else {})}
 
 
 def _plugins(config: RunConfig) -> tuple[str, ...]:

@@ -236,12 +236,10 @@ def validate(doc: dict, origin: str = "spec", *, allow_plugins: bool = False, ma
     name = doc.get("name", "study")
     if not isinstance(name, str) or not name:
         raise SpecError(f"{origin}: name must be a non-empty string")
-    if "profile" in doc:
-        raise SpecError(f"{origin}: profile: calibrated cost profiles are not available yet (the calibration "
-                        "issue); runs use the roofline cost model")
     source = _source(doc.get("source"), origin)
     base = {k: v for k, v in SETTINGS.items()}
     base.update(_plugins(doc.get("plugins", []), origin, allow_plugins))
+    base.update(_profile(doc.get("profile"), origin))
     base_doc = doc.get("base", {})
     seeds = None
     if isinstance(base_doc, dict) and isinstance(base_doc.get("seed"), list):
@@ -325,6 +323,32 @@ def _source(value: Any, origin: str) -> dict[str, Any]:
     return out
 
 
+def _profile(value: Any, origin: str) -> dict[str, Any]:
+    """``profile = "FILE"``: a fitted profile (``pagesim calibrate --from-measurements``), whose
+    roofline parameters and frontend terms every run takes (``pagesim.sim.fit.profile_file``); held
+    in the settings with the file's digest, so a refitted profile gives new run ids."""
+    if value is None:
+        return {}
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"{origin}: profile must be the path of a fitted profile (a string)")
+    import hashlib
+
+    from pagesim.sim.fit.profile_file import FittedProfileError, load_fitted, profile_kind
+
+    if profile_kind(value) != "fitted":
+        raise SpecError(f"{origin}: profile: {value} is not a fitted profile; a study runs the roofline, which takes "
+                        "the parameters pagesim calibrate --from-measurements fits (a kernel-timed profile times one "
+                        "device's kernels at tp 1: use it with simulate or validate)")
+    try:
+        data = load_fitted(value)
+    except FittedProfileError as exc:
+        raise SpecError(f"{origin}: profile: {exc}") from None
+    terms = data["serving_path"]
+    return {"profile": {"path": value, "sha256": hashlib.sha256(Path(value).read_bytes()).hexdigest(),
+                        "gpu": data["gpu"], "roofline": data["roofline"],
+                        "frontend_ms": [terms["frontend_in_s"] * 1e3, terms["frontend_out_s"] * 1e3]}}
+
+
 def _plugins(value: Any, origin: str, allowed: bool) -> dict[str, Any]:
     """Load the spec's plug-ins (registering their names for the checks); the settings they add.
     Nothing is loaded (no file runs) unless the caller allows plug-ins."""
@@ -399,6 +423,13 @@ def _check_run(config: RunConfig, origin: str) -> None:
     except ValueError:
         raise SpecError(f"{origin}: gpu = {config['gpu']!r} is not one of {', '.join(gpu_names())} "
                         f"(or an alias of one, such as h100)") from None
+    profile = config.get("profile")
+    if profile and resolve_gpu_name(config["gpu"]) != resolve_gpu_name(profile["gpu"]):
+        raise SpecError(f"{origin}: profile {profile['path']} was fitted on {profile['gpu']}; a run on gpu = "
+                        f"{config['gpu']!r} would take that GPU's efficiencies (fit one there, or leave gpu out of "
+                        f"the grid)")
+    if profile and config.get("attention_kernel") not in (None, "flash"):
+        raise SpecError(f"{origin}: attention_kernel changes the roofline profile {profile['path']} was fitted with")
     for key, allowed in (("dtype", ("auto", *WEIGHT_FORMATS)), ("kv_cache_dtype", KV_CACHE_DTYPES)):
         if config.get(key) is not None and config[key] not in allowed:
             raise SpecError(f"{origin}: {key} = {config[key]!r} is not one of {', '.join(allowed)}")

@@ -44,8 +44,9 @@ def add_parser(subparsers) -> None:
     o.add_argument("--slo-ttft", type=float, metavar="S", help="goodput SLO on TTFT (default 2 s; or vLLM's --goodput)")
     o.add_argument("--slo-tpot", type=float, metavar="S", help="goodput SLO on TPOT (default 0.1 s)")
     add_cost_args(o)
-    o.add_argument("--profile", metavar="FILE", help="calibration profile (pagesim calibrate): step times measured on "
-                   "the real kernels instead of the roofline model")
+    o.add_argument("--profile", metavar="FILE", help="calibration profile: kernel-timed (pagesim calibrate: step times "
+                   "measured on the real kernels instead of the roofline model) or fitted (pagesim calibrate "
+                   "--from-measurements: the roofline with parameters fitted to a server's measurements)")
     o.add_argument("--check-profile", action="store_true",
                    help="re-time the profile's probe on this machine first and warn (--strict: stop) when the "
                         "profile no longer describes it (needs the profile's device here); --strict alone compares "
@@ -176,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
     from pagesim.sim.output import OUT_FILES, rejection_words, summary_table
     from pagesim.traces.source import has_source, reported_warnings, trace_from_args
 
+    from pagesim.sim.fit.profile_file import apply_profile
+
+    profile_words = apply_profile(args, "simulate")  # a fitted profile becomes roofline parameters here
     bench = bench_settings(args)
     if not has_source(args):
         for key, value in DEFAULT_SOURCE.items():
@@ -195,6 +199,10 @@ def run(args: argparse.Namespace) -> int:
     # the files are built in a partial folder beside --out and renamed into place once all are written
     with folder if folder is not None else contextlib.nullcontext() as staging:
         cluster, result, info, wall_s = _simulate(args, bench, trace, router, staging)
+    if profile_words:
+        result.summary["cost_model"] = f"roofline, {profile_words}"
+    elif args.profile:
+        result.summary["cost_model"] = f"calibrated, kernel-timed profile {args.profile}"
     summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
     if bench.save_result:
         path = save_bench_result(args, bench, trace, result, cluster.replicas, summary, info)
