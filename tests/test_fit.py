@@ -131,8 +131,9 @@ def test_simulate_applies_a_fitted_profile_as_its_parameters(fitted, capsys):
     frontend = [str(doc["serving_path"]["frontend_in_s"] * 1e3), str(doc["serving_path"]["frontend_out_s"] * 1e3)]
     assert main(["simulate", *source, *by_hand, "--frontend-latency-ms", *frontend]) == 0
     given = json.loads(capsys.readouterr().out)
-    assert with_profile.pop("cost_model").startswith(f"roofline, fitted profile {out}")
-    given.pop("cost_model")
+    assert with_profile.pop("profile") == {"kind": "fitted", "path": str(out),
+                                           "words": f"fitted profile {out} (4 measurement(s) of llama3-8b on h100-sxm)"}
+    assert with_profile["cost_model"] == given["cost_model"] == "roofline"
     for summary in (with_profile, given):
         summary.pop("sim_wall_s")
     assert with_profile == given
@@ -224,3 +225,41 @@ def test_a_study_runs_on_a_fitted_profile(fitted):
         parse_spec(text.replace('gpu = "h100"', 'gpu = "a100-80gb"'))
     with pytest.raises(SpecError, match="not a fitted profile"):
         parse_spec(text.replace(str(out), "tiny-cpu"))
+
+
+def test_objective_counts_a_saturated_stage_by_its_failures():
+    from pagesim.sim.fit.objective import CLIP, layout, residuals
+    from pagesim.sim.replay import Comparison
+
+    measured = {"e2e": {"mean": 2.0, "p90": 3.0, "p99": 4.0}, "ttft": {"mean": 0.1, "p90": 0.2, "p99": 0.4},
+                "per_token": {"mean": 0.01}}
+    clean = Comparison(0, 2.0, 100, measured=measured, measured_counts=(100, 0), predicted_counts=(98, 2),
+                       predicted={"e2e": {"mean": 2.2, "p99": 4.0}, "ttft": {"mean": 0.05, "p99": None},
+                                  "per_token": {"mean": 0.01}})
+    saturated = Comparison(1, 9.0, 100, measured=measured, measured_counts=(40, 60), predicted_counts=(50, 50),
+                           predicted={"e2e": {"mean": 9.9}, "ttft": {"mean": 9.9}, "per_token": {"mean": 9.9}})
+    whole = Comparison(None, None, 200, measured=measured, measured_counts=(140, 60), predicted_counts=(148, 52),
+                       predicted=clean.predicted)
+    rows = [clean, saturated, whole]
+    terms = layout(rows)  # (the stages; the whole run is theirs summed)
+    assert terms == [(0, "e2e", "mean"), (0, "e2e", "p99"), (0, "ttft", "mean"), (0, "ttft", "p99"),
+                     (0, "per_token", "mean"), (0, "failures", "fraction"), (1, "failures", "fraction")]
+    r = residuals(rows, terms)
+    assert r[0] == pytest.approx(np.log(1.1)) and r[1] == 0.0 and r[2] == pytest.approx(np.log(0.5))
+    assert r[3] == CLIP  # (a latency the simulator did not produce)
+    assert r[5] == pytest.approx(0.02) and r[6] == pytest.approx(-0.1)
+
+
+def test_parameters_stay_in_their_bounds():
+    from pagesim.sim.fit.params import FREE_PARAMS, bounds, free_params, simulation_settings, values
+
+    assert [p.name for p in free_params(1)] == ["mem_efficiency", "mfu", "cpu_step_s", "frontend_in_s"]
+    assert "interconnect_efficiency" in [p.name for p in free_params(2)]
+    assert "cpu_per_seq_s" in [p.name for p in free_params(1, overlapped=False)]
+    free = tuple(FREE_PARAMS.values())
+    lo, hi = bounds(free)
+    assert (lo < 0).all() and (hi >= 0).all()
+    assert values(free, np.full(len(free), 50.0)) == {p.name: p.upper for p in free}
+    assert values(free, np.full(len(free), -50.0)) == {p.name: p.lower for p in free}
+    roofline, frontend = simulation_settings({"mfu": 0.5, "frontend_in_s": 0.004})
+    assert roofline == {"mfu": 0.5} and frontend == (4.0, 1.0)

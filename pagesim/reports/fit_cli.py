@@ -7,8 +7,8 @@ records). Every measurement is simulated as ``pagesim replay`` would simulate it
 ``--server-flags`` (flags every measured server had, e.g. ``--kv-offloading-size 8``), and the
 free parameters (``pagesim.sim.fit.params``) are fitted to them (``pagesim.sim.fit.fit``). The
 profile written to ``--out`` records what it was fitted on, the values with their uncertainty and
-the error per measurement before and after; ``--holdout`` measurements (or, with several training
-measurements and none held out, leave-one-out) tell how far it generalizes; ``--report DIR``
+the error per measurement before and after; ``--holdout`` measurements and leave-one-out over the
+fitted ones (with several; ``--no-leave-one-out`` skips it) tell how far it generalizes; ``--report DIR``
 writes the measured-vs-predicted page as PDF and HTML. Torch is not needed.
 """
 
@@ -30,8 +30,8 @@ def add_fit_args(p) -> None:
     g.add_argument("--from-measurements", nargs="+", metavar="PATH",
                    help="vLLM bench result files (--save-result --save-detailed) or inference-perf folders to fit to")
     g.add_argument("--holdout", nargs="+", metavar="PATH", default=[],
-                   help="measurements the fit does not see, simulated before and after it (default: leave-one-out "
-                        "over the fitted ones when there are several)")
+                   help="measurements the fit does not see, simulated before and after it (beside the leave-one-out "
+                        "folds over the fitted ones, which run when there are several)")
     g.add_argument("--gpu", metavar="GPU", help="the GPU the measurements ran on (required: neither format records it)")
     g.add_argument("--tp", type=int, metavar="N",
                    help="tensor-parallel GPUs per replica (default: the experiment's exp-config.yaml, else 1)")
@@ -41,8 +41,8 @@ def add_fit_args(p) -> None:
     g.add_argument("--seed", type=int, default=0, help="redraws what the measurements do not record (default 0)")
     g.add_argument("--rounds", type=int, default=2, metavar="K",
                    help="fit rounds, each ending in full runs (default 2; one when nothing offloads)")
-    g.add_argument("--max-evaluations", type=int, default=8, metavar="K",
-                   help="points the optimizer tries per round, each a run of every measurement (default 8)")
+    g.add_argument("--max-evaluations", type=int, default=12, metavar="K",
+                   help="points the optimizer tries per round, each a run of every measurement (default 12)")
     g.add_argument("--jobs", type=int, metavar="N", help="simulations at once (default: this machine's cores)")
     g.add_argument("--no-leave-one-out", dest="leave_one_out", action="store_false",
                    help="skip the leave-one-out folds")

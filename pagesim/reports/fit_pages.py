@@ -127,7 +127,7 @@ def write_fit_report(folder: Path, doc: dict) -> list[Path]:
         raise ValueError(f"--report {folder}: not a folder (make it first)")
     pdf_out, html_out = OutputFile(folder / "fit.pdf", "--report"), OutputFile(folder / "fit.html", "--report")
     pages = [measured_page(doc), params_page(doc)]
-    report = HtmlReport({"name": f"fit to measurements on {doc['gpu']}"})
+    report = HtmlReport({"name": "fit", "title": f"pagesim calibrate --from-measurements: a fit on {doc['gpu']}"})
     try:
         with written([pdf_out, html_out]) as (pdf_file, html_file):
             with writing(pdf_out.path), contextlib.closing(PdfPages(pdf_file, metadata={

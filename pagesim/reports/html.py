@@ -202,7 +202,7 @@ class HtmlReport:
 
     def render(self) -> str:
         self._flush_runs()
-        name = f"pagesim study: {self.meta['name']}"
+        name = self.meta.get("title") or f"pagesim study: {self.meta['name']}"
         toc, sections = "\n".join(self._toc), "\n".join(self._sections)
         return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
                 f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'

@@ -199,10 +199,10 @@ def run(args: argparse.Namespace) -> int:
     # the files are built in a partial folder beside --out and renamed into place once all are written
     with folder if folder is not None else contextlib.nullcontext() as staging:
         cluster, result, info, wall_s = _simulate(args, bench, trace, router, staging)
-    if profile_words:
-        result.summary["cost_model"] = f"roofline, {profile_words}"
+    if profile_words:  # (cost_model stays the model's name: roofline or calibrated)
+        result.summary["profile"] = {"kind": "fitted", "path": args.fitted_profile, "words": profile_words}
     elif args.profile:
-        result.summary["cost_model"] = f"calibrated, kernel-timed profile {args.profile}"
+        result.summary["profile"] = {"kind": "kernel-timed", "path": str(args.profile)}
     summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
     if bench.save_result:
         path = save_bench_result(args, bench, trace, result, cluster.replicas, summary, info)

@@ -166,6 +166,14 @@ def _path_words(info: dict) -> str:
     return words
 
 
+def _profile_words(summary: dict) -> str:
+    """The calibration profile a run took, in words (its summary's ``profile``)."""
+    profile = summary["profile"]
+    if profile["kind"] == "fitted":
+        return f"roofline with parameters from the {profile['words']}"
+    return f"calibrated: kernel-timed profile {profile['path']}"
+
+
 def summary_table(summary: dict, info: dict, wall_s: float) -> str:
     """The readable summary ``pagesim simulate`` prints without ``--json`` (every number in plain,
     grouped digits: ``plain``)."""
@@ -180,6 +188,7 @@ def summary_table(summary: dict, info: dict, wall_s: float) -> str:
         f"{d['model']} on {d['gpu']} x{d['tp']}{_cluster_words(s)}, {d['allocator']} KV cache: {d['num_gpu_blocks']:,} blocks "
         f"of {d['block_size']} tokens ({d['kv_cache_source']}), policy {d['policy']}",
         *([f"settings   {d['batch_limits']}; {_path_words(info)}"] if "batch_limits" in d else []),
+        *([f"cost model {_profile_words(s)}"] if s.get("profile") else []),
         "",
         f"requests   {s['requests_completed']:,} completed, {s['requests_rejected']:,} rejected, "
         f"{timed_out + ', ' if timed_out else ''}over {num(s['duration_s'])} s simulated",

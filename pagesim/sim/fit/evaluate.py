@@ -16,7 +16,9 @@ one and the same.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import io
 import math
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -41,10 +43,14 @@ def replay_args(measurement: Measurement, *, gpu: str, model: str | None, tp: in
         argv += ["--model", model]
     if tp is not None:
         argv += ["--tp", str(tp)]
+    said = io.StringIO()
     try:
-        args = parser.parse_args(argv)
+        with contextlib.redirect_stderr(said):  # (argparse's usage text: the error line alone is kept)
+            args = parser.parse_args(argv)
     except (argparse.ArgumentError, SystemExit) as exc:
-        raise ValueError(f"--server-flags {' '.join(server_flags)!r}: not flags pagesim replay takes ({exc})") from None
+        lines = said.getvalue().strip().splitlines()
+        why = lines[-1].split("error: ", 1)[-1] if lines else str(exc)
+        raise ValueError(f"--server-flags {' '.join(server_flags)!r}: not flags pagesim replay takes ({why})") from None
     if args.profile is not None:
         raise ValueError("--server-flags: --profile is what the fit makes, not a server flag")
     if model is not None and measurement.model:

@@ -17,8 +17,8 @@ the simulator, so the Jacobian is built as follows:
 then works on the fast runs (no offloading tier, which the simulator can skip ahead through)
 shifted to agree with the full runs at the round's start point (``corr``), and the point it ends
 at is simulated in full; it is kept only if the full runs' residuals fell, and a new round starts
-from it unless the fast runs predicted the full runs' fall in cost to within ``AGREEMENT`` (then
-the new round would find the same point). With one fidelity the same holds with ``corr = 0``: each round restarts from fresh
+from it unless the optimizer converged and the fast runs predicted the full runs' fall in cost to
+within ``AGREEMENT`` (then the new round would find the same point). With one fidelity the same holds with ``corr = 0``: each round restarts from fresh
 forward differences, which Broyden's updates only approximate.
 
 **Uncertainty**: each value's standard deviation (``value * std(x)``) is the larger of the
@@ -83,13 +83,14 @@ class FitResult:
     rows_after: dict[int, list]  # and at the fitted point
     folds: list[Fold] = field(default_factory=list)
     rounds: list[dict] = field(default_factory=list)
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # the whole command's fit, held-out runs and folds included
+    fit_s: float = 0.0  # to the fitted values and their uncertainty
     simulations: dict[str, int] = field(default_factory=dict)
     num_residuals: int = 0
 
 
 def fit(ev: Evaluator, train: list[int], holdout: list[int], free: tuple[FreeParam, ...], *, rounds: int = 2,
-        max_nfev: int = 8, leave_one_out: bool = True, log=lambda line: None) -> FitResult:
+        max_nfev: int = 12, leave_one_out: bool = True, log=lambda line: None) -> FitResult:
     """Fit ``free`` to the measurements ``train`` (indices into ``ev``); see the module docstring."""
     from scipy.optimize import least_squares
 
@@ -153,7 +154,8 @@ def fit(ev: Evaluator, train: list[int], holdout: list[int], free: tuple[FreePar
             break
         moved = float(np.max(np.abs(x_new - x)))
         x, r_full, rows_full, J = x_new, r_new, new_rows, state["J"]
-        if moved < 0.02 or (ev.two_fidelities and abs(agreement - 1) < AGREEMENT):
+        converged = res.status != 0  # (0: the evaluations ran out first)
+        if moved < 0.02 or (converged and ev.two_fidelities and abs(agreement - 1) < AGREEMENT):
             break
 
     # a fresh Jacobian at the fitted point for the uncertainty and the folds: Broyden's updates
@@ -163,6 +165,9 @@ def fit(ev: Evaluator, train: list[int], holdout: list[int], free: tuple[FreePar
     fitted = values(free, x)
     std, traded = _std(free, fitted, J, r_full, _groups(rows_full, terms), lb - x, ub - x)
     rows_before = dict(zip(train + holdout, start_rows))
+    fit_s = time.perf_counter() - started
+    log(f"fitted in {fit_s:.0f} s" + ("; now the held-out measurements and the folds" if holdout or leave_one_out
+                                      and len(train) > 1 else ""))
     rows_after = dict(zip(train, rows_full))
     if holdout:
         rows_after.update(zip(holdout, rows_at(x, FULL, holdout)))
@@ -170,7 +175,7 @@ def fit(ev: Evaluator, train: list[int], holdout: list[int], free: tuple[FreePar
     return FitResult(free=free, train=train, holdout=holdout, start=values(free, np.zeros(len(free))),
                      values=fitted, std=std, traded=traded, cost_before=cost_before, cost_after=_cost(r_full),
                      rows_before=rows_before, rows_after=rows_after, folds=folds, rounds=fit_rounds,
-                     wall_s=time.perf_counter() - started, simulations=dict(ev.simulations),
+                     wall_s=time.perf_counter() - started, fit_s=fit_s, simulations=dict(ev.simulations),
                      num_residuals=len(r_full))
 
 
