@@ -63,6 +63,9 @@ def run_fit(args: argparse.Namespace) -> int:
     if args.gpu is None:
         raise ValueError("--from-measurements needs --gpu: neither vLLM bench files nor inference-perf folders record "
                          "the GPU (the shared H100 runs: --gpu h100-sxm)")
+    from pagesim.sim.hardware import resolve_gpu_name
+
+    args.gpu = resolve_gpu_name(args.gpu)  # (the profile names the GPU by its canonical name)
     for flag in ("rounds", "max_evaluations", "jobs", "tp"):
         value = getattr(args, flag)
         if value is not None and value < 1:
