@@ -15,7 +15,6 @@ writes the measured-vs-predicted page as PDF and HTML. Torch is not needed.
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 from pathlib import Path
@@ -125,7 +124,3 @@ def run_fit(args: argparse.Namespace) -> int:
         print(format_fit(document))
         print(f"\nwrote {out}")
     return 0
-
-
-def finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None

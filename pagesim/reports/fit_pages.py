@@ -105,7 +105,7 @@ def params_page(doc: dict) -> Page:
 
     fig = plt.figure(figsize=(11.69, 8.27))
     title = "The fitted parameters and the errors they leave"
-    caption = (f"Fitted on {', '.join(m['path'].rstrip('/').split('/')[-2 if m['path'].endswith('results') else -1] for m in doc['fitted_on'])}"
+    caption = (f"Fitted on {', '.join(e['measurement'] for e in doc['errors']['fitted'])}"
                f"; {doc['fit']['optimizer']}, {doc['fit']['wall_s']:.0f} s.")
     fig.suptitle(title, fontsize=15, fontweight="bold", x=0.02, ha="left", y=0.975)
     fig.text(0.02, 0.925, caption, fontsize=9, wrap=True, va="top")

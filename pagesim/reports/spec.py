@@ -326,26 +326,23 @@ def _source(value: Any, origin: str) -> dict[str, Any]:
 def _profile(value: Any, origin: str) -> dict[str, Any]:
     """``profile = "FILE"``: a fitted profile (``pagesim calibrate --from-measurements``), whose
     roofline parameters and frontend terms every run takes (``pagesim.sim.fit.profile_file``); held
-    in the settings with the file's digest, so a refitted profile gives new run ids."""
+    in the settings with the profile's digest, so a refitted profile gives new run ids."""
     if value is None:
         return {}
     if not isinstance(value, str) or not value:
         raise SpecError(f"{origin}: profile must be the path of a fitted profile (a string)")
-    import hashlib
+    from pagesim.sim.fit.profile_file import FittedProfileError, digest, read_fitted
 
-    from pagesim.sim.fit.profile_file import FittedProfileError, load_fitted, profile_kind
-
-    if profile_kind(value) != "fitted":
+    try:
+        data = read_fitted(value)
+    except FittedProfileError as exc:
+        raise SpecError(f"{origin}: profile: {exc}") from None
+    if data is None:
         raise SpecError(f"{origin}: profile: {value} is not a fitted profile; a study runs the roofline, which takes "
                         "the parameters pagesim calibrate --from-measurements fits (a kernel-timed profile times one "
                         "device's kernels at tp 1: use it with simulate or validate)")
-    try:
-        data = load_fitted(value)
-    except FittedProfileError as exc:
-        raise SpecError(f"{origin}: profile: {exc}") from None
     terms = data["serving_path"]
-    return {"profile": {"path": value, "sha256": hashlib.sha256(Path(value).read_bytes()).hexdigest(),
-                        "gpu": data["gpu"], "roofline": data["roofline"],
+    return {"profile": {"path": value, "sha256": digest(data), "gpu": data["gpu"], "roofline": data["roofline"],
                         "frontend_ms": [terms["frontend_in_s"] * 1e3, terms["frontend_out_s"] * 1e3]}}
 
 

@@ -79,9 +79,14 @@ def predicted_figures(requests: RequestMetrics, rows: np.ndarray, output_len: np
         return {figure: {} for figure in FIGURES}
     e2e = requests.finish_s[done] - requests.arrival_s[done]
     ttft = requests.first_token_s[done] - requests.arrival_s[done]
-    figures = {"e2e": _stats(e2e), "ttft": _stats(ttft)}
-    figures["per_token"] = {"mean": per_token(figures["e2e"]["mean"], figures["ttft"]["mean"],
-                                              float(output_len[done].mean()))}
+    return latency_figures(e2e, ttft, float(output_len[done].mean()))
+
+
+def latency_figures(e2e_s: np.ndarray, ttft_s: np.ndarray, output_tokens: float) -> dict:
+    """E2E and TTFT (mean, p90, p99) of requests' latencies, and per token at ``output_tokens``
+    (their mean output length); a vLLM bench file's measured ones too (``pagesim.sim.fit``)."""
+    figures = {"e2e": _stats(e2e_s), "ttft": _stats(ttft_s)}
+    figures["per_token"] = {"mean": per_token(figures["e2e"]["mean"], figures["ttft"]["mean"], output_tokens)}
     return figures
 
 

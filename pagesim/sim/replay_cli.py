@@ -84,27 +84,37 @@ class ReplayRun:
     wall_s: float
 
 
+def simulate_trace(args: argparse.Namespace, trace, *, timeout_s: float | None, max_concurrency: int | None = None,
+                   progress=None):
+    """``trace`` through one replica as ``args`` (replay's flags) set it up: ``(built, path,
+    result)``, the replica, its serving path and the run's ``SimResult``. A measured run's trace
+    here (``simulate_run``) or a vLLM bench file's (``pagesim.sim.fit.evaluate``)."""
+    from pagesim.sim.cli import run_spec_from_args
+    from pagesim.sim.cluster import Cluster, build_replicas
+    from pagesim.sim.serving_path import serving_path_from_args
+    from pagesim.sim.simulator import SimOptions
+
+    args.out = None  # (run_spec_from_args: no decision log)
+    built = build_replicas(run_spec_from_args(args), 1)[0]
+    path = serving_path_from_args(args, args.policy)
+    options = SimOptions(seed=args.seed, skip_ahead=args.skip_ahead, step_rows=False, serving_path=path,
+                         max_concurrency=max_concurrency, request_timeout_s=timeout_s)
+    result = Cluster(trace, [(built.scheduler, built.cost_model)], None, options, tp=args.tp,
+                     progress=progress).run()
+    return built, path, result
+
+
 def simulate_run(args: argparse.Namespace, measured_run, progress=None) -> ReplayRun:
     """``measured_run`` (an ``InferencePerfRun``, with ``fill_from_run(args, ...)`` done) through the
     simulator as ``args`` set it up, compared stage by stage (``pagesim.sim.replay.compare``);
     ``progress``: called with the number of requests finished. ``pagesim calibrate
     --from-measurements`` calls it at every parameter point it tries."""
-    from pagesim.sim.cli import _plain, run_spec_from_args
-    from pagesim.sim.cluster import Cluster, build_replicas
+    from pagesim.sim.cli import _plain
     from pagesim.sim.replay import compare
-    from pagesim.sim.serving_path import serving_path_from_args
-    from pagesim.sim.simulator import SimOptions
 
-    args.out = None  # (run_spec_from_args: no decision log)
     trace = measured_run.trace(seed=args.seed)
-    spec = run_spec_from_args(args)
-    built = build_replicas(spec, 1)[0]
-    path = serving_path_from_args(args, args.policy)
     timeout_s = measured_run.client_timeout_s if args.request_timeout is None else args.request_timeout
-    options = SimOptions(seed=args.seed, skip_ahead=args.skip_ahead, step_rows=False, serving_path=path,
-                         request_timeout_s=timeout_s)
-    result = Cluster(trace, [(built.scheduler, built.cost_model)], None, options, tp=args.tp,
-                     progress=progress).run()
+    built, path, result = simulate_trace(args, trace, timeout_s=timeout_s, progress=progress)
     settings = {"model": built.deployment.model.name, "gpu": built.deployment.gpu.name, "tp": args.tp,
                 "policy": args.policy, "max_num_seqs": built.scheduler.config.max_num_seqs,
                 "max_num_batched_tokens": built.scheduler.config.max_num_batched_tokens,

@@ -20,7 +20,6 @@ import contextlib
 import copy
 import io
 import math
-import os
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -110,20 +109,12 @@ def simulate(measurement: Measurement, args: argparse.Namespace, params: dict[st
 
 
 def _simulate_bench(bench, args: argparse.Namespace) -> list:
-    from pagesim.sim.cli import run_spec_from_args
-    from pagesim.sim.cluster import Cluster, build_replicas
     from pagesim.sim.metrics import COMPLETED
     from pagesim.sim.replay import Comparison, predicted_figures
-    from pagesim.sim.serving_path import serving_path_from_args
-    from pagesim.sim.simulator import SimOptions
+    from pagesim.sim.replay_cli import simulate_trace
 
-    args.out = None
     trace = bench.trace(args.seed)
-    built = build_replicas(run_spec_from_args(args), 1)[0]
-    options = SimOptions(seed=args.seed, skip_ahead=args.skip_ahead, step_rows=False,
-                         serving_path=serving_path_from_args(args, args.policy), max_concurrency=bench.max_concurrency,
-                         request_timeout_s=args.request_timeout)
-    result = Cluster(trace, [(built.scheduler, built.cost_model)], None, options, tp=args.tp).run()
+    _, _, result = simulate_trace(args, trace, timeout_s=args.request_timeout, max_concurrency=bench.max_concurrency)
     rows = np.arange(len(trace))
     completed = int((result.requests.status == COMPLETED).sum())
     measured, counts = bench_measured(bench)
@@ -198,4 +189,7 @@ class Evaluator:
 
 
 def default_jobs() -> int:
-    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+    """The machine's usable CPUs (``pagesim.engine.threads.usable_cpus``), at most 8."""
+    from pagesim.engine.threads import usable_cpus
+
+    return min(usable_cpus(), 8)

@@ -113,13 +113,13 @@ def fit(ev: Evaluator, train: list[int], holdout: list[int], free: tuple[FreePar
     r_full = vec(rows_full)
     cost_before = _cost(r_full)
     log(f"start: cost {cost_before:.4g} over {len(r_full)} residuals of {len(train)} measurement(s)")
-    J = np.zeros((len(r_full), len(free)))
     fit_rounds = []
     for round_no in range(rounds):
         fast_rows = rows_at(x, FAST, train)
-        corr = r_full - vec(fast_rows)
-        J = _forward_differences(ev, free, x, lb, ub, train, vec, vec(fast_rows), fast_rows, terms, shift)
-        state = {"x": x.copy(), "f": r_full.copy(), "J": J}
+        r_fast = vec(fast_rows)
+        corr = r_full - r_fast
+        state = {"x": x.copy(), "f": r_full.copy(),
+                 "J": _forward_differences(ev, free, x, lb, ub, train, vec, r_fast, fast_rows, terms, shift)}
 
         def fun(y):
             return vec(rows_at(y, FAST, train)) + corr
@@ -153,7 +153,7 @@ def fit(ev: Evaluator, train: list[int], holdout: list[int], free: tuple[FreePar
         if not kept:
             break
         moved = float(np.max(np.abs(x_new - x)))
-        x, r_full, rows_full, J = x_new, r_new, new_rows, state["J"]
+        x, r_full, rows_full = x_new, r_new, new_rows
         converged = res.status != 0  # (0: the evaluations ran out first)
         if moved < 0.02 or (converged and ev.two_fidelities and abs(agreement - 1) < AGREEMENT):
             break

@@ -178,12 +178,10 @@ def _bench(path: Path) -> Measurement:
 
 def bench_measured(run: BenchRun) -> tuple[dict, tuple[int, int]]:
     """A bench run's E2E, TTFT (mean, p90, p99) and per token, and its (successes, failures)."""
-    from pagesim.sim.replay import per_token, _stats
+    from pagesim.sim.replay import latency_figures
 
     ok = run.success
-    e2e, ttft = _stats(run.latencies[ok]), _stats(run.ttfts[ok])
-    figures = {"e2e": e2e, "ttft": ttft,
-               "per_token": {"mean": per_token(e2e["mean"], ttft["mean"], float(run.output_lens[ok].mean()))}}
+    figures = latency_figures(run.latencies[ok], run.ttfts[ok], float(run.output_lens[ok].mean()))
     return figures, (int(ok.sum()), int((~ok).sum()))
 
 

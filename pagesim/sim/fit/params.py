@@ -84,11 +84,8 @@ def bounds(free: tuple[FreeParam, ...]) -> tuple[np.ndarray, np.ndarray]:
 def simulation_settings(params: dict[str, float]) -> tuple[dict[str, float], tuple[float, float] | None]:
     """``params`` split into roofline overrides and the serving path's frontend terms in ms (in,
     out; None: the path's own), as ``--cost-param`` and ``--frontend-latency-ms`` take them."""
-    roofline = {k: v for k, v in params.items() if not FREE_PARAMS.get(k, _ROOFLINE).serving_path}
+    roofline = {k: v for k, v in params.items() if k not in FREE_PARAMS or not FREE_PARAMS[k].serving_path}
     frontend = None
     if "frontend_in_s" in params:
         frontend = (params["frontend_in_s"] * 1e3, VLLM_FRONTEND_OUT_S * 1e3)
     return roofline, frontend
-
-
-_ROOFLINE = FreeParam("roofline", 1.0, 1.0, 1.0, "")

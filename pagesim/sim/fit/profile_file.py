@@ -15,12 +15,13 @@ One JSON document::
 serving stack, so ``simulate --profile`` and ``replay --profile`` apply them to any model on that
 GPU (``apply_profile``), under the roofline cost model; ``--cost-param`` and
 ``--frontend-latency-ms`` still win. A kernel-timed profile (``pagesim calibrate``,
-``pagesim.sim.cost.profile``) is the other kind; ``profile_kind`` tells them apart.
+``pagesim.sim.cost.profile``) is the other kind; ``read_fitted`` tells them apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -37,26 +38,19 @@ class FittedProfileError(ValueError):
     """A fitted profile that is missing, malformed or for another GPU."""
 
 
-def profile_kind(path: str | os.PathLike) -> str:
-    """``fitted`` or ``kernel-timed`` (anything else: ``kernel-timed``, whose loader says what is wrong)."""
+def read_fitted(path: str | os.PathLike) -> dict | None:
+    """The fitted profile at ``path``, checked (read once); ``None`` when it is not one (a
+    kernel-timed profile, a shipped profile's name, or no file: that kind's loader says what is
+    wrong). A file that names the fitted schema but breaks it raises ``FittedProfileError``."""
     p = Path(path)
     if not p.is_file():
-        return "kernel-timed"
+        return None
     try:
         data = read_json(p, limit_bytes=MAX_BYTES, what="profile")
     except InputFileError:
-        return "kernel-timed"
-    return "fitted" if isinstance(data, dict) and data.get("schema") == SCHEMA else "kernel-timed"
-
-
-def load_fitted(path: str | os.PathLike) -> dict:
-    p = Path(path)
-    try:
-        data = read_json(p, limit_bytes=MAX_BYTES, what="fitted profile")
-    except InputFileError as exc:
-        raise FittedProfileError(str(exc)) from None
+        return None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise FittedProfileError(f"{p}: not a fitted profile (schema {SCHEMA!r})")
+        return None
     if data.get("schema_version") != SCHEMA_VERSION:
         raise FittedProfileError(f"{p}: fitted profile schema_version {data.get('schema_version')!r}; this pagesim "
                                  f"reads {SCHEMA_VERSION}: fit it again with pagesim calibrate --from-measurements")
@@ -76,6 +70,11 @@ def load_fitted(path: str | os.PathLike) -> dict:
     return data
 
 
+def digest(data: dict) -> str:
+    """A fitted profile's SHA-256, over its content (a refitted profile has another)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
 def describe(data: dict, path) -> str:
     """The profile in words, as summaries state it."""
     models = sorted({m.get("model") or "?" for m in data.get("fitted_on", [])})
@@ -92,12 +91,12 @@ def apply_profile(args: argparse.Namespace, command: str) -> str | None:
     path = getattr(args, "profile", None)
     if path is None:
         return None
-    if profile_kind(path) != "fitted":
+    data = read_fitted(path)
+    if data is None:
         if command == "replay":
             raise ValueError(f"--profile {path}: replay takes a fitted profile (pagesim calibrate --from-measurements); "
                              "a kernel-timed profile times one device at tp 1 (use it with simulate or validate)")
         return None
-    data = load_fitted(path)
     if getattr(args, "check_profile", False):
         raise ValueError(f"--check-profile re-times a kernel-timed profile's probe; {path} is fitted to measurements "
                          "and has none")
