@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "trace": "pagesim.traces.cli",
     "simulate": "pagesim.sim.cli",
     "replay": "pagesim.sim.replay_cli",
+    "serve": "pagesim.sim.serve.cli",
     "run": "pagesim.engine.runtime.cli",
     "calibrate": "pagesim.engine.calibrate.cli",
     "validate": "pagesim.reports.validation.cli",

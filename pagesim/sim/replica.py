@@ -91,7 +91,8 @@ class Replica:
                  on_done: Callable[[int], object] | None = None, skip_ahead: bool = True,
                  replica_index: int = 0, token_runs: TokenRuns | None = None,
                  on_request_done: Callable[[int], object] | None = None, request_timeout_s: float | None = None,
-                 serving_path: ServingPath | None = None):
+                 serving_path: ServingPath | None = None,
+                 step_observer: Callable[[object, KvUsage], object] | None = None):
         self.env = env
         self.scheduler = scheduler
         self.cost_model = cost_model
@@ -178,6 +179,10 @@ class Replica:
         self._held: deque[tuple[float, int, Request]] = deque()
         self._prev_start_s = -math.inf  # when the latest step started (a skipped stretch's last step)
         self._in_flight = False  # a step (or a skipped stretch) is running, or has just ended at this instant
+        # Aborts asked from outside (``abort``: a client that went away), applied at the next boundary.
+        self._aborts: list[tuple[int, str, str]] = []
+        # Told each step's scheduler output and KV usage as the step ends (``pagesim.sim.serve``'s metrics).
+        self.step_observer = step_observer
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------- arrivals
@@ -242,6 +247,8 @@ class Replica:
                 self._report_copies()
             if deadlines is not None and deadlines and deadlines[0][0] <= env.now:
                 self._abort_due()  # (aborts and arrivals alike come from the engine core's input queue)
+            if self._aborts:
+                self._abort_asked()
             if self._held:
                 self._release()
             if not sched.has_unfinished_requests:  # (the next schedule() lists the aborts, if one comes)
@@ -341,6 +348,8 @@ class Replica:
                 self._completed(finished, end)
             self.steps.record(out.step, start, end - start, len(out.num_scheduled_tokens), num_running, num_waiting,
                               work, usage, len(out.preempted), cost)
+            if self.step_observer is not None:
+                self.step_observer(out, usage)
             if log:
                 self._flush_decisions()
             if rejected_rows and self.on_request_done is not None:  # their client slots free now
@@ -475,6 +484,29 @@ class Replica:
         nxt = self.next_arrival_s if arrivals else math.inf
         return min(nxt, deadlines[0][0]) if deadlines else nxt
 
+    def abort(self, row: int, request_id: str, reason: str) -> None:
+        """Abort request ``request_id`` (row ``row``) at the next step boundary, before
+        ``schedule()``, as vLLM V1 applies an abort from the engine core's input queue (a client
+        that disconnected: the API server cancels its generator and sends the abort). Its row then
+        reads ``TIMED_OUT`` with ``reason``; a request finished by then is left as it ended. With
+        the replica asleep (nothing unfinished) there is nothing to abort but a request held back
+        under asynchronous scheduling, which is dropped at once."""
+        for k, (_, held_row, request) in enumerate(self._held):
+            if held_row == row and request.request_id == request_id:
+                del self._held[k]
+                self._abort_rows([(row, request, reason)], in_scheduler=False)
+                return
+        self._aborts.append((row, request_id, reason))
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _abort_asked(self) -> None:
+        """Apply the aborts ``abort`` asked for (of requests still unfinished here)."""
+        asked, self._aborts = self._aborts, []
+        rows = self._rows
+        due = [(row, self.scheduler.requests[rid], reason) for row, rid, reason in asked if rows.get(rid) == row]
+        self._abort_rows(due)
+
     def _abort_due(self) -> None:
         """Abort every request here whose client has given up by now (its deadline at or before
         now), before the next ``schedule()`` (module docstring): its blocks are freed at once, the
@@ -485,27 +517,35 @@ class Replica:
         assert deadlines is not None and timeout_s is not None  # (asked only with timeouts)
         now = self.env.now
         rows = self._rows
-        sched = self.scheduler
-        m = self.requests
         reason = timeout_reason(timeout_s)
-        aborted: list[int] = []
+        due = []
         while deadlines and deadlines[0][0] <= now:
             _, row, rid = heappop(deadlines)
             if rows.get(rid) != row:  # completed or rejected since (_completed judged it)
                 continue
-            request = sched.requests[rid]
-            sched.abort_request(rid)  # (settles the fast path's lagging counters first)
-            del rows[rid]
-            self._awaiting_first_token.discard(rid)
+            due.append((row, self.scheduler.requests[rid], reason))
+        self._abort_rows(due)
+
+    def _abort_rows(self, due: list[tuple[int, Request, str]], in_scheduler: bool = True) -> None:
+        """Abort each ``(row, request, reason)`` of ``due``: out of the scheduler (``in_scheduler``;
+        else it never reached it), its row ``TIMED_OUT`` with the tokens it had generated."""
+        if not due:
+            return
+        m = self.requests
+        aborted: list[int] = []
+        for row, request, reason in due:
+            rid = request.request_id
+            if in_scheduler:
+                self.scheduler.abort_request(rid)  # (settles the fast path's lagging counters first)
+                del self._rows[rid]
+                self._awaiting_first_token.discard(rid)
             lengths = [s.num_output_tokens for s in request.seqs if s.finish_reason != "pruned"]
             m.status[row] = TIMED_OUT
             m.timeout_reasons[row] = reason
             m.output_tokens[row] = sum(lengths)
-            m.generation_len[row] = max(lengths)
+            m.generation_len[row] = max(lengths, default=0)
             request.seqs.clear()  # (as _completed: no cycle left for the cyclic collector)
             aborted.append(row)
-        if not aborted:
-            return
         runs = self.token_runs
         if runs.followed(self.index) is not None:  # (they got their tokens through the batch's latest row)
             runs.leave(self.index, aborted)

@@ -1,0 +1,140 @@
+"""pagesim serve: a vLLM-compatible HTTP endpoint whose timing comes from the simulator.
+
+``pagesim serve --model llama3.1-8b --gpu h100`` listens on 127.0.0.1:8000 and answers vLLM's
+OpenAI-compatible API as a vLLM 0.33 server of that deployment would: the same scheduler
+(``--policy vllm-v1`` by default), KV cache, cost model and serving path as ``pagesim simulate``,
+run against the wall clock (``pagesim.sim.serve.clock``). Point a router, a gateway, an
+autoscaler or a load test (``vllm bench serve``, inference-perf, GuideLLM) at it as at a GPU.
+``--replicas N`` serves N replicas behind one port and ``--router``, each labelled
+``engine="k"`` in ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_MODEL = "llama3-8b"
+DEFAULT_GPU = "h100"
+
+
+def add_parser(subparsers) -> None:
+    from pagesim.sim.cli import add_cost_args, add_deployment_args
+    from pagesim.sim.router import ROUTERS
+    from pagesim.sim.serve.lengths import SPELLINGS
+    from pagesim.sim.serving_path import add_serving_path_args
+
+    p = subparsers.add_parser("serve", help="a vLLM-compatible HTTP endpoint timed by the simulator (for clients, "
+                                             "routers and load tests)", description=__doc__.split("\n\n")[0])
+    add_deployment_args(p)
+    p.set_defaults(policy="vllm-v1", gpu=DEFAULT_GPU, model=DEFAULT_MODEL, affinity_slack=None, affinity_slack_tokens=None)
+    h = p.add_argument_group("server")
+    h.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    h.add_argument("--port", type=int, default=8000, help="port (default 8000, as vllm serve)")
+    h.add_argument("--served-model-name", metavar="NAME",
+                   help="the model name clients send and /v1/models lists (default: --model as given)")
+    h.add_argument("--tokenizer", metavar="PATH",
+                   help="a Hugging Face tokenizer folder or tokenizer.json that counts text prompts' tokens "
+                        "(default: an estimate of 1 token per 4 characters, said at startup; token-id prompts "
+                        "are counted exactly either way)")
+    h.add_argument("--output-lens", default="max", metavar="SPEC",
+                   help=f"output lengths of requests that honour EOS (no ignore_eos): {SPELLINGS} (default max: "
+                        "every request runs to max_tokens)")
+    h.add_argument("--seed", type=int, default=0, help="seeds drawn output lengths and beam choices (default 0)")
+    h.add_argument("--time-scale", type=float, default=1.0, metavar="F",
+                   help="wall seconds per simulated second (default 1: real time; 2: half speed; 0.5: twice as fast)")
+    h.add_argument("--decision-log", metavar="FILE",
+                   help="append every step's decisions here as JSON lines (with --replicas: FILE.K per replica)")
+    h.add_argument("--timeout-keep-alive", type=float, default=5.0, metavar="S",
+                   help="close an idle keep-alive connection after S seconds (default 5, vLLM's "
+                        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE)")
+    h.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="server log level (default info)")
+    c = h
+    c.add_argument("--replicas", type=int, default=1, metavar="N", help="replicas behind one port (default 1)")
+    c.add_argument("--router", default="round-robin", choices=list(ROUTERS), help="which replica serves a request")
+    o = p.add_argument_group("cost model")
+    add_cost_args(o)
+    o.add_argument("--profile", metavar="FILE", help="a calibration profile: kernel-timed (pagesim calibrate) or "
+                   "fitted (pagesim calibrate --from-measurements), as for simulate")
+    add_serving_path_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise ValueError(f"pagesim serve needs the serve extra ({exc.name} is missing): pip install 'pagesim[serve]'") \
+            from None
+    server = build_server(args)
+    print(f"pagesim serve: {server.words}", file=sys.stderr, flush=True)
+    print(f"pagesim serve: listening on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5)
+    finally:
+        server.close()
+    return 0
+
+
+class Server:
+    def __init__(self, app, state, words: str, files: list):
+        self.app, self.state, self.words, self._files = app, state, words, files
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+
+def build_server(args: argparse.Namespace) -> Server:
+    """The app ``args`` describe, checked and built before anything listens."""
+    from pagesim.sim.cli import _router, run_spec_from_args
+    from pagesim.sim.cluster import build_replicas
+    from pagesim.sim.fit.profile_file import apply_profile
+    from pagesim.sim.serve.app import ServeState, create_app, fingerprint
+    from pagesim.sim.serve.clock import ServeEngine
+    from pagesim.sim.serve.lengths import OutputLengths
+    from pagesim.sim.serve.metrics import ServeMetrics
+    from pagesim.sim.serve.openai_api import now_s
+    from pagesim.sim.serving_path import serving_path_from_args
+    from pagesim.traces.bench.tokenizer import load_tokenizer
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be 0..65535, got {args.port}")
+    for flag in ("tp", "ep", "replicas"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    profile_words = apply_profile(args, "serve")
+    tokenizer = load_tokenizer(args.tokenizer)
+    lengths = OutputLengths(args.output_lens, seed=args.seed)
+    args.out = args.decision_log  # (run_spec_from_args records decisions when a log is asked for)
+    builts = build_replicas(run_spec_from_args(args), args.replicas)
+    built = builts[0]
+    path = serving_path_from_args(args, args.policy)
+    files = []
+    if args.decision_log:
+        names = [args.decision_log] if args.replicas == 1 else [f"{args.decision_log}.{k}" for k in range(args.replicas)]
+        files = [open(name, "a", encoding="ascii") for name in names]
+    config = built.scheduler.config
+    name = args.served_model_name or args.model
+    metrics = ServeMetrics(name, args.replicas, config.max_model_len)
+    metrics.time_scale = args.time_scale
+    engine = ServeEngine(builts, router=_router(args) if args.replicas > 1 else None, serving_path=path,
+                         seed=args.seed, time_scale=args.time_scale, observer=metrics,
+                         decision_sinks=[f.write for f in files] or None)
+    metrics._engine = engine
+    describe = built.describe()
+    state = ServeState(engine=engine, metrics=metrics, tokenizer=tokenizer, model_name=name,
+                       model_root=built.deployment.model.name, max_model_len=config.max_model_len, lengths=lengths,
+                       fingerprint=fingerprint(describe, args.tp), created=now_s())
+    words = (f"{name} on {args.replicas} x {built.deployment.gpu.name} (tp {args.tp}), policy {args.policy}, "
+             f"{config.num_gpu_blocks:,} KV blocks of {config.block_size} tokens per replica, max_model_len "
+             f"{config.max_model_len:,}, max_num_seqs {config.max_num_seqs}, max_num_batched_tokens "
+             f"{config.max_num_batched_tokens:,}; cost model {built.cost_model.name}"
+             + (f" ({profile_words})" if profile_words else "")
+             + f"; serving path {path.name if path else 'none'}; prompts counted by {tokenizer.describe}; "
+             f"outputs: {lengths.describe()}; time scale {args.time_scale:g}")
+    return Server(create_app(state), state, words, files)

@@ -1,0 +1,328 @@
+"""``pagesim serve``: vLLM's API as clients see it, cancellation, /metrics, and a saturating load.
+
+The server runs in a thread on a free localhost port at ``--time-scale 0.05`` (20x faster than
+real time), driven by aiohttp as benchmark clients drive vLLM. Nothing here asserts a wall-clock
+figure: the client-vs-simulate comparison is benchmarks/bench_serve.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.serve_support import aiohttp, post, run, running_server, stream
+
+FAST = ("--model", "llama3-8b", "--gpu", "h100", "--time-scale", "0.05", "--max-model-len", "2048")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server(*FAST) as pair:
+        yield pair
+
+
+def test_models_health_version_load(server):
+    url, _ = server
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{url}/health") as r:
+                assert r.status == 200 and await r.read() == b""
+            async with s.get(f"{url}/version") as r:
+                assert await r.json() == {"version": "0.33.0"}
+            async with s.get(f"{url}/v1/models") as r:
+                card = (await r.json())["data"][0]
+            async with s.get(f"{url}/load") as r:
+                assert (await r.json()) == {"server_load": 0}
+        return card
+
+    card = run(go())
+    assert card["id"] == "llama3-8b" and card["object"] == "model" and card["owned_by"] == "vllm"
+    assert card["max_model_len"] == 2048
+
+
+def test_completion_not_streamed(server):
+    url, _ = server
+    status, body = run(_once(post, f"{url}/v1/completions", {"model": "llama3-8b", "prompt": [1, 2, 3, 4, 5],
+                                                             "max_tokens": 7}))
+    assert status == 200
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["usage"] == {"prompt_tokens": 5, "total_tokens": 12, "completion_tokens": 7,
+                             "prompt_tokens_details": None, "completion_tokens_details": None}
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "length" and choice["text"] == " the" * 7
+    assert list(choice) == ["index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids",
+                            "prompt_logprobs", "prompt_token_ids", "routed_experts", "weight_versions"]
+
+
+def test_default_max_tokens_is_16_for_completions(server):
+    url, _ = server
+    status, body = run(_once(post, f"{url}/v1/completions", {"prompt": "hello there"}))
+    assert status == 200 and body["usage"]["completion_tokens"] == 16
+
+
+def test_stream_chunks_as_vllm_sends_them(server):
+    url, _ = server
+    status, events = run(_once(stream, f"{url}/v1/completions",
+                               {"prompt": [7] * 40, "max_tokens": 5, "ignore_eos": True, "stream": True,
+                                "stream_options": {"include_usage": True}}))
+    assert status == 200 and events[-1] == "[DONE]"
+    *tokens, last_usage, _ = events
+    assert sum(len(c["choices"][0]["text"]) for c in tokens) == len(" the") * 5
+    for chunk in tokens:
+        assert list(chunk) == ["id", "object", "created", "model", "choices", "kv_transfer_params"] or \
+            list(chunk) == ["id", "object", "created", "model", "choices", "system_fingerprint", "kv_transfer_params"]
+        (choice,) = chunk["choices"]
+        assert list(choice) == ["index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids",
+                                "token_ids", "weight_versions"]
+    assert [c["choices"][0]["finish_reason"] for c in tokens][-1] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in tokens[:-1])
+    assert "system_fingerprint" not in tokens[-1]  # (with include_usage it moves to the usage chunk)
+    assert last_usage["choices"] == [] and list(last_usage["usage"]) == ["prompt_tokens", "total_tokens",
+                                                                         "completion_tokens"]
+    assert last_usage["usage"] == {"prompt_tokens": 40, "total_tokens": 45, "completion_tokens": 5}
+    assert last_usage["system_fingerprint"].startswith("vllm-0.33.0-")
+
+
+def test_chat_stream_role_content_finish_usage(server):
+    url, _ = server
+    status, events = run(_once(stream, f"{url}/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": "hi there"}], "max_completion_tokens": 3,
+                                "stream": True, "stream_options": {"include_usage": True}}))
+    assert status == 200 and events[-1] == "[DONE]"
+    role, *content, usage, _ = events
+    assert role["object"] == "chat.completion.chunk" and role["id"].startswith("chatcmpl-")
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"]["content"] for c in content) == " the" * 3
+    assert content[-1]["choices"][0]["finish_reason"] == "length"
+    assert usage["usage"]["completion_tokens"] == 3 and usage["choices"] == []
+
+
+def test_chat_not_streamed_defaults_to_the_rest_of_the_context(server):
+    url, _ = server
+    status, body = run(_once(post, f"{url}/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "x" * 4000}]}))
+    assert status == 200
+    # (the rest of the 2,048-token context: 1,000 prompt tokens + 10 template tokens)
+    assert body["usage"]["completion_tokens"] == 2048 - body["usage"]["prompt_tokens"]
+    assert body["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_n_and_several_prompts_number_their_choices(server):
+    url, _ = server
+    status, events = run(_once(stream, f"{url}/v1/completions",
+                               {"prompt": ["a b c", "d e f"], "n": 2, "max_tokens": 4, "stream": True}))
+    assert status == 200
+    finishes = {}
+    for chunk in events[:-1]:
+        (choice,) = chunk["choices"]
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert finishes == {0: "length", 1: "length", 2: "length", 3: "length"}
+
+
+def test_eos_lengths_finish_with_stop():
+    with running_server(*FAST, "--output-lens", "fixed:3") as (url, _):
+        status, body = run(_once(post, f"{url}/v1/completions", {"prompt": "hello", "max_tokens": 10,
+                                                                 "min_tokens": 1}))
+        assert status == 200 and body["choices"][0]["finish_reason"] == "stop"
+        assert body["usage"]["completion_tokens"] == 3
+        status, body = run(_once(post, f"{url}/v1/completions", {"prompt": "hello", "max_tokens": 10,
+                                                                 "ignore_eos": True}))
+        assert body["usage"]["completion_tokens"] == 10 and body["choices"][0]["finish_reason"] == "length"
+
+
+# ------------------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize("case", ["malformed", "empty", "wrong_type", "unknown_model", "max_tokens_over_context",
+                                  "prompt_over_context", "unsupported", "stream_options", "no_prompt",
+                                  "content_type", "negative_max_tokens", "n_zero"])
+def test_bad_requests_answered_as_vllm_answers_them(server, case):
+    url, _ = server
+    completions = f"{url}/v1/completions"
+    asks = {
+        "malformed": dict(raw=b'{"prompt": "hi", }'),
+        "empty": dict(raw=b""),
+        "wrong_type": dict(body={"prompt": "hi", "max_tokens": "abc"}),
+        "unknown_model": dict(body={"prompt": "hi", "model": "gpt-9"}),
+        "max_tokens_over_context": dict(body={"prompt": "hi", "max_tokens": 5000}),
+        "prompt_over_context": dict(body={"prompt": list(range(3000)), "max_tokens": 5}),
+        "unsupported": dict(body={"prompt": "hi", "logprobs": 5}),
+        "stream_options": dict(body={"prompt": "hi", "stream_options": {"include_usage": True}}),
+        "no_prompt": dict(body={"max_tokens": 3}),
+        "content_type": dict(raw=b'{"prompt": "hi"}', headers={"content-type": "text/plain"}),
+        "negative_max_tokens": dict(body={"prompt": "hi", "max_tokens": -5}),
+        "n_zero": dict(body={"prompt": "hi", "n": 0}),
+    }
+    expected = {
+        "malformed": (400, "Bad Request", "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body.17', "
+                      "'msg': 'JSON decode error', 'input': '<dict of 0 items>', 'ctx': {'error': "
+                      "'Expecting property name enclosed in double quotes'}}", "body.17"),
+        "empty": (400, "Bad Request", "1 validation error:\n  {'type': 'missing', 'loc': 'body', 'msg': "
+                  "'Field required', 'input': 'None'}", "body"),
+        "wrong_type": (400, "Bad Request", "1 validation error:\n  {'type': 'int_parsing', 'loc': 'body.max_tokens', "
+                       "'msg': 'Input should be a valid integer, unable to parse string as an integer', "
+                       "'input': 'abc'}", "body.max_tokens"),
+        "unknown_model": (404, "NotFoundError", "The model `gpt-9` does not exist. Valid aliases: llama3-8b.", "model"),
+        "max_tokens_over_context": (400, "BadRequestError", "max_tokens=5000 cannot be greater than max_model_len=2048. "
+                                    "Please request fewer output tokens. (parameter=max_tokens, value=5000)",
+                                    "max_tokens"),
+        "prompt_over_context": (400, "BadRequestError", "This model's maximum context length is 2048 tokens. However, "
+                                "your prompt contains 3000 input tokens, which exceeds this limit even without any "
+                                "output tokens. Please reduce the length of the input prompt. "
+                                "(parameter=input_tokens, value=3000)", "input_tokens"),
+        "unsupported": (400, "BadRequestError", "pagesim serve does not simulate logprobs: its outputs are synthetic "
+                        "tokens (parameter=logprobs, value=5)", "logprobs"),
+        "stream_options": (400, "BadRequestError", "Stream options can only be defined when `stream=True`. "
+                           "(parameter=stream_options)", "stream_options"),
+        "no_prompt": (400, "BadRequestError", "Either prompt or prompt_embeds must be provided and non-empty. "
+                      "(parameter=prompt)", "prompt"),
+        "content_type": (400, "Bad Request", "1 validation error:\n  Unsupported Media Type: Only 'application/json' "
+                         "is allowed", None),
+        "negative_max_tokens": (400, "BadRequestError", "max_tokens must be at least 1, got -5. "
+                                "(parameter=max_tokens, value=-5)", "max_tokens"),
+        "n_zero": (400, "BadRequestError", "n must be at least 1, got 0.", None),
+    }
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            ask = asks[case]
+            answer = await post(s, completions, ask.get("body"), raw=ask.get("raw"), headers=ask.get("headers"))
+            after = await post(s, completions, {"prompt": "still serving", "max_tokens": 2})
+        return answer, after
+
+    (status, body), after = run(go())
+    code, kind, message, param = expected[case]
+    assert status == code
+    assert body == {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    assert after[0] == 200 and after[1]["usage"]["completion_tokens"] == 2
+
+
+def test_unknown_fields_are_ignored_as_vllm_ignores_them(server):
+    url, _ = server
+    status, body = run(_once(post, f"{url}/v1/completions", {"prompt": "hi", "max_tokens": 2, "best_of": 3,
+                                                             "foo": {"bar": 1}}))
+    assert status == 200 and body["usage"]["completion_tokens"] == 2
+
+
+# ------------------------------------------------------------------------- cancellation, metrics
+def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(tmp_path):
+    log = tmp_path / "decisions.jsonl"
+    with running_server(*FAST, "--decision-log", str(log)) as (url, server):
+        engine = server.state.engine
+
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                async with s.post(f"{url}/v1/completions", json={"prompt": [3] * 500, "max_tokens": 1500,
+                                                                  "stream": True}) as r:
+                    seen = 0
+                    async for piece in r.content.iter_any():
+                        seen += piece.count(b"data: ")
+                        if seen >= 5:
+                            break  # (leaving the block closes the connection)
+            for _ in range(200):  # the abort lands at the next step boundary
+                if engine.in_flight() == 0:
+                    break
+                await asyncio.sleep(0.02)
+            freed = (engine.in_flight(), len(engine.schedulers[0].requests),
+                     engine.schedulers[0].kv_usage().allocated_slots)
+            async with aiohttp.ClientSession() as s:  # (the next step's decision record lists the abort)
+                after = await post(s, f"{url}/v1/completions", {"prompt": [4] * 20, "max_tokens": 2})
+            return freed, after
+
+        freed, after = run(go())
+        assert freed == (0, 0, 0)  # nothing in flight, nothing in the scheduler, no block held
+        assert after[0] == 200
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    marks = [k for k, r in enumerate(records) if r.get("aborted")]
+    assert [records[k]["aborted"] for k in marks] == [["r0"]]
+    assert not any("r0" in r["scheduled"] for r in records[marks[0]:])
+
+
+def test_metrics_parse_and_add_up(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, _ = server
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            before = await _scrape(s, url)
+            answers = await asyncio.gather(*[post(s, f"{url}/v1/completions", {"prompt": [5] * (10 + i),
+                                                                               "max_tokens": 3 + i})
+                                             for i in range(8)])
+            after = await _scrape(s, url)
+        return before, answers, after
+
+    before, answers, after = run(go())
+    families = {f.name: f for f in text_string_to_metric_families(after)}  # (parses: the test's first check)
+    assert "vllm:time_to_first_token_seconds" in families and "vllm:kv_cache_usage_perc" in families
+
+    def total(text, name, **labels):
+        value = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    value += sample.value
+        return value
+
+    assert all(status == 200 for status, _ in answers)
+    served = len(answers)
+    completion = sum(b["usage"]["completion_tokens"] for _, b in answers)
+    prompt = sum(b["usage"]["prompt_tokens"] for _, b in answers)
+    delta = {name: total(after, name) - total(before, name)
+             for name in ("vllm:request_success_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                          "vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count")}
+    assert delta == {"vllm:request_success_total": served, "vllm:generation_tokens_total": completion,
+                     "vllm:prompt_tokens_total": prompt, "vllm:time_to_first_token_seconds_count": served,
+                     "vllm:e2e_request_latency_seconds_count": served}
+    assert total(after, "vllm:request_success_total", finished_reason="length") - \
+        total(before, "vllm:request_success_total", finished_reason="length") == served
+    assert total(after, "vllm:num_requests_running", model_name="llama3-8b", engine="0") == 0
+
+
+async def _scrape(session, url: str) -> str:
+    async with session.get(f"{url}/metrics") as r:
+        assert r.status == 200
+        return await r.text()
+
+
+async def _once(call, url, body):
+    async with aiohttp.ClientSession() as s:
+        return await call(s, url, body)
+
+
+# ----------------------------------------------------------------------------------------- load
+def test_a_saturating_load_loses_nothing_and_memory_stays_bounded():
+    """A few thousand requests at once on a small KV cache (preemptions): each is answered in full,
+    the queue drains, and the request table stays at the requests in flight. At 100x real time the
+    simulation falls seconds behind the wall clock (it says so), so idle keep-alive connections are
+    given longer than vLLM's 5 s: a client reusing one as the server closes it is a race of the
+    client's, not a lost request."""
+    flags = ("--model", "llama3-8b", "--gpu", "h100", "--time-scale", "0.01", "--max-model-len", "2048",
+             "--num-gpu-blocks", "150", "--timeout-keep-alive", "120")
+    with running_server(*flags) as (url, server):
+        engine = server.state.engine
+
+        async def go():
+            connector = aiohttp.TCPConnector(limit=256)
+            async with aiohttp.ClientSession(connector=connector) as s:
+                bodies = [{"prompt": [i] * (20 + i % 100), "max_tokens": 1 + i % 150, "stream": i % 2 == 0,
+                           "stream_options": {"include_usage": True} if i % 2 == 0 else None}
+                          for i in range(2000)]
+                for b in bodies:
+                    if b["stream_options"] is None:
+                        del b["stream_options"]
+                return await asyncio.gather(*[(stream if b["stream"] else post)(s, f"{url}/v1/completions", b)
+                                              for b in bodies]), bodies
+
+        answers, bodies = run(go())
+        for (status, answer), body in zip(answers, bodies):
+            assert status == 200
+            usage = answer[-2]["usage"] if body["stream"] else answer["usage"]
+            assert usage["completion_tokens"] == body["max_tokens"]
+        # nothing kept per request served: the engine, the scheduler and the replica hold none of them, and
+        # the request table's rows are reused (at most the requests in flight at once, doubled)
+        assert engine.in_flight() == 0 and not engine.schedulers[0].requests and not engine.replicas[0]._rows
+        assert len(engine.table) <= 1024 and len(engine.table._free) == len(engine.table)
+        assert engine.replicas[0].preemptions["recompute"] > 0  # (the small cache did preempt)
