@@ -326,3 +326,136 @@ def test_a_saturating_load_loses_nothing_and_memory_stays_bounded():
         assert engine.in_flight() == 0 and not engine.schedulers[0].requests and not engine.replicas[0]._rows
         assert len(engine.table) <= 1024 and len(engine.table._free) == len(engine.table)
         assert engine.replicas[0].preemptions["recompute"] > 0  # (the small cache did preempt)
+
+
+# ------------------------------------------------------------------------- replicas, tokenize
+def test_replicas_behind_one_port_are_labelled_by_engine():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with running_server(*FAST, "--replicas", "2", "--router", "round-robin") as (url, server):
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                answers = await asyncio.gather(*[post(s, f"{url}/v1/completions", {"prompt": [i] * 30,
+                                                                                   "max_tokens": 4})
+                                                 for i in range(6)])
+                return answers, await _scrape(s, url)
+
+        answers, text = run(go())
+    assert all(status == 200 for status, _ in answers)
+    served = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:request_success_total" and sample.value:
+                served[sample.labels["engine"]] = served.get(sample.labels["engine"], 0) + sample.value
+    assert served == {"0": 3.0, "1": 3.0}
+
+
+def test_tokenize_counts_as_the_server_does(server):
+    url, _ = server
+    status, body = run(_once(post, f"{url}/tokenize", {"prompt": "abcdefgh" * 3}))
+    assert status == 200 and body["count"] == 6 and body["max_model_len"] == 2048  # (1 token per 4 characters)
+
+
+def test_a_non_streamed_request_whose_client_gives_up_is_aborted():
+    with running_server(*FAST) as (url, server):
+        engine = server.state.engine
+
+        async def go():
+            timeout = aiohttp.ClientTimeout(total=0.3)
+            async with aiohttp.ClientSession(timeout=timeout) as s:
+                with pytest.raises(asyncio.TimeoutError):
+                    await post(s, f"{url}/v1/completions", {"prompt": [9] * 100, "max_tokens": 1900})
+            for _ in range(200):
+                if engine.in_flight() == 0:
+                    break
+                await asyncio.sleep(0.02)
+
+        run(go())
+        assert engine.in_flight() == 0 and not engine.schedulers[0].requests
+
+
+# ------------------------------------------------------------------------------- the pieces
+def test_the_request_table_reuses_rows_and_grows():
+    import numpy as np
+
+    from pagesim.sim.serve.clock import ServeTable
+
+    table = ServeTable(rows=2)
+    a, b = table.take(), table.take()
+    table.first_token_s[a] = 1.5
+    table.preemptions[a] = 3
+    table.reject_reasons[a] = "why"
+    c = table.take()  # (none free: it doubles)
+    assert len(table) == 4 and len({a, b, c}) == 3
+    table.give_back(a)
+    assert np.isnan(table.first_token_s[a]) and table.preemptions[a] == 0 and table.n[a] == 1
+    assert a not in table.reject_reasons and table.take() == a
+
+
+def test_output_lengths_spellings(tmp_path):
+    from pagesim.sim.serve.lengths import OutputLengths
+
+    assert OutputLengths("max").draw(2, 50, 0, ignore_eos=False) == (50, 50)
+    assert OutputLengths("fixed:7").draw(1, 50, 0, ignore_eos=False) == (7,)
+    assert OutputLengths("fixed:7").draw(1, 5, 0, ignore_eos=False) == (5,)  # (max_tokens bounds it)
+    assert OutputLengths("fixed:7").draw(1, 50, 9, ignore_eos=False) == (9,)  # (and min_tokens)
+    assert OutputLengths("fixed:7").draw(1, 50, 0, ignore_eos=True) == (50,)
+    drawn = OutputLengths("uniform:3:5", seed=1).draw(200, 100, 0, ignore_eos=False)
+    assert set(drawn) == {3, 4, 5}
+    trace = tmp_path / "lengths.csv"
+    trace.write_text("arrival_s,prompt_len,output_len\n0,10,11\n1,10,13\n")
+    assert set(OutputLengths("trace:" + str(trace)).draw(50, 100, 0, ignore_eos=False)) == {11, 13}
+    for bad in ("fixed:0", "uniform:5:3", "poisson:3", "fixed:x"):
+        with pytest.raises(ValueError, match="--output-lens"):
+            OutputLengths(bad)
+
+
+def test_bad_serve_flags_are_refused_before_listening():
+    from pagesim.engine.cli import main
+
+    for flags, words in ((["--time-scale", "0"], "--time-scale"), (["--port", "70000"], "--port"),
+                         (["--output-lens", "nope"], "--output-lens"), (["--replicas", "0"], "--replicas")):
+        with pytest.raises(SystemExit) as exc:
+            main(["serve", *flags])
+        assert exc.value.code == 2, (flags, words)
+
+
+def test_request_token_buckets_follow_vllms_series():
+    from pagesim.sim.serve.metrics import request_token_buckets
+
+    assert request_token_buckets(2048) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
+    assert request_token_buckets(8192)[-1] == 5000
+
+
+def test_aborts_reach_requests_held_back_and_requests_running():
+    """``Replica.abort`` under asynchronous scheduling: a request that reached the engine while a step
+    ran (held back, not yet in the scheduler) is dropped at once; one running is aborted at the next
+    step boundary, its blocks freed; both end ``TIMED_OUT`` with their reason."""
+    from pagesim.sim.cluster import build_replicas
+    from pagesim.sim.metrics import TIMED_OUT
+    from pagesim.sim.serve.clock import ServeEngine
+    from pagesim.sim.serving_path import serving_path
+    from pagesim.sim.setup import RunSpec
+
+    builts = build_replicas(RunSpec(model="llama3-8b", gpu="h100", policy="vllm-v1", max_model_len=2048), 1)
+    engine = ServeEngine(builts, serving_path=serving_path("vllm"))
+    env = engine.env
+    engine.clock.sim_now = lambda: env.now  # (stepped by hand here: simulated time only)
+    events: asyncio.Queue = asyncio.Queue()
+    running = engine.submit([1] * 300, 500, (500,), events)
+    env.run(until=0.05)
+    assert engine.replicas[0]._in_flight and running.tokens[0] > 0
+    held = engine.submit([2] * 300, 500, (500,), events)
+    env.run(until=env.now + 1e-9)  # (its arrival: held back, the step running was scheduled before it)
+    assert [request.request_id for _, _, request in engine.replicas[0]._held] == [held.request_id]
+    engine.abort(held, "gone")
+    engine.abort(running, "gone too")
+    env.run(until=env.now + 0.2)
+    finishes = []
+    while not events.empty():
+        event = events.get_nowait()
+        if event[1] == "done":
+            finishes.append((event[0], event[2], event[3]))
+    assert sorted(finishes) == [(0, TIMED_OUT, "gone"), (0, TIMED_OUT, "gone too")]
+    scheduler = engine.schedulers[0]
+    assert not scheduler.requests and scheduler.kv_usage().allocated_slots == 0 and engine.in_flight() == 0

@@ -287,12 +287,17 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 #: The modules of the ``engine`` extra (pyproject.toml): the base install simulates without them.
 ENGINE_EXTRA_MODULES = ("torch", "triton", "safetensors")
+#: The modules of the ``serve`` extra: ``pagesim serve``'s HTTP stack.
+SERVE_EXTRA_MODULES = ("fastapi", "starlette", "uvicorn", "prometheus_client")
 
 
 def missing_extra_hint(exc: ModuleNotFoundError) -> str | None:
     """The one line that says which extra to install, for a module of the ``engine`` extra that
     this environment lacks (``pagesim run`` on the base install); None for any other module."""
     top = (exc.name or "").split(".")[0]
+    if top in SERVE_EXTRA_MODULES:
+        return (f"{top!r} is not installed, and pagesim serve needs its HTTP stack: pip install 'pagesim[serve]' "
+                "(from a checkout: pip install -e '.[serve]')")
     if top not in ENGINE_EXTRA_MODULES:
         return None
     where = " (Linux: Triton has no wheels elsewhere; --backend torch runs without it)" if top == "triton" else ""

@@ -62,13 +62,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import fastapi  # noqa: F401
-        import prometheus_client  # noqa: F401
-        import uvicorn
-    except ImportError as exc:
-        raise ValueError(f"pagesim serve needs the serve extra ({exc.name} is missing): pip install 'pagesim[serve]'") \
-            from None
+    import uvicorn  # (missing: the dispatcher names the serve extra, pagesim.engine.cli.missing_extra_hint)
+
     server = build_server(args)
     print(f"pagesim serve: {server.words}", file=sys.stderr, flush=True)
     print(f"pagesim serve: listening on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
