@@ -46,10 +46,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 NO_ROW = -1
 
 
+# (``pagesim serve`` streams each token instead: its sink subclasses this one, pagesim/sim/serve/clock.py)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TokenRuns:
     """Runs of step-table rows in which each request received tokens (see the module docstring).
 

@@ -44,6 +44,8 @@ import simpy
 from pagesim.engine.policy import Request
 from pagesim.sim.metrics import COMPLETED, REJECTED, RequestMetrics
 from pagesim.sim.replica import Replica
+from pagesim.sim.step_metrics import StepMetrics
+from pagesim.sim.token_runs import TokenRuns
 from pagesim.sim.workload import BeamModel
 
 log = logging.getLogger("uvicorn.error.pagesim")  # (uvicorn's handlers print it, as they print the server's)
@@ -107,10 +109,11 @@ class ServeTable(RequestMetrics):
 _EMPTY_CELL = {"f": np.nan, "i": 0}
 
 
-class _StepCount:
-    """What a replica's step table is asked for while serving: a count of the steps (rows are not kept)."""
+class _StepCount(StepMetrics):
+    """What a replica's step table is asked for while serving: a count of the steps (rows are not
+    kept). A ``StepMetrics`` for the replica's declared types (checked as it runs when compiled)."""
 
-    def __init__(self):
+    def __init__(self):  # (none of StepMetrics' stores: only record() and len() are asked for)
         self.count = 0
 
     def __len__(self) -> int:
@@ -146,12 +149,14 @@ class Served:
         return self.lengths[0] < self.max_tokens
 
 
-class _TokenSink:
+class _TokenSink(TokenRuns):
     """The replica's ``token_runs``: every sampled token, batched per step and released to its
     stream ``offset_s`` later (module docstring). Skip-ahead is off while serving, so only
-    ``token`` and the abort path's ``followed`` are asked for."""
+    ``token`` and the abort path's ``followed`` are asked for (a ``TokenRuns`` for the replica's
+    declared types; none of its runs are kept)."""
 
     def __init__(self, engine: ServeEngine, offset_s: float):
+        super().__init__(0)
         self.engine = engine
         self.offset_s = offset_s
         self._batch: list[int] = []
@@ -170,7 +175,7 @@ class _TokenSink:
         batch, self._batch = self._batch, []
         self.engine.deliver_tokens(batch)
 
-    def followed(self, replica: int) -> None:
+    def followed(self, replica: int) -> object:
         return None
 
     def leave(self, replica: int, rows) -> None:

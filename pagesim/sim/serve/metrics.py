@@ -17,7 +17,8 @@ own, so a dashboard or an autoscaler built for vLLM reads them unchanged:
   ``finished_reason``, and the latency histograms (TTFT, E2E, queue, prefill, decode, inference,
   time per output token) and token-count histograms. As in vLLM, a request its client abandoned
   counts in none of them (vLLM's output processor drops it before its stats are recorded);
-- the clock: ``pagesim:wall_clock_lag_seconds`` and ``pagesim:late_events`` (``clock.py``),
+- the clock: ``pagesim:wall_clock_lag_seconds`` (the latest event's), ``_max_seconds`` and
+  ``pagesim:late_events`` (``clock.py``),
   ``pagesim:requests_in_flight``.
 
 Latencies are the simulated server's (in simulated seconds: wall seconds over ``--time-scale``),
@@ -117,6 +118,8 @@ class ServeMetrics:
                                 REQUEST_LATENCY)
         self.lag = Gauge("pagesim:wall_clock_lag_seconds", "How late the simulation processed its latest event against "
                          "the wall clock (wall seconds).", registry=registry)
+        self.max_lag = Gauge("pagesim:wall_clock_lag_max_seconds", "The most the simulation has been behind the wall "
+                             "clock since the server started (wall seconds).", registry=registry)
         self.late = Gauge("pagesim:late_events", "Simulation events processed more than 10 ms (wall) late.",
                           registry=registry)
         self.in_flight = Gauge("pagesim:requests_in_flight", "Requests sent to the engine and not yet finished.",
@@ -198,6 +201,7 @@ class ServeMetrics:
         engine = self._engine
         if engine is not None:
             self.lag.set(engine.lag_s)
+            self.max_lag.set(engine.max_lag_s)
             self.late.set(engine.late_events)
             self.in_flight.set(engine.in_flight())
         return generate_latest(self.registry)
