@@ -459,3 +459,33 @@ def test_aborts_reach_requests_held_back_and_requests_running():
     assert sorted(finishes) == [(0, TIMED_OUT, "gone"), (0, TIMED_OUT, "gone too")]
     scheduler = engine.schedulers[0]
     assert not scheduler.requests and scheduler.kv_usage().allocated_slots == 0 and engine.in_flight() == 0
+
+
+def test_a_decision_log_is_checked_as_every_output_is(tmp_path):
+    from pagesim.engine.cli import main
+
+    for target in (tmp_path, "/"):  # a folder, the root
+        with pytest.raises(SystemExit) as exc:
+            main(["serve", "--decision-log", str(target)])
+        assert exc.value.code == 2
+
+
+def test_priority_orders_the_queue_under_priority_scheduling():
+    """``priority`` reaches the policy: with one sequence at a time, of two requests waiting behind a
+    running one, the one of lower priority value is served first (vLLM's convention)."""
+    flags = (*FAST, "--scheduling-policy", "priority", "--max-num-seqs", "1")
+    with running_server(*flags) as (url, _):
+        async def go():
+            order = []
+            async with aiohttp.ClientSession() as s:
+                async def ask(name, priority, delay, tokens):
+                    await asyncio.sleep(delay)
+                    await post(s, f"{url}/v1/completions", {"prompt": [7] * 20, "max_tokens": tokens,
+                                                            "priority": priority})
+                    order.append(name)
+
+                # (the first runs about 10 simulated seconds, half a second here: the others queue behind it)
+                await asyncio.gather(ask("first", 0, 0.0, 1500), ask("late", 5, 0.05, 20), ask("urgent", -1, 0.1, 20))
+            return order
+
+        assert run(go()) == ["first", "urgent", "late"]

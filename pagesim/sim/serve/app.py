@@ -181,7 +181,7 @@ async def _serve(state: ServeState, request: Request, body, prompts: list[list[i
     events: asyncio.Queue = asyncio.Queue()
     rid = api.request_id(kind, request.headers.get("x-request-id"))
     served = [engine.submit(ids, budget, state.lengths.draw(body.n, budget, body.min_tokens, body.ignore_eos), events,
-                            tag=i)
+                            tag=i, priority=body.priority)
               for i, (ids, budget) in enumerate(zip(prompts, budgets))]
     stream = _Stream(state, rid, body, served, events, chat)
     if body.stream:

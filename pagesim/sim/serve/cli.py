@@ -12,6 +12,7 @@ autoscaler or a load test (``vllm bench serve``, inference-perf, GuideLLM) at it
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 DEFAULT_MODEL = "llama3-8b"
@@ -44,7 +45,8 @@ def add_parser(subparsers) -> None:
     h.add_argument("--time-scale", type=float, default=1.0, metavar="F",
                    help="wall seconds per simulated second (default 1: real time; 2: half speed; 0.5: twice as fast)")
     h.add_argument("--decision-log", metavar="FILE",
-                   help="append every step's decisions here as JSON lines (with --replicas: FILE.K per replica)")
+                   help="write every step's decisions here as JSON lines, as the server runs (with --replicas: "
+                        "FILE.K per replica)")
     h.add_argument("--timeout-keep-alive", type=float, default=5.0, metavar="S",
                    help="close an idle keep-alive connection after S seconds (default 5, vLLM's "
                         "VLLM_HTTP_TIMEOUT_KEEP_ALIVE)")
@@ -73,6 +75,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.close()
     return 0
+
+
+def open_log(path: str):
+    """``--decision-log``'s file, written line by line as the server runs (``tail -f`` follows it):
+    checked as every pagesim output is (``pagesim.engine.outputs.OutputFile``: no folder, a writable
+    place); a device or FIFO is written into, never replaced, and a regular file is opened without
+    following a link it was swapped for (``own_opener``)."""
+    from pagesim.engine.output_folders import own_opener
+    from pagesim.engine.outputs import OutputFile
+
+    output = OutputFile(path, "--decision-log")
+    if output.stream:
+        return os.fdopen(output.begin().fd, "w", encoding="ascii", buffering=1)
+    return open(output.target, "w", encoding="ascii", buffering=1, opener=own_opener)
 
 
 class Server:
@@ -112,7 +128,13 @@ def build_server(args: argparse.Namespace) -> Server:
     files = []
     if args.decision_log:
         names = [args.decision_log] if args.replicas == 1 else [f"{args.decision_log}.{k}" for k in range(args.replicas)]
-        files = [open(name, "a", encoding="ascii") for name in names]
+        try:
+            for name in names:
+                files.append(open_log(name))
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
     config = built.scheduler.config
     name = args.served_model_name or args.model
     metrics = ServeMetrics(name, args.replicas, config.max_model_len)

@@ -42,7 +42,7 @@ import numpy as np
 import simpy
 
 from pagesim.engine.policy import Request
-from pagesim.sim.metrics import COMPLETED, REJECTED, RequestMetrics
+from pagesim.sim.metrics import REJECTED, RequestMetrics
 from pagesim.sim.replica import Replica
 from pagesim.sim.step_metrics import StepMetrics
 from pagesim.sim.token_runs import TokenRuns
@@ -218,7 +218,7 @@ class ServeEngine:
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt_ids: list[int], max_tokens: int, lengths: tuple[int, ...], events: asyncio.Queue, *,
-               tag: int = 0) -> Served:
+               tag: int = 0, priority: int = 0) -> Served:
         """Send a request of ``prompt_ids`` whose samples stop after ``lengths`` tokens each (at most
         ``max_tokens``); it enters the engine at the simulated now (module docstring)."""
         env = self.env
@@ -227,7 +227,7 @@ class ServeEngine:
         at_s = max(env.now, self.clock.sim_now())
         request = Request(request_id=rid, prompt_len=len(prompt_ids), max_tokens=max(lengths), arrival_time_s=at_s,
                           prompt_token_ids=prompt_ids, n=len(lengths),
-                          sample_max_tokens=lengths if len(lengths) > 1 else None)
+                          sample_max_tokens=lengths if len(lengths) > 1 else None, priority=priority)
         k = 0 if len(self.replicas) == 1 else self.router.route(request, self.schedulers)
         served = Served(rid, row, k, tag, len(prompt_ids), max_tokens, lengths, events, time.monotonic(),
                         [0] * len(lengths))
@@ -331,5 +331,3 @@ class ServeEngine:
     def in_flight(self) -> int:
         return len(self._served)
 
-
-STATUS_WORDS = {COMPLETED: "completed", REJECTED: "rejected"}

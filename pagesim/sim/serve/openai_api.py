@@ -69,6 +69,7 @@ class _Sampling(BaseModel):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    priority: int = 0  # lower is sooner, under --scheduling-policy priority (fcfs ignores it, as vLLM 0.33)
     logprobs: Any = None
     prompt_logprobs: int | None = None
     use_beam_search: bool = False
