@@ -249,7 +249,7 @@ def test_metrics_parse_and_add_up(server):
         async with aiohttp.ClientSession() as s:
             before = await _scrape(s, url)
             answers = await asyncio.gather(*[post(s, f"{url}/v1/completions", {"prompt": [5] * (10 + i),
-                                                                               "max_tokens": 3 + i})
+                                                                               "max_tokens": 1 + i})
                                              for i in range(8)])
             after = await _scrape(s, url)
         return before, answers, after
@@ -279,6 +279,8 @@ def test_metrics_parse_and_add_up(server):
     assert total(after, "vllm:request_success_total", finished_reason="length") - \
         total(before, "vllm:request_success_total", finished_reason="length") == served
     assert total(after, "vllm:num_requests_running", model_name="llama3-8b", engine="0") == 0
+    assert total(after, "vllm:kv_cache_usage_perc") == 0  # (read at the scrape: every block given back)
+    assert total(after, "vllm:prefix_cache_queries_total") - total(before, "vllm:prefix_cache_queries_total") == prompt
 
 
 async def _scrape(session, url: str) -> str:

@@ -181,7 +181,7 @@ class Replica:
         self._in_flight = False  # a step (or a skipped stretch) is running, or has just ended at this instant
         # Aborts asked from outside (``abort``: a client that went away), applied at the next boundary.
         self._aborts: list[tuple[int, str, str]] = []
-        # Told each step's scheduler output and KV usage as the step ends (``pagesim.sim.serve``'s metrics).
+        # Told each step's scheduler output and KV usage as it is scheduled (``pagesim.sim.serve``'s metrics).
         self.step_observer = step_observer
         self.process = env.process(self._run())
 
@@ -296,6 +296,8 @@ class Replica:
             # (the parked requests' blocks are in kv_usage(); a decode step is never taken beside them)
             usage = sched.kv_usage() if decode_step is None else decode_step_usage(decode_step)
             num_running, num_waiting = len(sched.running), len(sched.waiting)
+            if self.step_observer is not None:
+                self.step_observer(out, usage)
             cost = cost_model.step_cost(work)
             start = self._prev_start_s = env.now
             self._in_flight = True
@@ -348,8 +350,6 @@ class Replica:
                 self._completed(finished, end)
             self.steps.record(out.step, start, end - start, len(out.num_scheduled_tokens), num_running, num_waiting,
                               work, usage, len(out.preempted), cost)
-            if self.step_observer is not None:
-                self.step_observer(out, usage)
             if log:
                 self._flush_decisions()
             if rejected_rows and self.on_request_done is not None:  # their client slots free now

@@ -6,11 +6,12 @@ vllm/v1/metrics/buckets.py, 0.33) labels every series ``model_name`` (the served
 same names, types, labels and buckets, through ``prometheus_client`` on a registry of the server's
 own, so a dashboard or an autoscaler built for vLLM reads them unchanged:
 
-- per step (``step``): ``vllm:num_requests_running`` / ``_waiting`` (plus pagesim's
-  ``pagesim:num_requests_swapped``: vLLM V1 has no swap), ``vllm:kv_cache_usage_perc`` (blocks
-  held by requests over all blocks: cached blocks nobody holds count as free, as vLLM's
-  ``BlockPool.get_usage``), ``vllm:prefix_cache_queries`` / ``_hits`` (prompt tokens looked up at
-  an admission, and found), ``vllm:num_preemptions``, ``vllm:iteration_tokens_total`` (tokens
+- at each scrape, from the schedulers as they are: ``vllm:num_requests_running`` / ``_waiting``
+  (plus pagesim's ``pagesim:num_requests_swapped``: vLLM V1 has no swap),
+  ``vllm:kv_cache_usage_perc`` (blocks held by requests over all blocks: cached blocks nobody holds
+  count as free, as vLLM's ``BlockPool.get_usage``);
+- per step, as it is scheduled (``step``): ``vllm:prefix_cache_queries`` / ``_hits`` (prompt tokens looked up at an
+  admission, and found), ``vllm:num_preemptions``, ``vllm:iteration_tokens_total`` (tokens
   computed in the step, generated ones included);
 - per token (``token``): ``vllm:generation_tokens``, ``vllm:inter_token_latency_seconds``;
 - per finished request (``finished``): ``vllm:prompt_tokens``, ``vllm:request_success`` by
@@ -138,22 +139,15 @@ class ServeMetrics:
     # ---------------------------------------------------------------- from the engine
     def step(self, k: int, scheduler, out, usage) -> None:
         s = self._series
-        s["running", k].set(len(scheduler.running))
-        s["waiting", k].set(len(scheduler.waiting))
-        s["swapped", k].set(len(scheduler.swapped))
-        s["kv_usage", k].set(usage.allocated_slots / usage.total_slots if usage.total_slots else 0.0)
-        admitted = (out.new, out.resumed)
-        if out.new or out.resumed:
-            queried = hit = 0
+        if out.new or out.resumed:  # (the tokens each admission looked up: its prompt, or all it had on a resume)
             requests = scheduler.requests
-            for group in admitted:
-                for rid, hit_tokens in group.items():
-                    request = requests.get(rid)
-                    if request is not None:
-                        queried += max((seq.num_tokens for seq in request.live_seqs), default=request.prompt_len)
-                        hit += hit_tokens
+            queried = sum(requests[rid].prompt_len for rid in out.new if rid in requests)
+            for rid in out.resumed:
+                request = requests.get(rid)
+                if request is not None:
+                    queried += max((seq.num_tokens for seq in request.live_seqs), default=request.prompt_len)
             s["prefix_queries", k].inc(queried)
-            s["prefix_hits", k].inc(hit)
+            s["prefix_hits", k].inc(sum(out.new.values()) + sum(out.resumed.values()))
         if out.preempted:
             s["preemptions", k].inc(len(out.preempted))
         computed = out.total_num_scheduled_tokens
@@ -200,6 +194,13 @@ class ServeMetrics:
     def exposition(self) -> bytes:
         engine = self._engine
         if engine is not None:
+            s = self._series
+            for k, scheduler in enumerate(engine.schedulers):  # (the queues and the cache as they are now)
+                usage = scheduler.kv_usage()
+                s["running", k].set(len(scheduler.running))
+                s["waiting", k].set(len(scheduler.waiting))
+                s["swapped", k].set(len(scheduler.swapped))
+                s["kv_usage", k].set(usage.allocated_slots / usage.total_slots if usage.total_slots else 0.0)
             self.lag.set(engine.lag_s)
             self.max_lag.set(engine.max_lag_s)
             self.late.set(engine.late_events)
