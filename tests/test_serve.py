@@ -491,3 +491,29 @@ def test_priority_orders_the_queue_under_priority_scheduling():
             return order
 
         assert run(go()) == ["first", "urgent", "late"]
+
+
+def test_an_engine_that_dies_fails_its_requests_and_says_so():
+    """A simulation that raises (a policy bug) kills the engine as vLLM's dies: the request in flight
+    and every later one answer 500 ``InternalServerError``, ``/health`` 503; nothing hangs."""
+    with running_server(*FAST) as (url, server):
+        engine = server.state.engine
+        scheduler = engine.schedulers[0]
+
+        def broken():
+            raise RuntimeError("a policy bug")
+
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                assert (await post(s, f"{url}/v1/completions", {"prompt": "ok", "max_tokens": 2}))[0] == 200
+                scheduler.schedule = broken
+                during = await post(s, f"{url}/v1/completions", {"prompt": "boom", "max_tokens": 2})
+                after = await post(s, f"{url}/v1/completions", {"prompt": "later", "max_tokens": 2})
+                async with s.get(f"{url}/health") as r:
+                    health = r.status
+            return during, after, health
+
+        during, after, health = run(go())
+    assert during[0] == 500 and during[1]["error"]["type"] == "InternalServerError"
+    assert "a policy bug" in during[1]["error"]["message"]
+    assert after[0] == 500 and health == 503

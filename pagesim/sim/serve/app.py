@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from pagesim.sim.metrics import COMPLETED, REJECTED
 from pagesim.sim.serve import openai_api as api
-from pagesim.sim.serve.clock import ServeEngine
+from pagesim.sim.serve.clock import DEAD, EngineDead, ServeEngine
 from pagesim.sim.serve.lengths import OutputLengths
 from pagesim.sim.serve.metrics import CONTENT_TYPE, ServeMetrics
 
@@ -72,10 +72,14 @@ def create_app(state: ServeState) -> FastAPI:
     async def _api_error(request, exc: api.ApiError):
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    @app.exception_handler(EngineDead)
+    async def _dead(request, exc: EngineDead):
+        return JSONResponse(_engine_dead(str(exc)).body(), status_code=500)
+
     @app.get("/health")
     @app.get("/ping")
     async def health():
-        return Response(status_code=200)
+        return Response(status_code=200 if engine.dead is None else 503)
 
     @app.get("/version")
     async def version():
@@ -139,6 +143,11 @@ def create_app(state: ServeState) -> FastAPI:
         return await _serve(state, request, body, [ids], "chatcmpl", asked, name, chat=True)
 
     return app
+
+
+def _engine_dead(reason: str) -> api.ApiError:
+    """vLLM's answer once its engine is dead (``EngineDeadError``: 500 ``InternalServerError``)."""
+    return api.ApiError(500, "InternalServerError", f"The simulated engine stopped ({reason}); restart the server.")
 
 
 async def _json(request: Request):
@@ -243,6 +252,8 @@ class _Stream:
         self.open -= 1
         if status == REJECTED:
             self.error = api.ApiError(400, "BadRequestError", f"the engine refused the request: {reason}")
+        elif status == DEAD:
+            self.error = _engine_dead(reason)
         elif status != COMPLETED:
             self.error = api.ApiError(500, "InternalServerError", f"the request was aborted: {reason}")
         return []

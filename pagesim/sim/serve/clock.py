@@ -48,11 +48,16 @@ from pagesim.sim.step_metrics import StepMetrics
 from pagesim.sim.token_runs import TokenRuns
 from pagesim.sim.workload import BeamModel
 
-log = logging.getLogger("uvicorn.error.pagesim")  # (uvicorn's handlers print it, as they print the server's)
+log = logging.getLogger("uvicorn.error.pagesim")
+DEAD = -1  # a request's status when the simulation died under it (``ServeEngine._died``)  # (uvicorn's handlers print it, as they print the server's)
 
 LATE_S = 0.010  # an event processed this many wall seconds after its wall-clock instant is late
 WARN_EVERY_S = 10.0  # the falling-behind warning at most this often
 FIRST_ROWS = 1024  # the request table's first size (it doubles as needed)
+
+
+class EngineDead(RuntimeError):
+    """A request sent after the simulation stopped (``ServeEngine.dead`` says why)."""
 
 
 class WallClock:
@@ -215,12 +220,15 @@ class ServeEngine:
         self.events = 0
         self._warned_at = -math.inf
         self._stopping = False
+        self.dead: str | None = None  # why the simulation stopped, once it has (``_died``)
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt_ids: list[int], max_tokens: int, lengths: tuple[int, ...], events: asyncio.Queue, *,
                tag: int = 0, priority: int = 0) -> Served:
         """Send a request of ``prompt_ids`` whose samples stop after ``lengths`` tokens each (at most
         ``max_tokens``); it enters the engine at the simulated now (module docstring)."""
+        if self.dead is not None:
+            raise EngineDead(self.dead)
         env = self.env
         row = self.table.take()
         rid = f"r{next(self._ids)}"  # (the policy's own id, unique whatever ids clients send)
@@ -305,10 +313,25 @@ class ServeEngine:
                     pass
                 continue
             self._note_lag(-delay)
-            while env.peek() == t:  # every event of this instant, then the loop's turn
-                env.step()
-                self.events += 1
+            try:
+                while env.peek() == t:  # every event of this instant, then the loop's turn
+                    env.step()
+                    self.events += 1
+            except Exception as exc:  # (a policy bug, a stalled scheduler: the engine is dead, as vLLM's can be)
+                self._died(exc)
+                return
             await asyncio.sleep(0)
+
+    def _died(self, exc: Exception) -> None:
+        """The simulation raised: say so once, fail every request in flight (``"error"``) and every
+        later one (``dead``: the routes answer 500, ``/health`` 503, as vLLM's after ``EngineDeadError``)."""
+        self.dead = f"{type(exc).__name__}: {exc}"
+        log.error("pagesim serve: the simulated engine stopped (%s); every request now fails", self.dead,
+                  exc_info=exc)
+        for served in list(self._served.values()):
+            served.finished = True
+            served.events.put_nowait((served.tag, "done", DEAD, self.dead))
+        self._served.clear()
 
     def stop(self) -> None:
         self._stopping = True
