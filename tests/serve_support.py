@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -17,29 +18,44 @@ aiohttp = pytest.importorskip("aiohttp")
 
 @contextmanager
 def running_server(*flags: str):
-    """``pagesim serve FLAGS`` listening on 127.0.0.1 (a free port): yields ``(base_url, server)``."""
+    """``pagesim serve FLAGS`` listening on 127.0.0.1 (a free port; with ``--port-per-replica`` free
+    ports in a row, ``server.ports``): yields ``(base_url, server)``, the first port's URL."""
     from pagesim.engine.cli import build_parser
-    from pagesim.sim.serve.cli import build_server
+    from pagesim.sim.serve.cli import bind, build_server
 
     args = build_parser().parse_args(["serve", *flags])
+    sockets = None
+    if args.port_per_replica:
+        for base in range(20000 + os.getpid() % 20000, 65000, 97):  # (ports in a row, free now)
+            try:
+                sockets = [bind("127.0.0.1", base + k) for k in range(args.replicas)]
+                break
+            except ValueError:
+                continue
+        args.port = base
+        for sock in sockets:
+            sock.close()
+        sockets = [bind("127.0.0.1", base + k) for k in range(args.replicas)]
     server = build_server(args)
     config = uvicorn.Config(server.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                             timeout_keep_alive=args.timeout_keep_alive)
     http = uvicorn.Server(config)
-    thread = threading.Thread(target=http.run, daemon=True)
+    thread = threading.Thread(target=http.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not http.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("pagesim serve did not start")
         time.sleep(0.02)
-    port = http.servers[0].sockets[0].getsockname()[1]
+    port = args.port if sockets else http.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}", server
     finally:
         http.should_exit = True
         thread.join(timeout=30)
         server.close()
+        for sock in sockets or ():
+            sock.close()
 
 
 async def post(session, url: str, body, *, raw: bytes | None = None, headers=None):

@@ -517,3 +517,31 @@ def test_an_engine_that_dies_fails_its_requests_and_says_so():
     assert during[0] == 500 and during[1]["error"]["type"] == "InternalServerError"
     assert "a policy bug" in during[1]["error"]["message"]
     assert after[0] == 500 and health == 503
+
+
+def test_a_port_per_replica_is_a_vllm_server_of_its_own():
+    """``--port-per-replica``: replica K answers on port + K, takes every request sent there (no
+    router), and its /metrics describe it alone, labelled ``engine="0"`` as a vLLM server labels itself."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with running_server(*FAST, "--replicas", "2", "--port-per-replica") as (url, server):
+        first, second = server.ports
+        urls = [f"http://127.0.0.1:{first}", f"http://127.0.0.1:{second}"]
+
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                sent = [post(s, f"{urls[1]}/v1/completions", {"prompt": [i] * 30, "max_tokens": 3}) for i in range(5)]
+                sent.append(post(s, f"{urls[0]}/v1/completions", {"prompt": [9] * 30, "max_tokens": 3}))
+                answers = await asyncio.gather(*sent)
+                return answers, [await _scrape(s, u) for u in urls]
+
+        answers, texts = run(go())
+        assert all(status == 200 for status, _ in answers)
+        assert [server.state.engine.replicas[k].scheduler.next_step > 0 for k in (0, 1)] == [True, True]
+
+    def served(text):
+        return {sample.labels["engine"]: sample.value for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == "vllm:request_success_total" and sample.labels["finished_reason"] == "length"}
+
+    assert [served(text) for text in texts] == [{"0": 1.0}, {"0": 5.0}]

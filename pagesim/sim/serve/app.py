@@ -46,6 +46,16 @@ class ServeState:
     lengths: OutputLengths
     fingerprint: str
     created: int
+    # one replica per port (``--port-per-replica``): local port -> (its replica, its metrics); None:
+    # every replica behind one port, the router choosing, ``metrics`` covering them all
+    ports: dict[int, tuple[int, ServeMetrics]] | None = None
+
+    def replica_of(self, request: Request) -> tuple[int | None, ServeMetrics]:
+        """The replica the port ``request`` came in on serves (None: the router's choice), and its metrics."""
+        if self.ports is None:
+            return None, self.metrics
+        server = request.scope.get("server") or (None, None)
+        return self.ports.get(server[1], (None, self.metrics))
 
 
 def fingerprint(describe: dict, tp: int) -> str:
@@ -86,8 +96,8 @@ def create_app(state: ServeState) -> FastAPI:
         return {"version": api.VLLM_VERSION}
 
     @app.get("/load")
-    async def load():
-        return {"server_load": engine.in_flight()}
+    async def load(request: Request):
+        return {"server_load": engine.in_flight(state.replica_of(request)[0])}
 
     @app.get("/v1/models")
     async def models():
@@ -95,8 +105,8 @@ def create_app(state: ServeState) -> FastAPI:
                                                           state.created)]}
 
     @app.get("/metrics")
-    async def metrics():
-        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
+    async def metrics(request: Request):
+        return Response(state.replica_of(request)[1].exposition(), media_type=CONTENT_TYPE)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -189,8 +199,9 @@ async def _serve(state: ServeState, request: Request, body, prompts: list[list[i
     budgets = [api.output_budget(len(ids), asked, state.max_model_len, name, body.min_tokens) for ids in prompts]
     events: asyncio.Queue = asyncio.Queue()
     rid = api.request_id(kind, request.headers.get("x-request-id"))
+    replica = state.replica_of(request)[0]
     served = [engine.submit(ids, budget, state.lengths.draw(body.n, budget, body.min_tokens, body.ignore_eos), events,
-                            tag=i, priority=body.priority)
+                            tag=i, priority=body.priority, replica=replica)
               for i, (ids, budget) in enumerate(zip(prompts, budgets))]
     stream = _Stream(state, rid, body, served, events, chat)
     if body.stream:

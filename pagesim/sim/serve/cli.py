@@ -54,7 +54,11 @@ def add_parser(subparsers) -> None:
                    help="server log level (default info)")
     c = h
     c.add_argument("--replicas", type=int, default=1, metavar="N", help="replicas behind one port (default 1)")
-    c.add_argument("--router", default="round-robin", choices=list(ROUTERS), help="which replica serves a request")
+    c.add_argument("--router", default="round-robin", choices=list(ROUTERS),
+                   help="which replica serves a request behind the one port (default round-robin)")
+    c.add_argument("--port-per-replica", action="store_true",
+                   help="serve replica K on --port + K instead, each a vLLM server of its own (its /metrics labelled "
+                        "engine=\"0\"): for a router or gateway of your own in front")
     o = p.add_argument_group("cost model")
     add_cost_args(o)
     o.add_argument("--profile", metavar="FILE", help="a calibration profile: kernel-timed (pagesim calibrate) or "
@@ -68,13 +72,37 @@ def run(args: argparse.Namespace) -> int:
 
     server = build_server(args)
     print(f"pagesim serve: {server.words}", file=sys.stderr, flush=True)
-    print(f"pagesim serve: listening on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    sockets = [bind(args.host, port) for port in server.ports] if args.port_per_replica else None
+    where = ", ".join(f"http://{args.host}:{port} (replica {k})" for k, port in enumerate(server.ports)) \
+        if sockets else f"http://{args.host}:{args.port}"
+    print(f"pagesim serve: listening on {where} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    config = uvicorn.Config(server.app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5)
     try:
-        uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=sockets)
     finally:
         server.close()
+        for sock in sockets or ():
+            sock.close()
     return 0
+
+
+def bind(host: str, port: int):
+    """A listening socket on ``host:port`` (one per replica with ``--port-per-replica``: one uvicorn
+    server, one app, the port a request came in on naming its replica)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror})") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 def open_log(path: str):
@@ -92,8 +120,8 @@ def open_log(path: str):
 
 
 class Server:
-    def __init__(self, app, state, words: str, files: list):
-        self.app, self.state, self.words, self._files = app, state, words, files
+    def __init__(self, app, state, words: str, files: list, ports: list[int]):
+        self.app, self.state, self.words, self._files, self.ports = app, state, words, files, ports
 
     def close(self) -> None:
         for f in self._files:
@@ -137,16 +165,24 @@ def build_server(args: argparse.Namespace) -> Server:
             raise
     config = built.scheduler.config
     name = args.served_model_name or args.model
-    metrics = ServeMetrics(name, args.replicas, config.max_model_len)
-    metrics.time_scale = args.time_scale
+    every = ServeMetrics(name, {k: str(k) for k in range(args.replicas)}, config.max_model_len)
+    ports = [args.port + k for k in range(args.replicas)] if args.port_per_replica else [args.port]
+    if ports[-1] > 65535:
+        raise ValueError(f"--port-per-replica: replica {args.replicas - 1} would listen on {ports[-1]}, past 65535")
+    own = {k: ServeMetrics(name, {k: "0"}, config.max_model_len) for k in range(args.replicas)} \
+        if args.port_per_replica else None
     engine = ServeEngine(builts, router=_router(args) if args.replicas > 1 else None, serving_path=path,
-                         seed=args.seed, time_scale=args.time_scale, observer=metrics,
+                         seed=args.seed, time_scale=args.time_scale,
+                         observers=own or {k: every for k in range(args.replicas)},
                          decision_sinks=[f.write for f in files] or None)
-    metrics._engine = engine
+    for metrics in [every, *(own or {}).values()]:
+        metrics.time_scale = args.time_scale
+        metrics._engine = engine
     describe = built.describe()
-    state = ServeState(engine=engine, metrics=metrics, tokenizer=tokenizer, model_name=name,
+    state = ServeState(engine=engine, metrics=every, tokenizer=tokenizer, model_name=name,
                        model_root=built.deployment.model.name, max_model_len=config.max_model_len, lengths=lengths,
-                       fingerprint=fingerprint(describe, args.tp), created=now_s())
+                       fingerprint=fingerprint(describe, args.tp), created=now_s(),
+                       ports={port: (k, own[k]) for k, port in enumerate(ports)} if own else None)
     words = (f"{name} on {args.replicas} x {built.deployment.gpu.name} (tp {args.tp}), policy {args.policy}, "
              f"{config.num_gpu_blocks:,} KV blocks of {config.block_size} tokens per replica, max_model_len "
              f"{config.max_model_len:,}, max_num_seqs {config.max_num_seqs}, max_num_batched_tokens "
@@ -154,4 +190,4 @@ def build_server(args: argparse.Namespace) -> Server:
              + (f" ({profile_words})" if profile_words else "")
              + f"; serving path {path.name if path else 'none'}; prompts counted by {tokenizer.describe}; "
              f"outputs: {lengths.describe()}; time scale {args.time_scale:g}")
-    return Server(create_app(state), state, words, files)
+    return Server(create_app(state), state, words, files, ports)

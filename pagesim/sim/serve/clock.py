@@ -189,17 +189,17 @@ class _TokenSink(TokenRuns):
 
 class ServeEngine:
     """``builts`` (one per replica: ``pagesim.sim.cluster.build_replicas``) served against the
-    wall clock (module docstring). ``router`` picks a replica per request when there are several;
-    ``observer`` (``pagesim.sim.serve.metrics.ServeMetrics``-like) is told of steps, tokens and
-    finishes."""
+    wall clock (module docstring). ``router`` picks a replica per request when there are several and
+    the request names none; ``observers`` (replica index -> a ``pagesim.sim.serve.metrics.ServeMetrics``)
+    are told of their replicas' steps, tokens and finishes."""
 
     def __init__(self, builts: list, *, router=None, serving_path=None, seed: int = 0, time_scale: float = 1.0,
-                 observer=None, decision_sinks: list[Callable[[str], object]] | None = None):
+                 observers: dict | None = None, decision_sinks: list[Callable[[str], object]] | None = None):
         self.env = simpy.Environment()
         self.clock = WallClock(time_scale)
         self.table = ServeTable()
         self.router = router
-        self.observer = observer
+        self.observers = observers or {}
         offset_s = serving_path.client_offset_s if serving_path is not None else 0.0
         self.sink = _TokenSink(self, offset_s)
         self.schedulers = [b.scheduler for b in builts]
@@ -208,7 +208,7 @@ class ServeEngine:
                     beam_model=BeamModel(seed, replica=k), skip_ahead=False, replica_index=k, token_runs=self.sink,
                     on_request_done=self._done, serving_path=serving_path,
                     decision_sink=decision_sinks[k] if decision_sinks else None,
-                    step_observer=(lambda out, usage, k=k: self._stepped(k, out, usage)) if observer else None)
+                    step_observer=(lambda out, usage, k=k: self._stepped(k, out, usage)) if k in self.observers else None)
             for k, b in enumerate(builts)
         ]
         self._served: dict[int, Served] = {}  # row -> request in the engine
@@ -224,9 +224,10 @@ class ServeEngine:
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt_ids: list[int], max_tokens: int, lengths: tuple[int, ...], events: asyncio.Queue, *,
-               tag: int = 0, priority: int = 0) -> Served:
+               tag: int = 0, priority: int = 0, replica: int | None = None) -> Served:
         """Send a request of ``prompt_ids`` whose samples stop after ``lengths`` tokens each (at most
-        ``max_tokens``); it enters the engine at the simulated now (module docstring)."""
+        ``max_tokens``) to ``replica`` (None: the router's choice); it enters the engine at the
+        simulated now (module docstring)."""
         if self.dead is not None:
             raise EngineDead(self.dead)
         env = self.env
@@ -236,7 +237,8 @@ class ServeEngine:
         request = Request(request_id=rid, prompt_len=len(prompt_ids), max_tokens=max(lengths), arrival_time_s=at_s,
                           prompt_token_ids=prompt_ids, n=len(lengths),
                           sample_max_tokens=lengths if len(lengths) > 1 else None, priority=priority)
-        k = 0 if len(self.replicas) == 1 else self.router.route(request, self.schedulers)
+        k = replica if replica is not None else 0 if len(self.replicas) == 1 else self.router.route(request,
+                                                                                                   self.schedulers)
         served = Served(rid, row, k, tag, len(prompt_ids), max_tokens, lengths, events, time.monotonic(),
                         [0] * len(lengths))
         self._served[row] = served
@@ -263,8 +265,9 @@ class ServeEngine:
             if served is None or served.finished:
                 continue
             counts, lengths = served.tokens, served.lengths
-            if self.observer is not None:
-                self.observer.token(served, now_wall)
+            observer = self.observers.get(served.replica)
+            if observer is not None:
+                observer.token(served, now_wall)
             served.token_wall_s = now_wall
             if not any(counts):  # the prefill's token: every sample's first (the samples fork after it)
                 for sample in range(len(lengths)):
@@ -287,13 +290,14 @@ class ServeEngine:
         m = self.table
         status = int(m.status[row])
         reason = m.reject_reasons.get(row) if status == REJECTED else m.timeout_reasons.get(row)
-        if self.observer is not None:
-            self.observer.finished(served, m, row, status, reason)
+        observer = self.observers.get(served.replica)
+        if observer is not None:
+            observer.finished(served, m, row, status, reason)
         self.table.give_back(row)
         served.events.put_nowait((served.tag, "done", status, reason))
 
     def _stepped(self, k: int, out, usage) -> None:
-        self.observer.step(k, self.schedulers[k], out, usage)
+        self.observers[k].step(k, self.schedulers[k], out, usage)
 
     # ------------------------------------------------------------------ the clock
     async def run(self) -> None:
@@ -351,6 +355,9 @@ class ServeEngine:
                             "simulated server sends them", lag_s * 1e3, self.late_events, self.max_lag_s * 1e3)
 
     # ------------------------------------------------------------------ state
-    def in_flight(self) -> int:
-        return len(self._served)
+    def in_flight(self, replica: int | None = None) -> int:
+        """Requests sent and not finished (to ``replica``; None: to any)."""
+        if replica is None:
+            return len(self._served)
+        return sum(1 for served in self._served.values() if served.replica == replica)
 

@@ -63,13 +63,15 @@ def request_token_buckets(max_model_len: int) -> list[int]:
 
 
 class ServeMetrics:
-    """The registry and its series for ``num_replicas`` replicas serving ``model_name``."""
+    """The registry and its series for the replicas ``engines`` names (replica index -> its ``engine``
+    label: every replica behind one port, ``{k: "k"}``; one replica on a port of its own, ``{k: "0"}``,
+    as a vLLM server of its own labels itself), serving ``model_name``."""
 
-    def __init__(self, model_name: str, num_replicas: int, max_model_len: int, engine=None):
+    def __init__(self, model_name: str, engines: dict[int, str], max_model_len: int, engine=None):
         self.registry = registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         self._engine = engine  # the ServeEngine, read at scrape time (set by the app)
-        self._labels = [(model_name, str(k)) for k in range(num_replicas)]
+        self._labels = {k: (model_name, label) for k, label in engines.items()}
 
         def gauge(name, doc, extra=()):
             return Gauge(name, doc, labels + list(extra), registry=registry)
@@ -127,7 +129,7 @@ class ServeMetrics:
                                registry=registry)
         # every labelled series exists from the start (vLLM pre-creates them), at zero
         self._series = {}
-        for k, values in enumerate(self._labels):
+        for k, values in self._labels.items():
             for name in ("running", "waiting", "swapped", "kv_usage", "prefix_queries", "prefix_hits", "preemptions",
                          "prompt_tokens", "generation_tokens", "iteration_tokens", "request_prompt", "request_generation",
                          "request_max_tokens", "request_n", "request_preemptions", "ttft", "itl", "tpot", "e2e", "queue",
@@ -195,7 +197,8 @@ class ServeMetrics:
         engine = self._engine
         if engine is not None:
             s = self._series
-            for k, scheduler in enumerate(engine.schedulers):  # (the queues and the cache as they are now)
+            for k in self._labels:  # (the queues and the cache as they are now)
+                scheduler = engine.schedulers[k]
                 usage = scheduler.kv_usage()
                 s["running", k].set(len(scheduler.running))
                 s["waiting", k].set(len(scheduler.waiting))
@@ -204,5 +207,5 @@ class ServeMetrics:
             self.lag.set(engine.lag_s)
             self.max_lag.set(engine.max_lag_s)
             self.late.set(engine.late_events)
-            self.in_flight.set(engine.in_flight())
+            self.in_flight.set(sum(engine.in_flight(k) for k in self._labels))
         return generate_latest(self.registry)
