@@ -545,3 +545,13 @@ def test_the_llama_reasoning_run_counts_its_timeouts_as_failures():
     (experiment,) = [p for p in EXPERIMENTS if p.name.endswith("llama-2-7b-tp1-reasoning")]
     measured = read_inference_perf(experiment).measured_stages[0]
     assert (measured.successes, measured.failures) == (732, 4_068)
+
+
+def test_inference_perf_07_prompt_tokens_read_as_the_prompt_length(tmp_path):
+    """inference-perf 0.7 writes ``successes.prompt_tokens`` (with ``total``, ``cached`` ...) where
+    earlier versions wrote ``prompt_len``: the mean is read from either."""
+    newer = metrics_file()
+    newer["successes"]["prompt_tokens"] = {**stats(545.4), "total": 54540, "cached": 0}
+    del newer["successes"]["prompt_len"]
+    run = read(tmp_path, metrics={"stage_0_lifecycle_metrics.json": newer})
+    assert run.measured_stages[0].mean_prompt_len == 545.4

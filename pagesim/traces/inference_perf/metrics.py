@@ -8,7 +8,9 @@ tokens) and ``failures`` (``count``, and their latencies). Read here, per succes
 - ``request_latency`` (end to end) and ``time_to_first_token`` (streaming runs only): mean,
   median, p90, p99;
 - the mean ``prompt_len`` and ``output_len``, which inference-perf counts by re-tokenizing the
-  prompt and the streamed text, so they can differ from the tokens the server processed.
+  prompt and the streamed text, so they can differ from the tokens the server processed
+  (inference-perf 0.7 writes ``prompt_tokens`` instead of ``prompt_len``, the server's usage count
+  where the server sent one: read the same way).
 
 NOTE: ``time_per_output_token`` is not read: inference-perf computes it per streamed event, and
 an event often carries several tokens, so it is not a per-token time (the shared README's per
@@ -70,7 +72,8 @@ def parse_metrics(top: Node) -> MeasuredStage:
         e2e=_latency(latency["request_latency"]),
         ttft=_latency(latency["time_to_first_token"]),
         mean_output_len=figure(successes["output_len"]["mean"]),
-        mean_prompt_len=figure(successes["prompt_len"]["mean"]),
+        # (inference-perf 0.7 renamed it prompt_tokens: the server's usage count where it sent one)
+        mean_prompt_len=figure(successes.either("prompt_len", "prompt_tokens")["mean"]),
         requested_rate=figure(load["requested_rate"]),
         achieved_rate=figure(load["achieved_rate"]),
     )
