@@ -48,8 +48,8 @@ from pagesim.sim.step_metrics import StepMetrics
 from pagesim.sim.token_runs import TokenRuns
 from pagesim.sim.workload import BeamModel
 
-log = logging.getLogger("uvicorn.error.pagesim")
-DEAD = -1  # a request's status when the simulation died under it (``ServeEngine._died``)  # (uvicorn's handlers print it, as they print the server's)
+log = logging.getLogger("uvicorn.error.pagesim")  # (uvicorn's handlers print it, as they print the server's)
+DEAD = -1  # a request's status when the simulation died under it (``ServeEngine._died``)
 
 LATE_S = 0.010  # an event processed this many wall seconds after its wall-clock instant is late
 WARN_EVERY_S = 10.0  # the falling-behind warning at most this often
@@ -62,7 +62,7 @@ class EngineDead(RuntimeError):
 
 class WallClock:
     """Simulated seconds against ``time.monotonic()``: ``time_scale`` wall seconds per simulated
-    second (2: half speed; 0.5: twice as fast), counted from ``start``."""
+    second (2: half speed; 0.5: twice as fast), counted from ``t0`` (``ServeEngine.run`` sets it)."""
 
     def __init__(self, time_scale: float = 1.0):
         if isinstance(time_scale, bool) or not 0 < time_scale < math.inf:
@@ -80,11 +80,13 @@ class WallClock:
 
 class ServeTable(RequestMetrics):
     """The replica's request table with rows taken and given back: ``take`` a free row (the table
-    doubles when none is), ``give_back`` it once its figures are read (its cells reset)."""
+    doubles when none is), ``give_back`` it once its figures are read (its cells reset to a new
+    ``RequestMetrics`` row's)."""
 
     def __init__(self, rows: int = FIRST_ROWS):
         super().__init__(rows)
         self._free = list(range(rows - 1, -1, -1))
+        self._blank = RequestMetrics(1)  # (what a row holds before a request is written to it)
 
     def __len__(self) -> int:
         return len(self.status)
@@ -95,9 +97,9 @@ class ServeTable(RequestMetrics):
         return self._free.pop()
 
     def give_back(self, row: int) -> None:
-        for name, value in vars(self).items():
+        for name, value in vars(self._blank).items():
             if isinstance(value, np.ndarray):
-                value[row] = _EMPTY_CELL[value.dtype.kind] if name not in ("n", "beam_width") else 1
+                getattr(self, name)[row] = value[0]
         self.reject_reasons.pop(row, None)
         self.timeout_reasons.pop(row, None)
         self._free.append(row)
@@ -105,13 +107,11 @@ class ServeTable(RequestMetrics):
     def _grow(self) -> None:
         old = len(self)
         fresh = RequestMetrics(old)
-        for name, value in list(vars(self).items()):
+        for name, value in vars(fresh).items():
             if isinstance(value, np.ndarray):
-                setattr(self, name, np.concatenate([value, getattr(fresh, name)]))
+                setattr(self, name, np.concatenate([getattr(self, name), value]))
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
-
-_EMPTY_CELL = {"f": np.nan, "i": 0}
 
 
 class _StepCount(StepMetrics):
@@ -132,8 +132,8 @@ class _StepCount(StepMetrics):
 class Served:
     """One request in the engine, as its HTTP handler follows it: each sample's target length
     and tokens so far; ``events`` receives ``(tag, "token", sample, count)`` per token (``count``:
-    the sample's tokens with this one) and ``(tag,
-    "done", status, reason)`` once (status: ``COMPLETED``, ``REJECTED`` or ``TIMED_OUT``)."""
+    the sample's tokens with this one) and ``(tag, "done", status, reason)`` once (status:
+    ``COMPLETED``, ``REJECTED``, ``TIMED_OUT`` or ``DEAD``)."""
 
     request_id: str
     row: int
@@ -143,7 +143,6 @@ class Served:
     max_tokens: int  # as asked (a sample shorter than this stopped at its EOS: finish reason "stop")
     lengths: tuple[int, ...]  # each sample's output length
     events: asyncio.Queue
-    sent_wall_s: float  # when the handler submitted it (time.monotonic)
     tokens: list[int] = field(default_factory=list)  # per sample, so far
     token_wall_s: float = math.nan  # when its latest token reached it (time.monotonic)
     finished: bool = False
@@ -168,12 +167,8 @@ class _TokenSink(TokenRuns):
 
     def token(self, replica: int, row: int, step_row: int) -> None:
         batch = self._batch
-        if not batch:
-            env = self.engine.env
-            if self.offset_s > 0:
-                env.timeout(self.offset_s).callbacks.append(self._release)
-            else:  # (at once, after the step's other callbacks: the same instant)
-                env.timeout(0).callbacks.append(self._release)
+        if not batch:  # (with no offset: at once, after the step's other callbacks of the same instant)
+            self.engine.env.timeout(self.offset_s).callbacks.append(self._release)
         batch.append(row)
 
     def _release(self, event) -> None:
@@ -201,11 +196,11 @@ class ServeEngine:
         self.router = router
         self.observers = observers or {}
         offset_s = serving_path.client_offset_s if serving_path is not None else 0.0
-        self.sink = _TokenSink(self, offset_s)
+        sink = _TokenSink(self, offset_s)
         self.schedulers = [b.scheduler for b in builts]
         self.replicas = [
             Replica(self.env, b.scheduler, b.cost_model, requests=self.table, steps=_StepCount(),
-                    beam_model=BeamModel(seed, replica=k), skip_ahead=False, replica_index=k, token_runs=self.sink,
+                    beam_model=BeamModel(seed, replica=k), skip_ahead=False, replica_index=k, token_runs=sink,
                     on_request_done=self._done, serving_path=serving_path,
                     decision_sink=decision_sinks[k] if decision_sinks else None,
                     step_observer=(lambda out, usage, k=k: self._stepped(k, out, usage)) if k in self.observers else None)
@@ -217,7 +212,6 @@ class ServeEngine:
         self.lag_s = 0.0  # how late the latest event was processed
         self.max_lag_s = 0.0
         self.late_events = 0
-        self.events = 0
         self._warned_at = -math.inf
         self._stopping = False
         self.dead: str | None = None  # why the simulation stopped, once it has (``_died``)
@@ -239,8 +233,7 @@ class ServeEngine:
                           sample_max_tokens=lengths if len(lengths) > 1 else None, priority=priority)
         k = replica if replica is not None else 0 if len(self.replicas) == 1 else self.router.route(request,
                                                                                                    self.schedulers)
-        served = Served(rid, row, k, tag, len(prompt_ids), max_tokens, lengths, events, time.monotonic(),
-                        [0] * len(lengths))
+        served = Served(rid, row, k, tag, len(prompt_ids), max_tokens, lengths, events, [0] * len(lengths))
         self._served[row] = served
         env.timeout(at_s - env.now).callbacks.append(lambda _: self.replicas[k].submit(row, request))
         self._wakeup.set()
@@ -320,7 +313,6 @@ class ServeEngine:
             try:
                 while env.peek() == t:  # every event of this instant, then the loop's turn
                     env.step()
-                    self.events += 1
             except Exception as exc:  # (a policy bug, a stalled scheduler: the engine is dead, as vLLM's can be)
                 self._died(exc)
                 return
