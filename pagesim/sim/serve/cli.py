@@ -52,11 +52,10 @@ def add_parser(subparsers) -> None:
                         "VLLM_HTTP_TIMEOUT_KEEP_ALIVE)")
     h.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log level (default info)")
-    c = h
-    c.add_argument("--replicas", type=int, default=1, metavar="N", help="replicas behind one port (default 1)")
-    c.add_argument("--router", default="round-robin", choices=list(ROUTERS),
+    h.add_argument("--replicas", type=int, default=1, metavar="N", help="replicas behind one port (default 1)")
+    h.add_argument("--router", default="round-robin", choices=list(ROUTERS),
                    help="which replica serves a request behind the one port (default round-robin)")
-    c.add_argument("--port-per-replica", action="store_true",
+    h.add_argument("--port-per-replica", action="store_true",
                    help="serve replica K on --port + K instead, each a vLLM server of its own (its /metrics labelled "
                         "engine=\"0\"): for a router or gateway of your own in front")
     o = p.add_argument_group("cost model")
@@ -176,8 +175,7 @@ def build_server(args: argparse.Namespace) -> Server:
                          observers=own or {k: every for k in range(args.replicas)},
                          decision_sinks=[f.write for f in files] or None)
     for metrics in [every, *(own or {}).values()]:
-        metrics.time_scale = args.time_scale
-        metrics._engine = engine
+        metrics.attach(engine)
     describe = built.describe()
     state = ServeState(engine=engine, metrics=every, tokenizer=tokenizer, model_name=name,
                        model_root=built.deployment.model.name, max_model_len=config.max_model_len, lengths=lengths,

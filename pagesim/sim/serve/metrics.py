@@ -62,63 +62,74 @@ def request_token_buckets(max_model_len: int) -> list[int]:
         exponent += 1
 
 
+#: The labelled series: (key, type, vLLM's name, its help text, buckets for a histogram: a list, or
+#: "tokens" for the 1-2-5 series up to max_model_len). Each exists from the start, at zero, per replica.
+SERIES: tuple[tuple[str, type, str, str, object], ...] = (
+    ("running", Gauge, "vllm:num_requests_running", "Number of requests in model execution batches.", None),
+    ("waiting", Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", None),
+    ("swapped", Gauge, "pagesim:num_requests_swapped", "Requests swapped out to CPU memory (vLLM v0's swap).", None),
+    ("kv_usage", Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", None),
+    ("prefix_queries", Counter, "vllm:prefix_cache_queries",
+     "Prefix cache queries, in terms of number of queried tokens.", None),
+    ("prefix_hits", Counter, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", None),
+    ("preemptions", Counter, "vllm:num_preemptions", "Cumulative number of preemption from the engine.", None),
+    ("prompt_tokens", Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.", None),
+    ("generation_tokens", Counter, "vllm:generation_tokens", "Number of generation tokens processed.", None),
+    ("iteration_tokens", Histogram, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+     ITERATION_TOKENS),
+    ("request_prompt", Histogram, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", "tokens"),
+    ("request_generation", Histogram, "vllm:request_generation_tokens", "Number of generation tokens processed.",
+     "tokens"),
+    ("request_max_tokens", Histogram, "vllm:request_params_max_tokens",
+     "Histogram of the max_tokens request parameter.", "tokens"),
+    ("request_n", Histogram, "vllm:request_params_n", "Histogram of the n request parameter.", REQUEST_PARAMS_N),
+    ("request_preemptions", Histogram, "vllm:request_num_preemptions", "Number of preemptions per request.",
+     REQUEST_NUM_PREEMPTIONS),
+    ("ttft", Histogram, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+     TIME_TO_FIRST_TOKEN),
+    ("itl", Histogram, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+     INTER_TOKEN_LATENCY),
+    ("tpot", Histogram, "vllm:request_time_per_output_token_seconds",
+     "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY),
+    ("e2e", Histogram, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+     REQUEST_LATENCY),
+    ("queue", Histogram, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+     REQUEST_LATENCY),
+    ("inference", Histogram, "vllm:request_inference_time_seconds",
+     "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY),
+    ("prefill", Histogram, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+     REQUEST_LATENCY),
+    ("decode", Histogram, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+     REQUEST_LATENCY),
+)
+
+
 class ServeMetrics:
     """The registry and its series for the replicas ``engines`` names (replica index -> its ``engine``
     label: every replica behind one port, ``{k: "k"}``; one replica on a port of its own, ``{k: "0"}``,
-    as a vLLM server of its own labels itself), serving ``model_name``."""
+    as a vLLM server of its own labels itself), serving ``model_name``. ``attach`` gives it the
+    ``ServeEngine`` it reads at each scrape (the engine is built with its metrics)."""
 
-    def __init__(self, model_name: str, engines: dict[int, str], max_model_len: int, engine=None):
+    def __init__(self, model_name: str, engines: dict[int, str], max_model_len: int):
         self.registry = registry = CollectorRegistry()
         labels = ["model_name", "engine"]
-        self._engine = engine  # the ServeEngine, read at scrape time (set by the app)
+        self._engine = None
         self._labels = {k: (model_name, label) for k, label in engines.items()}
-
-        def gauge(name, doc, extra=()):
-            return Gauge(name, doc, labels + list(extra), registry=registry)
-
-        def counter(name, doc, extra=()):
-            return Counter(name, doc, labels + list(extra), registry=registry)
-
-        def histogram(name, doc, buckets):
-            return Histogram(name, doc, labels, buckets=buckets, registry=registry)
-
         tokens = request_token_buckets(max_model_len)
-        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.swapped = gauge("pagesim:num_requests_swapped", "Requests swapped out to CPU memory (vLLM v0's swap).")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.success = counter("vllm:request_success", "Count of successfully processed requests.", ["finished_reason"])
-        self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                                          ITERATION_TOKENS)
-        self.request_prompt = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
-        self.request_generation = histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                                            tokens)
-        self.request_max_tokens = histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-                                            tokens)
-        self.request_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", REQUEST_PARAMS_N)
-        self.request_preemptions = histogram("vllm:request_num_preemptions", "Number of preemptions per request.",
-                                             REQUEST_NUM_PREEMPTIONS)
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TIME_TO_FIRST_TOKEN)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             INTER_TOKEN_LATENCY)
-        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
-                              "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             REQUEST_LATENCY)
-        self.queue = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-                               REQUEST_LATENCY)
-        self.inference = histogram("vllm:request_inference_time_seconds",
-                                   "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY)
-        self.prefill = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-                                 REQUEST_LATENCY)
-        self.decode = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-                                REQUEST_LATENCY)
+        self._series = {}  # (key, replica) or ("success", reason, replica) -> the labelled series
+        for key, kind, name, doc, buckets in SERIES:
+            if kind is Histogram:
+                family = Histogram(name, doc, labels, buckets=tokens if buckets == "tokens" else buckets,
+                                   registry=registry)
+            else:
+                family = kind(name, doc, labels, registry=registry)
+            for k, values in self._labels.items():
+                self._series[key, k] = family.labels(*values)
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          [*labels, "finished_reason"], registry=registry)
+        for k, values in self._labels.items():
+            for reason in FINISHED_REASONS:
+                self._series["success", reason, k] = success.labels(*values, reason)
         self.lag = Gauge("pagesim:wall_clock_lag_seconds", "How late the simulation processed its latest event against "
                          "the wall clock (wall seconds).", registry=registry)
         self.max_lag = Gauge("pagesim:wall_clock_lag_max_seconds", "The most the simulation has been behind the wall "
@@ -127,16 +138,9 @@ class ServeMetrics:
                           registry=registry)
         self.in_flight = Gauge("pagesim:requests_in_flight", "Requests sent to the engine and not yet finished.",
                                registry=registry)
-        # every labelled series exists from the start (vLLM pre-creates them), at zero
-        self._series = {}
-        for k, values in self._labels.items():
-            for name in ("running", "waiting", "swapped", "kv_usage", "prefix_queries", "prefix_hits", "preemptions",
-                         "prompt_tokens", "generation_tokens", "iteration_tokens", "request_prompt", "request_generation",
-                         "request_max_tokens", "request_n", "request_preemptions", "ttft", "itl", "tpot", "e2e", "queue",
-                         "inference", "prefill", "decode"):
-                self._series[name, k] = getattr(self, name).labels(*values)
-            for reason in FINISHED_REASONS:
-                self._series["success", reason, k] = self.success.labels(*values, reason)
+
+    def attach(self, engine) -> None:
+        self._engine = engine
 
     # ---------------------------------------------------------------- from the engine
     def step(self, k: int, scheduler, out, usage) -> None:
@@ -160,10 +164,8 @@ class ServeMetrics:
         s = self._series
         k = served.replica
         s["generation_tokens", k].inc()
-        if served.token_wall_s == served.token_wall_s:  # (not the first: a gap to the previous one)
-            s["itl", k].observe((now_wall - served.token_wall_s) / self.time_scale)
-
-    time_scale = 1.0  # wall seconds per simulated second (set by the app)
+        if served.token_wall_s == served.token_wall_s:  # (not the first: a gap to the previous one, simulated)
+            s["itl", k].observe((now_wall - served.token_wall_s) / self._engine.clock.time_scale)
 
     def finished(self, served, table, row: int, status: int, reason: str | None) -> None:
         """Request ``served`` ended with ``status`` (row ``row`` of ``table``, read before it is reused)."""
