@@ -356,6 +356,11 @@ def test_tokenize_counts_as_the_server_does(server):
     url, _ = server
     status, body = run(_once(post, f"{url}/tokenize", {"prompt": "abcdefgh" * 3}))
     assert status == 200 and body["count"] == 6 and body["max_model_len"] == 2048  # (1 token per 4 characters)
+    # a chat prompt counts as the chat route counts it: the text, then 5 template tokens per message and 5 more
+    status, body = run(_once(post, f"{url}/tokenize", {"messages": [{"role": "user", "content": "abcdefgh"}]}))
+    assert status == 200 and body["count"] == 2 + 5 + 5
+    status, body = run(_once(post, f"{url}/tokenize", {"messages": [{"content": "no role"}]}))
+    assert status == 400 and body["error"]["param"] == "body.messages.0.role"
 
 
 def test_a_non_streamed_request_whose_client_gives_up_is_aborted():

@@ -117,10 +117,9 @@ def create_app(state: ServeState) -> FastAPI:
                                          "input": obj}])
         api.check_model(obj.get("model"), state.model_name)
         if "messages" in obj:
-            text, added = api.chat_text([api.ChatMessage.model_validate(m) for m in obj["messages"]])
-            tokens = list(state.tokenizer.encode(text)) + [0] * added
+            tokens = _chat_ids(state, _validated(obj, api.ChatBody).messages)
         else:
-            tokens = list(state.tokenizer.encode(str(obj.get("prompt", ""))))
+            tokens = _ids(state, str(obj.get("prompt", "")))
         return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": None}
 
     @app.post("/detokenize")
@@ -146,8 +145,7 @@ def create_app(state: ServeState) -> FastAPI:
         body = _validated(await _json(request), api.ChatBody)
         api.check_model(body.model, state.model_name)
         api.check_sampling(body)
-        text, added = api.chat_text(body.messages)
-        ids = _ids(state, text) + [0] * added  # (the template's tokens: ids of their own, shared by every prompt)
+        ids = _chat_ids(state, body.messages)
         asked, name = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens is not None
                        else (body.max_tokens, "max_tokens"))
         return await _serve(state, request, body, [ids], "chatcmpl", asked, name, chat=True)
@@ -191,6 +189,13 @@ def _ids(state: ServeState, prompt) -> list[int]:
     if len(prompt) > state.max_model_len * 64:  # (vLLM: more characters than max_model_len tokens can hold)
         raise api.prompt_too_long(len(prompt) // 4, state.max_model_len)
     return list(state.tokenizer.encode(prompt))
+
+
+def _chat_ids(state: ServeState, messages: list[api.ChatMessage]) -> list[int]:
+    """A chat prompt's ids: its messages' text, then the template's tokens (ids of their own, the
+    same in every prompt; ``openai_api.chat_text``)."""
+    text, added = api.chat_text(messages)
+    return _ids(state, text) + [0] * added
 
 
 async def _serve(state: ServeState, request: Request, body, prompts: list[list[int]], kind: str, asked: int | None,
