@@ -255,8 +255,13 @@ def chat_text(messages: list[ChatMessage]) -> tuple[str, int]:
 
 
 # ---------------------------------------------------------------------- responses
+def random_id() -> str:
+    """vLLM's ``random_uuid()``: 16 lowercase hex digits."""
+    return f"{uuid.uuid4().int & (2**64 - 1):016x}"
+
+
 def request_id(kind: str, header: str | None) -> str:
-    return f"{kind}-{header or format(uuid.uuid4().int & (2**64 - 1), '016x')}"
+    return f"{kind}-{header or random_id()}"
 
 
 def sse(payload: dict | str) -> bytes:
@@ -343,7 +348,7 @@ def chat_response(rid: str, created: int, model: str, choices: list[tuple[int, s
 def model_card(name: str, root: str, max_model_len: int, created: int) -> dict:
     return {"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": root, "parent": None,
             "max_model_len": max_model_len,
-            "permission": [{"id": f"modelperm-{uuid.uuid4().int & (2**64 - 1):016x}", "object": "model_permission",
+            "permission": [{"id": f"modelperm-{random_id()}", "object": "model_permission",
                             "created": created, "allow_create_engine": False, "allow_sampling": True,
                             "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
                             "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}]}
