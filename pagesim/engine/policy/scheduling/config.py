@@ -74,6 +74,11 @@ class SchedulerConfig:
     # default) or "0.15" (vLLM 0.15.1's: every full block stored, a store reported done only once
     # its request has finished, its CPU manager's eviction a walk through every entry).
     offload_connector: str = "0.33"
+    # Disaggregated prefill and decode (pagesim/engine/policy/disagg/): "nixl" gives the instance
+    # vLLM 0.33's NixlConnector (--kv-transfer-config '{"kv_connector":"NixlConnector",...}'), whose
+    # requests prefill for a remote decode or decode from a remote prefill as their transfer
+    # parameters say; "" (the default): colocated serving, no connector.
+    kv_connector: str = ""
 
     # Which waiting request is admitted first and which running one is preempted (vLLM's
     # --scheduling-policy): "fcfs", first come first served (the waiting queue in arrival order,
@@ -151,6 +156,7 @@ class SchedulerConfig:
 
         self._check_kv_groups()
         self._check_offload()
+        self._check_kv_connector()
         self._check_scheduling_policy()
         if self.step_order == "vllm-v0":
             for name, required in V0_REQUIRES.items():
@@ -182,6 +188,20 @@ class SchedulerConfig:
         if self.num_offload_blocks:
             raise ValueError(f"{why} may un-schedule a request whose blocks were offered to the offload store: "
                              f"priority scheduling with KV offloading is not modelled yet")
+
+    def _check_kv_connector(self) -> None:
+        if self.kv_connector not in ("", "nixl"):
+            raise ValueError(f"kv_connector must be '' (colocated) or 'nixl', got {self.kv_connector!r}")
+        if not self.kv_connector:
+            return
+        why = "disaggregated prefill/decode follows vLLM 0.33's NixlConnector, a vLLM v1 connector:"
+        if self.step_order != "vllm-v1":
+            raise ValueError(f"{why} it needs the vllm-v1 step order (the pagesim or vllm-v1 preset)")
+        if self.num_offload_blocks:
+            raise ValueError(f"{why} combining it with KV offloading (vLLM's MultiConnector) is not modelled")
+        if self.is_hybrid:
+            raise ValueError(f"{why} a hybrid KV cache (sliding-window layer groups) is not modelled; "
+                             f"use a full-attention model, or --disable-hybrid-kv-cache-manager")
 
     def _check_offload(self) -> None:
         n = self.num_offload_blocks

@@ -131,6 +131,12 @@ class SchedulerOutput:
     # this step's offers, and the offers it refused (each after walking all of them): CPU time
     offload_scan_entries: int = 0
     offload_refusals: int = 0
+    # Disaggregated prefill/decode (pagesim/engine/policy/disagg/; None: no connector): the reads
+    # this step issued (KvReceive: remote blocks into this instance's, their requests parked), and,
+    # since the last step, the reads reported done and the held sends freed.
+    kv_receives: tuple | None = None
+    kv_received: tuple[str, ...] = ()
+    kv_freed: tuple[str, ...] = ()
 
     # (Written out as ScheduledSequence's is.)
     def __init__(self, step: int, scheduled: tuple[ScheduledSequence, ...], num_scheduled_tokens: Mapping[str, int],
@@ -142,7 +148,8 @@ class SchedulerOutput:
                  offload_hits: Mapping[str, int] | None = None, num_finished_stores: int = 0,
                  parked: tuple[str, ...] = (),
                  offload_evictions: int = 0, aborted: tuple[str, ...] = (), offload_scan_entries: int = 0,
-                 offload_refusals: int = 0) -> None:
+                 offload_refusals: int = 0, kv_receives: tuple | None = None, kv_received: tuple[str, ...] = (),
+                 kv_freed: tuple[str, ...] = ()) -> None:
         object.__setattr__(self, "step", step)
         object.__setattr__(self, "scheduled", scheduled)
         object.__setattr__(self, "num_scheduled_tokens", num_scheduled_tokens)
@@ -167,6 +174,9 @@ class SchedulerOutput:
         object.__setattr__(self, "aborted", aborted)
         object.__setattr__(self, "offload_scan_entries", offload_scan_entries)
         object.__setattr__(self, "offload_refusals", offload_refusals)
+        object.__setattr__(self, "kv_receives", kv_receives)
+        object.__setattr__(self, "kv_received", kv_received)
+        object.__setattr__(self, "kv_freed", kv_freed)
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -213,6 +223,11 @@ class SchedulerOutput:
             record["offload_hits"] = dict(self.offload_hits)
             record["parked"] = list(self.parked)
             record["offload_evictions"] = self.offload_evictions
+        if self.kv_receives is not None:  # (P/D: what moved, by request; kv_send is added by update)
+            record["kv_recv"] = {r.request_id: r.to_record() for r in self.kv_receives}
+            record["kv_received"] = list(self.kv_received)
+            record["kv_freed"] = list(self.kv_freed)
+            record["parked"] = list(self.parked)
         if self.aborted:  # (only then: logs without aborts stay byte for byte the oracle's format)
             record["aborted"] = list(self.aborted)
         return record

@@ -43,6 +43,9 @@ class OutputProcessor:
         self.kv = kv
         self.max_model_len = max_model_len
         self.num_seqs_finished = 0  # sequences retired so far (finished or pruned)
+        # Told each finished sequence and why; True: its blocks are held, not freed (a P/D prefill
+        # instance's, pagesim/engine/policy/disagg/connector.py). None: every one is freed.
+        self.hold_finished: Callable[[Sequence, str], bool] | None = None
 
     def process(
         self,
@@ -84,7 +87,9 @@ class OutputProcessor:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.num_seqs_finished += 1
-        self.kv.free(seq, final=True)
+        hold = self.hold_finished
+        if hold is None or not hold(seq, reason):
+            self.kv.free(seq, final=True)
         seq.request.retire_seq(seq, reason)
 
     def _fork_samples(self, request: Request, parent: Sequence, sampled: SampledTokens) -> None:

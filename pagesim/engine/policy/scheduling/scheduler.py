@@ -38,6 +38,7 @@ from pagesim.engine.policy.memory.block_pool import BlockPool
 from pagesim.engine.policy.scheduling.config import SchedulerConfig
 from pagesim.engine.policy.memory.hybrid_kv import HybridKVCacheManager
 from pagesim.engine.policy.memory.kv_manager import KVCacheManager
+from pagesim.engine.policy.disagg.connector import PdConnector
 from pagesim.engine.policy.offload import OffloadManager, OffloadStore
 from pagesim.engine.policy.scheduling.output import DecisionLog, ScheduledSequence, SchedulerOutput, frozen_map
 from pagesim.engine.policy.scheduling.planning import Plan, Planner
@@ -86,6 +87,12 @@ class Scheduler:
                                           sync_load_budget_bytes=config.offload_sync_load_budget_bytes,
                                           block_bytes=config.offload_block_bytes,
                                           connector=config.offload_connector)
+        # Disaggregated prefill/decode (pagesim/engine/policy/disagg/): vLLM 0.33's NixlConnector,
+        # scheduler side. A prefill's finished blocks are held through the output processor.
+        self.pd: PdConnector | None = None
+        if config.kv_connector == "nixl":
+            self.kv.lazy_keys = False
+            self.pd = PdConnector(self.kv, config.block_size)
         # Whether update() reports every copy a step issued done (a step's loads and stores take
         # one step, as the engine makes them); else the executor reports them (OffloadManager.complete).
         self.complete_offload_in_update = True
@@ -94,6 +101,8 @@ class Scheduler:
         self.output_processor = OutputProcessor(self.kv, max_model_len=config.max_model_len)
         self.planner = Planner(config, self.kv)
         self.step_order = STEP_ORDERS[config.step_order](self)
+        if self.pd is not None:
+            self.output_processor.hold_finished = self.pd.hold
         # FCFS: arrival order, recompute victims at the front; priority scheduling: a heap by
         # (priority, arrival time, id) (pagesim/engine/policy/scheduling/waiting_queue.py, vLLM 0.33's).
         self.waiting: deque[Request] | PriorityWaitingQueue = (
@@ -134,9 +143,14 @@ class Scheduler:
         self._lazy_mid_step = False
 
     # ------------------------------------------------------------ requests
-    def add_request(self, request: Request) -> bool:
+    def add_request(self, request: Request, kv_transfer: object = None) -> bool:
         """Queue ``request`` at the back of the waiting queue; ``False`` if it was rejected (its
-        ``reject_reason`` says why, and the next decision record lists it)."""
+        ``reject_reason`` says why, and the next decision record lists it). ``kv_transfer``:
+        its P/D role (``pagesim.engine.policy.disagg``'s ``RemoteDecode`` or ``RemotePrefill``;
+        vLLM's ``kv_transfer_params``), for an instance with a connector."""
+        if kv_transfer is not None and self.pd is None:
+            raise ValueError(f"request {request.request_id!r} carries KV transfer parameters, but this instance "
+                             f"has no KV connector (kv_connector='nixl')")
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
         if request.status is not RequestStatus.WAITING or request.has_run:
@@ -147,6 +161,9 @@ class Scheduler:
         if reason is not None:
             self._reject(request, reason)
             return False
+        if kv_transfer is not None:
+            assert self.pd is not None  # (checked above)
+            self.pd.accept(request, kv_transfer)  # type: ignore[arg-type]
         self.requests[request.request_id] = request
         waiting = self.waiting
         waiting.append(request)
@@ -189,6 +206,8 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         if self.offload is not None:
             self.offload.request_finished(request, aborted=True)
+        if self.pd is not None:
+            self.pd.forget(request)
         self.num_aborted_requests += 1
         self._pending_aborts.append(request_id)
 
@@ -216,9 +235,16 @@ class Scheduler:
         offload = self.offload
         if offload is not None:
             offload.begin_step()
+        pd = self.pd
+        if pd is not None:
+            pd.begin_step()
         if self.has_unfinished_requests:
             self.step_order.schedule(st)
         stores, offload_fields = self.end_offload_step(st)
+        if pd is not None:
+            offload_fields.update(pd.output_fields())
+            offload_fields["parked"] = tuple(sorted(r.request_id for r in self.kv_holding
+                                                    if r.status is RequestStatus.LOADING))
         pure = st.only_computes() and not (self._pending_rejections or stores or self.kv_holding)
         self._pure_decode_step = (
             (st.step, st.waiting_stop, st.swapped_stop)
@@ -380,6 +406,17 @@ class Scheduler:
         st.offload_hits[rid] = st.offload_hits.get(rid, 0) + tokens
         seq.request.num_loaded_tokens += tokens
 
+    def receive_remote(self, seq, first_block: int, st: Step) -> None:
+        """Give ``seq`` (its local hit of ``first_block`` blocks touched) fresh blocks for the rest
+        of its prompt, which a P/D read fills (``PdConnector.receive``): its prompt counts as
+        computed, its new blocks join the prefix cache when the read is done."""
+        pd = self.pd
+        assert pd is not None, "reads come only through a P/D connector"
+        prompt_len = seq.request.prompt_len
+        self.kv.reserve(seq, first_block * self.block_size, prompt_len)
+        seq.num_computed_tokens = prompt_len
+        pd.receive(seq, first_block, st.step)
+
     def admit(self, request: Request, hit_tokens: int, st: Step) -> None:
         """Record an admission from ``waiting`` (first or after a recompute preemption)."""
         self._num_admissions += 1
@@ -404,6 +441,8 @@ class Scheduler:
             self.kv.free_cpu(seq)
         if self.offload is not None:
             self.offload.request_finished(request)
+        if self.pd is not None:
+            self.pd.forget(request)
         self._reject(request, reason)
 
     # -------------------------------------------------------------- update
@@ -420,6 +459,11 @@ class Scheduler:
         retired = processor.num_seqs_finished
         finished = processor.process(output, self.requests, sampled, beam_choices)
         retire_finished(self, output.step, finished)
+        pd = self.pd
+        if pd is not None and self._last_record is not None and self._last_record["step"] == output.step:
+            # (the step's finished remote-decode requests whose blocks are held for a reader)
+            self._last_record["kv_send"] = {r.request_id: list(pd.held_blocks(r.request_id)) for r in finished
+                                            if pd.is_held(r.request_id)}
         self._finished_in_last_update = processor.num_seqs_finished != retired
         if self.offload is not None and self.complete_offload_in_update:
             self.offload.complete(output.step)

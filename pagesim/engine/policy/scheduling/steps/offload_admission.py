@@ -1,6 +1,14 @@
-"""The ``vllm-v1`` step order's waiting pass with an offload store: vLLM 0.33's
+"""The ``vllm-v1`` step order's waiting pass with a KV connector: vLLM 0.33's
 ``Scheduler.schedule()`` waiting loop with its ``OffloadingConnector`` (``vllm/v1/core/sched/
-scheduler.py``; the connector's side is ``pagesim/engine/policy/offload/manager.py``).
+scheduler.py``; the connector's side is ``pagesim/engine/policy/offload/manager.py``) or its
+``NixlConnector`` (disaggregated prefill/decode, ``pagesim/engine/policy/disagg/connector.py``).
+
+- With the P/D connector, a request with remote blocks still to read (``do_remote_prefill``)
+  takes its local prefix hit, then every other prompt token is loaded asynchronously: it gets
+  blocks for its whole prompt (if they fit beside the prefills in flight, as an asynchronous
+  load's must), is parked, and is promoted once its read is reported done, computing its last
+  prompt token again (vLLM's ``_update_waiting_for_remote_kv``). Its local hit is its admission's
+  prefix hit; the tokens it read are not.
 
 - Requests holding blocks (``Scheduler.kv_holding``, vLLM's ``kv_holding_waiting``: parked while
   their KV loads, or loaded and not admitted yet) are taken before ``waiting``.
@@ -45,7 +53,8 @@ def schedule_waiting_with_offload(order: VllmV1StepOrder, st: Step) -> None:
     pool = s.pool
     bs = cfg.block_size
     offload = s.offload
-    assert offload is not None
+    pd = s.pd
+    assert offload is not None or pd is not None
     room = admission_room(cfg, pool.num_usable_blocks)
     used = order._num_batch_slots_used()
     skipped_holding: list[Request] = []
@@ -71,14 +80,32 @@ def schedule_waiting_with_offload(order: VllmV1StepOrder, st: Step) -> None:
             continue
         seq = request.live_seqs[0]
         if request.status is RequestStatus.LOADING:
-            if not offload.load_done(request):
+            if not (offload.load_done(request) if offload is not None else pd.load_done(request)):  # type: ignore[union-attr]
                 (skipped_holding if queue is s.kv_holding else skipped_waiting).append(queue.popleft())
                 continue
             _promote(order, request)
         holding = bool(seq.block_table)  # (its load is done: it holds its blocks)
         if not holding:  # (new, or back after a recompute preemption)
             hit = kv.find_cached_prefix(seq)
-            found = offload.lookup(seq, len(hit))
+            remote = pd.remote_prefill_of(request) if pd is not None else None
+            if remote is not None:  # every prompt token after the local hit is read from the prefill instance
+                need = -(-request.prompt_len // bs) - len(hit)
+                watermark = admission_watermark(cfg, anything_running=bool(s.running))
+                evictable = kv.num_evictable(hit)
+                if need + evictable + watermark > pool.num_free_blocks - _inflight_prefill_need(order, skipped_holding):
+                    if need + len(hit) > room:  # (never fits: refused, as an admission that cannot fit is)
+                        s.reject_queued(queue.popleft(), f"its prompt needs {need + len(hit)} blocks; "
+                                        f"an admission gets at most {room}")
+                        continue
+                    st.waiting_stop = "blocks"
+                    break
+                queue.popleft()
+                _touch(order, request, seq, hit)
+                s.receive_remote(seq, len(hit), st)
+                request.status = RequestStatus.LOADING
+                skipped_holding.append(request)
+                continue
+            found = offload.lookup(seq, len(hit)) if offload is not None else ([], True)
             if found is None:  # not yet: skipped this step, keeping its place
                 (skipped_holding if queue is s.kv_holding else skipped_waiting).append(queue.popleft())
                 continue
@@ -114,7 +141,7 @@ def schedule_waiting_with_offload(order: VllmV1StepOrder, st: Step) -> None:
             _touch(order, request, seq, hit)
             if keys:
                 s.load_from_offload(seq, keys, st, sync=True)
-        s.admit(request, computed, st)
+        s.admit(request, computed if pd is None else pd.local_hit_tokens(request, computed), st)
         s.running.append(request)
         s.run(request, plan, st)
         used += slots
@@ -139,12 +166,11 @@ def _admit_samples(order: VllmV1StepOrder, request: Request, st: Step, queue, ro
     s = order.scheduler
     kv, pool, bs = s.kv, s.pool, cfg.block_size
     offload = s.offload
-    assert offload is not None
     seqs = list(request.live_seqs)
     hits = [[] if seq.parked else kv.find_cached_prefix(seq) for seq in seqs]
     loads = []
     for seq, h in zip(seqs, hits):
-        found = ([], True) if seq.parked else offload.lookup(seq, len(h))
+        found = ([], True) if seq.parked or offload is None else offload.lookup(seq, len(h))
         if found is None:
             return "skip"
         loads.append(found[0])

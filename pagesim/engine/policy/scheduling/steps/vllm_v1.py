@@ -176,7 +176,7 @@ class VllmV1StepOrder(StepOrder):
 
     # ---------------------------------------------------------- waiting
     def _schedule_waiting(self, st: Step) -> None:
-        if self.scheduler.offload is not None:
+        if self.scheduler.offload is not None or self.scheduler.pd is not None:  # (a KV connector's pass)
             schedule_waiting_with_offload(self, st)
             return
         cfg = self.config
