@@ -54,6 +54,9 @@ def add_parser(subparsers) -> None:
     o.add_argument("--profile-tolerance", type=float, metavar="F",
                    help="with --check-profile: how far the probe, re-timed, may be from its time at calibration "
                         "either way (geometric mean of its points; default 0.2)")
+    from pagesim.sim.disagg.cli import add_disagg_args
+
+    add_disagg_args(p)
     c = p.add_argument_group("cluster")
     c.add_argument("--replicas", type=int, default=1, metavar="N",
                    help="replicas behind a router, each with --tp GPUs and its own KV cache (default 1)")
@@ -189,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    from pagesim.sim.disagg.cli import is_disaggregated
+
+    disaggregated = is_disaggregated(args)
     router = _router(args)
     tolerance = _profile_tolerance(args)
     folder = OutputFolder(args.out, OUT_FILES) if args.out else None  # a bad --out is refused before any work
@@ -197,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
         trace = trace_from_args(args)
     _check_profile(args, tolerance)
     # the files are built in a partial folder beside --out and renamed into place once all are written
+    if disaggregated:
+        return _run_disaggregated(args, bench, trace, folder)
     with folder if folder is not None else contextlib.nullcontext() as staging:
         cluster, result, info, wall_s = _simulate(args, bench, trace, router, staging)
     if profile_words:  # (cost_model stays the model's name: roofline or calibrated)
@@ -218,6 +226,23 @@ def run(args: argparse.Namespace) -> int:
             logs_written = "decisions-replica-K.jsonl" if args.replicas > 1 else "decisions.jsonl"
             print(f"wrote {folder.target}/: summary.json run_info.json requests.csv steps.csv {logs_written} "
                   "timeline.json")
+    return 0
+
+
+def _run_disaggregated(args: argparse.Namespace, bench, trace, folder) -> int:
+    """``simulate`` with a prefill and a decode pool (``pagesim.sim.disagg.cli``)."""
+    from pagesim.sim.disagg.cli import simulate_disagg, summary_lines
+
+    with folder if folder is not None else contextlib.nullcontext() as staging:
+        result, info, wall_s = simulate_disagg(args, bench, trace, staging)
+    summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(summary_lines(result.summary, wall_s))
+        if folder is not None:
+            print(f"wrote {folder.target}/: summary.json run_info.json requests.csv decisions-prefill-K.jsonl "
+                  "decisions-decode-K.jsonl")
     return 0
 
 

@@ -30,7 +30,7 @@ from pagesim.sim.metrics import COMPLETED, REJECTED, REQUEST_COLUMNS, STEP_COLUM
 _STATUS = {0: "pending", COMPLETED: "completed", REJECTED: "rejected", TIMED_OUT: "timed_out"}
 # what --out DIR holds (shell patterns): a DIR holding only these may be replaced by a new run's
 OUT_FILES = ("summary.json", "run_info.json", "requests.csv", "steps.csv", "decisions.jsonl",
-             "decisions-replica-*.jsonl", "timeline.json")
+             "decisions-replica-*.jsonl", "decisions-prefill-*.jsonl", "decisions-decode-*.jsonl", "timeline.json")
 
 
 def atomic_write(path: Path | OutputFile, write) -> None:

@@ -26,6 +26,16 @@ schedules nothing while copies are in flight (every unfinished request parked, o
 block being stored) is a wait, not a stall: after it the replica sleeps until the next copy ends,
 an arrival or a client's deadline, rather than spin through empty steps as vLLM's busy loop does.
 
+**Disaggregated prefill/decode** (``pagesim.sim.disagg``): a request may come with KV transfer
+parameters (``submit``'s ``kv_transfer``). A decode replica hands each step's reads
+(``SchedulerOutput.kv_receives``) to its ``kv_reader`` when the step starts (vLLM's worker starts
+them then) and hears of each read's end (``kv_wait_ended``); the scheduler is told at the first
+step boundary at or after it (``PdConnector.complete``). A prefill replica counts the sends it
+holds blocks for likewise. Waiting for either is a wait, not a stall, and no step is skipped
+ahead while a read of its own is in flight. A replica whose requests are handed over by another
+(a decode replica) bounds its skips by ``arrival_bound()`` too: the earliest instant a handover
+could come.
+
 The scheduler is any object with the policy's interface (``Scheduler`` or the contiguous
 baseline); it is never told it is simulated.
 
@@ -183,13 +193,27 @@ class Replica:
         self._aborts: list[tuple[int, str, str]] = []
         # Told each step's scheduler output and KV usage as it is scheduled (``pagesim.sim.serve``'s metrics).
         self.step_observer = step_observer
+        # Disaggregated prefill/decode (module docstring): the reads' mover, the transfers this
+        # replica waits on (reads in flight here, or sends it holds blocks for), the reads ended
+        # since the last boundary, the parameters of requests submitted and not yet added, and the
+        # earliest instant another replica could hand this one a request (None: arrivals only).
+        self.kv_reader: Callable[[Replica, tuple], object] | None = None
+        self._kv_waits = 0
+        self._kv_read_done: list[str] = []
+        self._kv_transfers: dict[str, object] = {}
+        self.arrival_bound: Callable[[], float] | None = None
+        self.tracks_step_end = False
+        self.step_end_bound_s = -math.inf  # (tracks_step_end) the running step ends no earlier (its compute)
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------- arrivals
-    def submit(self, row: int, request: Request) -> None:
+    def submit(self, row: int, request: Request, kv_transfer: object = None) -> None:
         """Hand ``request`` (row ``row`` of the request table) to the scheduler. The replica
         owns it from here: once completed, its figures are in the table and its sequences are
-        released (``request.seqs`` is emptied, see ``_completed``)."""
+        released (``request.seqs`` is emptied, see ``_completed``). ``kv_transfer``: its P/D
+        role (``pagesim.engine.policy.disagg``), given to the scheduler with it."""
+        if kv_transfer is not None:
+            self._kv_transfers[request.request_id] = kv_transfer
         m = self.requests
         m.arrival_s[row] = request.arrival_time_s
         m.prompt_tokens[row] = request.prompt_len
@@ -204,7 +228,9 @@ class Replica:
         """Hand ``request`` to the scheduler now (its next ``schedule()`` sees it)."""
         m = self.requests
         m.release_step[row] = self.scheduler.next_step  # what an engine in lockstep needs to replay this run
-        if not self.scheduler.add_request(request):
+        kv_transfer = self._kv_transfers.pop(request.request_id, None) if self._kv_transfers else None
+        if not (self.scheduler.add_request(request) if kv_transfer is None
+                else self.scheduler.add_request(request, kv_transfer)):
             m.status[row] = REJECTED
             m.reject_reasons[row] = request.reject_reason or ""
             self.on_done(1)
@@ -242,9 +268,17 @@ class Replica:
                 continue
             while self.next_arrival_s <= env.now:  # same-instant arrivals first
                 yield env.timeout(0)
+            if self.arrival_bound is not None:  # (and same-instant handovers)
+                while self.arrival_bound() <= env.now:
+                    yield env.timeout(0)
             self._in_flight = False
             if self._copies_done:  # (the link finished them since the last boundary)
                 self._report_copies()
+            if self._kv_read_done:  # (P/D reads ended since the last boundary: their requests may go)
+                pd = sched.pd
+                for rid in self._kv_read_done:
+                    pd.complete(rid)
+                self._kv_read_done = []
             if deadlines is not None and deadlines and deadlines[0][0] <= env.now:
                 self._abort_due()  # (aborts and arrivals alike come from the engine core's input queue)
             if self._aborts:
@@ -264,7 +298,7 @@ class Replica:
                 # (not while requests are held back from a replica others read at arrivals)
                 # (nor while offload copies move: a skip would pass the boundary that reports them)
                 if (batch is not None and refused and batch.max_steps and not (self._held and self.observed)
-                        and not self._copies_in_flight
+                        and not self._copies_in_flight and not self._kv_waits
                         and (yield from self._skip(batch))):
                     continue
             decode_step = None
@@ -286,7 +320,8 @@ class Replica:
                     self.on_done(1)
                     rejected_rows.append(row)
             # (a step that schedules nothing while offload copies move waits for them: no stall)
-            copying = bool(self._copies_in_flight or out.blocks_to_load or out.blocks_to_store)
+            copying = bool(self._copies_in_flight or out.blocks_to_load or out.blocks_to_store or self._kv_waits
+                           or out.kv_receives)
             if progress.stalled(out, decoded=decode_step is not None and bool(decode_step.run.seqs) or copying) \
                     and sched.has_unfinished_requests:
                 raise SimulationStalled(  # (rejecting the last one is no stall)
@@ -301,6 +336,11 @@ class Replica:
             cost = cost_model.step_cost(work)
             start = self._prev_start_s = env.now
             self._in_flight = True
+            if self.tracks_step_end:  # (a prefill replica: its step's end bounds the next handover)
+                self.step_end_bound_s = start + cost.compute_s
+            if out.kv_receives:  # (P/D reads start with the step)
+                assert self.kv_reader is not None, "a replica with a P/D connector needs a kv_reader"
+                self.kv_reader(self, out.kv_receives)
             for rid in out.new:
                 m.first_scheduled_s[rows[rid]] = start + self._in_offset_s
             for rid, mode in out.preempted:
@@ -309,7 +349,7 @@ class Replica:
             for rid, hit_tokens in out.resumed.items():
                 live = sched.requests[rid].live_seqs
                 self.recomputed_tokens += max(seq.num_tokens for seq in live) - hit_tokens
-            if out.parked or self._parked:
+            if (out.parked or self._parked) and self._offload is not None:  # (offload loads; P/D reads: the cluster's)
                 self._note_parked(out, start)
             num_added = self._num_added
             if out.blocks_to_load:
@@ -355,7 +395,8 @@ class Replica:
             if rejected_rows and self.on_request_done is not None:  # their client slots free now
                 for row in rejected_rows:
                     self._client_done(row)
-            if (self._copies_in_flight and not self._copies_done and self._num_added == num_added
+            if ((self._copies_in_flight or self._kv_waits) and not self._copies_done and not self._kv_read_done
+                    and self._num_added == num_added
                     and not self._held and decode_step is None and not out.scheduled
                     and sched.has_unfinished_requests and not (out.preempted or out.rejected
                                                                or out.blocks_to_swap_in or out.blocks_to_swap_out)):
@@ -404,11 +445,13 @@ class Replica:
         # under asynchronous scheduling an arrival, or a request held back, bounds the steps one
         # step later: it joins the step after the one that starts next, plan_skip's lagged bound)
         deadline = math.inf if self._deadlines is None else self._next_event_s(arrivals=False)
+        next_arrival = self.next_arrival_s if self.arrival_bound is None else min(self.next_arrival_s,
+                                                                                   self.arrival_bound())
         if self._async and not self.observed:
             bound = deadline
-            lagged = min(self.next_arrival_s, self._held[0][0]) if self._held else self.next_arrival_s
+            lagged = min(next_arrival, self._held[0][0]) if self._held else next_arrival
         else:
-            bound, lagged = min(deadline, self.next_arrival_s), math.inf
+            bound, lagged = min(deadline, next_arrival), math.inf
         while run is not None:
             k, terms, ends = plan_skip(run, self.cost_model, self._work_block_size, now, bound,
                                        end_before_arrival=self.observed, decode_terms=self._decode_terms,
@@ -436,11 +479,26 @@ class Replica:
             self.skips_past_finish += run is not None
         if ran:
             self._in_flight = True
+            if self.tracks_step_end:
+                self.step_end_bound_s = now
             yield timeout_until(self.env, now)
             for finished, end in completions:
                 self._completed(finished, end)
             self._flush_decisions()
         return ran
+
+    def kv_wait_started(self) -> None:
+        """A P/D transfer this replica waits on has begun (a read into it, or a send it holds)."""
+        self._kv_waits += 1
+
+    def kv_wait_ended(self, read_request_id: str | None = None) -> None:
+        """One has ended (``read_request_id``: the request whose read into this replica ended; the
+        scheduler hears at the next boundary); a replica waiting for it looks again."""
+        self._kv_waits -= 1
+        if read_request_id is not None:
+            self._kv_read_done.append(read_request_id)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
 
     def _client_done(self, row: int) -> None:
         """Tell the closed-loop client that request ``row`` is done, when its response reaches it:

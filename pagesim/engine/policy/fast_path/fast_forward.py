@@ -290,6 +290,8 @@ def queues_stay_refused(s: Scheduler) -> bool:
         # parked requests, copies in flight, finished requests the next step's bookkeeping tells
         # the store's policy of, or a refused offer made again each step: not decodes alone
         return False
+    if s.pd is not None and (s.kv_holding or s.pd.has_work):  # (P/D reads parked or in flight)
+        return False
     if not waiting and not swapped:
         return True
     hint = s._pure_decode_step
@@ -703,7 +705,7 @@ def advance(run: DecodeRun, k: int) -> Advanced:
             for j in range(1, k + 1):
                 e = apply(e, j)
                 record = _decode_record(first_step + j - 1, run.requests, pool.num_free_blocks, free_cpu,
-                                        free_offload, hybrid=hybrid is not None)
+                                        free_offload, hybrid=hybrid is not None, pd=s.pd is not None)
                 if j == 1 and aborted:
                     record["aborted"] = list(aborted)
                 s.decision_log.append(record)
@@ -900,7 +902,7 @@ def _decode_once(seqs: list[Sequence], computed: list[int], kv: KVCacheManager, 
 
 
 def _decode_record(step: int, requests: list[Request], num_free: int, num_free_cpu: int,
-                   num_free_offload: int | None, hybrid: bool = False) -> dict:
+                   num_free_offload: int | None, hybrid: bool = False, pd: bool = False) -> dict:
     """The decision record of one pure decode step (``SchedulerOutput.to_record``'s format)."""
     scheduled = {}
     block_ids: dict[str, dict[str, list[int]]] = {}
@@ -924,6 +926,8 @@ def _decode_record(step: int, requests: list[Request], num_free: int, num_free_c
     if num_free_offload is not None:
         record.update(num_free_offload_blocks=num_free_offload, blocks_to_load=[], blocks_to_store=[], offload_hits={},
                       parked=[], offload_evictions=0)
+    if pd:  # (a P/D instance's: nothing read, received or freed in a pure decode step)
+        record.update(kv_recv={}, kv_received=[], kv_freed=[], parked=[])
     return record
 
 
@@ -990,6 +994,8 @@ def schedule_decode_step(run: DecodeRun) -> DecodeStep | None:
     offload = s.offload
     if offload is not None:
         offload.begin_step()
+    if s.pd is not None:
+        s.pd.begin_step()
     allocations, evictions = [0], [0]
     dropped = 0
     victims: list[Request] | tuple = ()

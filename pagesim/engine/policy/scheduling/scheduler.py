@@ -91,7 +91,6 @@ class Scheduler:
         # scheduler side. A prefill's finished blocks are held through the output processor.
         self.pd: PdConnector | None = None
         if config.kv_connector == "nixl":
-            self.kv.lazy_keys = False
             self.pd = PdConnector(self.kv, config.block_size)
         # Whether update() reports every copy a step issued done (a step's loads and stores take
         # one step, as the engine makes them); else the executor reports them (OffloadManager.complete).
@@ -241,10 +240,6 @@ class Scheduler:
         if self.has_unfinished_requests:
             self.step_order.schedule(st)
         stores, offload_fields = self.end_offload_step(st)
-        if pd is not None:
-            offload_fields.update(pd.output_fields())
-            offload_fields["parked"] = tuple(sorted(r.request_id for r in self.kv_holding
-                                                    if r.status is RequestStatus.LOADING))
         pure = st.only_computes() and not (self._pending_rejections or stores or self.kv_holding)
         self._pure_decode_step = (
             (st.step, st.waiting_stop, st.swapped_stop)
@@ -278,11 +273,17 @@ class Scheduler:
         return output
 
     def end_offload_step(self, st: Step) -> tuple[list[tuple[int, int]], dict]:
-        """The offload store's end of a scheduled step (``OffloadManager.end_step``): its stores and
-        its ``SchedulerOutput`` fields ((), {} without a store)."""
+        """The KV connector's end of a scheduled step: the offload store's stores
+        (``OffloadManager.end_step``) and the ``SchedulerOutput`` fields of the offload store or the
+        P/D connector ((), {} without either)."""
         offload = self.offload
         if offload is None:
-            return [], {}
+            pd = self.pd
+            if pd is None:
+                return [], {}
+            fields = pd.output_fields()
+            fields["parked"] = tuple(sorted(r.request_id for r in self.kv_holding if r.status is RequestStatus.LOADING))
+            return [], fields
         requests = self.requests
         stores = offload.end_step(st.step, [requests[rid] for rid in st.tokens_per_request],
                                   [rid for rid, _ in st.preempted])
@@ -462,8 +463,9 @@ class Scheduler:
         pd = self.pd
         if pd is not None and self._last_record is not None and self._last_record["step"] == output.step:
             # (the step's finished remote-decode requests whose blocks are held for a reader)
-            self._last_record["kv_send"] = {r.request_id: list(pd.held_blocks(r.request_id)) for r in finished
-                                            if pd.is_held(r.request_id)}
+            sends = {r.request_id: list(pd.held_blocks(r.request_id)) for r in finished if pd.is_held(r.request_id)}
+            if sends:
+                self._last_record["kv_send"] = sends
         self._finished_in_last_update = processor.num_seqs_finished != retired
         if self.offload is not None and self.complete_offload_in_update:
             self.offload.complete(output.step)
