@@ -35,6 +35,12 @@
   is: its blocks join the prefix cache and, all its tokens being there, the last one is computed
   again, which samples its first output token (the scheduler's ``_update_waiting_for_remote_kv``).
 
+**Aborts.** A decode request aborted while its read is in flight keeps its blocks until the read
+is reported done, then frees them (vLLM's ``finish_requests`` delays the free of a
+``WAITING_FOR_REMOTE_KVS`` request; ``_update_from_kv_xfer_finished`` frees it on
+``finished_recving``): the read is still writing into them. An abort of a request whose send is
+held changes nothing (it has finished).
+
 Invariants: every held send is freed exactly once (``release`` of a send already freed is a
 no-op that says so); a parked request is never scheduled (the waiting pass skips it until
 ``load_done``); a receive reported done for a request no longer here is ignored.
@@ -54,6 +60,12 @@ class _Held:
     seq: Sequence
 
 
+@dataclass(slots=True)
+class _Holder:
+    """Blocks held outside the scheduler's requests, as ``KVCacheManager.check`` reads a request."""
+    seqs: list
+
+
 class PdConnector:
     def __init__(self, kv, block_size: int):
         self.kv = kv
@@ -67,6 +79,7 @@ class PdConnector:
         self._done: list[str] = []  # reads reported done since the last schedule()
         self._step_receives: list[KvReceive] = []  # reads the step being scheduled issued
         self._local_hit: dict[str, int] = {}  # read requests not admitted yet -> their local hit, tokens
+        self._aborted_reads: dict[str, Sequence] = {}  # aborted while their read runs: freed when it ends
         self.num_sent_blocks = 0  # blocks held for readers, over the run
         self.num_received_blocks = 0  # blocks read into this instance, over the run
         self.num_received_tokens = 0
@@ -91,13 +104,19 @@ class PdConnector:
             raise TypeError(f"kv_transfer must be RemoteDecode or RemotePrefill, got {type(params).__name__}")
 
     def forget(self, request: Request) -> None:
-        """``request`` left without finishing normally (aborted, rejected): nothing is held for it,
-        and a read in flight for it is ignored when reported."""
+        """``request`` left without finishing normally (aborted, rejected): nothing is held for it.
+        If its read is in flight, its blocks (the caller did not free them: ``defers_free``) are
+        freed when the read is reported done."""
         rid = request.request_id
         self._remote_decode.discard(rid)
         self._remote_prefill.pop(rid, None)
-        self._receiving.pop(rid, None)
+        if self._receiving.pop(rid, None) is not None:
+            self._aborted_reads[rid] = request.live_seqs[0] if request.live_seqs else request.seqs[0]
         self._local_hit.pop(rid, None)
+
+    def defers_free(self, request: Request) -> bool:
+        """Whether ``request``'s blocks must outlive its abort (a read is writing into them)."""
+        return request.request_id in self._receiving
 
     # --------------------------------------------------------- prefill role
     def hold(self, seq: Sequence, reason: str) -> bool:
@@ -171,6 +190,9 @@ class PdConnector:
     def complete(self, request_id: str) -> bool:
         """The executor reports ``request_id``'s read done; ``False`` if it is no longer expected."""
         if self._receiving.pop(request_id, None) is None:
+            seq = self._aborted_reads.pop(request_id, None)
+            if seq is not None:  # (aborted while it ran: its blocks go now)
+                self.kv.free(seq, final=True)
             return False
         self._done.append(request_id)
         return True
@@ -187,7 +209,7 @@ class PdConnector:
     @property
     def has_work(self) -> bool:
         """Reads in flight (the executor will report them)."""
-        return bool(self._receiving)
+        return bool(self._receiving or self._aborted_reads)
 
     def receiving(self) -> list[KvReceive]:
         return list(self._receiving.values())
@@ -207,3 +229,7 @@ class PdConnector:
 
     def held_sends(self) -> list[KvSend]:
         return [h.send for h in self._held.values()]
+
+    def holders(self) -> list[_Holder]:
+        """The blocks held outside the scheduler's requests (held sends, aborted reads), for checks."""
+        return [_Holder([h.seq]) for h in self._held.values()] + [_Holder([s]) for s in self._aborted_reads.values()]

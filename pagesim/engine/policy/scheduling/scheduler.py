@@ -198,8 +198,11 @@ class Scheduler:
                 queue.remove(request)
         if request in self.running:  # (a new list, as retire_finished makes: a caller may hold the old one)
             self.running = [r for r in self.running if r is not request]
+        # (a P/D read in flight still writes into its blocks: the connector frees them when it ends)
+        deferred = self.pd is not None and self.pd.defers_free(request)
         for seq in list(request.live_seqs):
-            self.kv.free(seq, final=True)
+            if not deferred:
+                self.kv.free(seq, final=True)
             self.kv.free_cpu(seq)
             request.retire_seq(seq, "aborted")
         request.status = RequestStatus.FINISHED
@@ -527,7 +530,7 @@ class Scheduler:
     def check(self) -> None:
         """Assert the policy's invariants (O(blocks + requests); for tests)."""
         self.settle()
-        self.kv.check(self.requests.values())
+        self.kv.check([*self.requests.values(), *self.pd.holders()] if self.pd is not None else self.requests.values())
         if self.offload is not None:
             self.offload.store.check()
         for request in self.running:
