@@ -268,9 +268,6 @@ class Replica:
                 continue
             while self.next_arrival_s <= env.now:  # same-instant arrivals first
                 yield env.timeout(0)
-            if self.arrival_bound is not None:  # (and same-instant handovers)
-                while self.arrival_bound() <= env.now:
-                    yield env.timeout(0)
             self._in_flight = False
             if self._copies_done:  # (the link finished them since the last boundary)
                 self._report_copies()

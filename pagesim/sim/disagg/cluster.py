@@ -19,13 +19,17 @@ for prefill is SGLang's cache-aware router, llm-d's prefix-cache scorer in spiri
 
 Skip-ahead: prefill replicas step one by one (every step of theirs admits or finishes requests);
 decode replicas keep the fast path, bounded by ``_handover_bound``: the earliest instant a
-prefill could hand a request over (module ``pagesim.sim.replica``'s ``arrival_bound``). A handover
-comes at the end of a prefill step, so no earlier than the end of the prefill steps running now,
-the next arrival, and the handovers due (the proxy's delay); and, while a prefill replica idles
-with requests queued (waiting for held blocks to be freed), no earlier than the transfers in
-flight and the decode steps running now (the next read could start then). Requests arriving at
-the very instant a decode step ends (equal floating-point times) may be seen one step apart with
-the fast path on and off; nothing else differs.
+prefill could hand *that* replica a request (``pagesim.sim.replica``'s ``arrival_bound``). Every
+request still to be handed over gets a lower bound on when: a handover the proxy has still to
+make, at its time; a request finishing in a prefill step running now, at that step's end; any
+other request in a prefill replica, at the end of the step it runs now (or, for one idling with
+requests queued while held blocks wait to be freed, at the earliest transfer end or decode step
+end: the next read could start then); a request yet to arrive, at its arrival. Behind a
+round-robin decode router, the replica's next request is the m-th handover from now (m known
+from the handovers so far), so its bound is the m-th smallest of those; behind a router that
+reads the replicas, any handover could be its own: the smallest. Requests reaching a decode
+replica at the very instant one of its steps ends (equal floating-point times) may be seen one
+step apart with the fast path on and off; nothing else differs.
 
 Invariants: every prefill send is freed exactly once (a read's end, or the decode side's
 rejection); a row's status is the decode side's, or REJECTED with the prefill side's reason.
@@ -33,7 +37,9 @@ rejection); a row's status is the decode side's, or REJECTED with the prefill si
 
 from __future__ import annotations
 
+import functools
 import heapq
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -145,10 +151,10 @@ class DisaggCluster:
         for replica in self.prefill:
             replica.tracks_step_end = True
             replica.observed = self.prefill_router.reads_state and len(self.prefill) > 1
-        for replica in self.decode:
+        for k, replica in enumerate(self.decode):
             replica.tracks_step_end = True
             replica.kv_reader = self._read
-            replica.arrival_bound = self._handover_bound
+            replica.arrival_bound = functools.partial(self._handover_bound, k)
             replica.observed = self.decode_router.reads_state and len(self.decode) > 1
         self.network = KvNetwork(env, [prefill.gpu] * len(self.prefill) + [decode.gpu] * len(self.decode),
                                  [prefill.tp] * len(self.prefill) + [decode.tp] * len(self.decode),
@@ -164,6 +170,8 @@ class DisaggCluster:
         self._due: list[float] = []  # handovers the proxy has still to make (a heap of times)
         self._transfers: dict[int, _Transfer] = {}
         self._transfer_ids = 0
+        self._num_arrived = 0  # rows routed to a prefill replica so far (the next arrival's row)
+        self._num_handovers = 0  # decode routes so far (a round-robin router's position)
         self.client = None
         factory = RequestFactory(trace, seed=opts.seed, sample_lengths=opts.sample_lengths)
         if closed_loop:
@@ -179,6 +187,7 @@ class DisaggCluster:
         if not 0 <= k < len(self.prefill):
             raise ValueError(f"router {self.prefill_router.name!r} chose prefill replica {k} of {len(self.prefill)}")
         self.prefill_of[row] = k
+        self._num_arrived += 1
         self._rows[request.request_id] = row
         self._originals[row] = request
         leg = Request(request.request_id, request.prompt_len, 1, request.arrival_time_s,
@@ -217,6 +226,7 @@ class DisaggCluster:
                 self._sends[send.request_id] = send
         send = self._sends.pop(rid)
         d = 0 if len(self.decode) == 1 else self.decode_router.route(request, self._d_schedulers)
+        self._num_handovers += 1
         if not 0 <= d < len(self.decode):
             raise ValueError(f"router {self.decode_router.name!r} chose decode replica {d} of {len(self.decode)}")
         self.decode_of[row] = d
@@ -260,26 +270,46 @@ class DisaggCluster:
         if self._p_schedulers[p].pd.release(read.source.request_id):  # (its notification reaches the prefill side)
             self.prefill[p].kv_wait_ended()
 
-    def _handover_bound(self) -> float:
-        """The earliest instant a prefill replica could hand a decode replica a request (module
-        docstring)."""
-        bound = self.prefill[0].next_arrival_s
-        if self._due:
-            bound = min(bound, self._due[0])
-        blocked = False
+    def _handover_bound(self, d: int) -> float:
+        """The earliest instant a prefill replica could hand decode replica ``d`` a request
+        (module docstring)."""
+        num_decode = len(self.decode)
+        m = 1 if num_decode == 1 or self.decode_router.reads_state else (d - self._num_handovers) % num_decode + 1
+        bounds = heapq.nsmallest(m, self._due) if self._due else []
+        blocked_s = None
         for replica in self.prefill:
+            queued = len(replica.scheduler.requests) + len(replica._held)
+            if not queued:
+                continue
+            if replica._in_flight:  # (those its running step finishes at its end, the rest later still)
+                bounds.extend([replica.step_end_bound_s] * min(m, queued))
+            else:  # (idle with requests queued: it waits for a send to be freed)
+                if blocked_s is None:
+                    blocked_s = self._blocked_bound()
+                bounds.extend([blocked_s] * min(m, queued))
+        arrivals = self.trace.arrival_s
+        upcoming = arrivals[self._num_arrived:self._num_arrived + m]
+        bounds.extend(float(t) for t in upcoming)
+        if len(bounds) < m:
+            return math.inf
+        return heapq.nsmallest(m, bounds)[-1]
+
+    def _blocked_bound(self) -> float:
+        """The earliest a prefill replica idling with requests queued could run a step again: a
+        transfer's end (its send freed), a decode step's end (it may start a read), the next
+        arrival or handover due (a rejection frees a send at once)."""
+        now = self.env.now
+        bound = math.inf
+        for transfer in self._transfers.values():
+            bound = min(bound, transfer.end_bound(now))
+        for replica in (*self.decode, *self.prefill):  # (a prefill step's handover may be rejected: freed at once)
             if replica._in_flight:
                 bound = min(bound, replica.step_end_bound_s)
-            elif replica.scheduler.has_unfinished_requests:
-                blocked = True
-        if blocked:  # (it waits for a send to be freed: a read's end, or a read not yet started)
-            now = self.env.now
-            for transfer in self._transfers.values():
-                bound = min(bound, transfer.end_bound(now))
-            for replica in self.decode:
-                if replica._in_flight:
-                    bound = min(bound, replica.step_end_bound_s)
-        return bound
+        if self._due:
+            bound = min(bound, self._due[0])
+        if self._num_arrived < len(self.trace.arrival_s):
+            bound = min(bound, float(self.trace.arrival_s[self._num_arrived]))
+        return max(bound, now)
 
     # -------------------------------------------------------------------- run
     def run(self) -> DisaggResult:

@@ -77,15 +77,14 @@ def build_pool(spec, replicas: int, name: str) -> tuple[Pool, list]:
 
 def check_pools(prefill_built, decode_built, trace) -> None:
     """The refusals of the module docstring (the two pools' first replicas stand for each)."""
-    p_layout, d_layout = prefill_built.deployment.layout, decode_built.deployment.layout
-    if (prefill_built.model.name != decode_built.model.name
-            or prefill_built.deployment.kv_cache_dtype != decode_built.deployment.kv_cache_dtype
-            or p_layout.bytes_per_token != d_layout.bytes_per_token):
-        raise ValueError(f"the prefill pool's KV layout ({prefill_built.model.name}, {prefill_built.deployment.kv_cache_dtype}, "
-                         f"{p_layout.bytes_per_token:,} bytes/token per GPU) differs from the decode pool's "
-                         f"({decode_built.model.name}, {decode_built.deployment.kv_cache_dtype}, "
-                         f"{d_layout.bytes_per_token:,} bytes/token per GPU): a decode instance reads the prefill "
-                         f"instance's blocks as they are")
+    p_dep, d_dep = prefill_built.deployment, decode_built.deployment
+    p_total, d_total = p_dep.layout.bytes_per_token * p_dep.tp, d_dep.layout.bytes_per_token * d_dep.tp
+    if (prefill_built.model.name != decode_built.model.name or p_dep.kv_cache_dtype != d_dep.kv_cache_dtype
+            or (p_dep.tp == d_dep.tp and p_total != d_total)):
+        raise ValueError(f"the prefill pool's KV layout ({prefill_built.model.name}, KV dtype {p_dep.kv_cache_dtype}, "
+                         f"{p_total:,} bytes/token over TP{p_dep.tp}) differs from the decode pool's "
+                         f"({decode_built.model.name}, KV dtype {d_dep.kv_cache_dtype}, {d_total:,} bytes/token over "
+                         f"TP{d_dep.tp}): a decode instance reads the prefill instance's blocks as they are")
     p_cfg, d_cfg = prefill_built.scheduler.config, decode_built.scheduler.config
     prompts = trace.prompt_len
     accepted = prompts[prompts + 1 <= p_cfg.max_model_len]
