@@ -6,7 +6,8 @@ tensors. A named workload without ``--rate`` is served offline (every request at
 ``--check-reference`` turns on validation mode (freed blocks filled with NaN) and then generates
 every request again alone with no paging, reporting whether all tokens match. ``--json`` prints
 one JSON object; ``--out DIR`` writes the summary, per-request and per-step tables, the outputs
-and the decision log (the simulator's format).
+and the decision log (the simulator's format). ``--prefill-replicas 1 --decode-replicas 1`` serves
+on a prefill engine and a decode engine, the KV copied between their caches (``disagg_run``).
 """
 
 from __future__ import annotations
@@ -76,11 +77,15 @@ def add_parser(subparsers) -> None:
     o.add_argument("--no-progress", action="store_true",
                    help="no progress bar (on a terminal), nor a progress line a minute (otherwise)")
     add_bench_args(p)
+    from pagesim.engine.runtime.disagg_run import add_pd_args
+
+    add_pd_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pagesim.engine.atomic import OutputFolder
+    from pagesim.engine.runtime.disagg_run import PD_OUT_FILES, check_requests, pd_configs, pd_requested
     from pagesim.engine.runtime.run_output import OUT_FILES
     from pagesim.engine.threads import checked_threads, default_threads, set_threads
     from pagesim.sim.bench_result import reserve_result_file
@@ -89,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     threads = checked_threads(args.threads)
     args.bench = bench_settings(args)
+    disagg = pd_requested(args)  # --prefill-replicas / --decode-replicas (refused before any work if unrunnable)
     offline = args.offline
     if args.workload is not None and args.rate is None and args.arrival is None:
         args.rate, offline = 1.0, True  # offline: the arrival times are replaced by 0 below
@@ -103,19 +109,27 @@ def run(args: argparse.Namespace) -> int:
     from pagesim.engine.model.weights import DTYPES as TORCH_DTYPES, model_config
     from pagesim.engine.runtime.memory_check import check_memory
 
-    folder = OutputFolder(args.out, OUT_FILES) if args.out else None  # before any work: results need a place
+    owned = OUT_FILES + PD_OUT_FILES if disagg else OUT_FILES
+    folder = OutputFolder(args.out, owned) if args.out else None  # before any work: results need a place
     reserve_result_file(args.bench)  # and --save-result's file
     device = device_for(args.device, torch)
     config = model_config(args.model)
     dtype = dtype_for(args.dtype, device, args.backend, TORCH_DTYPES, args.check_reference)
     sched_config = _scheduler_config(args, config, dtype, device)
     fit_on_device = args.num_gpu_blocks is None and args.kv_cache_gb is None and device.type == "cuda"
+    if disagg:
+        fit_on_device = fit_on_device and None in (args.prefill_num_gpu_blocks, args.decode_num_gpu_blocks)
+        pd = pd_configs(args, sched_config)  # (the connector's own checks: policy, model, offloading)
     # the model's weights and the KV cache against the memory there is, before either is allocated
-    check_memory(config, dtype, device, sched_config, model=args.model, kv_known=not fit_on_device)
+    check_memory(config, dtype, device, _together(pd) if disagg else sched_config, model=args.model,
+                 kv_known=not fit_on_device)
     requests = _requests(trace, args, config, sched_config, offline)
+    if disagg:
+        check_requests(requests)
     params = _sampling(args)
     if not fit_on_device:  # the cache size is known now: refuse a hopeless run before loading the model
-        _check_servable(requests, sched_config)
+        for c in pd if disagg else (sched_config,):
+            _check_servable(requests, c)
     try:
         model = load_model(args.model, seed=args.model_seed, dtype=dtype, device=device)
     except (RuntimeError, MemoryError) as exc:  # an allocation the check above could not foresee (another
@@ -125,9 +139,23 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot allocate the model's weights (--model {args.model}): {said}") from None
     if fit_on_device:
         sched_config = _fit_cuda_cache(model, sched_config, args)
-        check_memory(config, dtype, device, sched_config)  # (the weights are in place: the cache alone)
-        _check_servable(requests, sched_config)
+        if disagg:  # (the two caches share the budget one engine would get)
+            pd = pd_configs(args, sched_config, fitted=True)
+        check_memory(config, dtype, device, _together(pd) if disagg else sched_config)  # (the caches alone now)
+        for c in pd if disagg else (sched_config,):
+            _check_servable(requests, c)
+    if disagg:
+        from pagesim.engine.runtime.disagg_run import serve_pd
+
+        return serve_pd(args, model, pd, requests, params, offline, folder)
     return _serve(args, model, sched_config, requests, params, offline, folder)
+
+
+def _together(configs):
+    """One config holding the caches of several engines (for the memory check)."""
+    first = configs[0]
+    return first.with_overrides(num_gpu_blocks=sum(c.num_gpu_blocks for c in configs),
+                                num_cpu_blocks=sum(c.num_cpu_blocks for c in configs))
 
 
 def _serve(args, model, sched_config, requests, params, offline: bool, folder) -> int:

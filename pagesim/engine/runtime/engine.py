@@ -15,6 +15,10 @@ Two ways to feed requests:
   ``schedule()`` of step ``release_steps[r]`` (or as soon as the engine is idle, since an idle
   engine takes no steps), which reproduces a simulator's decisions exactly.
 
+Disaggregated prefill/decode is two engines driven together (``disagg.DisaggEngine``): a request
+is added with its P/D role (``add_request(..., kv_transfer=...)``), and a prefill instance whose
+waiting requests do not fit beside the blocks it holds for a reader is waiting, not stalled.
+
 ``keep_outputs=True`` keeps every step's ``SchedulerOutput`` (``pagesim.engine.outputs``): calibration
 and ``pagesim validate`` cost the steps the engine actually ran. ``scheduler_cls`` runs a user's
 ``Scheduler`` subclass (``--plugin``) in place of the policy's own.
@@ -183,9 +187,16 @@ class Engine:
         """Seconds since the engine (or the current run) started."""
         return self._clock() - self._t0
 
-    def add_request(self, request: Request, sampling: SamplingParams | None = None, *, arrival_s: float | None = None) -> bool:
+    def start_clock(self, t0: float | None = None) -> None:
+        """Start the engine's clock at ``t0`` (``time.perf_counter()`` seconds; default now): two
+        engines serving one run (``disagg``) share a start."""
+        self._t0 = self._clock() if t0 is None else t0
+
+    def add_request(self, request: Request, sampling: SamplingParams | None = None, *, arrival_s: float | None = None,
+                    kv_transfer: object = None) -> bool:
         """Queue a request (its ``prompt_token_ids`` are required). ``False`` if the policy rejected
-        it (``records[id].reject_reason`` says why); raises for input no engine could run."""
+        it (``records[id].reject_reason`` says why); raises for input no engine could run.
+        ``kv_transfer``: its P/D role on an instance with a KV connector (``Scheduler.add_request``)."""
         params = sampling or self.sampling
         rid = request.request_id
         if rid in self.records:
@@ -193,7 +204,7 @@ class Engine:
         check_request(request, params, self.model.config.vocab_size, self.config.max_model_len)
         self.records[rid] = RequestRecord(rid, self.now() if arrival_s is None else arrival_s, request.prompt_len,
                                           request.n, request.beam_width, release_step=self.scheduler.next_step)
-        if not self.scheduler.add_request(request):
+        if not self.scheduler.add_request(request, kv_transfer):
             record = self.records[rid]
             record.status, record.reject_reason = "rejected", request.reject_reason or ""
             return False
@@ -368,11 +379,17 @@ class Engine:
             swap_in_blocks=len(out.blocks_to_swap_in), cow_copies=len(out.blocks_to_copy), preempted=len(out.preempted),
             phases=phases,
         ))
-        if self._progress.stalled(out) and self.has_unfinished_requests:
+        # (a P/D prefill instance whose waiting requests do not fit beside the blocks it holds for
+        # a reader waits for the reader, not for itself: disagg.py takes no further step meanwhile)
+        if self._progress.stalled(out) and self.has_unfinished_requests and not self._holds_for_reader():
             sched = self.scheduler
             raise EngineStalled(f"step {out.step} scheduled nothing with {len(sched.waiting)} waiting, "
                                 f"{len(sched.running)} running, {len(sched.swapped)} swapped and "
                                 f"{len(getattr(sched, 'kv_holding', ()))} parked requests")
+
+    def _holds_for_reader(self) -> bool:
+        pd = self.scheduler.pd
+        return pd is not None and bool(pd.held_sends())
 
     # ----------------------------------------------------------------- runs
     def run(self, requests: Iterable[Request] | Trace, sampling: SamplingParams | None = None, *, on_finish=None,
@@ -392,7 +409,7 @@ class Engine:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         pending = sorted(requests, key=lambda r: r.arrival_time_s)
         self.request_timeout_s = request_timeout_s
-        self._t0 = self._clock()
+        self.start_clock()
         due: deque[Request] = deque()
         # When the latest slot freed while all were taken: a request that waited is sent then. The
         # requests in flight are the unfinished ones the engine holds (``_requests``).
@@ -437,7 +454,7 @@ class Engine:
         heap = [(release_steps.get(r.request_id, 0), order, r) for order, r in enumerate(requests)]
         heapq.heapify(heap)
         self.request_timeout_s = request_timeout_s
-        self._t0 = self._clock()
+        self.start_clock()
         while heap or self.has_unfinished_requests:
             step = self.scheduler.next_step
             if not self.has_unfinished_requests and heap:

@@ -20,14 +20,15 @@ OUT_FILES = ("decisions.jsonl", "requests.csv", "steps.csv", "outputs.jsonl", "s
 
 
 def summarize(engine, wall_s, report, reference_wall_s, args, offline, *, slo, percentiles,
-              max_concurrency=None) -> dict:
+              max_concurrency=None, records=None) -> dict:
     """The run's summary; request figures under the simulator's names and definitions
-    (``pagesim.sim.metrics``, ``pagesim.sim.bench_metrics``), on the engine's wall clock."""
+    (``pagesim.sim.metrics``, ``pagesim.sim.bench_metrics``), on the engine's wall clock.
+    ``records``: the requests' records, if not ``engine``'s (a P/D run's span two engines)."""
     import numpy as np
 
     from pagesim.sim.bench_metrics import latency_stats, max_tokens_per_second, peak_in_flight
 
-    records = list(engine.records.values())
+    records = list(engine.records.values() if records is None else records)
     done = [r for r in records if r.status == "completed"]
     stats = engine.stats
     sched = engine.scheduler
@@ -148,6 +149,8 @@ def print_summary(summary: dict) -> None:
         f"latency      TTFT p50 {summary['ttft_s']['p50']} s, TPOT p50 {summary['tpot_s']['p50']} s, "
         f"ITL p50 {summary['itl_s']['p50']} s, end-to-end p50 {summary['e2e_s']['p50']} s",
     ]
+    if "disaggregated" in summary:  # (per instance, after the totals)
+        lines[4:4] = _disagg_lines(summary["disaggregated"])
     if "offload_hit_tokens" in summary:
         lines.insert(4, f"offloading   {summary['num_offload_blocks']} CPU blocks "
                         f"({summary['offload_eviction_policy']}): {summary['offload_hit_tokens']} of the prefix-hit "
@@ -165,26 +168,59 @@ def print_summary(summary: dict) -> None:
     print("\n".join(lines))
 
 
+def _disagg_lines(pd: dict) -> list[str]:
+    lines = []
+    for role in ("prefill", "decode"):
+        side = pd[role]
+        pre = side["preemptions"]
+        lines.append(f"  {role:<10} {side['num_gpu_blocks']} GPU blocks of {side['block_size']} tokens: "
+                     f"{side['steps']} steps, {pre['recompute']} recompute + {pre['swap']} swap preemptions, "
+                     f"{side['prefix_hit_tokens']} prefix-hit tokens, {side['requests_rejected']} rejected")
+    t = pd["transfers"]
+    lines.append(f"transfers    {t['count']} reads prefill -> decode: {t['blocks']} blocks, {t['tokens']} tokens, "
+                 f"{t['bytes']} bytes")
+    return lines
+
+
 def write_out(out: Path, engine, summary: dict) -> None:
     """``OUT_FILES`` into ``out``, an existing (partial) folder, each a new file (``create_text``:
     never through a link, never over a file already there)."""
+    write_decisions(out / "decisions.jsonl", engine.scheduler)
+    write_requests(out / "requests.csv", engine.records.values())
+    write_steps(out / "steps.csv", engine.steps)
+    write_outputs(out / "outputs.jsonl", engine.records.values())
+    write_summary(out / "summary.json", summary)
+
+
+def write_decisions(path: Path, scheduler) -> None:
+    """``scheduler``'s decision log, one record a line (the simulator's format)."""
     from pagesim.engine.output_folders import create_text
     from pagesim.engine.policy.scheduling.output import dump_record
 
-    with create_text(out / "decisions.jsonl", encoding="ascii") as f:
-        for record in engine.scheduler.decision_log:
+    with create_text(path, encoding="ascii") as f:
+        for record in scheduler.decision_log:
             f.write(dump_record(record) + "\n")
-    with create_text(out / "requests.csv", newline="") as f:
+
+
+def write_requests(path: Path, records) -> None:
+    from pagesim.engine.output_folders import create_text
+
+    with create_text(path, newline="") as f:
         w = csv.writer(f)
         cols = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "beam_width", "status",
                 "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "reject_reason"]
         w.writerow(cols)
-        for r in engine.records.values():  # (reject_reason: why it failed, rejected or aborted)
+        for r in records:  # (reject_reason: why it failed, rejected or aborted)
             w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in cols[:-1]]
                        + [r.reject_reason or r.timeout_reason])
-    with create_text(out / "steps.csv", newline="") as f:
+
+
+def write_steps(path: Path, steps) -> None:
+    from pagesim.engine.output_folders import create_text
+
+    with create_text(path, newline="") as f:
         rows = []
-        for s in engine.steps:
+        for s in steps:
             row = asdict(s)
             row.update(zip(("schedule_s", "execute_s", "sample_s", "update_s"), row.pop("phases")))
             rows.append(row)
@@ -192,11 +228,21 @@ def write_out(out: Path, engine, summary: dict) -> None:
         w.writerow(list(rows[0]) if rows else [])
         for row in rows:
             w.writerow(list(row.values()))
-    with create_text(out / "outputs.jsonl") as f:
-        for r in engine.records.values():
+
+
+def write_outputs(path: Path, records) -> None:
+    from pagesim.engine.output_folders import create_text
+
+    with create_text(path) as f:
+        for r in records:
             f.write(json.dumps({"request_id": r.request_id, "status": r.status,
                                 "outputs": {str(k): v for k, v in r.outputs.items()}}) + "\n")
-    with create_text(out / "summary.json") as f:
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    from pagesim.engine.output_folders import create_text
+
+    with create_text(path) as f:
         f.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 

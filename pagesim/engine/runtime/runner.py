@@ -108,11 +108,15 @@ class ModelRunner:
         cache.offload_store(stores)
         return StepLogits(batch, logits)
 
-    def poison_released(self) -> None:
+    def poison_released(self, *, gpu: bool = False) -> None:
         """Poison what was released outside ``schedule()`` (by ``update`` or an abort), but GPU
-        blocks: the next step may store a finished request's blocks first (``execute``, step 0)."""
+        blocks: the next step may store a finished request's blocks first (``execute``, step 0).
+        ``gpu``: GPU blocks too, for a caller that knows no store reads them (a P/D prefill
+        instance freeing a send between steps: the connector excludes offloading)."""
         self._poison_cpu()
         self._poison_offload()
+        if gpu:
+            self._poison_gpu()
 
     def _poison_gpu(self) -> None:
         if self.releases is not None:
