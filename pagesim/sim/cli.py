@@ -234,7 +234,8 @@ def _run_disaggregated(args: argparse.Namespace, bench, trace, folder) -> int:
     from pagesim.sim.disagg.cli import simulate_disagg, summary_lines
 
     with folder if folder is not None else contextlib.nullcontext() as staging:
-        result, info, wall_s = simulate_disagg(args, bench, trace, staging)
+        result, info, wall_s = simulate_disagg(args, bench, trace, staging, run_spec=run_spec_from_args(args),
+                                               progress=_progress(len(trace), disable=args.no_progress))
     summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
     if args.json:
         print(json.dumps(summary, sort_keys=True))

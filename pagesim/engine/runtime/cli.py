@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if disagg:
         from pagesim.engine.runtime.disagg_run import serve_pd
 
-        return serve_pd(args, model, pd, requests, params, offline, folder)
+        return serve_pd(args, model, pd, requests, params, offline, folder, progress_bar=_progress)
     return _serve(args, model, sched_config, requests, params, offline, folder)
 
 

@@ -90,10 +90,9 @@ def check_requests(requests) -> None:
                          f"own request); {many.request_id} has n={many.n}, beam width {many.beam_width} (--n 1)")
 
 
-def serve_pd(args, model, configs, requests, params, offline: bool, folder) -> int:
+def serve_pd(args, model, configs, requests, params, offline: bool, folder, *, progress_bar) -> int:
     """Serve ``requests`` on a prefill and a decode engine, report, and write ``--out``."""
     from pagesim.engine.policy.plugins.user import scheduler_class
-    from pagesim.engine.runtime.cli import _progress
     from pagesim.engine.runtime.disagg import DisaggEngine
     from pagesim.engine.runtime.engine import Engine, EngineStalled
     from pagesim.engine.runtime.reference import check_outputs
@@ -107,7 +106,7 @@ def serve_pd(args, model, configs, requests, params, offline: bool, folder) -> i
         raise ValueError(f"cannot allocate the KV caches: {str(exc).splitlines()[0]}") from None
     pd = DisaggEngine(prefill, decode)
     served = [copy.deepcopy(r) for r in requests]  # the originals stay unscheduled for the reference
-    progress = _progress(len(served), "serving", args.no_progress,
+    progress = progress_bar(len(served), "serving", args.no_progress,
                          detail=lambda: f"{decode.stats.tokens_generated} tokens, {len(pd.transfers)} transfers")
     started = time.perf_counter()
     interrupted: KeyboardInterrupt | None = None
@@ -136,7 +135,7 @@ def serve_pd(args, model, configs, requests, params, offline: bool, folder) -> i
     report = reference_wall_s = None
     if args.check_reference and interrupted is None:
         outputs = {rid: r.outputs for rid, r in records.items() if r.status == "completed"}
-        progress = _progress(len(outputs), "reference", args.no_progress)
+        progress = progress_bar(len(outputs), "reference", args.no_progress)
         t0 = time.perf_counter()
         report = check_outputs(model, requests, outputs, lambda r: params, progress=progress.update if progress else None)
         reference_wall_s = time.perf_counter() - t0

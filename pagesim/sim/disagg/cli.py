@@ -54,11 +54,11 @@ def is_disaggregated(args: argparse.Namespace) -> bool:
     return True
 
 
-def simulate_disagg(args: argparse.Namespace, bench, trace, out):
-    """Build both pools, check them, run; returns (result, info, wall seconds)."""
+def simulate_disagg(args: argparse.Namespace, bench, trace, out, *, run_spec, progress):
+    """Build both pools from ``run_spec`` (simulate's settings), check them, run, with ``progress``
+    (a bar, or None); returns (result, info, wall seconds)."""
     from pagesim.engine.output_folders import create_text
     from pagesim.sim.bench_args import summary_slo
-    from pagesim.sim.cli import _progress, run_spec_from_args
     from pagesim.sim.disagg.cluster import DisaggCluster
     from pagesim.sim.disagg.network import GB, NetworkSpec
     from pagesim.sim.disagg.setup import build_pool, check_pools, parse_settings, pool_spec
@@ -73,7 +73,7 @@ def simulate_disagg(args: argparse.Namespace, bench, trace, out):
     network = NetworkSpec(gpus_per_node=args.gpus_per_node,
                           bandwidth_bytes_per_s=None if args.kv_link_bandwidth is None else args.kv_link_bandwidth * GB,
                           latency_s=None if args.kv_link_latency_us is None else args.kv_link_latency_us * 1e-6)
-    base = run_spec_from_args(args)
+    base = run_spec
     p_spec = pool_spec(base, parse_settings(args.prefill, "--prefill"))
     d_spec = pool_spec(base, parse_settings(args.decode, "--decode"))
     prefill, p_builts = build_pool(p_spec, args.prefill_replicas, "prefill")
@@ -95,7 +95,6 @@ def simulate_disagg(args: argparse.Namespace, bench, trace, out):
              [f"decisions-decode-{k}.jsonl" for k in range(args.decode_replicas)])
     logs = ([create_text(out / n, encoding="ascii") for n in names[0]],
             [create_text(out / n, encoding="ascii") for n in names[1]]) if out is not None else None
-    progress = _progress(len(trace), disable=args.no_progress)
     try:
         cluster = DisaggCluster(trace, prefill, decode, prefill_router=make_router(args.prefill_router),
                                 decode_router=make_router(args.decode_router), options=options, network=network,

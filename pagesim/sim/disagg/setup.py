@@ -64,14 +64,14 @@ def pool_spec(spec, settings: dict):
 
 def build_pool(spec, replicas: int, name: str) -> tuple[Pool, list]:
     from pagesim.sim.cluster import build_replicas
-    from pagesim.sim.cli import replica_block_bytes
 
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"--{name}-replicas must be an integer >= 1, got {replicas!r}")
     builts = build_replicas(spec, replicas)
     first = builts[0]
-    pool = Pool([(b.scheduler, b.cost_model) for b in builts], first.deployment.gpu, first.deployment.tp,
-                replica_block_bytes(first))
+    deployment = first.deployment  # (a block over the replica's GPUs: what a read moves)
+    pool = Pool([(b.scheduler, b.cost_model) for b in builts], deployment.gpu, deployment.tp,
+                deployment.block_bytes_per_gpu(first.scheduler.config.block_size) * deployment.tp)
     return pool, builts
 
 
