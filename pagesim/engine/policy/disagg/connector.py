@@ -60,11 +60,6 @@ class _Held:
     seq: Sequence
 
 
-@dataclass(slots=True)
-class _Holder:
-    """Blocks held outside the scheduler's requests, as ``KVCacheManager.check`` reads a request."""
-    seqs: list
-
 
 class PdConnector:
     def __init__(self, kv, block_size: int):
@@ -230,6 +225,6 @@ class PdConnector:
     def held_sends(self) -> list[KvSend]:
         return [h.send for h in self._held.values()]
 
-    def holders(self) -> list[_Holder]:
-        """The blocks held outside the scheduler's requests (held sends, aborted reads), for checks."""
-        return [_Holder([h.seq]) for h in self._held.values()] + [_Holder([s]) for s in self._aborted_reads.values()]
+    def held_seqs(self) -> list[Sequence]:
+        """The sequences holding blocks outside the scheduler's requests (held sends, aborted reads)."""
+        return [h.seq for h in self._held.values()] + list(self._aborted_reads.values())

@@ -437,31 +437,33 @@ class KVCacheManager:
         return mapping
 
     # ----------------------------------------------------------- checking
-    def check(self, requests: Iterable[Request]) -> None:
-        """Assert the manager's invariants against every live request (O(blocks); for tests)."""
+    def check(self, requests: Iterable[Request], held: Iterable[Sequence] = ()) -> None:
+        """Assert the manager's invariants against every live request and the sequences ``held``
+        outside them (a P/D connector's; O(blocks); for tests)."""
         self.pool.check()
         self.swap.check()
         bs = self.block_size
         gpu_refs = [0] * self.pool.num_blocks
         cpu_refs = [0] * self.swap.num_blocks
-        for request in requests:
-            for seq in request.seqs:
-                for b in seq.block_table:
-                    gpu_refs[b] += 1
-                for b in seq.cpu_block_table:
-                    cpu_refs[b] += 1
-                if seq.block_table:
-                    assert len(seq.block_table) == cdiv(seq.num_filled_tokens, bs), (
-                        f"{seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_filled_tokens} slots"
-                    )
-                    idle = len(seq.block_table) * bs - seq.num_filled_tokens
-                    assert 0 <= idle <= bs - 1
-                if seq.table_snapshot is not None:
-                    assert seq.table_snapshot == tuple(seq.block_table), f"{seq.seq_id}: stale table snapshot"
-                for i, b in enumerate(seq.block_table):
-                    key = self.pool.keys[b]
-                    if key is not None:
-                        assert (i + 1) * bs <= seq.num_filled_tokens, f"partial block {b} is keyed"
+        seqs = [seq for request in requests for seq in request.seqs]
+        seqs.extend(held)
+        for seq in seqs:
+            for b in seq.block_table:
+                gpu_refs[b] += 1
+            for b in seq.cpu_block_table:
+                cpu_refs[b] += 1
+            if seq.block_table:
+                assert len(seq.block_table) == cdiv(seq.num_filled_tokens, bs), (
+                    f"{seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_filled_tokens} slots"
+                )
+                idle = len(seq.block_table) * bs - seq.num_filled_tokens
+                assert 0 <= idle <= bs - 1
+            if seq.table_snapshot is not None:
+                assert seq.table_snapshot == tuple(seq.block_table), f"{seq.seq_id}: stale table snapshot"
+            for i, b in enumerate(seq.block_table):
+                key = self.pool.keys[b]
+                if key is not None:
+                    assert (i + 1) * bs <= seq.num_filled_tokens, f"partial block {b} is keyed"
         for b in range(self.pool.first_block_id, self.pool.num_blocks):
             assert gpu_refs[b] == self.pool.ref_counts[b], (
                 f"block {b}: ref {self.pool.ref_counts[b]} but held by {gpu_refs[b]} tables"

@@ -530,7 +530,7 @@ class Scheduler:
     def check(self) -> None:
         """Assert the policy's invariants (O(blocks + requests); for tests)."""
         self.settle()
-        self.kv.check([*self.requests.values(), *self.pd.holders()] if self.pd is not None else self.requests.values())
+        self.kv.check(self.requests.values(), self.pd.held_seqs() if self.pd is not None else ())
         if self.offload is not None:
             self.offload.store.check()
         for request in self.running:
