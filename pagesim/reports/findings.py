@@ -6,7 +6,9 @@ threshold without seeds):
 - ``axis_findings``: for each axis the study varies (load and seed aside), the settings along it
   with everything else at the base, and per metric either the best value and how far it is from
   the next, or "no measurable difference"; a grid that varies the KV offload size is read as one
-  sweep of size and offload policy instead (``pagesim.reports.offload.offload_findings``);
+  sweep of size and offload policy instead (``pagesim.reports.offload.offload_findings``), and one
+  that varies the P:D split as a sweep of split and KV link bandwidth against colocated serving
+  (``pagesim.reports.pd_study.pd_findings``);
 - ``best_settings``: per metric, the best setting among the runs that differ in policy only (base
   load, workload, resources, allocator), with the settings within noise of it; no single "best"
   where the best is not measurably ahead;
@@ -25,6 +27,7 @@ from pagesim.reports.claims import Finding, compared, or_words, rank, rate_key, 
 from pagesim.reports.load import REGIMES, nominal_rps, run_load
 from pagesim.reports.noise import rule_words
 from pagesim.reports.offload import POLICY, SIZE, offload_findings
+from pagesim.reports.pd_study import BANDWIDTH, SPLIT, pd_findings
 from pagesim.reports.results import HEADLINE, METRICS, RATE_AXES, M, Setting, Study, metric, order, settings
 from pagesim.reports.run_config import SEED, describe_config, value_label
 from pagesim.sim.output import plain
@@ -33,17 +36,20 @@ from pagesim.sim.output import plain
 # have these at the base, so "best" never means "less traffic" or "a bigger GPU".
 CONTEXT_KEYS = ("rate_scale", "rate", "workload", "n", "beam_width", "seed", "kv_cache_gb", "num_gpu_blocks",
                 "gpu", "tp", "model", "allocator", "swap_space_gb", "replicas", "sample_lengths", "kv_offloading_size",
-                "request_timeout_s")
+                "request_timeout_s", "gpus", "kv_link_bandwidth", "kv_link_latency_us", "gpus_per_node", "slo_ttft_s",
+                "slo_tpot_s")
 AXIS_METRICS = (*HEADLINE, M["memory_utilization"], M["prefix_hit_rate"], M["preemptions_total"])
 AXIS_NAMES = {"block_size": "Block size", "eviction": "Eviction policy", "preemption": "Preemption mode",
               "kv_cache_gb": "KV cache size", "allocator": "Allocator", "victim": "Victim policy",
               "scheduler": "Scheduler", "policy": "Policy preset", "router": "Router", "replicas": "Replicas",
               "max_num_seqs": "max_num_seqs", "rate_scale": "Rate scale", "rate": "Request rate (requests/s)", "max_num_batched_tokens": "max_num_batched_tokens",
               "kv_offloading_size": "Offload size", "kv_offloading_policy": "Offload policy",
-              "request_timeout_s": "Client timeout (s)"}
+              "request_timeout_s": "Client timeout (s)", "pd_split": "P:D split", "gpus": "GPUs",
+              "kv_link_bandwidth": "KV link bandwidth", "kv_link_latency_us": "KV link latency"}
 
 
-VALUE_UNITS = {"kv_cache_gb": " GiB", "swap_space_gb": " GiB", "kv_offloading_size": " GiB"}
+VALUE_UNITS = {"kv_cache_gb": " GiB", "swap_space_gb": " GiB", "kv_offloading_size": " GiB",
+               "kv_link_bandwidth": " GB/s", "kv_link_latency_us": " us"}
 
 
 def _name(axis: str, setting: Setting) -> str:
@@ -53,9 +59,10 @@ def _name(axis: str, setting: Setting) -> str:
 
 def axis_finding_items(study: Study) -> list[Finding]:
     offload = offload_findings(study)  # (the offload size and policy read as one sweep, when a grid varies the size)
+    split = pd_findings(study)  # (the P:D split and the link bandwidth likewise, when a grid varies the split)
     out = []
     for axis in study.varying():
-        if axis in RATE_AXES or (offload and axis in (SIZE, POLICY)):
+        if axis in RATE_AXES or (offload and axis in (SIZE, POLICY)) or (split and axis in (SPLIT, BANDWIDTH)):
             continue
         fixed = _anchor(study, axis)
         group = settings(study.slice(axis, **fixed))
@@ -91,7 +98,7 @@ def axis_finding_items(study: Study) -> list[Finding]:
         head = (f"{AXIS_NAMES.get(axis, axis)} ({values}; {runs_words(len(records))} {regime_words(records)}, "
                 f"{held}every other setting at the base)")
         out.append(Finding(head, claims))
-    return out + offload
+    return out + offload + split
 
 
 def ideal_figures(records: list[dict[str, Any]]) -> dict[str, float] | None:

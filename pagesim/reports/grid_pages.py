@@ -28,7 +28,8 @@ PANELS_PER_PAGE = 6
 
 AXIS_UNITS = {"block_size": "tokens", "kv_cache_gb": "GiB per GPU", "rate_scale": "x the source's rate",
               "swap_space_gb": "GiB", "max_num_seqs": "sequences", "max_num_batched_tokens": "tokens",
-              "kv_offloading_size": "GiB, 0: off"}
+              "kv_offloading_size": "GiB, 0: off", "kv_link_bandwidth": "GB/s per GPU", "kv_link_latency_us": "us",
+              "gpus": "GPUs"}
 
 
 def axis_label(axis: str) -> str:

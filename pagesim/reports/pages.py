@@ -46,7 +46,7 @@ def _replica_words(runs: list[dict[str, Any]]) -> str:
 
 
 def latency_cdfs(study: Study) -> Page | None:
-    preferred = ("block_size", "preemption", "eviction", "kv_cache_gb", "kv_offloading_size")
+    preferred = ("block_size", "preemption", "eviction", "kv_cache_gb", "kv_offloading_size", "pd_split")
     axes = sorted((a for a in study.varying() if a not in ("rate_scale", "rate")),
                   key=lambda a: preferred.index(a) if a in preferred else len(preferred))
     axis = axes[0] if axes else None

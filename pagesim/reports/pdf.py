@@ -3,7 +3,8 @@
 Pages, in order (``report_pages``): cover (what was run, on what, the load regimes, the noise
 rule, versions; which pages are absent and why), summary (the best setting per metric, judged
 against noise, and the findings in words), the all-runs table, every grid drawn whole, the KV
-offloading pages (``pagesim.reports.offload_pages``) for a grid that varies the offload size, the load
+offloading pages (``pagesim.reports.offload_pages``) for a grid that varies the offload size, the
+P:D split pages (``pagesim.reports.pd_pages``) for a grid that varies ``pd_split``, the load
 curves (throughput vs tail latency, goodput vs rate), the aspect pages of ``pagesim.reports.pages``, the
 paper comparison for a paper preset, and the failed runs if any. Every title and caption is
 generated from the study's data. Written under a staging name and renamed, so a report is never
@@ -38,6 +39,9 @@ from pagesim.reports.offload import offload_grids  # noqa: E402
 from pagesim.reports.offload_pages import TITLE as OFFLOAD_TITLE  # noqa: E402
 from pagesim.reports.offload_pages import offload_pages  # noqa: E402
 from pagesim.reports.pages import FIGURE_PAGES  # noqa: E402
+from pagesim.reports.pd_pages import TITLE as PD_TITLE  # noqa: E402
+from pagesim.reports.pd_pages import pd_pages  # noqa: E402
+from pagesim.reports.pd_study import split_grids  # noqa: E402
 from pagesim.reports.results import Study, load_study  # noqa: E402
 from pagesim.reports.run_config import describe_config  # noqa: E402
 from pagesim.reports.style import PAGE, Page, Table, new_page  # noqa: E402
@@ -211,6 +215,8 @@ def iter_report_pages(study: Study) -> Iterator[Page]:
             present.append(make)
     if not offload_grids(study):
         omitted.append((OFFLOAD_TITLE, "needs a kv_offloading_size axis"))
+    if not split_grids(study):
+        omitted.append((PD_TITLE, "needs a pd_split axis with a completed P:D run"))
     yield cover(study, omitted)
     yield summary_page(study)
     yield findings_page(study)
@@ -218,6 +224,7 @@ def iter_report_pages(study: Study) -> Iterator[Page]:
     if study.ok:
         yield from grid_pages(study)
         yield from offload_pages(study)
+        yield from pd_pages(study)
     for make in present:
         yield make(study)
     if study.meta.get("paper"):

@@ -82,6 +82,12 @@ M = {m.key: m for m in (
     Metric("hbm_hit_rate", "HBM prefix hit rate", "fraction", "max"),
     Metric("offload_hit_rate", "CPU (offload) hit rate", "fraction", "max"),
     Metric("host_link_busy_fraction", "host link busy", "fraction", "min"),
+    # per GPU (every run's summary: its figure over the GPUs it used), the share of requests that met the SLO, and
+    # the TPOT mean: what a P:D split is judged by against colocated serving (pagesim.reports.pd_study)
+    Metric("goodput_rps_per_gpu", "goodput per GPU", "requests/s per GPU", "max"),
+    Metric("throughput_tokens_s_per_gpu", "throughput per GPU", "tokens/s per GPU", "max"),
+    Metric("slo.attained", "SLO attained", "fraction", "max"),
+    Metric("tpot_s.mean", "TPOT mean", "s", "min"),
 )}
 # The summary's best-per-metric table, and the metrics findings compare.
 METRICS = tuple(M[k] for k in ("throughput_tokens_s", "goodput_rps", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99",

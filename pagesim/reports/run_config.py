@@ -5,13 +5,15 @@ settings (``pagesim.reports.spec`` makes them from a spec's base and grids). Its
 a hash of that dict, so the same run keeps its id across invocations: the runner stamps it on the
 run's record (``pagesim.reports.runner``) and the results store checks it against the record's
 config (``pagesim.reports.store``). A setting is *moot* for a run when it means nothing to it
-(``moot_settings``: the offload policy of a run without an offload store, ``offloading``): a
-config leaves it out, so runs that differ only in it are one run. ``describe_config`` names a run
+(``moot_settings``: the offload policy of a run without an offload store, ``offloading``; the
+KV links, routers and pool settings of a run that is not a P:D split, and the colocated router of
+one that is, ``pagesim.reports.pd.moot``): a config leaves it out, so runs that differ only in it
+are one run. ``describe_config`` names a run
 by the settings that set it apart from the study's base, each value as the report writes it
 (``value_label``); the seed (``SEED``) is the replicate axis, left out where a name is per setting.
 
 Invariant: this module imports nothing of the study's (spec, runner, store, results): they all
-import it.
+import it. (It imports ``pagesim.reports.pd``, which imports nothing of the study's either.)
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any
+
+from pagesim.reports.pd import moot as pd_moot
 
 SEED = "seed"  # the replicate axis: never a plotted axis, averaged over
 
@@ -36,10 +40,11 @@ def offloading(config: RunConfig) -> bool:
 
 
 def moot_settings(config: RunConfig) -> set[str]:
-    """Settings that mean nothing to this run: the offload policy without an offload store. A
+    """Settings that mean nothing to this run: the offload policy without an offload store, the
+    P/D settings of a run that is not a P:D split (and the colocated router of one that is). A
     run's config leaves them out (so runs differing only in them are one run), and the report
     neither compares nor labels a run by them."""
-    return set() if offloading(config) else {"kv_offloading_policy"}
+    return (set() if offloading(config) else {"kv_offloading_policy"}) | pd_moot(config)
 
 
 def describe_config(config: dict[str, Any], base: dict[str, Any], *, seed: bool = True) -> str:

@@ -11,6 +11,13 @@ error, so a study goes on past it.
 The run's ``seed`` seeds the simulator and is added to the source's seed for the workload, so a
 study listing seeds repeats each setting on independently drawn requests (seed 0: the source's).
 
+Every summary has the run's GPUs and its goodput and throughput per GPU (``gpus``,
+``goodput_rps_per_gpu``, ``throughput_tokens_s_per_gpu``), goodput counted against the run's
+``slo_ttft_s`` / ``slo_tpot_s`` (absent: the simulator's defaults). A run with ``pd_split``
+(``pagesim.reports.pd``) takes its replicas from its GPU budget: ``"colocated"`` is the cluster
+below with ``gpus / tp`` replicas, ``"P:D"`` the disaggregated deployment
+(``pagesim.reports.pd_run``, whose record adds the TTFT split and the KV transfers).
+
 Contiguous baselines (``allocator`` max / pow2 / oracle) have no blocks to cache, evict or preempt:
 the paged-only settings of the run's config are not passed to them (KV offloading included).
 """
@@ -27,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from pagesim.reports import pd
 from pagesim.reports.run_config import RunConfig, moot_settings, offloading, run_id
 from pagesim.sim.cost.roofline import RooflineParams
 from pagesim.sim.metrics import COMPLETED
@@ -111,6 +119,13 @@ def plan_run(config: RunConfig) -> None:
     from pagesim.sim.setup import check_kv_blocks, plan
 
     _workload(config)  # (the arrivals and sampling: a rate the arrival process needs, ...)
+    split = pd.split_of(config)
+    if split is not None and split.disaggregated:
+        from pagesim.reports.pd_run import plan as plan_disaggregated
+
+        plan_disaggregated(config, split)
+        return
+    config = pd.colocated_config(config, split)
     planned = plan(_run_spec(config))
     replicas = config["replicas"]
     if replicas > MAX_REPLICAS:  # (the spec refuses this earlier; kept beside the count it bounds)
@@ -191,19 +206,33 @@ def _kwon2023_overhead_s() -> float:
     return PaperSetup().overhead_s
 
 
+def slo_options(config: RunConfig) -> dict[str, float]:
+    """``SimOptions``' SLO arguments the run sets (absent: the simulator's defaults)."""
+    return {key: config[key] for key in ("slo_ttft_s", "slo_tpot_s") if config.get(key) is not None}
+
+
 def _simulate(config: RunConfig) -> dict[str, Any]:
+    from pagesim.reports.pd_run import per_gpu
     from pagesim.sim.cli import replica_block_bytes
     from pagesim.sim.cluster import Cluster, build_replicas
     from pagesim.sim.router import make_router
     from pagesim.sim.simulator import SimOptions
 
+    split = pd.split_of(config)
+    if split is not None and split.disaggregated:
+        from pagesim.reports.pd_run import simulate
+
+        return simulate(config, split)
+    config = pd.colocated_config(config, split)
     trace = build_trace(config)
     builts = build_replicas(_run_spec(config), config["replicas"])
     built = builts[0]
     options = SimOptions(seed=config["seed"], sample_lengths=config["sample_lengths"],
-                         request_timeout_s=config.get("request_timeout_s"), serving_path=_serving_path(config))
+                         request_timeout_s=config.get("request_timeout_s"), serving_path=_serving_path(config),
+                         **slo_options(config))
     result = Cluster(trace, [(b.scheduler, b.cost_model) for b in builts], make_router(config["router"]), options,
                      tp=config["tp"], block_bytes=replica_block_bytes(built)).run()
+    result.summary.update(per_gpu(result.summary, config["replicas"] * config["tp"]))
     return {
         "summary": result.summary,
         "deployment": {"kv_cache_slots": built.scheduler.kv_usage().total_slots,

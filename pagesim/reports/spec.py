@@ -47,6 +47,28 @@ default, or ``"paged-2023"``, which a run with ``engine_overhead_ms = "kwon2023"
 the time outside the forward pass and the paged decode kernel, as ``simulate``'s flags of the same
 names (``pagesim.sim.serving_path``, ``pagesim.sim.cost.roofline``).
 
+``slo_ttft_s`` and ``slo_tpot_s`` (absent: 2 s and 0.1 s, ``simulate``'s ``--slo-ttft`` /
+``--slo-tpot`` defaults): the SLO a run's goodput counts requests against (``goodput_rps``; and
+``goodput_rps_per_gpu``, which every run's summary has: its goodput over the GPUs it used).
+
+Disaggregated prefill/decode (``pagesim.reports.pd``): ``gpus`` (a GPU budget) and ``pd_split``
+(``"P:D"``, e.g. ``"1:7"``, or ``"colocated"``: ``gpus / tp`` colocated replicas), the KV links
+(``kv_link_bandwidth`` GB/s, ``kv_link_latency_us``, ``gpus_per_node``), the two routers
+(``prefill_router``, ``decode_router``) and each pool's own settings (``prefill_tp``,
+``decode_max_num_seqs``, ... for the keys of ``pagesim.reports.pd.POOL_KEYS``)::
+
+    [base]
+    gpus = 8
+    [[grid]]
+    pd_split = ["1:7", "2:6", "4:4", "colocated"]
+    kv_link_bandwidth = [450, 12.5]
+
+is seven runs: the colocated run has no links (``moot_settings``) and is one run for both
+bandwidths. A P:D split must spend the budget (``P x prefill tp + D x decode tp = gpus``); P/D
+settings in a grid none of whose runs is a P:D split are refused, as is ``replicas`` beside
+``pd_split``. The report's page "P:D split vs goodput per GPU, TTFT and TPOT"
+(``pagesim.reports.pd_pages``) draws such a grid.
+
 ``seed = [0, 1, 2]`` in ``[base]`` repeats every grid once per seed (a grid may also list its own
 ``seed`` axis); the report then gives each setting's metrics as a mean with a 95% interval and calls
 a difference only where intervals separate (``pagesim.reports.noise``). A run's seed seeds the simulator and
@@ -79,6 +101,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagesim.reports import pd
 from pagesim.reports.run_config import RunConfig, describe_config, moot_settings, offloading, run_id
 from pagesim.traces.generate.workload import MAX_REQUESTS
 
@@ -89,7 +112,8 @@ SOURCE_KEYS = {"workload": str, "trace": str, "rate": float, "num_requests": int
 LATER_SETTINGS = {"scheduler": (None, "default"), "ep": (None, 1), "dtype": (None, "auto"),
                   "kv_cache_dtype": (None, "auto"), "kv_offloading_size": (None,), "kv_offloading_policy": (None,),
                   "request_timeout_s": (None,), "serving_path": (None,), "async_scheduling": (None,),
-                  "attention_kernel": (None, "flash"), "scheduling_policy": (None, "fcfs")}
+                  "attention_kernel": (None, "flash"), "scheduling_policy": (None, "fcfs"),
+                  "slo_ttft_s": (None,), "slo_tpot_s": (None,), **{key: (None,) for key in pd.SETTINGS}}
 # (setting -> the values that mean its default)
 # Settings a run has (base or grid axis) and their defaults; None = the preset's / the deployment's.
 SETTINGS: dict[str, Any] = {
@@ -113,6 +137,11 @@ SETTINGS: dict[str, Any] = {
     "serving_path": None, "async_scheduling": None, "attention_kernel": None,
     # vLLM's --scheduling-policy: "fcfs" (None: the default) or "priority" (vLLM 0.33's: pagesim/engine/policy/scheduling/config.py)
     "scheduling_policy": None,
+    # the SLO goodput counts against (None: simulate's defaults, 2 s and 0.1 s)
+    "slo_ttft_s": None, "slo_tpot_s": None,
+    # disaggregated prefill/decode (pagesim.reports.pd): a GPU budget, its P:D split, the KV links, the
+    # routers, each pool's own settings (None: absent)
+    **{key: None for key in pd.SETTINGS},
 }
 SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator": str, "block_size": int,
                  "eviction": str, "preemption": str, "victim": str, "kv_cache_gb": float, "num_gpu_blocks": int,
@@ -122,7 +151,10 @@ SETTING_TYPES = {"model": str, "gpu": str, "tp": int, "policy": str, "allocator"
                  "max_num_batched_tokens": int, "chunked_prefill": bool, "engine_overhead_ms": (float, str),
                  "scheduler": str, "ep": int, "dtype": str, "kv_cache_dtype": str, "kv_offloading_size": float,
                  "kv_offloading_policy": str, "request_timeout_s": float, "serving_path": str,
-                 "async_scheduling": bool, "attention_kernel": str, "scheduling_policy": str}
+                 "async_scheduling": bool, "attention_kernel": str, "scheduling_policy": str,
+                 "slo_ttft_s": float, "slo_tpot_s": float}
+SETTING_TYPES.update(pd.SETTING_TYPES)
+SETTING_TYPES.update({name: SETTING_TYPES[key] for name, (_pool, key) in pd.POOL_SETTINGS.items()})
 TOP_KEYS = {"name", "description", "source", "base", "grid", "profile", "paper", "plugins"}
 # vLLM's names (``vllm serve`` / ``vllm bench serve`` flags, dashes as underscores) -> pagesim's: a spec may
 # use either; they are renamed before anything else, so a run's config (and id) is the same either way.
@@ -269,6 +301,7 @@ def validate(doc: dict, origin: str = "spec", *, allow_plugins: bool = False, ma
     spec = StudySpec(name, source, base, grids, description=str(doc.get("description", "")),
                      paper=paper, document=doc)
     _check_offload_axes(base, grids, origin)  # (before runs(), which drops a policy no store uses)
+    _check_pd_axes(base, grids, origin)  # (likewise: P/D settings no P:D run uses)
     runs = spec.runs()
     for config in runs:
         _check_run(config, origin)
@@ -401,6 +434,15 @@ def _typed(value: Any, kind: type | tuple, where: str) -> Any:
 
 def _check_run(config: RunConfig, origin: str) -> None:
     """What can be refused before anything runs (the rest fails per run, recorded with its error)."""
+    split = _check_split(config, origin)
+    if split is not None and split.disaggregated:
+        for pool, count in (("prefill", split.prefill), ("decode", split.decode)):
+            try:
+                _check_run(pd.pool_config(config, pool, count), origin)
+            except SpecError as exc:
+                raise SpecError(f"{exc} (the {pool} pool of pd_split = {config['pd_split']!r})") from None
+        return
+    config = pd.colocated_config(config, split)
     from pagesim.engine.catalog.kv_layout import KV_CACHE_DTYPES
     from pagesim.engine.catalog.params import WEIGHT_FORMATS
     from pagesim.engine.model_presets import MODEL_PRESETS, nearest_names, resolve_model_name
@@ -471,6 +513,10 @@ def _check_run(config: RunConfig, origin: str) -> None:
         raise SpecError(f"{origin}: sample_lengths must be 'drawn' or 'same', got {config['sample_lengths']!r}")
     _check_offloading(config, origin)
     _check_serving(config, origin)
+    for key in ("slo_ttft_s", "slo_tpot_s"):
+        value = config.get(key)
+        if value is not None and not 0 < value < math.inf:
+            raise SpecError(f"{origin}: {key} must be a positive, finite number of seconds, got {value:g}")
     timeout_s = config.get("request_timeout_s")
     if timeout_s is not None and not 0 < timeout_s < math.inf:
         raise SpecError(f"{origin}: request_timeout_s must be a positive, finite number of seconds, got {timeout_s:g}")
@@ -485,7 +531,8 @@ def _check_run(config: RunConfig, origin: str) -> None:
 #: Settings that change neither what a run builds nor how its requests arrive (the seed draws other
 #: requests of the same kind): runs differing only in them are planned once (a new setting is
 #: planned per value until it is listed here).
-NOT_BUILT = frozenset({"seed", "sample_lengths", "router", "request_timeout_s"})
+NOT_BUILT = frozenset({"seed", "sample_lengths", "router", "request_timeout_s", "slo_ttft_s", "slo_tpot_s",
+                       "prefill_router", "decode_router"})
 
 
 def _check_plan(config: RunConfig, base: dict[str, Any], origin: str, planned: set[str]) -> None:
@@ -525,6 +572,55 @@ def _check_offload_axes(base: dict[str, Any], grids: list[dict[str, list]], orig
         if not any(sizes) or "paged" not in grid.get("allocator", [base["allocator"]]):
             raise SpecError(f"{origin}: grid[{i}]: kv_offloading_policy varies, but no run of the grid has an offload "
                             "store (kv_offloading_size > 0, paged allocator) for the policy to act on")
+
+
+def _check_split(config: RunConfig, origin: str) -> pd.Split | None:
+    """A run's P:D split of its GPU budget (None: no ``pd_split``), its links and routers, and
+    what a disaggregated run does not model (its pools are checked as runs of their own)."""
+    from pagesim.sim.router import ROUTERS
+
+    try:
+        split = pd.split_of(config)
+        if split is not None and split.disaggregated:
+            pd.check_links(config)
+    except ValueError as exc:
+        raise SpecError(f"{origin}: {exc}") from None
+    if split is None or not split.disaggregated:
+        return split
+    for key in pd.ROUTER_SETTINGS:
+        if config.get(key) is not None and config[key] not in ROUTERS:
+            raise SpecError(f"{origin}: {key} = {config[key]!r} is not one of {', '.join(ROUTERS)}")
+    refused = {"n": (config["n"] > 1, "sends one sequence per request (vLLM's proxy sends each sample as its own "
+                                       "request)"),
+               "beam_width": (config["beam_width"] > 1, "sends one sequence per request"),
+               "request_timeout_s": (config.get("request_timeout_s") is not None, "does not model client timeouts yet"),
+               "allocator": (config["allocator"] != "paged", "moves paged KV blocks (a contiguous baseline has none)"),
+               "kv_offloading_size": (offloading(config), "with KV offloading (vLLM's MultiConnector) is not modelled")}
+    for key, (bad, why) in refused.items():
+        if bad:
+            raise SpecError(f"{origin}: pd_split = {config['pd_split']!r} with {key} = {config[key]!r}: disaggregated "
+                            f"serving {why}")
+    return split
+
+
+def _check_pd_axes(base: dict[str, Any], grids: list[dict[str, list]], origin: str) -> None:
+    """Every ``pd_split`` the spec names, and P/D settings only where a run of their grid is a P:D
+    split (else ``runs()`` would drop them unsaid)."""
+    for i, grid in enumerate(grids or [{}]):
+        where = f"grid[{i}]" if grids else "base"
+        splits = grid.get("pd_split", [base.get("pd_split")])
+        for value in splits:
+            if value is not None:
+                try:
+                    pd.parse_split(value)
+                except ValueError as exc:
+                    raise SpecError(f"{origin}: {where}: {exc}") from None
+        if any(value not in (None, pd.COLOCATED) for value in splits):
+            continue
+        given = [k for k in pd.PD_ONLY if k in grid or base.get(k) is not None]
+        if given:
+            raise SpecError(f"{origin}: {where}: {given[0]} is set, but no run of the {'grid' if grids else 'study'} is "
+                            f"a P:D split (pd_split = \"P:D\", e.g. \"1:7\") for it to act on")
 
 
 def _check_serving(config: RunConfig, origin: str) -> None:
