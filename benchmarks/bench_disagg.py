@@ -5,10 +5,11 @@ colocated run of the same GPUs on the same trace (both with skip-ahead on; the d
 the fast path). Each case runs, in one process after the other on this machine:
 
 1. ``mooncake``: the shared Mooncake conversation trace (``../shared/traces/mooncake_fast25/``;
-   7K-token prompts sharing 512-token blocks) rescaled to 20 requests/s, Llama 3 8B on 8 H100s:
-   P:D = 2:6 against 8 colocated replicas (round-robin);
+   7K-token prompts sharing 512-token blocks) at its own arrival times, its first 4,000 requests,
+   Llama 3.1 8B on 8 H100s: P:D = 4:4 against 8 colocated replicas (round-robin). Both sides cache
+   every prompt, so a P/D run does twice the prefix-cache work of a colocated one;
 2. ``azure``: the shared Azure conversation trace (1K-token prompts, no shared prefixes) at 40
-   requests/s, the same GPUs and splits;
+   requests/s, P:D = 2:6 against 8;
 3. ``synthetic``: ``shared-system-prompt`` at 20 requests/s on 5 GPUs, P:D = 2:3 against 5 (always
    runs: no shared files needed).
 
@@ -32,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 SHARED = ROOT.parent / "shared" / "traces"
 CASES = {
-    "mooncake": dict(source=["--trace", str(SHARED / "mooncake_fast25" / "conversation_trace.jsonl"), "--rate", "20"],
-                     requests=6000, split=(2, 6), file=SHARED / "mooncake_fast25" / "conversation_trace.jsonl"),
+    "mooncake": dict(source=["--trace", str(SHARED / "mooncake_fast25" / "conversation_trace.jsonl")],
+                     requests=4000, split=(4, 4), file=SHARED / "mooncake_fast25" / "conversation_trace.jsonl"),
     "azure": dict(source=["--trace", str(SHARED / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"), "--rate", "40"],
                   requests=10000, split=(2, 6), file=SHARED / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"),
     "synthetic": dict(source=["--workload", "shared-system-prompt", "--rate", "20"], requests=5000, split=(2, 3),

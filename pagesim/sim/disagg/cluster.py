@@ -49,6 +49,7 @@ import simpy
 
 from pagesim.engine.policy import Request
 from pagesim.engine.policy.disagg import KvReceive, RemoteDecode
+from pagesim.engine.policy.memory.block_key import default_hash
 from pagesim.sim.client import ClosedLoopClient
 from pagesim.sim.cost.base import CostModel
 from pagesim.sim.disagg.network import KvNetwork, NetworkSpec
@@ -162,6 +163,9 @@ class DisaggCluster:
         self._p_schedulers = [r.scheduler for r in self.prefill]
         self._d_schedulers = [r.scheduler for r in self.decode]
         self._p_block_size = self._p_schedulers[0].config.block_size
+        # The decode side may take the prefill side's block keys (equal block sizes, the default hash).
+        self._same_keys = all(s.config.block_size == self._p_block_size and s.kv.hash_fn is default_hash
+                              for s in (*self._p_schedulers, *self._d_schedulers))
         self._rows: dict[str, int] = {}  # request id -> row, from its arrival until its read ends
         self._originals: dict[int, Request] = {}  # row -> the client's request, until handed over
         self._sends: dict[str, object] = {}  # request id -> its KvSend, until handed over
@@ -232,6 +236,8 @@ class DisaggCluster:
         self.decode_of[row] = d
         self.handover_s[row] = self.env.now
         self._handed[row] = rid
+        if self._same_keys and not request.seqs[0].block_keys:  # (content keys: made once, on the prefill side)
+            request.seqs[0].block_keys = list(self._p_schedulers[p].pd.held_keys(rid))
         self.prefill[p].kv_wait_started()  # (its blocks are held until the read ends)
         self.decode[d].submit(row, request, send.params(p, self._p_block_size))
 

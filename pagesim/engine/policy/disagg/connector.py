@@ -137,6 +137,11 @@ class PdConnector:
         sends, self._new_sends = self._new_sends, []
         return sends
 
+    def held_keys(self, request_id: str) -> list:
+        """The block keys the held request computed (content keys: any cache of its block size
+        would compute the same; an executor may hand them on rather than have them made again)."""
+        return self._held[request_id].seq.block_keys
+
     def held_blocks(self, request_id: str) -> tuple[int, ...]:
         return self._held[request_id].send.block_ids
 
