@@ -23,7 +23,7 @@ from pagesim.reports.run_config import RunConfig
 
 def pool_specs(config: RunConfig) -> dict[str, Any]:
     """Each pool's ``RunSpec`` (name -> spec), with the P/D connector."""
-    from pagesim.reports.runner import _run_spec
+    from pagesim.reports.run_parts import _run_spec
     from pagesim.sim.disagg.setup import pool_spec
 
     return {pool: pool_spec(_run_spec(pd.pool_config(config, pool, 1)), {}) for pool in pd.POOLS}
@@ -51,8 +51,8 @@ def plan(config: RunConfig, split: pd.Split) -> None:
 
 def simulate(config: RunConfig, split: pd.Split) -> dict[str, Any]:
     """Run it; the record's fields (``runner.run_one`` adds the id, status and timing)."""
-    from pagesim.reports.runner import (_activity, _latency_quantiles, _memory, _serving_path, build_trace,
-                                        slo_options)
+    from pagesim.reports.run_parts import (_activity, _latency_quantiles, _memory, _serving_path, build_trace,
+                                           slo_options)
     from pagesim.sim.disagg.cluster import DisaggCluster
     from pagesim.sim.disagg.network import NetworkSpec
     from pagesim.sim.disagg.setup import build_pool, check_pools

@@ -22,8 +22,6 @@ step figures, prefix hits and preemptions at the top level are the decode pool's
 
 from __future__ import annotations
 
-import numpy as np
-
 from pagesim.sim.bench_metrics import latency_stats
 from pagesim.sim.cluster_metrics import cluster_summary
 from pagesim.sim.metrics import COMPLETED
