@@ -530,7 +530,10 @@ class Scheduler:
     def check(self) -> None:
         """Assert the policy's invariants (O(blocks + requests); for tests)."""
         self.settle()
-        self.kv.check(self.requests.values(), self.pd.held_seqs() if self.pd is not None else ())
+        if self.pd is not None:  # (blocks held outside the requests: sends, aborted reads; never a hybrid cache)
+            self.kv.check(self.requests.values(), self.pd.held_seqs())
+        else:
+            self.kv.check(self.requests.values())
         if self.offload is not None:
             self.offload.store.check()
         for request in self.running:
