@@ -14,13 +14,12 @@ change or a best policy is named only where it exceeds the noise.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
 from pagesim.reports.claims import Finding, compared, or_words, rank, regime_words, runs_words
 from pagesim.reports.noise import Estimate, compare
-from pagesim.reports.results import M, Setting, Study, order, settings
+from pagesim.reports.results import M, Setting, Study, grid_facets, order, settings
 from pagesim.reports.run_config import SEED, offloading, value_label
 
 SIZE = "kv_offloading_size"
@@ -35,20 +34,9 @@ def offload_grids(study: Study) -> list[tuple[int, dict[str, list], list[dict[st
             if len(grid.get(SIZE, [])) > 1 and records]
 
 
-def facet_axes(grid: dict[str, list]) -> list[str]:
-    """The grid's axes besides the offload size and policy (and seeds)."""
-    return [k for k, v in grid.items() if len(v) > 1 and k not in (SIZE, POLICY, SEED)]
-
-
 def facets(grid: dict[str, list], records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """Each combination of the grid's facet axes with its runs (combinations without runs left out)."""
-    axes = facet_axes(grid)
-    out = []
-    for combo in itertools.product(*(sorted(grid[a], key=order) for a in axes)):
-        members = [r for r in records if all(r["config"].get(a) == v for a, v in zip(axes, combo))]
-        if members:
-            out.append((dict(zip(axes, combo)), members))
-    return out
+    """Each combination of the grid's axes besides the offload size and policy (and seeds), with its runs."""
+    return grid_facets(grid, records, (SIZE, POLICY, SEED))
 
 
 @dataclass

@@ -16,14 +16,13 @@ words, with how the answer moves between bandwidths.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
 from pagesim.reports.claims import Finding, compared, rank, regime_words, runs_words
 from pagesim.reports.noise import Estimate, compare
 from pagesim.reports.pd import COLOCATED, is_disaggregated, parse_split
-from pagesim.reports.results import M, Setting, Study, order, settings
+from pagesim.reports.results import M, Setting, Study, grid_facets, order, settings
 from pagesim.reports.run_config import SEED, value_label
 
 SPLIT = "pd_split"
@@ -37,20 +36,9 @@ def split_grids(study: Study) -> list[tuple[int, dict[str, list], list[dict[str,
             if len(grid.get(SPLIT, [])) > 1 and any(is_disaggregated(r["config"]) for r in records)]
 
 
-def facet_axes(grid: dict[str, list]) -> list[str]:
-    """The grid's axes besides the split and the bandwidth (and seeds)."""
-    return [k for k, v in grid.items() if len(v) > 1 and k not in (SPLIT, BANDWIDTH, SEED)]
-
-
 def facets(grid: dict[str, list], records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """Each combination of the grid's facet axes with its runs (combinations without runs left out)."""
-    axes = facet_axes(grid)
-    out = []
-    for combo in itertools.product(*(sorted(grid[a], key=order) for a in axes)):
-        members = [r for r in records if all(r["config"].get(a) == v for a, v in zip(axes, combo))]
-        if members:
-            out.append((dict(zip(axes, combo)), members))
-    return out
+    """Each combination of the grid's axes besides the split and the bandwidth (and seeds), with its runs."""
+    return grid_facets(grid, records, (SPLIT, BANDWIDTH, SEED))
 
 
 def split_order(split: str) -> tuple:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -279,5 +280,18 @@ def _offload_off(record: dict[str, Any], key: str) -> float | None:
 def order(value: Any) -> tuple:
     """Sort key putting numbers in numeric order, then everything else by name."""
     return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+
+def grid_facets(grid: dict[str, list], records: list[dict[str, Any]],
+                drawn: tuple[str, ...]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Each combination of the grid's axes of several values, those a page draws (``drawn``) aside,
+    with its runs (combinations without runs left out): one page each."""
+    axes = [k for k, v in grid.items() if len(v) > 1 and k not in drawn]
+    out = []
+    for combo in itertools.product(*(sorted(grid[a], key=order) for a in axes)):
+        members = [r for r in records if all(r["config"].get(a) == v for a, v in zip(axes, combo))]
+        if members:
+            out.append((dict(zip(axes, combo)), members))
+    return out
 
 
