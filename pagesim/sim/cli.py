@@ -235,6 +235,7 @@ def _run_disaggregated(args: argparse.Namespace, bench, trace, folder) -> int:
 
     with folder if folder is not None else contextlib.nullcontext() as staging:
         result, info, wall_s = simulate_disagg(args, bench, trace, staging, run_spec=run_spec_from_args(args),
+                                               options=sim_options(args, bench, step_rows=staging is not None),
                                                progress=_progress(len(trace), disable=args.no_progress))
     summary = {**result.summary, "sim_wall_s": round(wall_s, 3)}
     if args.json:
@@ -288,22 +289,13 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
     returns the cluster, its result, the run's description and the wall seconds it took."""
     from pagesim.engine.output_folders import create_text
     from pagesim.engine.policy.scheduling.steps.vllm_v0 import VLLM_V0_ABORTS, abort_words
-    from pagesim.sim.bench_args import summary_slo
     from pagesim.sim.cluster import Cluster, build_replicas
     from pagesim.sim.output import write_json, write_tables, write_timeline
     from pagesim.sim.errors import SimulationStalled
-    from pagesim.sim.serving_path import serving_path_from_args
-    from pagesim.sim.simulator import SimOptions
 
     builts = build_replicas(run_spec_from_args(args), args.replicas)
     built = builts[0]
-    slo = summary_slo(bench, args.slo_ttft, args.slo_tpot)
-    options = SimOptions(seed=args.seed, sample_lengths=args.sample_lengths, overlap_swaps=args.overlap_swaps,
-                         slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s, slo_e2el_s=slo.e2el_s,
-                         percentiles=bench.summary_percentiles, max_concurrency=bench.max_concurrency,
-                         skip_ahead=args.skip_ahead, step_rows=out is not None,
-                         serving_path=serving_path_from_args(args, args.policy),
-                         request_timeout_s=bench.request_timeout_s)
+    options = sim_options(args, bench, step_rows=out is not None)
     info = {"trace": f"{len(trace)} requests from {trace.source}" + _trace_words(trace), "deployment": built.describe(),
             "options": {k: _plain(getattr(options, k)) for k in options.__slots__}, "command": sys.argv[1:]}
     clustered = args.replicas > 1
@@ -353,6 +345,21 @@ def _simulate(args: argparse.Namespace, bench, trace, router, out: Path | None):
         write_timeline(out / "timeline.json", result, ids,
                        step_replica=result.steps.replica_index() if clustered else None)
     return cluster, result, info, wall_s
+
+
+def sim_options(args: argparse.Namespace, bench, *, step_rows: bool):
+    """The run's ``SimOptions`` from simulate's flags and the bench settings (SLOs, percentiles, client)."""
+    from pagesim.sim.bench_args import summary_slo
+    from pagesim.sim.serving_path import serving_path_from_args
+    from pagesim.sim.simulator import SimOptions
+
+    slo = summary_slo(bench, args.slo_ttft, args.slo_tpot)
+    return SimOptions(seed=args.seed, sample_lengths=args.sample_lengths, overlap_swaps=args.overlap_swaps,
+                      slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s, slo_e2el_s=slo.e2el_s,
+                      percentiles=bench.summary_percentiles, max_concurrency=bench.max_concurrency,
+                      skip_ahead=args.skip_ahead, step_rows=step_rows,
+                      serving_path=serving_path_from_args(args, args.policy),
+                      request_timeout_s=bench.request_timeout_s)
 
 
 def _plain(value):

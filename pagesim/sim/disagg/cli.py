@@ -54,19 +54,16 @@ def is_disaggregated(args: argparse.Namespace) -> bool:
     return True
 
 
-def simulate_disagg(args: argparse.Namespace, bench, trace, out, *, run_spec, progress):
-    """Build both pools from ``run_spec`` (simulate's settings), check them, run, with ``progress``
-    (a bar, or None); returns (result, info, wall seconds)."""
+def simulate_disagg(args: argparse.Namespace, bench, trace, out, *, run_spec, options, progress):
+    """Build both pools from ``run_spec`` (simulate's settings), check them, run under ``options``
+    with ``progress`` (a bar, or None); returns (result, info, wall seconds)."""
     from pagesim.engine.output_folders import create_text
-    from pagesim.sim.bench_args import summary_slo
     from pagesim.sim.disagg.cluster import DisaggCluster
     from pagesim.sim.disagg.network import GB, NetworkSpec
     from pagesim.sim.disagg.setup import build_pool, check_pools, parse_settings, pool_spec
     from pagesim.sim.errors import SimulationStalled
     from pagesim.sim.output import write_json
     from pagesim.sim.router import make_router
-    from pagesim.sim.serving_path import serving_path_from_args
-    from pagesim.sim.simulator import SimOptions
 
     if bench.save_result:
         raise ValueError(f"{REFUSED['save_result']} does not apply to a disaggregated run")
@@ -79,13 +76,6 @@ def simulate_disagg(args: argparse.Namespace, bench, trace, out, *, run_spec, pr
     prefill, p_builts = build_pool(p_spec, args.prefill_replicas, "prefill")
     decode, d_builts = build_pool(d_spec, args.decode_replicas, "decode")
     check_pools(p_builts[0], d_builts[0], trace)
-    slo = summary_slo(bench, args.slo_ttft, args.slo_tpot)
-    options = SimOptions(seed=args.seed, sample_lengths=args.sample_lengths, overlap_swaps=args.overlap_swaps,
-                         slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s, slo_e2el_s=slo.e2el_s,
-                         percentiles=bench.summary_percentiles, max_concurrency=bench.max_concurrency,
-                         skip_ahead=args.skip_ahead, step_rows=out is not None,
-                         serving_path=serving_path_from_args(args, args.policy),
-                         request_timeout_s=bench.request_timeout_s)
     info = {"trace": f"{len(trace)} requests from {trace.source}",
             "prefill": p_builts[0].describe(), "decode": d_builts[0].describe(),
             "network": {"gpus_per_node": network.gpus_per_node, "bandwidth_bytes_per_s": network.bandwidth_bytes_per_s,
