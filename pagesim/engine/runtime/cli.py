@@ -13,7 +13,6 @@ on a prefill engine and a decode engine, the KV copied between their caches (``d
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -166,8 +165,7 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
     from pagesim.engine.policy.plugins.user import scheduler_class
     from pagesim.engine.runtime import Engine
     from pagesim.engine.runtime.engine import EngineStalled
-    from pagesim.engine.runtime.reference import check_outputs
-    from pagesim.engine.runtime.run_output import print_summary, summarize, write_out
+    from pagesim.engine.runtime.run_output import check_served, publish, summarize, write_out
 
     validate = args.check_reference or args.validate
     scheduler_cls = scheduler_class(args.scheduler)  # the default, or a --plugin's (policy_overrides loaded it)
@@ -207,44 +205,14 @@ def _serve(args, model, sched_config, requests, params, offline: bool, folder) -
         if progress:
             progress.close()
     wall_s = time.perf_counter() - started
-    rejected = [r for r in engine.records.values() if r.status == "rejected"]
-    if rejected:
-        print(f"pagesim run: warning: {len(rejected)} request(s) rejected, e.g. {rejected[0].request_id}: "
-              f"{rejected[0].reject_reason}", file=sys.stderr)
-    report = None
-    reference_wall_s = None
-    if args.check_reference and interrupted is None:
-        outputs = {rid: r.outputs for rid, r in engine.records.items() if r.status == "completed"}
-        progress = _progress(len(outputs), "reference", args.no_progress)
-        t0 = time.perf_counter()
-        report = check_outputs(model, requests, outputs, lambda r: params, progress=progress.update if progress else None)
-        reference_wall_s = time.perf_counter() - t0
-        if progress:
-            progress.close()
+    report, reference_wall_s = check_served(args, model, requests, params, engine.records, interrupted, _progress)
     from pagesim.sim.bench_args import summary_slo
 
     summary = summarize(engine, wall_s, report, reference_wall_s, args, offline,
                         slo=summary_slo(args.bench, None, None), percentiles=args.bench.summary_percentiles,
                         max_concurrency=args.bench.max_concurrency)
-    summary["interrupted"] = interrupted is not None
-    summary["threads"] = args.threads
-    if args.bench.save_result:
-        from pagesim.engine.runtime.run_output import save_bench_result
-
-        path = save_bench_result(args, engine, summary, len(served))
-        print(f"pagesim run: wrote {path}", file=sys.stderr)
-    if folder is not None:
-        with folder as staging:  # written beside --out, renamed into place once whole
-            write_out(staging, engine, summary)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        print_summary(summary)
-    if interrupted is not None:
-        from pagesim.engine.cli import interrupted_status
-
-        return interrupted_status(interrupted)
-    return 0 if report is None or report.match else 1
+    return publish(args, summary, interrupted=interrupted, report=report, folder=folder,
+                   write=lambda staging, s: write_out(staging, engine, s), bench_source=engine, num_served=len(served))
 
 
 # ------------------------------------------------------------------ setup

@@ -18,7 +18,6 @@ beams per request, a closed loop, client timeouts, warm-ups) is refused in one l
 from __future__ import annotations
 
 import copy
-import json
 import sys
 import time
 from types import SimpleNamespace
@@ -95,7 +94,7 @@ def serve_pd(args, model, configs, requests, params, offline: bool, folder, *, p
     from pagesim.engine.policy.plugins.user import scheduler_class
     from pagesim.engine.runtime.disagg import DisaggEngine
     from pagesim.engine.runtime.engine import Engine, EngineStalled
-    from pagesim.engine.runtime.reference import check_outputs
+    from pagesim.engine.runtime.run_output import check_served, publish
 
     validate = args.check_reference or args.validate
     scheduler_cls = scheduler_class(args.scheduler)
@@ -127,42 +126,11 @@ def serve_pd(args, model, configs, requests, params, offline: bool, folder, *, p
         if progress:
             progress.close()
     wall_s = time.perf_counter() - started
-    records = pd.records
-    rejected = [r for r in records.values() if r.status == "rejected"]
-    if rejected:
-        print(f"pagesim run: warning: {len(rejected)} request(s) rejected, e.g. {rejected[0].request_id}: "
-              f"{rejected[0].reject_reason}", file=sys.stderr)
-    report = reference_wall_s = None
-    if args.check_reference and interrupted is None:
-        outputs = {rid: r.outputs for rid, r in records.items() if r.status == "completed"}
-        progress = progress_bar(len(outputs), "reference", args.no_progress)
-        t0 = time.perf_counter()
-        report = check_outputs(model, requests, outputs, lambda r: params, progress=progress.update if progress else None)
-        reference_wall_s = time.perf_counter() - t0
-        if progress:
-            progress.close()
+    report, reference_wall_s = check_served(args, model, requests, params, pd.records, interrupted, progress_bar)
     summary = summarize_pd(pd, wall_s, report, reference_wall_s, args, offline)
-    summary["interrupted"] = interrupted is not None
-    summary["threads"] = args.threads
-    if args.bench.save_result:
-        from pagesim.engine.runtime.run_output import save_bench_result
-
-        path = save_bench_result(args, SimpleNamespace(records=records), summary, len(served))
-        print(f"pagesim run: wrote {path}", file=sys.stderr)
-    if folder is not None:
-        with folder as staging:  # written beside --out, renamed into place once whole
-            write_pd_out(staging, pd, summary)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        from pagesim.engine.runtime.run_output import print_summary
-
-        print_summary(summary)
-    if interrupted is not None:
-        from pagesim.engine.cli import interrupted_status
-
-        return interrupted_status(interrupted)
-    return 0 if report is None or report.match else 1
+    return publish(args, summary, interrupted=interrupted, report=report, folder=folder,
+                   write=lambda staging, s: write_pd_out(staging, pd, s),
+                   bench_source=SimpleNamespace(records=pd.records), num_served=len(served))
 
 
 def summarize_pd(pd, wall_s, report, reference_wall_s, args, offline) -> dict:

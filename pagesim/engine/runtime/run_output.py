@@ -130,6 +130,55 @@ def per_request_times(done) -> dict:
             "itls": [np.diff(r.token_times_s) for r in done]}
 
 
+def check_served(args, model, requests, params, records, interrupted, progress_bar) -> tuple:
+    """After serving: warn of rejected requests, and with ``--check-reference`` (not after an
+    interruption) compare the completed outputs with the no-paging reference; returns
+    (report or None, the reference's wall seconds or None)."""
+    import sys
+    import time
+
+    from pagesim.engine.runtime.reference import check_outputs
+
+    rejected = [r for r in records.values() if r.status == "rejected"]
+    if rejected:
+        print(f"pagesim run: warning: {len(rejected)} request(s) rejected, e.g. {rejected[0].request_id}: "
+              f"{rejected[0].reject_reason}", file=sys.stderr)
+    if not args.check_reference or interrupted is not None:
+        return None, None
+    outputs = {rid: r.outputs for rid, r in records.items() if r.status == "completed"}
+    progress = progress_bar(len(outputs), "reference", args.no_progress)
+    t0 = time.perf_counter()
+    report = check_outputs(model, requests, outputs, lambda r: params, progress=progress.update if progress else None)
+    reference_wall_s = time.perf_counter() - t0
+    if progress:
+        progress.close()
+    return report, reference_wall_s
+
+
+def publish(args, summary: dict, *, interrupted, report, folder, write, bench_source, num_served: int) -> int:
+    """The run's ends: its bench result file (``--save-result``; ``bench_source``: what holds its
+    records), ``--out`` (``write(staging, summary)``), the summary printed; the exit status."""
+    import sys
+
+    summary["interrupted"] = interrupted is not None
+    summary["threads"] = args.threads
+    if args.bench.save_result:
+        path = save_bench_result(args, bench_source, summary, num_served)
+        print(f"pagesim run: wrote {path}", file=sys.stderr)
+    if folder is not None:
+        with folder as staging:  # written beside --out, renamed into place once whole
+            write(staging, summary)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print_summary(summary)
+    if interrupted is not None:
+        from pagesim.engine.cli import interrupted_status
+
+        return interrupted_status(interrupted)
+    return 0 if report is None or report.match else 1
+
+
 def print_summary(summary: dict) -> None:
     from pagesim.sim.output import timed_out_words
 
