@@ -116,3 +116,13 @@ def plugin_registries():
     for kind, k in KINDS.items():
         k.registry.clear()
         k.registry.update(saved[kind])
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread (tiny tensors; test workers share the cores), restored after
+    (``pytestmark = pytest.mark.usefixtures("one_thread")`` in an engine test module)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

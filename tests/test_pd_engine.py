@@ -24,7 +24,6 @@ import json
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from pagesim.engine.cli import main
 from pagesim.engine.policy import make_config
@@ -40,13 +39,7 @@ PREFIXES = [prompt_of(900 + i, 16) for i in range(2)]
 REQUESTS = [request(f"r{i}", PREFIXES[i % 2] + prompt_of(i, 3 + i % 5), 8 + 3 * (i % 4)) for i in range(10)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread (tiny tensors; test workers share the cores), restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def engine(num_gpu_blocks: int, block_size: int = 4, *, validate: bool = True, **settings) -> Engine:

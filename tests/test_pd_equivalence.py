@@ -19,7 +19,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from pagesim.engine.model_presets import get_model_preset
 from pagesim.engine.policy import Scheduler, make_config
@@ -40,12 +39,7 @@ from tests.engine_support import TINY, tiny_model
 BLOCK = 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def config(num_gpu_blocks: int):
