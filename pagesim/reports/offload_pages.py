@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pagesim.reports.offload import POLICY, SIZE, Sweep, estimate_of, facets, offload_grids, policy_label
-from pagesim.reports.results import M, Study
+from pagesim.reports.results import M, Study, facet_words
 from pagesim.reports.run_config import SEED, value_label
 from pagesim.reports.style import Page, Table, legend_rows, new_page, page_legend, plain_ticks
 
@@ -48,18 +48,12 @@ def offload_pages(study: Study) -> Iterator[Page]:
 
 def _fixed_words(study: Study, grid: dict[str, list], facet: dict[str, Any], count: int) -> str:
     """Which settings the page holds, in words: the grid's single values, the page's facet, the base."""
-    held = [f"{k}={value_label(v[0])}" for k, v in grid.items() if len(v) == 1 and k not in (SEED, SIZE, POLICY)]
-    held += [f"{k}={value_label(v)}" for k, v in facet.items()]
     base = study.base
     cache = (f"{base['kv_cache_gb']:g} GiB KV cache per GPU" if base.get("kv_cache_gb") is not None else
              f"{base['num_gpu_blocks']:,} GPU blocks" if base.get("num_gpu_blocks") is not None else
              "the KV cache sized from GPU memory")
-    words = (f" Fixed on this page: {', '.join(held)}; every other setting at the base" if held else
-             " Every other setting at the base") + f" ({base.get('model')} on {base.get('gpu')}, {cache})."
-    if count > 1:
-        words += f" One of {min(count, MAX_PAGES)} such pages, one per {' and '.join(facet)}"
-        words += f" ({count - MAX_PAGES} more not drawn: see the all-runs table)." if count > MAX_PAGES else "."
-    return words
+    return facet_words(grid, facet, count, drawn=(SEED, SIZE, POLICY),
+                       base=f"{base.get('model')} on {base.get('gpu')}, {cache}", max_pages=MAX_PAGES)
 
 
 def _page(study: Study, index: int, grid: dict[str, list], records: list[dict[str, Any]], facet: dict[str, Any],

@@ -31,7 +31,7 @@ from typing import Any
 from pagesim.reports.noise import Estimate
 from pagesim.reports.pd_study import (BANDWIDTH, GOODPUT, SplitSweep, bandwidth_label, facets, moves, slo_words,
                                       split_grids, verdicts)
-from pagesim.reports.results import M, Setting, Study
+from pagesim.reports.results import M, Setting, Study, facet_words
 from pagesim.reports.run_config import SEED, value_label
 from pagesim.reports.style import Page, Table, legend_rows, new_page, page_legend, plain_ticks
 
@@ -65,15 +65,9 @@ def _estimate(setting: Setting | None, key: str) -> Estimate | None:
 
 
 def _fixed_words(study: Study, grid: dict[str, list], facet: dict[str, Any], count: int) -> str:
-    held = [f"{k}={value_label(v[0])}" for k, v in grid.items() if len(v) == 1 and k not in (SEED, "pd_split")]
-    held += [f"{k}={value_label(v)}" for k, v in facet.items()]
     base = study.base
-    words = (f" Fixed on this page: {', '.join(held)}; every other setting at the base" if held else
-             " Every other setting at the base") + f" ({base.get('model')} on {base.get('gpu')}, tp {base.get('tp')})."
-    if count > 1:
-        words += f" One of {min(count, MAX_PAGES)} such pages, one per {' and '.join(facet)}"
-        words += f" ({count - MAX_PAGES} more not drawn: see the all-runs table)." if count > MAX_PAGES else "."
-    return words
+    return facet_words(grid, facet, count, drawn=(SEED, "pd_split"),
+                       base=f"{base.get('model')} on {base.get('gpu')}, tp {base.get('tp')}", max_pages=MAX_PAGES)
 
 
 def _page(study: Study, index: int, grid: dict[str, list], records: list[dict[str, Any]], facet: dict[str, Any],

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pagesim.reports.noise import DEFAULT_THRESHOLD, Estimate, estimate
-from pagesim.reports.run_config import SEED, moot_settings, offloading, run_id
+from pagesim.reports.run_config import SEED, moot_settings, offloading, run_id, value_label
 from pagesim.reports.spec import StudySpec
 from pagesim.reports.store import ResultsStore
 
@@ -293,5 +293,20 @@ def grid_facets(grid: dict[str, list], records: list[dict[str, Any]],
         if members:
             out.append((dict(zip(axes, combo)), members))
     return out
+
+
+def facet_words(grid: dict[str, list], facet: dict[str, Any], count: int, *, drawn: tuple[str, ...], base: str,
+                max_pages: int) -> str:
+    """Which settings a facet's page holds, in words: the grid's single values (the ``drawn`` axes
+    aside), the page's facet, then ``base`` (the base deployment in words); and, of ``count`` such
+    pages, how many are drawn (at most ``max_pages``)."""
+    held = [f"{k}={value_label(v[0])}" for k, v in grid.items() if len(v) == 1 and k not in drawn]
+    held += [f"{k}={value_label(v)}" for k, v in facet.items()]
+    words = (f" Fixed on this page: {', '.join(held)}; every other setting at the base" if held else
+             " Every other setting at the base") + f" ({base})."
+    if count > 1:
+        words += f" One of {min(count, max_pages)} such pages, one per {' and '.join(facet)}"
+        words += f" ({count - max_pages} more not drawn: see the all-runs table)." if count > max_pages else "."
+    return words
 
 
