@@ -126,7 +126,7 @@ class PdConnector:
             return False
         num_tokens = seq.num_computed_tokens
         blocks = tuple(seq.block_table[:-(-num_tokens // self.block_size)])
-        send = KvSend(rid, blocks, num_tokens, -1)
+        send = KvSend(rid, blocks, num_tokens)
         self._held[rid] = _Held(send, seq)
         self._new_sends.append(send)
         self.num_sent_blocks += len(blocks)
@@ -147,10 +147,6 @@ class PdConnector:
 
     def is_held(self, request_id: str) -> bool:
         return request_id in self._held
-
-    @property
-    def num_held_blocks(self) -> int:
-        return sum(len(h.seq.block_table) for h in self._held.values())
 
     def release(self, request_id: str, *, expired: bool = False) -> bool:
         """The reader is done with ``request_id``'s blocks (``expired``: the timeout passed

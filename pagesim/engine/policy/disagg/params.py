@@ -55,7 +55,6 @@ class KvSend:
     request_id: str
     block_ids: tuple[int, ...]
     num_tokens: int
-    step: int  # the step that finished it
 
     def params(self, engine: int, block_size: int) -> RemotePrefill:
         """The ``kv_transfer_params`` the decode instance gets (``engine``: this instance)."""
